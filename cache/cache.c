@@ -1,0 +1,490 @@
+#include "cache.h"
+
+#include <errno.h>
+#include <stdio.h>
+#include <sqlite3.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+
+#include "ctx.h"
+#include "hash.h"
+#include "nvrtc_drv.h"
+
+struct cache {
+    sqlite3 *db;
+    long long max_bytes;
+    char path[1024];
+};
+
+static const char *SCHEMA =
+    "CREATE TABLE IF NOT EXISTS kernels ("
+    " key TEXT PRIMARY KEY, op TEXT NOT NULL, name TEXT NOT NULL, entry TEXT NOT NULL,"
+    " arch TEXT NOT NULL, nvrtc_version TEXT NOT NULL, stof_version TEXT NOT NULL,"
+    " options TEXT NOT NULL, params TEXT NOT NULL, source TEXT NOT NULL, log TEXT NOT NULL,"
+    " cubin BLOB NOT NULL, ptx BLOB NOT NULL, checksum TEXT NOT NULL, compile_ms REAL NOT NULL,"
+    " created INTEGER NOT NULL, last_used INTEGER NOT NULL, hits INTEGER NOT NULL DEFAULT 0);"
+    "CREATE INDEX IF NOT EXISTS kernels_lru ON kernels(last_used);"
+    "CREATE TABLE IF NOT EXISTS tuning ("
+    " op TEXT NOT NULL, mask_hash TEXT NOT NULL, shape TEXT NOT NULL, dtype TEXT NOT NULL,"
+    " arch TEXT NOT NULL, stof_version TEXT NOT NULL, record TEXT NOT NULL,"
+    " created INTEGER NOT NULL,"
+    " PRIMARY KEY (op, mask_hash, shape, dtype, arch, stof_version));";
+
+#define SQL_FAIL(ctx, c, what)                                                           \
+    CTX_FAIL((ctx), STOF_ERR_CACHE, "cache %s: %s: %s", (c)->path, (what),                \
+             sqlite3_errmsg((c)->db))
+
+static long long now_s(void) { return (long long)time(NULL); }
+
+static stof_status exec(stof_ctx *ctx, cache *c, const char *sql)
+{
+    char *msg = NULL;
+    if (sqlite3_exec(c->db, sql, NULL, NULL, &msg) != SQLITE_OK) {
+        stof_status st = CTX_FAIL(ctx, STOF_ERR_CACHE, "cache %s: %.60s...: %s", c->path, sql,
+                                  msg ? msg : sqlite3_errmsg(c->db));
+        sqlite3_free(msg);
+        return st;
+    }
+    return STOF_OK;
+}
+
+/* mkdir -p of the folder holding path. */
+static int make_parent(const char *path)
+{
+    char dir[1024];
+    snprintf(dir, sizeof dir, "%s", path);
+    char *slash = strrchr(dir, '/');
+    if (!slash || slash == dir)
+        return 0;
+    *slash = 0;
+    for (char *p = dir + 1; *p; p++) {
+        if (*p != '/')
+            continue;
+        *p = 0;
+        if (mkdir(dir, 0755) != 0 && errno != EEXIST)
+            return -1;
+        *p = '/';
+    }
+    if (mkdir(dir, 0755) != 0 && errno != EEXIST)
+        return -1;
+    return 0;
+}
+
+static int user_version(sqlite3 *db, int *v)
+{
+    sqlite3_stmt *s;
+    if (sqlite3_prepare_v2(db, "PRAGMA user_version", -1, &s, NULL) != SQLITE_OK)
+        return -1;
+    int rc = sqlite3_step(s);
+    if (rc == SQLITE_ROW)
+        *v = sqlite3_column_int(s, 0);
+    sqlite3_finalize(s);
+    return rc == SQLITE_ROW ? 0 : -1;
+}
+
+stof_status cache_open(stof_ctx *ctx, const char *path, long long max_bytes, cache **out)
+{
+    *out = NULL;
+    if (!path || !*path)
+        return CTX_FAIL(ctx, STOF_ERR_INVALID_ARG, "empty cache path");
+    if (make_parent(path) != 0)
+        return CTX_FAIL(ctx, STOF_ERR_CACHE, "cache %s: cannot create its folder: %s", path,
+                        strerror(errno));
+    cache *c = calloc(1, sizeof *c);
+    if (!c)
+        return CTX_FAIL(ctx, STOF_ERR_NO_MEMORY, "out of memory opening the cache");
+    snprintf(c->path, sizeof c->path, "%s", path);
+    c->max_bytes = max_bytes > 0 ? max_bytes : 2LL << 30;
+    stof_status st = STOF_OK;
+    int v = 0;
+    if (sqlite3_open_v2(path, &c->db, SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE | SQLITE_OPEN_FULLMUTEX,
+                        NULL) != SQLITE_OK) {
+        st = SQL_FAIL(ctx, c, "cannot open");
+        goto fail;
+    }
+    sqlite3_busy_timeout(c->db, 30000);
+    if (user_version(c->db, &v) != 0) {
+        st = SQL_FAIL(ctx, c, "not a readable SQLite file");
+        goto fail;
+    }
+    if (v > CACHE_SCHEMA_VERSION) {
+        st = CTX_FAIL(ctx, STOF_ERR_CACHE,
+                      "cache %s: schema version %d is newer than this stof's %d", path, v,
+                      CACHE_SCHEMA_VERSION);
+        goto fail;
+    }
+    if ((st = exec(ctx, c, "PRAGMA journal_mode=WAL")) != STOF_OK)
+        goto fail;
+    if (v < CACHE_SCHEMA_VERSION) {
+        /* Version 1 is the first schema: there is nothing older to migrate. */
+        if ((st = exec(ctx, c, "BEGIN IMMEDIATE")) != STOF_OK)
+            goto fail;
+        if ((st = exec(ctx, c, SCHEMA)) != STOF_OK ||
+            (st = exec(ctx, c, "PRAGMA user_version=1")) != STOF_OK ||
+            (st = exec(ctx, c, "COMMIT")) != STOF_OK) {
+            sqlite3_exec(c->db, "ROLLBACK", NULL, NULL, NULL);
+            goto fail;
+        }
+    }
+    /* A stof cache has our tables: refuse someone else's database. */
+    sqlite3_stmt *s;
+    if (sqlite3_prepare_v2(c->db, "SELECT key, cubin, ptx, checksum FROM kernels LIMIT 0", -1, &s,
+                           NULL) != SQLITE_OK) {
+        st = SQL_FAIL(ctx, c, "not a stof cache");
+        goto fail;
+    }
+    sqlite3_finalize(s);
+    *out = c;
+    return STOF_OK;
+fail:
+    cache_close(c);
+    return st;
+}
+
+void cache_close(cache *c)
+{
+    if (!c)
+        return;
+    sqlite3_close(c->db);
+    free(c);
+}
+
+void cache_checksum(const void *cubin, size_t cubin_size, const char *ptx, size_t ptx_size,
+                    char out[65])
+{
+    hash_sha256 h;
+    unsigned char d[32];
+    hash_init(&h);
+    hash_update(&h, cubin, cubin_size);
+    hash_update(&h, ptx, ptx_size);
+    hash_final(&h, d);
+    hash_to_hex(d, out);
+}
+
+static char *col_text(sqlite3_stmt *s, int i)
+{
+    const unsigned char *t = sqlite3_column_text(s, i);
+    return strdup(t ? (const char *)t : "");
+}
+
+static void *col_blob(sqlite3_stmt *s, int i, size_t *n)
+{
+    const void *b = sqlite3_column_blob(s, i);
+    *n = (size_t)sqlite3_column_bytes(s, i);
+    void *p = malloc(*n + 1);
+    if (p) {
+        if (*n)
+            memcpy(p, b, *n);
+        ((char *)p)[*n] = 0;
+    }
+    return p;
+}
+
+#define KERNEL_COLS                                                                       \
+    "key, op, name, entry, arch, nvrtc_version, stof_version, options, params, source, log," \
+    " checksum, compile_ms, created, last_used, hits, length(cubin), length(ptx)"
+
+/* Fills the text columns of KERNEL_COLS; returns 0 on out of memory. */
+static int read_row(sqlite3_stmt *s, cache_kernel *k)
+{
+    memset(k, 0, sizeof *k);
+    snprintf(k->key, sizeof k->key, "%s", (const char *)sqlite3_column_text(s, 0));
+    char **txt[] = {&k->op, &k->name, &k->entry, &k->arch, &k->nvrtc_version, &k->stof_version,
+                    &k->options, &k->params, &k->source, &k->log};
+    for (int i = 0; i < 10; i++)
+        if (!(*txt[i] = col_text(s, i + 1)))
+            return 0;
+    const unsigned char *cs = sqlite3_column_text(s, 11);
+    snprintf(k->checksum, sizeof k->checksum, "%s", cs ? (const char *)cs : "");
+    k->compile_ms = sqlite3_column_double(s, 12);
+    k->created = sqlite3_column_int64(s, 13);
+    k->last_used = sqlite3_column_int64(s, 14);
+    k->hits = sqlite3_column_int64(s, 15);
+    k->cubin_size = (size_t)sqlite3_column_int64(s, 16);
+    k->ptx_size = (size_t)sqlite3_column_int64(s, 17);
+    return 1;
+}
+
+stof_status cache_get_kernel(stof_ctx *ctx, cache *c, const char *key, cache_kernel *out,
+                             int *found, int *rejected)
+{
+    *found = 0;
+    *rejected = 0;
+    memset(out, 0, sizeof *out);
+    sqlite3_stmt *s = NULL;
+    if (sqlite3_prepare_v2(c->db, "SELECT " KERNEL_COLS ", cubin, ptx FROM kernels WHERE key=?", -1,
+                           &s, NULL) != SQLITE_OK)
+        return SQL_FAIL(ctx, c, "looking up a kernel");
+    sqlite3_bind_text(s, 1, key, -1, SQLITE_TRANSIENT);
+    int rc = sqlite3_step(s);
+    stof_status st = STOF_OK;
+    if (rc == SQLITE_ROW) {
+        if (!read_row(s, out))
+            st = CTX_FAIL(ctx, STOF_ERR_NO_MEMORY, "out of memory reading the cache");
+        size_t pn = 0;
+        out->cubin = col_blob(s, 18, &out->cubin_size);
+        out->ptx = col_blob(s, 19, &pn);
+        out->ptx_size = pn;
+        if (st == STOF_OK && (!out->cubin || !out->ptx))
+            st = CTX_FAIL(ctx, STOF_ERR_NO_MEMORY, "out of memory reading the cache");
+        if (st == STOF_OK) {
+            char sum[65];
+            cache_checksum(out->cubin, out->cubin_size, out->ptx, out->ptx_size, sum);
+            int stale = strcmp(out->nvrtc_version, nvrtc_version_string()) != 0 ||
+                        strcmp(out->stof_version, stof_version()) != 0;
+            if (strcmp(sum, out->checksum) != 0 || stale || out->cubin_size == 0) {
+                *rejected = 1;
+                cache_kernel_free(out);
+            } else {
+                *found = 1;
+            }
+        }
+    } else if (rc != SQLITE_DONE) {
+        st = SQL_FAIL(ctx, c, "looking up a kernel");
+    }
+    sqlite3_finalize(s);
+    if (*found) {
+        /* Use counts are bookkeeping: a failure to record one costs nothing. */
+        sqlite3_stmt *u = NULL;
+        if (sqlite3_prepare_v2(c->db, "UPDATE kernels SET hits=hits+1, last_used=? WHERE key=?", -1,
+                               &u, NULL) == SQLITE_OK) {
+            sqlite3_bind_int64(u, 1, now_s());
+            sqlite3_bind_text(u, 2, key, -1, SQLITE_TRANSIENT);
+            sqlite3_step(u);
+        }
+        sqlite3_finalize(u);
+    }
+    return st;
+}
+
+static stof_status evict(stof_ctx *ctx, cache *c, const char *keep)
+{
+    sqlite3_stmt *s = NULL;
+    long long total = 0;
+    if (sqlite3_prepare_v2(c->db,
+                           "SELECT coalesce(sum(length(cubin)+length(ptx)+length(source)),0) FROM kernels",
+                           -1, &s, NULL) != SQLITE_OK)
+        return SQL_FAIL(ctx, c, "measuring");
+    if (sqlite3_step(s) == SQLITE_ROW)
+        total = sqlite3_column_int64(s, 0);
+    sqlite3_finalize(s);
+    if (total <= c->max_bytes)
+        return STOF_OK;
+    /* Oldest first until under the cap; the row just stored always stays. */
+    if (sqlite3_prepare_v2(c->db,
+                           "SELECT key, length(cubin)+length(ptx)+length(source) FROM kernels"
+                           " WHERE key != ? ORDER BY last_used ASC, created ASC",
+                           -1, &s, NULL) != SQLITE_OK)
+        return SQL_FAIL(ctx, c, "evicting");
+    sqlite3_bind_text(s, 1, keep, -1, SQLITE_TRANSIENT);
+    sqlite3_stmt *d = NULL;
+    if (sqlite3_prepare_v2(c->db, "DELETE FROM kernels WHERE key=?", -1, &d, NULL) != SQLITE_OK) {
+        sqlite3_finalize(s);
+        return SQL_FAIL(ctx, c, "evicting");
+    }
+    stof_status st = STOF_OK;
+    char keys[64][65];
+    int n = 0;
+    while (total > c->max_bytes && n < 64 && sqlite3_step(s) == SQLITE_ROW) {
+        snprintf(keys[n++], 65, "%s", (const char *)sqlite3_column_text(s, 0));
+        total -= sqlite3_column_int64(s, 1);
+    }
+    sqlite3_finalize(s);
+    for (int i = 0; i < n && st == STOF_OK; i++) {
+        sqlite3_reset(d);
+        sqlite3_bind_text(d, 1, keys[i], -1, SQLITE_TRANSIENT);
+        if (sqlite3_step(d) != SQLITE_DONE)
+            st = SQL_FAIL(ctx, c, "evicting");
+    }
+    sqlite3_finalize(d);
+    return st;
+}
+
+stof_status cache_put_kernel(stof_ctx *ctx, cache *c, cache_kernel *k)
+{
+    cache_checksum(k->cubin, k->cubin_size, k->ptx, k->ptx_size, k->checksum);
+    stof_status st = exec(ctx, c, "BEGIN IMMEDIATE");
+    if (st != STOF_OK)
+        return st;
+    sqlite3_stmt *s = NULL;
+    if (sqlite3_prepare_v2(c->db,
+                           "INSERT OR REPLACE INTO kernels (key, op, name, entry, arch, nvrtc_version,"
+                           " stof_version, options, params, source, log, cubin, ptx, checksum,"
+                           " compile_ms, created, last_used, hits)"
+                           " VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,0)",
+                           -1, &s, NULL) != SQLITE_OK) {
+        st = SQL_FAIL(ctx, c, "storing a kernel");
+        goto done;
+    }
+    const char *txt[] = {k->key,     k->op,      k->name,   k->entry,
+                         k->arch,    nvrtc_version_string(), stof_version(),
+                         k->options, k->params ? k->params : "", k->source,
+                         k->log ? k->log : ""};
+    for (int i = 0; i < 11; i++)
+        sqlite3_bind_text(s, i + 1, txt[i] ? txt[i] : "", -1, SQLITE_TRANSIENT);
+    sqlite3_bind_blob(s, 12, k->cubin, (int)k->cubin_size, SQLITE_TRANSIENT);
+    sqlite3_bind_blob(s, 13, k->ptx, (int)k->ptx_size, SQLITE_TRANSIENT);
+    sqlite3_bind_text(s, 14, k->checksum, -1, SQLITE_TRANSIENT);
+    sqlite3_bind_double(s, 15, k->compile_ms);
+    sqlite3_bind_int64(s, 16, now_s());
+    sqlite3_bind_int64(s, 17, now_s());
+    if (sqlite3_step(s) != SQLITE_DONE)
+        st = SQL_FAIL(ctx, c, "storing a kernel");
+    sqlite3_finalize(s);
+    if (st == STOF_OK)
+        st = evict(ctx, c, k->key);
+done:
+    if (st == STOF_OK)
+        st = exec(ctx, c, "COMMIT");
+    if (st != STOF_OK)
+        sqlite3_exec(c->db, "ROLLBACK", NULL, NULL, NULL);
+    return st;
+}
+
+void cache_kernel_free(cache_kernel *k)
+{
+    char *txt[] = {k->op, k->name, k->entry, k->arch, k->nvrtc_version, k->stof_version,
+                   k->options, k->params, k->source, k->log, k->ptx};
+    for (int i = 0; i < 11; i++)
+        free(txt[i]);
+    free(k->cubin);
+    memset(k, 0, sizeof *k);
+}
+
+stof_status cache_put_tuning(stof_ctx *ctx, cache *c, const cache_tuning *t)
+{
+    stof_status st = exec(ctx, c, "BEGIN IMMEDIATE");
+    if (st != STOF_OK)
+        return st;
+    sqlite3_stmt *s = NULL;
+    if (sqlite3_prepare_v2(c->db,
+                           "INSERT OR REPLACE INTO tuning (op, mask_hash, shape, dtype, arch,"
+                           " stof_version, record, created) VALUES (?,?,?,?,?,?,?,?)",
+                           -1, &s, NULL) != SQLITE_OK) {
+        st = SQL_FAIL(ctx, c, "storing a tuning record");
+    } else {
+        const char *txt[] = {t->op, t->mask_hash, t->shape, t->dtype, t->arch, stof_version(),
+                             t->record};
+        for (int i = 0; i < 7; i++)
+            sqlite3_bind_text(s, i + 1, txt[i] ? txt[i] : "", -1, SQLITE_TRANSIENT);
+        sqlite3_bind_int64(s, 8, now_s());
+        if (sqlite3_step(s) != SQLITE_DONE)
+            st = SQL_FAIL(ctx, c, "storing a tuning record");
+        sqlite3_finalize(s);
+    }
+    if (st == STOF_OK)
+        st = exec(ctx, c, "COMMIT");
+    if (st != STOF_OK)
+        sqlite3_exec(c->db, "ROLLBACK", NULL, NULL, NULL);
+    return st;
+}
+
+stof_status cache_get_tuning(stof_ctx *ctx, cache *c, const char *op, const char *mask_hash,
+                             const char *shape, const char *dtype, const char *arch,
+                             cache_tuning *out, int *found)
+{
+    *found = 0;
+    memset(out, 0, sizeof *out);
+    sqlite3_stmt *s = NULL;
+    if (sqlite3_prepare_v2(c->db,
+                           "SELECT record, created FROM tuning WHERE op=? AND mask_hash=? AND shape=?"
+                           " AND dtype=? AND arch=? AND stof_version=?",
+                           -1, &s, NULL) != SQLITE_OK)
+        return SQL_FAIL(ctx, c, "looking up a tuning record");
+    const char *txt[] = {op, mask_hash, shape, dtype, arch, stof_version()};
+    for (int i = 0; i < 6; i++)
+        sqlite3_bind_text(s, i + 1, txt[i], -1, SQLITE_TRANSIENT);
+    stof_status st = STOF_OK;
+    int rc = sqlite3_step(s);
+    if (rc == SQLITE_ROW) {
+        out->op = strdup(op);
+        out->mask_hash = strdup(mask_hash);
+        out->shape = strdup(shape);
+        out->dtype = strdup(dtype);
+        out->arch = strdup(arch);
+        out->record = col_text(s, 0);
+        out->created = sqlite3_column_int64(s, 1);
+        if (!out->op || !out->mask_hash || !out->shape || !out->dtype || !out->arch || !out->record) {
+            cache_tuning_free(out);
+            st = CTX_FAIL(ctx, STOF_ERR_NO_MEMORY, "out of memory reading the cache");
+        } else {
+            *found = 1;
+        }
+    } else if (rc != SQLITE_DONE) {
+        st = SQL_FAIL(ctx, c, "looking up a tuning record");
+    }
+    sqlite3_finalize(s);
+    return st;
+}
+
+void cache_tuning_free(cache_tuning *t)
+{
+    free(t->op);
+    free(t->mask_hash);
+    free(t->shape);
+    free(t->dtype);
+    free(t->arch);
+    free(t->record);
+    memset(t, 0, sizeof *t);
+}
+
+stof_status cache_list_kernels(stof_ctx *ctx, cache *c, const char *op, const char *arch,
+                               cache_list_fn fn, void *arg)
+{
+    sqlite3_stmt *s = NULL;
+    if (sqlite3_prepare_v2(c->db,
+                           "SELECT " KERNEL_COLS " FROM kernels WHERE (?1 IS NULL OR op=?1)"
+                           " AND (?2 IS NULL OR arch=?2) ORDER BY op, created, key",
+                           -1, &s, NULL) != SQLITE_OK)
+        return SQL_FAIL(ctx, c, "listing kernels");
+    if (op)
+        sqlite3_bind_text(s, 1, op, -1, SQLITE_TRANSIENT);
+    if (arch)
+        sqlite3_bind_text(s, 2, arch, -1, SQLITE_TRANSIENT);
+    stof_status st = STOF_OK;
+    int rc;
+    while ((rc = sqlite3_step(s)) == SQLITE_ROW) {
+        cache_kernel k;
+        if (!read_row(s, &k)) {
+            cache_kernel_free(&k);
+            st = CTX_FAIL(ctx, STOF_ERR_NO_MEMORY, "out of memory listing the cache");
+            break;
+        }
+        int stop = fn(&k, arg);
+        cache_kernel_free(&k);
+        if (stop)
+            break;
+    }
+    if (st == STOF_OK && rc != SQLITE_ROW && rc != SQLITE_DONE)
+        st = SQL_FAIL(ctx, c, "listing kernels");
+    sqlite3_finalize(s);
+    return st;
+}
+
+stof_status cache_resolve_key(stof_ctx *ctx, cache *c, const char *prefix, char key[65])
+{
+    size_t n = prefix ? strlen(prefix) : 0;
+    if (n == 0 || n > 64 || strspn(prefix, "0123456789abcdef") != n)
+        return CTX_FAIL(ctx, STOF_ERR_INVALID_ARG, "\"%s\" is not a kernel key or key prefix",
+                        prefix ? prefix : "");
+    sqlite3_stmt *s = NULL;
+    if (sqlite3_prepare_v2(c->db, "SELECT key FROM kernels WHERE substr(key,1,?1)=?2 LIMIT 2", -1, &s,
+                           NULL) != SQLITE_OK)
+        return SQL_FAIL(ctx, c, "resolving a key");
+    sqlite3_bind_int(s, 1, (int)n);
+    sqlite3_bind_text(s, 2, prefix, -1, SQLITE_TRANSIENT);
+    int hits = 0, rc;
+    while ((rc = sqlite3_step(s)) == SQLITE_ROW)
+        if (hits++ == 0)
+            snprintf(key, 65, "%s", (const char *)sqlite3_column_text(s, 0));
+    sqlite3_finalize(s);
+    if (rc != SQLITE_DONE)
+        return SQL_FAIL(ctx, c, "resolving a key");
+    if (hits == 0)
+        return CTX_FAIL(ctx, STOF_ERR_INVALID_ARG, "no kernel key starts with \"%s\"", prefix);
+    if (hits > 1)
+        return CTX_FAIL(ctx, STOF_ERR_INVALID_ARG, "key prefix \"%s\" is ambiguous", prefix);
+    return STOF_OK;
+}

@@ -1,0 +1,79 @@
+/*
+ * cache — the SQLite kernel cache: compiled kernels keyed by a hash of
+ * (rendered source, options, arch, NVRTC version, stof version), and tuning
+ * records keyed by (op, mask hash, shape, dtype, arch, stof version).
+ * WAL mode, a busy timeout and one transaction per write, so several
+ * processes can share one file. A damaged or stale row is reported as
+ * absent (and counted) so the caller recompiles and replaces it.
+ */
+#ifndef STOF_CACHE_H
+#define STOF_CACHE_H
+
+#include <stddef.h>
+#include "stof.h"
+
+#define CACHE_SCHEMA_VERSION 1
+
+typedef struct cache cache;
+
+typedef struct cache_kernel {
+    char key[65];
+    char *op;            /* "layernorm", "mha", ... */
+    char *name;          /* template the source came from */
+    char *entry;         /* the __global__ function to launch */
+    char *arch;
+    char *nvrtc_version;
+    char *stof_version;
+    char *options;
+    char *params;        /* the template values, "NAME=value;..." */
+    char *source;
+    char *log;
+    void *cubin;
+    size_t cubin_size;
+    char *ptx;
+    size_t ptx_size;
+    char checksum[65];   /* SHA-256 of cubin then ptx */
+    double compile_ms;
+    long long created, last_used, hits;
+} cache_kernel;
+
+typedef struct cache_tuning {
+    char *op, *mask_hash, *shape, *dtype, *arch;
+    char *record;        /* JSON: winner, parameters, times, what was tried */
+    long long created;
+} cache_tuning;
+
+/* Opens (creating the folder and file as needed) the cache at path. */
+stof_status cache_open(stof_ctx *ctx, const char *path, long long max_bytes, cache **out);
+void cache_close(cache *c);
+
+/* *found is 0 when absent, and also when the row is damaged or stale
+ * (*rejected is then 1). A found row has its use counted. */
+stof_status cache_get_kernel(stof_ctx *ctx, cache *c, const char *key, cache_kernel *out,
+                             int *found, int *rejected);
+/* Inserts or replaces k (checksum computed here), then evicts least
+ * recently used kernels beyond the size cap. */
+stof_status cache_put_kernel(stof_ctx *ctx, cache *c, cache_kernel *k);
+void cache_kernel_free(cache_kernel *k);
+
+stof_status cache_put_tuning(stof_ctx *ctx, cache *c, const cache_tuning *t);
+stof_status cache_get_tuning(stof_ctx *ctx, cache *c, const char *op, const char *mask_hash,
+                             const char *shape, const char *dtype, const char *arch,
+                             cache_tuning *out, int *found);
+void cache_tuning_free(cache_tuning *t);
+
+/* Listing for tools: calls fn for each kernel row (blobs not loaded; the
+ * row's cubin_size and ptx_size are set). Stops early when fn returns
+ * nonzero. */
+typedef int (*cache_list_fn)(const cache_kernel *k, void *arg);
+stof_status cache_list_kernels(stof_ctx *ctx, cache *c, const char *op, const char *arch,
+                               cache_list_fn fn, void *arg);
+
+/* The one key starting with prefix; STOF_ERR_INVALID_ARG if none or several. */
+stof_status cache_resolve_key(stof_ctx *ctx, cache *c, const char *prefix, char key[65]);
+
+/* SHA-256 of cubin then ptx, as stored in the checksum column. */
+void cache_checksum(const void *cubin, size_t cubin_size, const char *ptx, size_t ptx_size,
+                    char out[65]);
+
+#endif

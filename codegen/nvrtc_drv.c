@@ -1,0 +1,150 @@
+#include "nvrtc_drv.h"
+
+#include <nvrtc.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "ctx.h"
+
+/* -lineinfo keeps source lines in SASS for stof-dump and the profiler. */
+const char *const nvrtc_default_options = "-std=c++17 -lineinfo";
+static const char *const OPTS[] = {"-std=c++17", "-lineinfo"};
+#define NOPTS (int)(sizeof OPTS / sizeof OPTS[0])
+
+static double now_ms(void)
+{
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return t.tv_sec * 1e3 + t.tv_nsec / 1e6;
+}
+
+const char *nvrtc_version_string(void)
+{
+    static char v[32];
+    int major = 0, minor = 0;
+    if (!v[0]) {
+        if (nvrtcVersion(&major, &minor) != NVRTC_SUCCESS)
+            return "unknown";
+        snprintf(v, sizeof v, "%d.%d", major, minor);
+    }
+    return v;
+}
+
+stof_status nvrtc_check_arch(stof_ctx *ctx, const char *arch)
+{
+    int n = 0, want = 0;
+    char suffix = 0;
+    if (!arch || sscanf(arch, "sm_%d%c", &want, &suffix) < 1 || (suffix && suffix != 'a'))
+        return CTX_FAIL(ctx, STOF_ERR_INVALID_ARG,
+                        "unknown architecture \"%s\": expected sm_NN or sm_NNa, e.g. sm_90a",
+                        arch ? arch : "(null)");
+    if (nvrtcGetNumSupportedArchs(&n) != NVRTC_SUCCESS || n <= 0 || n > 256)
+        return CTX_FAIL(ctx, STOF_ERR_COMPILE, "nvrtcGetNumSupportedArchs failed");
+    int archs[256];
+    if (nvrtcGetSupportedArchs(archs) != NVRTC_SUCCESS)
+        return CTX_FAIL(ctx, STOF_ERR_COMPILE, "nvrtcGetSupportedArchs failed");
+    for (int i = 0; i < n; i++)
+        if (archs[i] == want)
+            return want >= 80 ? STOF_OK
+                              : CTX_FAIL(ctx, STOF_ERR_UNSUPPORTED,
+                                         "architecture %s: stof needs sm_80 or newer", arch);
+    return CTX_FAIL(ctx, STOF_ERR_INVALID_ARG, "architecture %s is not one NVRTC %s can compile for",
+                    arch, nvrtc_version_string());
+}
+
+/* The first lines of a log, for an error message. */
+static void log_head(const char *log, char *out, size_t n, int lines)
+{
+    size_t i = 0;
+    for (const char *p = log; *p && i + 1 < n && lines > 0; p++) {
+        out[i++] = *p;
+        lines -= *p == '\n';
+    }
+    out[i] = 0;
+}
+
+#define NVRTC_TRY(call)                                                                  \
+    do {                                                                                 \
+        nvrtcResult r_ = (call);                                                         \
+        if (r_ != NVRTC_SUCCESS) {                                                       \
+            st = CTX_FAIL(ctx, STOF_ERR_COMPILE, "%s: %s failed: %s", name, #call,      \
+                          nvrtcGetErrorString(r_));                                      \
+            goto done;                                                                   \
+        }                                                                                \
+    } while (0)
+
+stof_status nvrtc_compile(stof_ctx *ctx, const char *name, const char *source, const char *arch,
+                          nvrtc_output *out)
+{
+    memset(out, 0, sizeof *out);
+    TRY(nvrtc_check_arch(ctx, arch));
+    stof_status st = STOF_OK;
+    nvrtcProgram prog = NULL;
+    char archopt[64];
+    snprintf(archopt, sizeof archopt, "-arch=%s", arch);
+    const char *opts[NOPTS + 1];
+    for (int i = 0; i < NOPTS; i++)
+        opts[i] = OPTS[i];
+    opts[NOPTS] = archopt;
+
+    double t0 = now_ms();
+    NVRTC_TRY(nvrtcCreateProgram(&prog, source, name, 0, NULL, NULL));
+    nvrtcResult cr = nvrtcCompileProgram(prog, NOPTS + 1, opts);
+    size_t logn = 0;
+    NVRTC_TRY(nvrtcGetProgramLogSize(prog, &logn));
+    if (!(out->log = malloc(logn + 1))) {
+        st = CTX_FAIL(ctx, STOF_ERR_NO_MEMORY, "out of memory for the compile log");
+        goto done;
+    }
+    out->log[0] = 0;
+    if (logn)
+        NVRTC_TRY(nvrtcGetProgramLog(prog, out->log));
+    out->log[logn] = 0;
+    if (cr != NVRTC_SUCCESS) {
+        char head[1200];
+        log_head(out->log, head, sizeof head, 8);
+        st = CTX_FAIL(ctx, STOF_ERR_COMPILE, "NVRTC could not compile %s for %s (%s):\n%s", name,
+                      arch, nvrtcGetErrorString(cr), head);
+        goto done;
+    }
+    NVRTC_TRY(nvrtcGetCUBINSize(prog, &out->cubin_size));
+    NVRTC_TRY(nvrtcGetPTXSize(prog, &out->ptx_size));
+    out->cubin = malloc(out->cubin_size ? out->cubin_size : 1);
+    out->ptx = malloc(out->ptx_size + 1);
+    if (!out->cubin || !out->ptx) {
+        st = CTX_FAIL(ctx, STOF_ERR_NO_MEMORY, "out of memory for the compiled %s", name);
+        goto done;
+    }
+    NVRTC_TRY(nvrtcGetCUBIN(prog, out->cubin));
+    NVRTC_TRY(nvrtcGetPTX(prog, out->ptx));
+    out->ptx[out->ptx_size] = 0;
+    /* NVRTC counts the PTX's NUL in its size. */
+    out->ptx_size = strlen(out->ptx);
+    if (out->cubin_size == 0)
+        st = CTX_FAIL(ctx, STOF_ERR_COMPILE, "NVRTC produced no CUBIN for %s (%s)", name, arch);
+done:
+    out->ms = now_ms() - t0;
+    if (prog)
+        nvrtcDestroyProgram(&prog);
+    if (st != STOF_OK) {
+        /* Keep the log for the caller; drop the rest. */
+        char *log = out->log;
+        out->log = NULL;
+        nvrtc_output_free(out);
+        out->log = log;
+    } else {
+        ctx->stats.nvrtc_compiles++;
+        ctx->stats.nvrtc_ms += out->ms;
+    }
+    return st;
+}
+
+void nvrtc_output_free(nvrtc_output *o)
+{
+    free(o->cubin);
+    free(o->ptx);
+    free(o->log);
+    memset(o, 0, sizeof *o);
+}

@@ -1,0 +1,34 @@
+/*
+ * nvrtc_drv — the one door to NVRTC: compiles rendered CUDA C for an
+ * architecture ("sm_80", "sm_90a", ...) to CUBIN and PTX and keeps the log.
+ * A failed compile becomes STOF_ERR_COMPILE carrying the log's first lines.
+ */
+#ifndef STOF_NVRTC_H
+#define STOF_NVRTC_H
+
+#include <stddef.h>
+#include "stof.h"
+
+typedef struct nvrtc_output {
+    void *cubin;
+    size_t cubin_size;
+    char *ptx;           /* NUL-terminated */
+    size_t ptx_size;     /* without the NUL */
+    char *log;           /* NUL-terminated, may be "" */
+    double ms;           /* wall time of the compile */
+} nvrtc_output;
+
+/* The fixed options every kernel is compiled with, besides -arch. */
+extern const char *const nvrtc_default_options;
+
+stof_status nvrtc_compile(stof_ctx *ctx, const char *name, const char *source,
+                          const char *arch, nvrtc_output *out);
+void nvrtc_output_free(nvrtc_output *o);
+
+/* "13.0" */
+const char *nvrtc_version_string(void);
+
+/* Fails with STOF_ERR_INVALID_ARG unless NVRTC can compile for `arch`. */
+stof_status nvrtc_check_arch(stof_ctx *ctx, const char *arch);
+
+#endif

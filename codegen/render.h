@@ -1,0 +1,37 @@
+/*
+ * render — CUDA C text templates: finding them (embedded at build time, or
+ * $STOF_TEMPLATE_DIR during development) and rendering `{{NAME}}`
+ * placeholders and `{{#if NAME}} ... {{/if}}` sections (nestable). Rendering
+ * fails, naming the template and line, on a placeholder with no value, a
+ * value the template never names, or malformed syntax.
+ */
+#ifndef STOF_RENDER_H
+#define STOF_RENDER_H
+
+#include "stof.h"
+
+typedef struct render_var {
+    const char *name;
+    const char *value;   /* a section is kept when value is non-empty and not "0" */
+} render_var;
+
+typedef struct render_embedded {
+    const char *name;
+    const char *text;
+} render_embedded;
+
+/* The table written by codegen/embed.c; ends with a NULL name. */
+extern const render_embedded render_embedded_templates[];
+
+/* The text of template `name` ("layernorm.cu"); the caller frees it. */
+stof_status render_load(stof_ctx *ctx, const char *name, char **text);
+
+/* Renders `text` (called `name` in messages) into *out (caller frees). */
+stof_status render_text(stof_ctx *ctx, const char *name, const char *text,
+                        const render_var *vars, int nvars, char **out);
+
+/* render_load then render_text. */
+stof_status render_template(stof_ctx *ctx, const char *name, const render_var *vars,
+                            int nvars, char **out);
+
+#endif

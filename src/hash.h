@@ -1,0 +1,26 @@
+/*
+ * hash — SHA-256, the one digest stof uses: kernel cache keys, blob checksums
+ * and canonical mask hashes.
+ */
+#ifndef STOF_HASH_H
+#define STOF_HASH_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+typedef struct hash_sha256 {
+    uint32_t h[8];
+    uint64_t len;
+    unsigned char buf[64];
+    size_t fill;
+} hash_sha256;
+
+void hash_init(hash_sha256 *s);
+void hash_update(hash_sha256 *s, const void *data, size_t n);
+void hash_final(hash_sha256 *s, unsigned char out[32]);
+
+/* Digest of one buffer, written as 64 lowercase hex digits and a NUL. */
+void hash_hex(const void *data, size_t n, char out[65]);
+void hash_to_hex(const unsigned char digest[32], char out[65]);
+
+#endif

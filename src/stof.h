@@ -1,0 +1,208 @@
+/*
+ * stof.h — the public interface of libstof: fused kernels for sparse (masked)
+ * Transformer inference, generated at run time, compiled with NVRTC, kept in a
+ * SQLite kernel cache and launched through the CUDA Driver API.
+ *
+ * Every call returns a stof_status. stof_status_str() names it and
+ * stof_last_error() gives the sentence behind the last failure on a context.
+ * No call prints, exits or aborts. Handles are opaque; the free and close calls accept
+ * NULL. A context is used by one thread at a time.
+ */
+#ifndef STOF_H
+#define STOF_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define STOF_VERSION_MAJOR 0
+#define STOF_VERSION_MINOR 1
+#define STOF_VERSION_PATCH 0
+
+typedef enum stof_status {
+    STOF_OK = 0,
+    STOF_ERR_INVALID_ARG,   /* a bad argument; nothing was changed or launched */
+    STOF_ERR_UNSUPPORTED,   /* valid but not supported (dtype, size, arch) */
+    STOF_ERR_NO_DEVICE,     /* no driver or no GPU: GPU work is impossible here */
+    STOF_ERR_CUDA,          /* a CUDA driver call failed */
+    STOF_ERR_COMPILE,       /* NVRTC failed; the message carries its log */
+    STOF_ERR_CACHE,         /* the kernel cache failed (only where asked for) */
+    STOF_ERR_NO_MEMORY,     /* host allocation failed */
+    STOF_ERR_INTERNAL       /* a bug in stof */
+} stof_status;
+
+typedef enum stof_dtype {
+    STOF_DTYPE_INVALID = 0,
+    STOF_F32 = 1,
+    STOF_F16 = 2,
+    STOF_BF16 = 3
+} stof_dtype;
+
+/* Compatible with CUstream and cudaStream_t; NULL is the legacy stream. */
+typedef struct CUstream_st *stof_stream;
+
+typedef struct stof_ctx stof_ctx;
+
+/* Zero value: device 0, the default cache path, the device's own arch. */
+typedef struct stof_options {
+    int device;                 /* CUDA device ordinal */
+    const char *cache_path;     /* NULL: $STOF_CACHE, else $XDG_CACHE_HOME/stof/cache.db,
+                                   else ~/.cache/stof/cache.db */
+    int no_cache;               /* nonzero: run uncached */
+    const char *arch;           /* NULL: the device's own ("sm_90a" on Hopper);
+                                   set it to compile for a GPU that is not here */
+    long long cache_max_bytes;  /* 0: 2 GiB; least recently used kernels go first */
+} stof_options;
+
+/* Counters since stof_open: what the cache saved and what was paid. */
+typedef struct stof_stats {
+    long long nvrtc_compiles;   /* NVRTC runs */
+    double nvrtc_ms;            /* time spent in them */
+    long long cache_hits;       /* kernels found in the SQLite cache */
+    long long cache_misses;
+    long long cache_rejects;    /* entries found damaged or stale, recompiled */
+    long long module_loads;     /* cuModuleLoadData calls */
+    long long timing_runs;      /* candidate timings by the search */
+} stof_stats;
+
+const char *stof_version(void);                 /* "0.1.0" */
+const char *stof_status_str(stof_status s);     /* "STOF_ERR_INVALID_ARG" */
+
+/* Opens a context. Succeeds on a machine with no driver or GPU: GPU calls
+ * then return STOF_ERR_NO_DEVICE. An unusable cache leaves the context
+ * working uncached; stof_last_error() says why. opts may be NULL. */
+stof_status stof_open(stof_ctx **ctx, const stof_options *opts);
+void stof_close(stof_ctx *ctx);
+
+/* The sentence behind the last failure on ctx ("" if none). With NULL: why
+ * the last stof_open on this thread failed. */
+const char *stof_last_error(const stof_ctx *ctx);
+
+stof_status stof_get_stats(const stof_ctx *ctx, stof_stats *out);
+
+/* Device facts; *has_device is 0 where no GPU can be used. arch is the
+ * architecture kernels are compiled for, e.g. "sm_90a". */
+stof_status stof_device_info(const stof_ctx *ctx, int *has_device, char *arch,
+                             size_t arch_len, char *name, size_t name_len);
+
+/* The path of the cache in use, or "" when running uncached. */
+const char *stof_cache_path(const stof_ctx *ctx);
+
+/* ---- Fused bias + residual add + LayerNorm --------------------------------
+ * out[r,:] = LayerNorm(x[r,:] + bias + residual[r,:]) * gamma + beta
+ * over rows x hidden, row-major, storage in dtype, math in fp32.
+ * bias and residual may be NULL (then not added). out may alias x or residual.
+ * Pointers must be aligned to the element size. */
+typedef struct stof_ln_desc {
+    int rows;
+    int hidden;          /* 1 .. 16384 */
+    stof_dtype dtype;
+    float eps;           /* 0 means 1e-5 */
+} stof_ln_desc;
+
+stof_status stof_bias_residual_layernorm(stof_ctx *ctx, const stof_ln_desc *desc,
+                                         const void *x, const void *bias,
+                                         const void *residual, const void *gamma,
+                                         const void *beta, void *out,
+                                         stof_stream stream);
+
+/* Compiles (without running) the kernel the call above would use, into the
+ * cache, for the context's arch. Works with no GPU. */
+stof_status stof_bias_residual_layernorm_prepare(stof_ctx *ctx,
+                                                 const stof_ln_desc *desc);
+
+/* ---- Masks (src/mask.c) ---- */
+
+/* A mask says which (query row q, key column k) pairs attention may use, over
+ * Lq query rows and Lk key columns (0-based). It is built from a spec string
+ * or from a dense boolean matrix, and is immutable afterwards.
+ *
+ * Spec grammar: terms joined by '+' (union) and '&' (intersection, binds
+ * tighter than '+'); spaces around terms and operators are ignored; numbers
+ * are unsigned decimal.
+ *   dense              every pair
+ *   causal             k <= q + (Lk - Lq)  (bottom-right aligned when Lk != Lq)
+ *   window:W           |q - k| <= W/2; W even, > 0
+ *   causal_window:W    0 <= q - k < W; W > 0
+ *   dilated:W:D        |q - k| <= (W/2)*D and (q - k) mod D == 0; W even, > 0; D > 0
+ *   global:G           q < G or k < G; 0 < G <= max(Lq, Lk)
+ *   strided:S          k mod S == S - 1; S > 0
+ *   random:R:B:SEED    each block of B query rows sees R distinct blocks of B key
+ *                      columns (the last key block may be short), drawn by the
+ *                      generator documented in src/mask.h; B > 0,
+ *                      0 < R <= ceil(Lk / B); SEED < 2^64
+ *   docs:N1,N2,...     q and k lie in the same document; Ni > 0, sum = Lq = Lk
+ * Example: "window:192+global:64+random:3:64:1" (BigBird).
+ * Per-sequence valid lengths (key padding) are not part of a mask: attention
+ * takes them at run time. */
+typedef struct stof_mask stof_mask;
+
+/* How a [batch, heads, seq, head_dim] tensor is laid out in memory. */
+typedef enum stof_layout {
+    STOF_LAYOUT_BHLD = 1,   /* [B, H, L, D], D fastest */
+    STOF_LAYOUT_BLHD = 2    /* [B, L, H, D], D fastest */
+} stof_layout;
+
+/* Bad specs give STOF_ERR_INVALID_ARG; the message quotes the offending part
+ * and its 1-based column. *out is NULL after any failure. */
+stof_status stof_mask_parse(stof_ctx *ctx, const char *spec, int lq, int lk,
+                            stof_mask **out);
+
+/* allowed: lq*lk bytes, row-major (row q, column k), nonzero = allowed.
+ * The mask keeps its own copy, compressed to runs per row. */
+stof_status stof_mask_from_dense(stof_ctx *ctx, const unsigned char *allowed,
+                                 int lq, int lk, stof_mask **out);
+
+void stof_mask_free(stof_mask *m);
+
+/* The spec with spaces removed and numbers in plain decimal, or
+ * "dense-matrix" for a mask built from a matrix. Lives as long as m. */
+const char *stof_mask_spec(const stof_mask *m);
+void stof_mask_dims(const stof_mask *m, int *lq, int *lk);
+
+/* Canonical SHA-256 (64 lowercase hex digits) over (Lq, Lk) and exactly the
+ * allowed entries: masks allowing the same entries hash alike, however they
+ * were built. */
+stof_status stof_mask_hash(const stof_mask *m, char hex[65]);
+
+/* What an analytical performance model needs to know about a mask, for one
+ * tiling into blocks of block_q query rows by block_k key columns. Entries
+ * outside [0, Lq) x [0, Lk) in edge blocks are out of range: never counted
+ * as allowed, never needed for a block to be full. */
+typedef struct stof_mask_info {
+    int lq, lk;
+    long long entries;          /* allowed (q, k) pairs */
+    double density;             /* entries / (lq * lk) */
+    int row_min, row_max;       /* allowed keys in the sparsest / densest row */
+    double row_mean;
+    int empty_rows;             /* rows with no allowed key: attention gives zeros */
+    double runs_mean;           /* contiguous runs of allowed keys per row */
+    int runs_max;
+    int block_q, block_k;
+    int n_qblocks, n_kblocks;   /* ceil(lq / block_q), ceil(lk / block_k) */
+    long long blocks_touched;   /* blocks holding at least one allowed entry */
+    long long blocks_full;      /* touched blocks whose in-range entries are all allowed */
+    long long blocks_partial;   /* touched blocks that need a bitmap */
+    double partial_fill_mean;   /* mean fraction of in-range entries allowed, partial blocks */
+    double kblocks_mean;        /* key blocks per query block (touched / n_qblocks) */
+    int kblocks_max;
+    double block_density;       /* blocks_touched / (n_qblocks * n_kblocks) */
+    double block_efficiency;    /* entries / in-range entries of touched blocks: the
+                                   useful share of a block kernel's work */
+    long long partial_entries;  /* allowed entries that lie in partial blocks */
+    long long distinct_bitmaps; /* different partial-block bitmaps (the block format shares them) */
+} stof_mask_info;
+
+/* block_q and block_k: 16 .. 128. */
+stof_status stof_mask_stats(stof_ctx *ctx, const stof_mask *m, int block_q, int block_k,
+                            stof_mask_info *out);
+
+/* ---- end of masks ---- */
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,35 @@
+/*
+ * testutil — what every suite shares: a seeded random source whose seed is
+ * printed (set STOF_SEED to replay), temporary folders, and reading a whole
+ * command's output.
+ */
+#ifndef STOF_TESTUTIL_H
+#define STOF_TESTUTIL_H
+
+#include <check.h>
+#include <stdint.h>
+#include <stdio.h>
+
+/* The run's seed: $STOF_SEED or the clock, printed once by the runner. */
+uint64_t test_seed(void);
+/* xorshift64* stream; each test starts its own from test_seed() ^ salt. */
+typedef struct test_rng { uint64_t s; } test_rng;
+test_rng test_rng_make(uint64_t salt);
+uint64_t test_rng_next(test_rng *r);
+double test_rng_uniform(test_rng *r);          /* [0, 1) */
+int test_rng_int(test_rng *r, int lo, int hi);  /* [lo, hi] */
+
+/* A fresh empty folder under $TMPDIR; the caller owns the string. */
+char *test_tmpdir(void);
+void test_rmtree(const char *path);
+
+/* Runs sh -c cmd; returns its exit status and its stdout+stderr (malloc'd). */
+int test_run(const char *cmd, char **output);
+
+/* Path of a built program: $STOF_BUILD/name (STOF_BUILD defaults to build). */
+const char *test_build_path(const char *name);
+
+/* 1 when a GPU can be used (decided once by the runner). */
+int test_have_gpu(void);
+
+#endif
