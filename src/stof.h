@@ -202,6 +202,48 @@ stof_status stof_mask_stats(stof_ctx *ctx, const stof_mask *m, int block_q, int 
 
 /* ---- end of masks ---- */
 
+/* ---- Masked multi-head attention (src/mha.c) -----------------------------
+ * out = softmax(Q Kᵀ · scale + mask) V per (batch, head), fp32 accumulation.
+ * A plan is made once for a shape and a mask (cache hit, or model + search)
+ * and run as often as wanted, from several streams at once. */
+typedef enum stof_tune {
+    STOF_TUNE_DEFAULT = 0,  /* $STOF_TUNE (off|fast|full), else fast */
+    STOF_TUNE_OFF,          /* the model's first choice, default parameters */
+    STOF_TUNE_FAST,         /* stage 1 on the model's best two, stage 2 small */
+    STOF_TUNE_FULL          /* every kernel kind, the whole pruned space */
+} stof_tune;
+
+typedef struct stof_mha_desc {
+    int batch, heads, seq_q, seq_k, head_dim;  /* head_dim 32, 64, 80, 96, 128 */
+    stof_dtype dtype;                          /* STOF_F16 or STOF_BF16 */
+    stof_layout layout;                        /* 0 means BHLD; out has q's layout */
+    int qkv_packed;                            /* nonzero: q points at [batch, seq, 3,
+                                                  heads, head_dim] from a QKV projection;
+                                                  k and v are ignored; layout must be BLHD */
+    float scale;                               /* 0 means 1/sqrt(head_dim) */
+    stof_tune tune;
+    int max_candidates;                        /* search budget; 0: no cap */
+    double max_seconds;                        /* search budget; 0: no cap */
+} stof_mha_desc;
+
+typedef struct stof_mha_plan stof_mha_plan;
+
+stof_status stof_mha_plan_create(stof_ctx *ctx, const stof_mha_desc *desc,
+                                 const stof_mask *mask, stof_mha_plan **plan);
+/* seq_lens: NULL, or a device array of batch int32 valid lengths (keys and
+ * queries at or past it are padding; padded query rows come out zero). */
+stof_status stof_mha_run(stof_mha_plan *plan, const void *q, const void *k,
+                         const void *v, void *out, const int *seq_lens,
+                         stof_stream stream);
+/* Which kernel, its parameters, and why: a line of text. */
+stof_status stof_mha_plan_describe(const stof_mha_plan *plan, char *buf, size_t n);
+void stof_mha_plan_free(stof_mha_plan *plan);
+
+/* Compiles, with no GPU, the kernels the model ranks first for this case,
+ * for the context's arch, into the cache. */
+stof_status stof_mha_prepare(stof_ctx *ctx, const stof_mha_desc *desc,
+                             const stof_mask *mask);
+
 #ifdef __cplusplus
 }
 #endif

@@ -38,3 +38,6 @@ __device__ __forceinline__ float stof_group_sum(float v)
         v += __shfl_xor_sync(0xffffffffu, v, o, WIDTH);
     return v;
 }
+
+// No math headers at run time: infinity by its bits.
+#define STOF_INF __int_as_float(0x7f800000)

@@ -2,7 +2,6 @@
  * The test runner: every CPU suite always; the GPU suites only when a GPU is
  * usable, and it says aloud when they were left out and why.
  */
-#define _GNU_SOURCE
 #include <errno.h>
 #include <stdlib.h>
 #include <string.h>

@@ -1,0 +1,46 @@
+/*
+ * attn_tiles — what an attention CTA walks: query groups and, per group, key
+ * tiles with their bitmaps, in the flat int32 arrays templates/attn.cu reads.
+ * Two kinds: block-wise (consecutive rows and keys, from the mask's block
+ * format) and gathered (rows grouped by residue, keys compacted to the
+ * union the group allows, for scattered masks).
+ */
+#ifndef STOF_ATTN_TILES_H
+#define STOF_ATTN_TILES_H
+
+#include <stdint.h>
+#include "stof.h"
+
+typedef enum attn_kind { ATTN_BLOCK = 0, ATTN_GATHER = 1 } attn_kind;
+
+typedef struct attn_tiles {
+    attn_kind kind;
+    int bm, bn, wpr;          /* rows per group, keys per tile, bitmap words per row */
+    int n_groups;
+    int period;               /* gathered rows: rows of one group share q mod period */
+    int32_t *group_order;     /* n_groups: heaviest group first */
+    int32_t *qidx;            /* gathered: n_groups * bm row indices, -1 padding */
+    int32_t *tile_ptr;        /* n_groups + 1 */
+    int32_t *tile_key;        /* n_tiles: first key (block) or offset into kidx in tiles */
+    int32_t *tile_bits;       /* n_tiles: -1 full, else bitmap index */
+    int32_t *kidx;            /* gathered: n_kidx_tiles * bn key indices, -1 padding */
+    uint32_t *bits;           /* n_bitmaps * bm * wpr */
+    long long n_tiles, n_full, n_bitmaps, n_kidx_tiles;
+    long long max_tiles;      /* tiles of the heaviest group */
+} attn_tiles;
+
+/* period: 0 lets the builder pick (1, or D of a dilated:W:D term). */
+stof_status attn_tiles_build(stof_ctx *ctx, const stof_mask *m, attn_kind kind, int bm, int bn,
+                             attn_tiles *out);
+void attn_tiles_free(attn_tiles *t);
+
+/* Bytes of the arrays above, laid out one after another (each 16-byte
+ * aligned) as attn_tiles_pack writes them; offsets in elements of their
+ * arrays' types via attn_tiles_offsets. */
+typedef struct attn_tiles_layout {
+    size_t group_order, qidx, tile_ptr, tile_key, tile_bits, kidx, bits, total; /* bytes */
+} attn_tiles_layout;
+attn_tiles_layout attn_tiles_layout_of(const attn_tiles *t);
+void attn_tiles_pack(const attn_tiles *t, const attn_tiles_layout *l, void *dst);
+
+#endif

@@ -1,0 +1,855 @@
+#include "mha.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "cache.h"
+#include "half.h"
+#include "mask.h"
+#include "model.h"
+#include "reference.h"
+#include "strbuf.h"
+
+struct stof_mha_plan {
+    stof_ctx *ctx;
+    stof_mha_desc d;
+    mha_candidate c;
+    CUfunction fn;
+    int smem, n_groups;
+    CUdeviceptr tiles;
+    attn_tiles_layout lay;
+    double predicted_ms, measured_ms;
+    const char *origin;          /* "cache", "search" or "model" */
+    int tried;
+    char mask_hash[65];
+};
+
+/* ---- candidates and requests ------------------------------------------- */
+
+void mha_make_request(const mha_candidate *c, int head_dim, stof_dtype dtype, mha_request *r)
+{
+    const int nums[3] = {head_dim, c->bm, c->bn};
+    static const char *const names[3] = {"HEAD_DIM", "BLOCK_M", "BLOCK_N"};
+    for (int i = 0; i < 3; i++) {
+        snprintf(r->text[i], sizeof r->text[i], "%d", nums[i]);
+        r->vars[i] = (render_var){names[i], r->text[i]};
+    }
+    const int g = c->kind == ATTN_GATHER;
+    r->vars[3] = (render_var){"MMA_TYPE", dtype == STOF_BF16 ? "bf16" : "f16"};
+    r->vars[4] = (render_var){"GATHER_Q", g ? "1" : "0"};
+    r->vars[5] = (render_var){"BLOCK_Q", g ? "0" : "1"};
+    r->vars[6] = (render_var){"GATHER_K", g ? "1" : "0"};
+    r->vars[7] = (render_var){"BLOCK_K", g ? "0" : "1"};
+    r->req = (jit_request){"mha", "attn.cu", "stof_attn", r->vars, 8};
+}
+
+int mha_smem_bytes(const mha_candidate *c, int head_dim)
+{
+    return (c->bm + 4 * c->bn) * (head_dim + 8) * 2 + 2 * c->bn * 4;
+}
+
+int mha_candidates(int head_dim, int smem_max, mha_candidate *out, int cap)
+{
+    static const int sizes[][2] = {{64, 64}, {128, 64}, {64, 32}, {128, 32}, {64, 128}, {128, 128}};
+    int n = 0;
+    for (int kind = 0; kind < 2; kind++)
+        for (size_t i = 0; i < sizeof sizes / sizeof sizes[0] && n < cap; i++) {
+            mha_candidate c = {(attn_kind)kind, sizes[i][0], sizes[i][1]};
+            /* S and O live in registers: 128-key tiles spill past head_dim 64. */
+            if (c.bn == 128 && head_dim > 64)
+                continue;
+            if (mha_smem_bytes(&c, head_dim) > smem_max)
+                continue;
+            out[n++] = c;
+        }
+    return n;
+}
+
+static const char *kind_name(attn_kind k) { return k == ATTN_GATHER ? "gather" : "block"; }
+
+/* ---- argument checks ---------------------------------------------------- */
+
+static stof_status check_desc(stof_ctx *ctx, const stof_mha_desc *d, const stof_mask *mask)
+{
+    if (!d)
+        return CTX_FAIL(ctx, STOF_ERR_INVALID_ARG, "argument 'desc' is NULL");
+    if (!mask)
+        return CTX_FAIL(ctx, STOF_ERR_INVALID_ARG, "argument 'mask' is NULL");
+    if (d->batch <= 0 || d->heads <= 0 || d->seq_q <= 0 || d->seq_k <= 0)
+        return CTX_FAIL(ctx, STOF_ERR_INVALID_ARG,
+                        "desc.batch, heads, seq_q and seq_k must be positive (got %d, %d, %d, %d)",
+                        d->batch, d->heads, d->seq_q, d->seq_k);
+    if ((long long)d->batch * d->heads > 65535)
+        return CTX_FAIL(ctx, STOF_ERR_UNSUPPORTED, "desc.batch * desc.heads is above 65535");
+    if (d->head_dim != 32 && d->head_dim != 64 && d->head_dim != 80 && d->head_dim != 96 &&
+        d->head_dim != 128)
+        return CTX_FAIL(ctx, STOF_ERR_UNSUPPORTED,
+                        "desc.head_dim %d is not supported (32, 64, 80, 96, 128)", d->head_dim);
+    if (d->dtype != STOF_F16 && d->dtype != STOF_BF16)
+        return CTX_FAIL(ctx, STOF_ERR_UNSUPPORTED, "desc.dtype must be STOF_F16 or STOF_BF16");
+    if (d->layout != 0 && d->layout != STOF_LAYOUT_BHLD && d->layout != STOF_LAYOUT_BLHD)
+        return CTX_FAIL(ctx, STOF_ERR_INVALID_ARG, "desc.layout %d is not a stof_layout",
+                        (int)d->layout);
+    if (d->qkv_packed && (d->layout != STOF_LAYOUT_BLHD || d->seq_q != d->seq_k))
+        return CTX_FAIL(ctx, STOF_ERR_INVALID_ARG,
+                        "desc.qkv_packed needs layout STOF_LAYOUT_BLHD and seq_q == seq_k");
+    if (!(d->scale >= 0.f) || isinf(d->scale))
+        return CTX_FAIL(ctx, STOF_ERR_INVALID_ARG, "desc.scale must be finite and >= 0");
+    if (d->tune < STOF_TUNE_DEFAULT || d->tune > STOF_TUNE_FULL)
+        return CTX_FAIL(ctx, STOF_ERR_INVALID_ARG, "desc.tune %d is not a stof_tune", (int)d->tune);
+    if (d->max_candidates < 0 || !(d->max_seconds >= 0))
+        return CTX_FAIL(ctx, STOF_ERR_INVALID_ARG, "desc.max_candidates and max_seconds must be >= 0");
+    int lq, lk;
+    stof_mask_dims(mask, &lq, &lk);
+    if (lq != d->seq_q || lk != d->seq_k)
+        return CTX_FAIL(ctx, STOF_ERR_INVALID_ARG,
+                        "the mask is %d x %d but desc.seq_q x seq_k is %d x %d", lq, lk, d->seq_q,
+                        d->seq_k);
+    return STOF_OK;
+}
+
+static stof_tune tune_level(const stof_mha_desc *d)
+{
+    if (d->tune != STOF_TUNE_DEFAULT)
+        return d->tune;
+    const char *e = getenv("STOF_TUNE");
+    if (e && strcmp(e, "off") == 0)
+        return STOF_TUNE_OFF;
+    if (e && strcmp(e, "full") == 0)
+        return STOF_TUNE_FULL;
+    return STOF_TUNE_FAST;
+}
+
+static void shape_string(const stof_mha_desc *d, char *out, size_t n)
+{
+    snprintf(out, n, "b=%d,h=%d,lq=%d,lk=%d,d=%d,layout=%s%s", d->batch, d->heads, d->seq_q,
+             d->seq_k, d->head_dim, d->layout == STOF_LAYOUT_BLHD ? "blhd" : "bhld",
+             d->qkv_packed ? ",packed" : "");
+}
+
+/* ---- strides and launch ------------------------------------------------- */
+
+typedef struct mha_strides {
+    long long s[4][3];   /* q, k, v, out: batch, head, row strides in elements */
+    long long kv_offset; /* packed QKV: k = q + offset, v = q + 2 * offset */
+} mha_strides;
+
+static mha_strides strides_of(const stof_mha_desc *d)
+{
+    mha_strides s = {0};
+    long long H = d->heads, D = d->head_dim;
+    for (int i = 0; i < 4; i++) {
+        long long L = (i == 1 || i == 2) ? d->seq_k : d->seq_q;
+        if (d->qkv_packed && i < 3) {
+            s.s[i][0] = L * 3 * H * D, s.s[i][1] = D, s.s[i][2] = 3 * H * D;
+        } else if (d->layout == STOF_LAYOUT_BLHD) {
+            s.s[i][0] = L * H * D, s.s[i][1] = D, s.s[i][2] = H * D;
+        } else {
+            s.s[i][0] = H * L * D, s.s[i][1] = L * D, s.s[i][2] = D;
+        }
+    }
+    s.kv_offset = d->qkv_packed ? H * D : 0;
+    return s;
+}
+
+typedef struct mha_launch {
+    CUfunction fn;
+    int threads, smem, n_groups;
+    CUdeviceptr tiles;
+    attn_tiles_layout lay;
+} mha_launch;
+
+/* Enqueues one run; the context must be current. */
+static stof_status launch(stof_ctx *ctx, const stof_mha_desc *d, const mha_launch *L,
+                          CUdeviceptr q, CUdeviceptr k, CUdeviceptr v, CUdeviceptr out,
+                          CUdeviceptr seq_lens, CUstream stream)
+{
+    mha_strides s = strides_of(d);
+    if (d->qkv_packed) {
+        k = q + (CUdeviceptr)(s.kv_offset * 2);
+        v = q + (CUdeviceptr)(s.kv_offset * 4);
+    }
+    int heads = d->heads, lq = d->seq_q, lk = d->seq_k;
+    float scale = d->scale > 0.f ? d->scale : 1.f / sqrtf((float)d->head_dim);
+    float scale_log2 = scale * 1.4426950408889634f;
+    CUdeviceptr group_order = L->tiles + L->lay.group_order, qidx = L->tiles + L->lay.qidx,
+                tile_ptr = L->tiles + L->lay.tile_ptr, tile_key = L->tiles + L->lay.tile_key,
+                tile_bits = L->tiles + L->lay.tile_bits, kidx = L->tiles + L->lay.kidx,
+                bits = L->tiles + L->lay.bits;
+    void *args[] = {&q, &k, &v, &out,
+                    &s.s[0][0], &s.s[0][1], &s.s[0][2], &s.s[1][0], &s.s[1][1], &s.s[1][2],
+                    &s.s[2][0], &s.s[2][1], &s.s[2][2], &s.s[3][0], &s.s[3][1], &s.s[3][2],
+                    &heads, &lq, &lk, &seq_lens, &group_order, &qidx, &tile_ptr, &tile_key,
+                    &tile_bits, &kidx, &bits, &scale_log2};
+    if (L->n_groups == 0)
+        return STOF_OK;
+    return CU(ctx, LaunchKernel(L->fn, (unsigned)L->n_groups, (unsigned)(d->batch * d->heads), 1,
+                                (unsigned)L->threads, 1, 1, (unsigned)L->smem, stream, args, NULL));
+}
+
+/* Compiles (or finds) a candidate's kernel and uploads its tiles. */
+static stof_status load_candidate(stof_ctx *ctx, const stof_mha_desc *d, const mha_candidate *c,
+                                  const attn_tiles *t, mha_launch *L)
+{
+    memset(L, 0, sizeof *L);
+    mha_request r;
+    mha_make_request(c, d->head_dim, d->dtype, &r);
+    TRY(jit_get(ctx, &r.req, &L->fn, NULL));
+    L->threads = c->bm * 2;
+    L->smem = mha_smem_bytes(c, d->head_dim);
+    L->n_groups = t->n_groups;
+    L->lay = attn_tiles_layout_of(t);
+    void *host = malloc(L->lay.total);
+    if (!host)
+        return CTX_FAIL(ctx, STOF_ERR_NO_MEMORY, "out of memory packing attention tiles");
+    attn_tiles_pack(t, &L->lay, host);
+    stof_status st = jit_push(ctx);
+    if (st == STOF_OK) {
+        st = CU(ctx, FuncSetAttribute(L->fn, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, L->smem));
+        if (st == STOF_OK)
+            st = CU(ctx, MemAlloc(&L->tiles, L->lay.total));
+        if (st == STOF_OK && (st = CU(ctx, MemcpyHtoD(L->tiles, host, L->lay.total))) != STOF_OK) {
+            ctx->dev.api.MemFree(L->tiles);
+            L->tiles = 0;
+        }
+        jit_pop(ctx);
+    }
+    free(host);
+    return st;
+}
+
+static void unload_candidate(stof_ctx *ctx, mha_launch *L)
+{
+    if (L->tiles && jit_push(ctx) == STOF_OK) {
+        ctx->dev.api.MemFree(L->tiles);
+        jit_pop(ctx);
+    }
+    L->tiles = 0;
+}
+
+/* ---- the search --------------------------------------------------------- */
+
+typedef struct cand_state {
+    mha_candidate c;
+    attn_tiles tiles;
+    int built;
+    double predicted_ms, ms;
+    const char *verdict;     /* NULL until timed: "ok", "mismatch", "failed" */
+} cand_state;
+
+/* Random inputs for timing, rotated over sets so the L2 does not flatter. */
+typedef struct search_io {
+    int nsets;
+    size_t q_elems, kv_elems, o_elems;
+    CUdeviceptr q[4], k[4], v[4], out;
+    uint16_t *hq, *hk, *hv;  /* set 0 on the host, for the CPU check */
+} search_io;
+
+static uint64_t rng_next(uint64_t *s)
+{
+    *s += 0x9e3779b97f4a7c15ull;
+    uint64_t z = *s;
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+}
+
+static void fill_random(uint16_t *p, size_t n, stof_dtype t, uint64_t seed)
+{
+    for (size_t i = 0; i < n; i++) {
+        float x = (float)((rng_next(&seed) >> 40) * 0x1.0p-24 * 2.0 - 1.0);
+        p[i] = t == STOF_BF16 ? bf16_from_float(x) : half_from_float(x);
+    }
+}
+
+static void io_free(stof_ctx *ctx, search_io *io)
+{
+    if (jit_push(ctx) == STOF_OK) {
+        for (int i = 0; i < 4; i++) {
+            if (io->q[i]) ctx->dev.api.MemFree(io->q[i]);
+            if (io->k[i]) ctx->dev.api.MemFree(io->k[i]);
+            if (io->v[i]) ctx->dev.api.MemFree(io->v[i]);
+        }
+        if (io->out)
+            ctx->dev.api.MemFree(io->out);
+        jit_pop(ctx);
+    }
+    free(io->hq);
+    free(io->hk);
+    free(io->hv);
+    memset(io, 0, sizeof *io);
+}
+
+static stof_status io_alloc(stof_ctx *ctx, const stof_mha_desc *d, search_io *io)
+{
+    memset(io, 0, sizeof *io);
+    size_t bh = (size_t)d->batch * d->heads, D = (size_t)d->head_dim;
+    io->q_elems = bh * (size_t)d->seq_q * D * (d->qkv_packed ? 3 : 1);
+    io->kv_elems = d->qkv_packed ? 0 : bh * (size_t)d->seq_k * D;
+    io->o_elems = bh * (size_t)d->seq_q * D;
+    size_t set_bytes = 2 * (io->q_elems + 2 * io->kv_elems);
+    size_t l2 = ctx->dev.l2_bytes > 0 ? (size_t)ctx->dev.l2_bytes : 50u << 20;
+    io->nsets = (int)((2 * l2 + set_bytes - 1) / set_bytes);
+    io->nsets = io->nsets < 1 ? 1 : io->nsets > 4 ? 4 : io->nsets;
+    io->hq = malloc(2 * io->q_elems);
+    io->hk = malloc(2 * (io->kv_elems ? io->kv_elems : 1));
+    io->hv = malloc(2 * (io->kv_elems ? io->kv_elems : 1));
+    if (!io->hq || !io->hk || !io->hv) {
+        io_free(ctx, io);
+        return CTX_FAIL(ctx, STOF_ERR_NO_MEMORY, "out of memory for the search's inputs");
+    }
+    stof_status st = jit_push(ctx);
+    for (int s = 0; st == STOF_OK && s < io->nsets; s++) {
+        fill_random(io->hq, io->q_elems, d->dtype, 1000 + s);
+        fill_random(io->hk, io->kv_elems, d->dtype, 2000 + s);
+        fill_random(io->hv, io->kv_elems, d->dtype, 3000 + s);
+        st = CU(ctx, MemAlloc(&io->q[s], 2 * io->q_elems));
+        if (st == STOF_OK)
+            st = CU(ctx, MemcpyHtoD(io->q[s], io->hq, 2 * io->q_elems));
+        if (st == STOF_OK && io->kv_elems) {
+            st = CU(ctx, MemAlloc(&io->k[s], 2 * io->kv_elems));
+            if (st == STOF_OK)
+                st = CU(ctx, MemcpyHtoD(io->k[s], io->hk, 2 * io->kv_elems));
+            if (st == STOF_OK)
+                st = CU(ctx, MemAlloc(&io->v[s], 2 * io->kv_elems));
+            if (st == STOF_OK)
+                st = CU(ctx, MemcpyHtoD(io->v[s], io->hv, 2 * io->kv_elems));
+        }
+    }
+    if (st == STOF_OK)
+        st = CU(ctx, MemAlloc(&io->out, 2 * io->o_elems));
+    if (st == STOF_OK) {
+        jit_pop(ctx);
+        /* Keep set 0 on the host for the CPU check. */
+        fill_random(io->hq, io->q_elems, d->dtype, 1000);
+        fill_random(io->hk, io->kv_elems, d->dtype, 2000);
+        fill_random(io->hv, io->kv_elems, d->dtype, 3000);
+        return STOF_OK;
+    }
+    jit_pop(ctx);
+    io_free(ctx, io);
+    return st;
+}
+
+static int cmp_double(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
+}
+
+/* Median milliseconds of one run, timed in batches between two events;
+ * the output left in io->out is input set 0's. */
+static stof_status time_candidate(stof_ctx *ctx, const stof_mha_desc *d, const mha_launch *L,
+                                  const search_io *io, double *ms)
+{
+    CUevent e0 = NULL, e1 = NULL;
+    stof_status st = jit_push(ctx);
+    if (st != STOF_OK)
+        return st;
+    st = CU(ctx, EventCreate(&e0, CU_EVENT_DEFAULT));
+    if (st == STOF_OK)
+        st = CU(ctx, EventCreate(&e1, CU_EVENT_DEFAULT));
+    int per_batch = 1;
+    double samples[7];
+    for (int rep = -1; st == STOF_OK && rep < 7; rep++) {
+        st = CU(ctx, EventRecord(e0, NULL));
+        for (int i = 0; st == STOF_OK && i < per_batch; i++) {
+            int s = i % io->nsets;
+            st = launch(ctx, d, L, io->q[s], io->k[s], io->v[s], io->out, 0, NULL);
+        }
+        float t = 0;
+        if (st == STOF_OK)
+            st = CU(ctx, EventRecord(e1, NULL));
+        if (st == STOF_OK)
+            st = CU(ctx, EventSynchronize(e1));
+        if (st == STOF_OK)
+            st = CU(ctx, EventElapsedTime(&t, e0, e1));
+        if (rep < 0) {
+            /* The warm-up also sizes the batches to about 2 ms. */
+            per_batch = t > 0 ? (int)(2.0 / t) : 50;
+            per_batch = per_batch < 1 ? 1 : per_batch > 50 ? 50 : per_batch;
+        } else {
+            samples[rep] = t / per_batch;
+        }
+    }
+    /* Leave set 0's output behind for the checks. */
+    if (st == STOF_OK)
+        st = launch(ctx, d, L, io->q[0], io->k[0], io->v[0], io->out, 0, NULL);
+    if (st == STOF_OK)
+        st = CU(ctx, CtxSynchronize());
+    if (e0)
+        ctx->dev.api.EventDestroy(e0);
+    if (e1)
+        ctx->dev.api.EventDestroy(e1);
+    jit_pop(ctx);
+    if (st == STOF_OK) {
+        qsort(samples, 7, sizeof samples[0], cmp_double);
+        *ms = samples[3];
+        ctx->stats.timing_runs++;
+    }
+    return st;
+}
+
+/* Output of the last launch, on the host. */
+static stof_status fetch_out(stof_ctx *ctx, const search_io *io, uint16_t **out)
+{
+    *out = malloc(2 * io->o_elems);
+    if (!*out)
+        return CTX_FAIL(ctx, STOF_ERR_NO_MEMORY, "out of memory");
+    stof_status st = jit_push(ctx);
+    if (st == STOF_OK) {
+        st = CU(ctx, MemcpyDtoH(*out, io->out, 2 * io->o_elems));
+        jit_pop(ctx);
+    }
+    if (st != STOF_OK) {
+        free(*out);
+        *out = NULL;
+    }
+    return st;
+}
+
+static double rel_l2(const uint16_t *a, const uint16_t *b, size_t n, stof_dtype t)
+{
+    double num = 0, den = 0;
+    for (size_t i = 0; i < n; i++) {
+        double x = dtype_load(t, a, i), y = dtype_load(t, b, i);
+        if (isnan(x) || isnan(y))
+            return INFINITY;
+        num += (x - y) * (x - y);
+        den += y * y;
+    }
+    return den > 0 ? sqrt(num / den) : sqrt(num);
+}
+
+/* Checks head (0, 0) of a GPU output against the CPU reference; skipped
+ * (*checked = 0) when the reference would take more than a few seconds. */
+static stof_status cpu_check(stof_ctx *ctx, const stof_mha_desc *d, const stof_mask *mask,
+                             const search_io *io, const uint16_t *gpu, int *checked, double *err)
+{
+    *checked = 0;
+    stof_mask_info info;
+    TRY(stof_mask_stats(ctx, mask, 64, 64, &info));
+    if ((double)info.entries * d->head_dim > 2e9)
+        return STOF_OK;
+    mha_strides s = strides_of(d);
+    size_t D = (size_t)d->head_dim, lq = (size_t)d->seq_q, lk = (size_t)d->seq_k;
+    uint16_t *q = malloc(2 * lq * D), *k = malloc(2 * lk * D), *v = malloc(2 * lk * D);
+    double *ref = malloc(sizeof(double) * lq * D);
+    stof_status st = STOF_OK;
+    if (!q || !k || !v || !ref) {
+        st = CTX_FAIL(ctx, STOF_ERR_NO_MEMORY, "out of memory for the CPU check");
+        goto done;
+    }
+    const uint16_t *hk = d->qkv_packed ? io->hq + s.kv_offset : io->hk;
+    const uint16_t *hv = d->qkv_packed ? io->hq + 2 * s.kv_offset : io->hv;
+    for (size_t r = 0; r < lq; r++)
+        memcpy(q + r * D, io->hq + r * s.s[0][2], 2 * D);
+    for (size_t r = 0; r < lk; r++) {
+        memcpy(k + r * D, hk + r * s.s[1][2], 2 * D);
+        memcpy(v + r * D, hv + r * s.s[2][2], 2 * D);
+    }
+    ref_attn_args a = {1, 1, d->seq_q, d->seq_k, d->head_dim, d->dtype, STOF_LAYOUT_BHLD,
+                       d->scale, q, k, v, mask, NULL};
+    if ((st = ref_attention(ctx, &a, ref)) != STOF_OK)
+        goto done;
+    double num = 0, den = 0;
+    for (size_t r = 0; r < lq; r++)
+        for (size_t c = 0; c < D; c++) {
+            double g = dtype_load(d->dtype, gpu, r * s.s[3][2] + c), x = ref[r * D + c];
+            num += (g - x) * (g - x);
+            den += x * x;
+        }
+    *err = isnan(num) ? INFINITY : den > 0 ? sqrt(num / den) : sqrt(num);
+    *checked = 1;
+done:
+    free(q);
+    free(k);
+    free(v);
+    free(ref);
+    return st;
+}
+
+static double now_s(void)
+{
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return t.tv_sec + t.tv_nsec * 1e-9;
+}
+
+static int by_prediction(const void *a, const void *b)
+{
+    const cand_state *x = a, *y = b;
+    return x->predicted_ms < y->predicted_ms ? -1 : x->predicted_ms > y->predicted_ms;
+}
+
+/* Builds every candidate's tiles and ranks them by the model. Gathered
+ * tiles are skipped where block tiles already waste little. */
+static stof_status rank_candidates(stof_ctx *ctx, const stof_mha_desc *d, const stof_mask *mask,
+                                   cand_state *cs, int *n)
+{
+    mha_candidate c[16];
+    int smem_max = ctx->dev.ok ? ctx->dev.smem_optin : 227 * 1024;
+    int nc = mha_candidates(d->head_dim, smem_max, c, 16);
+    stof_mask_info info;
+    TRY(stof_mask_stats(ctx, mask, 64, 64, &info));
+    int want_gather = info.block_efficiency < 0.75;
+    model_device md = model_device_of(&ctx->dev, ctx->arch);
+    *n = 0;
+    for (int i = 0; i < nc; i++) {
+        if (c[i].kind == ATTN_GATHER && !want_gather)
+            continue;
+        cand_state *s = &cs[(*n)++];
+        memset(s, 0, sizeof *s);
+        s->c = c[i];
+        stof_status st = attn_tiles_build(ctx, mask, c[i].kind, c[i].bm, c[i].bn, &s->tiles);
+        if (st != STOF_OK) {
+            for (int j = 0; j < *n - 1; j++)
+                attn_tiles_free(&cs[j].tiles);
+            *n = 0;
+            return st;
+        }
+        s->built = 1;
+        s->predicted_ms = model_attn_ms(&md, &s->tiles, d->batch * d->heads, d->head_dim);
+    }
+    qsort(cs, (size_t)*n, sizeof *cs, by_prediction);
+    return STOF_OK;
+}
+
+static void free_candidates(cand_state *cs, int n)
+{
+    for (int i = 0; i < n; i++)
+        attn_tiles_free(&cs[i].tiles);
+}
+
+static int is_default_size(const mha_candidate *c) { return c->bm == 64 && c->bn == 64; }
+
+/* Times candidate i, checks its output, records the verdict. */
+static stof_status try_candidate(stof_ctx *ctx, const stof_mha_desc *d, const stof_mask *mask,
+                                 cand_state *s, const search_io *io, uint16_t **first_out)
+{
+    mha_launch L;
+    stof_status st = load_candidate(ctx, d, &s->c, &s->tiles, &L);
+    if (st == STOF_OK)
+        st = time_candidate(ctx, d, &L, io, &s->ms);
+    uint16_t *out = NULL;
+    if (st == STOF_OK)
+        st = fetch_out(ctx, io, &out);
+    unload_candidate(ctx, &L);
+    if (st != STOF_OK) {
+        s->verdict = "failed";
+        return st;
+    }
+    if (!*first_out) {
+        int checked = 0;
+        double err = 0;
+        st = cpu_check(ctx, d, mask, io, out, &checked, &err);
+        double tol = d->dtype == STOF_BF16 ? 1.5e-2 : 5e-3;
+        if (st == STOF_OK && checked && !(err <= tol)) {
+            s->verdict = "mismatch";
+            free(out);
+            return CTX_FAIL(ctx, STOF_ERR_INTERNAL,
+                            "attention kernel %s %dx%d disagrees with the CPU reference "
+                            "(relative L2 error %.3g)",
+                            kind_name(s->c.kind), s->c.bm, s->c.bn, err);
+        }
+        s->verdict = "ok";
+        *first_out = out;
+        return st;
+    }
+    double tol = d->dtype == STOF_BF16 ? 2e-2 : 1e-2;
+    s->verdict = rel_l2(out, *first_out, io->o_elems, d->dtype) <= tol ? "ok" : "mismatch";
+    free(out);
+    return STOF_OK;
+}
+
+/* Stage 1: the best-ranked candidate of each kind at default sizes.
+ * Stage 2: the winner kind's other sizes, best-ranked first. */
+static stof_status search(stof_ctx *ctx, const stof_mha_desc *d, const stof_mask *mask,
+                          cand_state *cs, int n, stof_tune level, int *winner)
+{
+    search_io io;
+    TRY(io_alloc(ctx, d, &io));
+    uint16_t *first = NULL;
+    double t0 = now_s();
+    int budget = d->max_candidates > 0 ? d->max_candidates : 1 << 30, timed = 0;
+    int stage2_cap = level == STOF_TUNE_FULL ? 1 << 30 : 3;
+    stof_status st = STOF_OK;
+    *winner = -1;
+    for (int stage = 1; stage <= 2 && st == STOF_OK; stage++) {
+        int kind_done[2] = {0, 0}, extra = 0;
+        for (int i = 0; i < n && st == STOF_OK; i++) {
+            cand_state *s = &cs[i];
+            if (s->verdict || timed >= budget)
+                continue;
+            if (d->max_seconds > 0 && now_s() - t0 > d->max_seconds && *winner >= 0)
+                break;
+            if (stage == 1) {
+                if (kind_done[s->c.kind] || (!is_default_size(&s->c) && level != STOF_TUNE_FULL))
+                    continue;
+                kind_done[s->c.kind] = 1;
+            } else {
+                if (*winner < 0 || s->c.kind != cs[*winner].c.kind || extra >= stage2_cap)
+                    continue;
+                extra++;
+            }
+            st = try_candidate(ctx, d, mask, s, &io, &first);
+            timed++;
+            if (st == STOF_OK && strcmp(s->verdict, "ok") == 0 &&
+                (*winner < 0 || s->ms < cs[*winner].ms))
+                *winner = i;
+        }
+        /* Stage 1 found no default-sized candidate (the device's shared
+         * memory ruled them out): take the best-ranked one. */
+        if (stage == 1 && *winner < 0 && st == STOF_OK && n > 0 && timed < budget) {
+            st = try_candidate(ctx, d, mask, &cs[0], &io, &first);
+            timed++;
+            if (st == STOF_OK && strcmp(cs[0].verdict, "ok") == 0)
+                *winner = 0;
+        }
+    }
+    free(first);
+    io_free(ctx, &io);
+    if (st == STOF_OK && *winner < 0)
+        st = CTX_FAIL(ctx, STOF_ERR_INTERNAL, "no attention candidate passed its checks");
+    return st;
+}
+
+static char *tuning_record(const cand_state *cs, int n, int winner, const char *why)
+{
+    strbuf b = {0};
+    const cand_state *w = &cs[winner];
+    strbuf_printf(&b,
+                  "{\"winner\":{\"kind\":\"%s\",\"bm\":%d,\"bn\":%d,\"ms\":%.6f,\"predicted_ms\":%.6f},"
+                  "\"model_error\":%.4f,\"how\":\"%s\",\"tried\":[",
+                  kind_name(w->c.kind), w->c.bm, w->c.bn, w->ms, w->predicted_ms,
+                  w->ms > 0 ? w->predicted_ms / w->ms - 1 : 0.0, why);
+    int first = 1;
+    for (int i = 0; i < n; i++) {
+        const cand_state *s = &cs[i];
+        strbuf_printf(&b, "%s{\"kind\":\"%s\",\"bm\":%d,\"bn\":%d,\"predicted_ms\":%.6f", first ? "" : ",",
+                      kind_name(s->c.kind), s->c.bm, s->c.bn, s->predicted_ms);
+        if (s->verdict)
+            strbuf_printf(&b, ",\"ms\":%.6f,\"verdict\":\"%s\"", s->ms, s->verdict);
+        strbuf_puts(&b, "}");
+        first = 0;
+    }
+    strbuf_puts(&b, "]}");
+    return strbuf_take(&b);
+}
+
+/* The winner stored in a tuning record. */
+static int parse_record(const char *rec, mha_candidate *c, double *ms, double *pred)
+{
+    const char *w = rec ? strstr(rec, "\"winner\":{") : NULL;
+    char kind[16];
+    if (!w || sscanf(w, "\"winner\":{\"kind\":\"%15[a-z]\",\"bm\":%d,\"bn\":%d,\"ms\":%lf,\"predicted_ms\":%lf",
+                     kind, &c->bm, &c->bn, ms, pred) != 5)
+        return 0;
+    if (strcmp(kind, "block") != 0 && strcmp(kind, "gather") != 0)
+        return 0;
+    c->kind = strcmp(kind, "gather") == 0 ? ATTN_GATHER : ATTN_BLOCK;
+    return c->bm >= 16 && c->bm <= 128 && c->bn >= 16 && c->bn <= 128;
+}
+
+/* ---- public calls ------------------------------------------------------- */
+
+static stof_status finish_plan(stof_ctx *ctx, stof_mha_plan *p, const stof_mask *mask,
+                               const attn_tiles *tiles)
+{
+    attn_tiles own;
+    if (!tiles) {
+        TRY(attn_tiles_build(ctx, mask, p->c.kind, p->c.bm, p->c.bn, &own));
+        tiles = &own;
+    }
+    mha_launch L;
+    stof_status st = load_candidate(ctx, &p->d, &p->c, tiles, &L);
+    if (tiles == &own)
+        attn_tiles_free(&own);
+    if (st == STOF_OK) {
+        p->fn = L.fn;
+        p->smem = L.smem;
+        p->n_groups = L.n_groups;
+        p->tiles = L.tiles;
+        p->lay = L.lay;
+    }
+    return st;
+}
+
+stof_status stof_mha_plan_create(stof_ctx *ctx, const stof_mha_desc *desc, const stof_mask *mask,
+                                 stof_mha_plan **plan)
+{
+    if (!ctx)
+        return STOF_ERR_INVALID_ARG;
+    CTX_ARG(ctx, plan, "plan");
+    *plan = NULL;
+    TRY(check_desc(ctx, desc, mask));
+    TRY(ctx_need_device(ctx));
+    stof_mha_plan *p = calloc(1, sizeof *p);
+    if (!p)
+        return CTX_FAIL(ctx, STOF_ERR_NO_MEMORY, "out of memory");
+    p->ctx = ctx;
+    p->d = *desc;
+    if (!p->d.layout)
+        p->d.layout = STOF_LAYOUT_BHLD;
+    stof_status st = stof_mask_hash(mask, p->mask_hash);
+    char shape[160];
+    shape_string(&p->d, shape, sizeof shape);
+    const char *dt = dtype_name(p->d.dtype);
+    stof_tune level = tune_level(&p->d);
+
+    /* A tuning record for this case: no model, no timing. */
+    if (st == STOF_OK && ctx->cache) {
+        cache_tuning rec;
+        int found = 0;
+        if (cache_get_tuning(ctx, ctx->cache, "mha", p->mask_hash, shape, dt, ctx->arch, &rec,
+                             &found) == STOF_OK && found) {
+            if (parse_record(rec.record, &p->c, &p->measured_ms, &p->predicted_ms) &&
+                finish_plan(ctx, p, mask, NULL) == STOF_OK) {
+                p->origin = "cache";
+                cache_tuning_free(&rec);
+                *plan = p;
+                return STOF_OK;
+            }
+            cache_tuning_free(&rec);
+        }
+    }
+    cand_state cs[16];
+    int n = 0, winner = 0;
+    if (st == STOF_OK)
+        st = rank_candidates(ctx, &p->d, mask, cs, &n);
+    if (st == STOF_OK && n == 0)
+        st = CTX_FAIL(ctx, STOF_ERR_UNSUPPORTED, "no attention kernel fits this device for head_dim %d",
+                      p->d.head_dim);
+    if (st == STOF_OK && level == STOF_TUNE_OFF) {
+        p->origin = "model";
+    } else if (st == STOF_OK) {
+        st = search(ctx, &p->d, mask, cs, n, level, &winner);
+        p->origin = "search";
+    }
+    if (st == STOF_OK) {
+        p->c = cs[winner].c;
+        p->predicted_ms = cs[winner].predicted_ms;
+        p->measured_ms = cs[winner].ms;
+        for (int i = 0; i < n; i++)
+            p->tried += cs[i].verdict != NULL;
+        st = finish_plan(ctx, p, mask, &cs[winner].tiles);
+    }
+    if (st == STOF_OK && ctx->cache && level != STOF_TUNE_OFF) {
+        char *record = tuning_record(cs, n, winner, level == STOF_TUNE_FULL ? "full" : "fast");
+        cache_tuning t = {"mha", p->mask_hash, shape, (char *)dt, ctx->arch, record, 0};
+        if (record) {
+            /* A record that fails to store costs a later search, no more. */
+            char saved[sizeof ctx->err];
+            snprintf(saved, sizeof saved, "%s", ctx->err);
+            if (cache_put_tuning(ctx, ctx->cache, &t) == STOF_OK)
+                snprintf(ctx->err, sizeof ctx->err, "%s", saved);
+        }
+        free(record);
+    }
+    free_candidates(cs, n);
+    if (st != STOF_OK) {
+        stof_mha_plan_free(p);
+        return st;
+    }
+    *plan = p;
+    return STOF_OK;
+}
+
+stof_status mha_plan_forced(stof_ctx *ctx, const stof_mha_desc *desc, const stof_mask *mask,
+                            const mha_candidate *c, stof_mha_plan **plan)
+{
+    if (!ctx)
+        return STOF_ERR_INVALID_ARG;
+    CTX_ARG(ctx, plan && c, "plan");
+    *plan = NULL;
+    TRY(check_desc(ctx, desc, mask));
+    TRY(ctx_need_device(ctx));
+    stof_mha_plan *p = calloc(1, sizeof *p);
+    if (!p)
+        return CTX_FAIL(ctx, STOF_ERR_NO_MEMORY, "out of memory");
+    p->ctx = ctx;
+    p->d = *desc;
+    if (!p->d.layout)
+        p->d.layout = STOF_LAYOUT_BHLD;
+    p->c = *c;
+    p->origin = "forced";
+    stof_status st = stof_mask_hash(mask, p->mask_hash);
+    if (st == STOF_OK)
+        st = finish_plan(ctx, p, mask, NULL);
+    if (st != STOF_OK) {
+        stof_mha_plan_free(p);
+        return st;
+    }
+    *plan = p;
+    return STOF_OK;
+}
+
+stof_status stof_mha_run(stof_mha_plan *p, const void *q, const void *k, const void *v, void *out,
+                         const int *seq_lens, stof_stream stream)
+{
+    if (!p)
+        return STOF_ERR_INVALID_ARG;
+    stof_ctx *ctx = p->ctx;
+    CTX_ARG(ctx, q, "q");
+    CTX_ARG(ctx, p->d.qkv_packed || k, "k");
+    CTX_ARG(ctx, p->d.qkv_packed || v, "v");
+    CTX_ARG(ctx, out, "out");
+    /* 16-byte loads of rows need 16-byte aligned rows. */
+    if (((uintptr_t)q | (uintptr_t)k | (uintptr_t)v | (uintptr_t)out) % 16)
+        return CTX_FAIL(ctx, STOF_ERR_INVALID_ARG, "q, k, v and out must be 16-byte aligned");
+    mha_launch L = {p->fn, p->c.bm * 2, p->smem, p->n_groups, p->tiles, p->lay};
+    TRY(jit_push(ctx));
+    stof_status st = launch(ctx, &p->d, &L, (CUdeviceptr)q, (CUdeviceptr)k, (CUdeviceptr)v,
+                            (CUdeviceptr)out, (CUdeviceptr)seq_lens, (CUstream)stream);
+    jit_pop(ctx);
+    return st;
+}
+
+stof_status stof_mha_plan_describe(const stof_mha_plan *p, char *buf, size_t n)
+{
+    if (!p || !buf || n == 0)
+        return STOF_ERR_INVALID_ARG;
+    snprintf(buf, n,
+             "kernel=%s block_m=%d block_n=%d head_dim=%d %s groups=%d smem=%d "
+             "chosen_by=%s predicted_ms=%.4f measured_ms=%.4f candidates_timed=%d mask=%.16s",
+             kind_name(p->c.kind), p->c.bm, p->c.bn, p->d.head_dim, dtype_name(p->d.dtype),
+             p->n_groups, p->smem, p->origin, p->predicted_ms, p->measured_ms, p->tried,
+             p->mask_hash);
+    return STOF_OK;
+}
+
+void stof_mha_plan_free(stof_mha_plan *p)
+{
+    if (!p)
+        return;
+    if (p->tiles && p->ctx->dev.ok && jit_push(p->ctx) == STOF_OK) {
+        p->ctx->dev.api.MemFree(p->tiles);
+        jit_pop(p->ctx);
+    }
+    free(p);
+}
+
+stof_status stof_mha_prepare(stof_ctx *ctx, const stof_mha_desc *desc, const stof_mask *mask)
+{
+    if (!ctx)
+        return STOF_ERR_INVALID_ARG;
+    TRY(check_desc(ctx, desc, mask));
+    cand_state cs[16];
+    int n = 0;
+    TRY(rank_candidates(ctx, desc, mask, cs, &n));
+    /* The model's first three, and the default size of each kind, so a
+     * later search on the GPU finds its stage 1 compiled. */
+    stof_status st = STOF_OK;
+    for (int i = 0; i < n && st == STOF_OK; i++) {
+        if (i >= 3 && !is_default_size(&cs[i].c))
+            continue;
+        mha_request r;
+        mha_make_request(&cs[i].c, desc->head_dim, desc->dtype, &r);
+        st = jit_prepare(ctx, &r.req, NULL, NULL);
+    }
+    free_candidates(cs, n);
+    return st;
+}

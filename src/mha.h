@@ -1,0 +1,37 @@
+/*
+ * mha — masked multi-head attention plans: argument checks, candidates
+ * (kernel kind and tile sizes), their ranking by the model, the two-stage
+ * search by timing, the tuning record in the cache, and the launch.
+ */
+#ifndef STOF_MHA_H
+#define STOF_MHA_H
+
+#include "attn_tiles.h"
+#include "jit.h"
+
+typedef struct mha_candidate {
+    attn_kind kind;
+    int bm, bn;
+} mha_candidate;
+
+/* The kernel request for a candidate; the strings live in *buf. */
+typedef struct mha_request {
+    char text[3][16];
+    render_var vars[8];
+    jit_request req;
+} mha_request;
+void mha_make_request(const mha_candidate *c, int head_dim, stof_dtype dtype, mha_request *r);
+
+/* Dynamic shared memory of a candidate's kernel, in bytes. */
+int mha_smem_bytes(const mha_candidate *c, int head_dim);
+
+/* Every candidate that fits the head size and the device limits (smem_max
+ * bytes of shared memory per block); returns how many were written. */
+int mha_candidates(int head_dim, int smem_max, mha_candidate *out, int cap);
+
+/* A plan for exactly candidate c, skipping the model and the search: for
+ * tests of every kernel and for benchmarks. */
+stof_status mha_plan_forced(stof_ctx *ctx, const stof_mha_desc *desc, const stof_mask *mask,
+                            const mha_candidate *c, stof_mha_plan **plan);
+
+#endif

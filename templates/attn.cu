@@ -1,0 +1,306 @@
+// attn.cu — masked multi-head attention over tiles, FlashAttention-2 style.
+//
+// Tiling: one CTA per (query group, batch*head). A query group is BLOCK_M
+// query rows: consecutive (block-wise) or gathered by index (GATHER_Q, for
+// rows that share keys, e.g. one residue of a dilated mask). Each warp owns
+// 16 of its rows. The CTA walks only the key tiles listed for its group:
+// BLOCK_N keys each, consecutive (block-wise) or gathered by index
+// (GATHER_K: the union of the group's keys, compacted). A tile is full (no
+// masking) or carries a bitmap of BLOCK_M x BLOCK_N bits. K and V tiles are
+// double-buffered in shared memory by cp.async; S = Q·Kᵀ and O += P·V run on
+// mma.sync m16n8k16 with fp32 accumulation and an online softmax in fp32.
+//
+// Parameters:
+//   HEAD_DIM   32, 64, 80, 96 or 128 (a multiple of 16)
+//   BLOCK_M    query rows per CTA, 16 * warps
+//   BLOCK_N    keys per tile, a multiple of 16
+//   MMA_TYPE   f16 or bf16 (operand type of mma.sync and of storage)
+//   GATHER_Q   section flag: query rows come from an index list
+//   GATHER_K   section flag: tile keys come from an index list
+
+#define D {{HEAD_DIM}}
+#define BM {{BLOCK_M}}
+#define BN {{BLOCK_N}}
+#define WARPS (BM / 16)
+#define THREADS (WARPS * 32)
+#define LDS (D + 8)                // smem row stride in elements: 16 B of padding
+                                   // keeps ldmatrix rows on distinct banks
+#define WPR ((BN + 31) / 32)       // bitmap words per tile row
+
+typedef unsigned short elem_t;
+
+__device__ __forceinline__ unsigned smem_u32(const void *p)
+{
+    unsigned long long a;
+    asm("cvta.to.shared.u64 %0, %1;" : "=l"(a) : "l"(p));
+    return (unsigned)a;
+}
+
+// 16 bytes global -> shared; src_bytes 0 writes zeros and reads nothing.
+__device__ __forceinline__ void cp16(void *dst, const void *src, int src_bytes)
+{
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_u32(dst)), "l"(src),
+                 "r"(src_bytes));
+}
+__device__ __forceinline__ void cp_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+template <int N>
+__device__ __forceinline__ void cp_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N)); }
+
+__device__ __forceinline__ void ldsm_x4(unsigned *r, const void *p)
+{
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(smem_u32(p)));
+}
+__device__ __forceinline__ void ldsm_x4_t(unsigned *r, const void *p)
+{
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(smem_u32(p)));
+}
+
+// c += a (16x16, row) * b (16x8, col)
+__device__ __forceinline__ void mma(float *c, const unsigned *a, unsigned b0, unsigned b1)
+{
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.{{MMA_TYPE}}.{{MMA_TYPE}}.f32 "
+                 "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+// Two floats to one register of two 16-bit values, lo in the low half.
+__device__ __forceinline__ unsigned pack2(float lo, float hi)
+{
+    unsigned r;
+    asm("cvt.rn.{{MMA_TYPE}}x2.f32 %0, %1, %2;\n" : "=r"(r) : "f"(hi), "f"(lo));
+    return r;
+}
+
+// Loads BN rows of D elements (row indices from rows(), -1 = none) into smem.
+template <typename RowFn>
+__device__ __forceinline__ void load_rows(elem_t *dst, const elem_t *base, long long stride,
+                                          int nrows, RowFn rows)
+{
+    constexpr int CHUNKS = D / 8;  // 16-byte chunks per row
+    for (int i = threadIdx.x; i < nrows * CHUNKS; i += THREADS) {
+        const int r = i / CHUNKS, c = i % CHUNKS;
+        const int src = rows(r);
+        const elem_t *p = base + (src >= 0 ? (long long)src * stride : 0) + c * 8;
+        cp16(dst + r * LDS + c * 8, p, src >= 0 ? 16 : 0);
+    }
+}
+
+extern "C" __global__ void __launch_bounds__(THREADS)
+stof_attn(const elem_t *__restrict__ q, const elem_t *__restrict__ k,
+          const elem_t *__restrict__ v, elem_t *__restrict__ out,
+          long long q_sb, long long q_sh, long long q_sl,
+          long long k_sb, long long k_sh, long long k_sl,
+          long long v_sb, long long v_sh, long long v_sl,
+          long long o_sb, long long o_sh, long long o_sl,
+          int heads, int lq, int lk, const int *__restrict__ seq_lens,
+          const int *__restrict__ group_order, const int *__restrict__ qidx,
+          const int *__restrict__ tile_ptr, const int *__restrict__ tile_key,
+          const int *__restrict__ tile_bits, const int *__restrict__ kidx,
+          const unsigned *__restrict__ bits, float scale_log2)
+{
+    extern __shared__ __align__(16) unsigned char smem_raw[];
+    elem_t *Qs = reinterpret_cast<elem_t *>(smem_raw);
+    elem_t *Ks = Qs + BM * LDS;            // 2 stages
+    elem_t *Vs = Ks + 2 * BN * LDS;        // 2 stages
+{{#if GATHER_K}}
+    int *Kix = reinterpret_cast<int *>(Vs + 2 * BN * LDS);  // 2 x BN key indices
+{{/if}}
+
+    const int group = group_order[blockIdx.x];
+    const int bh = blockIdx.y, b = bh / heads, h = bh % heads;
+    const int len = seq_lens ? seq_lens[b] : 0x7fffffff;
+    const int qlim = min(lq, len), klim = min(lk, len);
+    const elem_t *qb = q + b * q_sb + h * q_sh;
+    const elem_t *kb = k + b * k_sb + h * k_sh;
+    const elem_t *vb = v + b * v_sb + h * v_sh;
+    elem_t *ob = out + b * o_sb + h * o_sh;
+
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    const int g = lane / 4, t = lane % 4;
+
+    auto qrow = [&](int r) -> int {
+{{#if GATHER_Q}}
+        const int i = qidx[group * BM + r];
+{{/if}}
+{{#if BLOCK_Q}}
+        const int i = group * BM + r;
+{{/if}}
+        return i >= 0 && i < lq ? i : -1;
+    };
+
+    const int t0 = tile_ptr[group], t1 = tile_ptr[group + 1];
+
+    auto load_tile = [&](int it, int stage) {
+        const int key = tile_key[it];
+{{#if GATHER_K}}
+        // key is the tile's offset into kidx, in tiles.
+        const int *ix = kidx + (long long)key * BN;
+        auto row = [&](int r) -> int { const int i = ix[r]; return i >= 0 && i < lk ? i : -1; };
+        if (threadIdx.x < BN)
+            Kix[stage * BN + threadIdx.x] = row(threadIdx.x);
+{{/if}}
+{{#if BLOCK_K}}
+        // key is the tile's first key.
+        auto row = [&](int r) -> int { const int i = key + r; return i < lk ? i : -1; };
+{{/if}}
+        load_rows(Ks + stage * BN * LDS, kb, k_sl, BN, row);
+        load_rows(Vs + stage * BN * LDS, vb, v_sl, BN, row);
+    };
+
+    // Prologue: Q and the first tile in flight together.
+    load_rows(Qs, qb, q_sl, BM, qrow);
+    if (t0 < t1)
+        load_tile(t0, 0);
+    cp_commit();
+
+    float o[D / 8][4];
+#pragma unroll
+    for (int i = 0; i < D / 8; i++)
+        o[i][0] = o[i][1] = o[i][2] = o[i][3] = 0.f;
+    float m0 = -STOF_INF, m1 = -STOF_INF, l0 = 0.f, l1 = 0.f;
+    unsigned qf[D / 16][4];
+    const int r0 = warp * 16 + g, r1 = r0 + 8;  // this thread's two rows in the group
+
+    for (int it = t0; it < t1; it++) {
+        const int stage = (it - t0) & 1;
+        if (it + 1 < t1) {
+            load_tile(it + 1, stage ^ 1);
+            cp_commit();
+            cp_wait<1>();
+        } else {
+            cp_wait<0>();
+        }
+        __syncthreads();
+        if (it == t0) {
+#pragma unroll
+            for (int kk = 0; kk < D / 16; kk++)
+                ldsm_x4(qf[kk], Qs + (warp * 16 + (lane % 8) + 8 * ((lane / 8) % 2)) * LDS +
+                                    kk * 16 + 8 * (lane / 16));
+        }
+        const elem_t *Kt = Ks + stage * BN * LDS;
+        const elem_t *Vt = Vs + stage * BN * LDS;
+
+        // S = Q Kᵀ for this warp's 16 rows and the tile's BN keys.
+        float s[BN / 8][4];
+#pragma unroll
+        for (int j = 0; j < BN / 8; j++)
+            s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.f;
+#pragma unroll
+        for (int kk = 0; kk < D / 16; kk++) {
+#pragma unroll
+            for (int np = 0; np < BN / 16; np++) {
+                unsigned bfr[4];
+                ldsm_x4(bfr, Kt + (np * 16 + (lane % 8) + 8 * (lane / 16)) * LDS + kk * 16 +
+                                 8 * ((lane / 8) % 2));
+                mma(s[2 * np], qf[kk], bfr[0], bfr[1]);
+                mma(s[2 * np + 1], qf[kk], bfr[2], bfr[3]);
+            }
+        }
+
+        // Mask: the tile's bitmap, then keys past the valid length.
+        const int bm = tile_bits[it];
+        unsigned w0[WPR], w1[WPR];
+#pragma unroll
+        for (int w = 0; w < WPR; w++) {
+            w0[w] = bm < 0 ? 0xffffffffu : bits[((long long)bm * BM + r0) * WPR + w];
+            w1[w] = bm < 0 ? 0xffffffffu : bits[((long long)bm * BM + r1) * WPR + w];
+        }
+{{#if GATHER_K}}
+        const int *kix = Kix + stage * BN;
+{{/if}}
+{{#if BLOCK_K}}
+        const int kfirst = tile_key[it];
+{{/if}}
+#pragma unroll
+        for (int j = 0; j < BN / 8; j++) {
+#pragma unroll
+            for (int e = 0; e < 2; e++) {
+                const int c = j * 8 + 2 * t + e;
+{{#if GATHER_K}}
+                const bool kok = kix[c] >= 0 && kix[c] < klim;
+{{/if}}
+{{#if BLOCK_K}}
+                const bool kok = kfirst + c < klim;
+{{/if}}
+                if (!kok || !((w0[c / 32] >> (c % 32)) & 1u))
+                    s[j][e] = -STOF_INF;
+                if (!kok || !((w1[c / 32] >> (c % 32)) & 1u))
+                    s[j][2 + e] = -STOF_INF;
+            }
+        }
+
+        // Online softmax, in units of log2 with the scale folded in.
+        float mx0 = -STOF_INF, mx1 = -STOF_INF;
+#pragma unroll
+        for (int j = 0; j < BN / 8; j++) {
+            s[j][0] *= scale_log2; s[j][1] *= scale_log2;
+            s[j][2] *= scale_log2; s[j][3] *= scale_log2;
+            mx0 = fmaxf(mx0, fmaxf(s[j][0], s[j][1]));
+            mx1 = fmaxf(mx1, fmaxf(s[j][2], s[j][3]));
+        }
+        mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 1));
+        mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 2));
+        mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 1));
+        mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 2));
+        const float n0 = fmaxf(m0, mx0), n1 = fmaxf(m1, mx1);
+        // A row with nothing allowed yet keeps base 0, so exp2 never sees inf - inf.
+        const float base0 = n0 == -STOF_INF ? 0.f : n0, base1 = n1 == -STOF_INF ? 0.f : n1;
+        const float a0 = exp2f(m0 - base0), a1 = exp2f(m1 - base1);
+        m0 = n0;
+        m1 = n1;
+        l0 *= a0;
+        l1 *= a1;
+#pragma unroll
+        for (int i = 0; i < D / 8; i++) {
+            o[i][0] *= a0; o[i][1] *= a0;
+            o[i][2] *= a1; o[i][3] *= a1;
+        }
+        unsigned pf[BN / 16][4];
+#pragma unroll
+        for (int j = 0; j < BN / 8; j++) {
+            const float p0 = exp2f(s[j][0] - base0), p1 = exp2f(s[j][1] - base0);
+            const float p2 = exp2f(s[j][2] - base1), p3 = exp2f(s[j][3] - base1);
+            l0 += p0 + p1;
+            l1 += p2 + p3;
+            // The C fragment of S is the A fragment of P: two n8 tiles make one k16.
+            pf[j / 2][(j % 2) * 2 + 0] = pack2(p0, p1);
+            pf[j / 2][(j % 2) * 2 + 1] = pack2(p2, p3);
+        }
+
+        // O += P V
+#pragma unroll
+        for (int kk = 0; kk < BN / 16; kk++) {
+#pragma unroll
+            for (int dp = 0; dp < D / 16; dp++) {
+                unsigned bfr[4];
+                ldsm_x4_t(bfr, Vt + (kk * 16 + (lane % 8) + 8 * ((lane / 8) % 2)) * LDS +
+                                   dp * 16 + 8 * (lane / 16));
+                mma(o[2 * dp], pf[kk], bfr[0], bfr[1]);
+                mma(o[2 * dp + 1], pf[kk], bfr[2], bfr[3]);
+            }
+        }
+        __syncthreads();  // the stage just read is the next prefetch's target
+    }
+
+    l0 += __shfl_xor_sync(0xffffffffu, l0, 1);
+    l0 += __shfl_xor_sync(0xffffffffu, l0, 2);
+    l1 += __shfl_xor_sync(0xffffffffu, l1, 1);
+    l1 += __shfl_xor_sync(0xffffffffu, l1, 2);
+    const int q0 = qrow(r0), q1 = qrow(r1);
+    // Fully masked rows and padded query rows come out as zeros.
+    const float inv0 = l0 > 0.f && q0 < qlim ? 1.f / l0 : 0.f;
+    const float inv1 = l1 > 0.f && q1 < qlim ? 1.f / l1 : 0.f;
+#pragma unroll
+    for (int i = 0; i < D / 8; i++) {
+        const int col = i * 8 + 2 * t;
+        if (q0 >= 0)
+            *reinterpret_cast<unsigned *>(ob + q0 * o_sl + col) = pack2(o[i][0] * inv0, o[i][1] * inv0);
+        if (q1 >= 0)
+            *reinterpret_cast<unsigned *>(ob + q1 * o_sl + col) = pack2(o[i][2] * inv1, o[i][3] * inv1);
+    }
+}
