@@ -31,19 +31,19 @@ struct stof_mha_plan {
 
 void mha_make_request(const mha_candidate *c, int head_dim, stof_dtype dtype, mha_request *r)
 {
-    const int nums[3] = {head_dim, c->bm, c->bn};
-    static const char *const names[3] = {"HEAD_DIM", "BLOCK_M", "BLOCK_N"};
-    for (int i = 0; i < 3; i++) {
+    const int nums[4] = {head_dim, c->bm, c->bn, c->mt};
+    static const char *const names[4] = {"HEAD_DIM", "BLOCK_M", "BLOCK_N", "M_TILES"};
+    for (int i = 0; i < 4; i++) {
         snprintf(r->text[i], sizeof r->text[i], "%d", nums[i]);
         r->vars[i] = (render_var){names[i], r->text[i]};
     }
     const int g = c->kind == ATTN_GATHER;
-    r->vars[3] = (render_var){"MMA_TYPE", dtype == STOF_BF16 ? "bf16" : "f16"};
-    r->vars[4] = (render_var){"GATHER_Q", g ? "1" : "0"};
-    r->vars[5] = (render_var){"BLOCK_Q", g ? "0" : "1"};
-    r->vars[6] = (render_var){"GATHER_K", g ? "1" : "0"};
-    r->vars[7] = (render_var){"BLOCK_K", g ? "0" : "1"};
-    r->req = (jit_request){"mha", "attn.cu", "stof_attn", r->vars, 8};
+    r->vars[4] = (render_var){"MMA_TYPE", dtype == STOF_BF16 ? "bf16" : "f16"};
+    r->vars[5] = (render_var){"GATHER_Q", g ? "1" : "0"};
+    r->vars[6] = (render_var){"BLOCK_Q", g ? "0" : "1"};
+    r->vars[7] = (render_var){"GATHER_K", g ? "1" : "0"};
+    r->vars[8] = (render_var){"BLOCK_K", g ? "0" : "1"};
+    r->req = (jit_request){"mha", "attn.cu", "stof_attn", r->vars, 9};
 }
 
 int mha_smem_bytes(const mha_candidate *c, int head_dim)
@@ -53,13 +53,15 @@ int mha_smem_bytes(const mha_candidate *c, int head_dim)
 
 int mha_candidates(int head_dim, int smem_max, mha_candidate *out, int cap)
 {
-    static const int sizes[][2] = {{64, 64}, {128, 64}, {64, 32}, {128, 32}, {64, 128}, {128, 128}};
+    static const int sizes[][3] = {{64, 64, 1},  {128, 64, 1}, {128, 64, 2}, {64, 32, 1},
+                                   {128, 32, 1}, {128, 32, 2}, {64, 128, 1}, {128, 128, 1}};
     int n = 0;
     for (int kind = 0; kind < 2; kind++)
         for (size_t i = 0; i < sizeof sizes / sizeof sizes[0] && n < cap; i++) {
-            mha_candidate c = {(attn_kind)kind, sizes[i][0], sizes[i][1]};
-            /* S and O live in registers: 128-key tiles spill past head_dim 64. */
-            if (c.bn == 128 && head_dim > 64)
+            mha_candidate c = {(attn_kind)kind, sizes[i][0], sizes[i][1], sizes[i][2]};
+            /* S and O live in registers: 128-key tiles, or two row tiles per
+             * warp, spill past head_dim 64. */
+            if ((c.bn == 128 || c.mt == 2) && head_dim > 64)
                 continue;
             if (mha_smem_bytes(&c, head_dim) > smem_max)
                 continue;
@@ -198,7 +200,7 @@ static stof_status load_candidate(stof_ctx *ctx, const stof_mha_desc *d, const m
     mha_request r;
     mha_make_request(c, d->head_dim, d->dtype, &r);
     TRY(jit_get(ctx, &r.req, &L->fn, NULL));
-    L->threads = c->bm * 2;
+    L->threads = c->bm / c->mt * 2;
     L->smem = mha_smem_bytes(c, d->head_dim);
     L->n_groups = t->n_groups;
     L->lay = attn_tiles_layout_of(t);
@@ -257,7 +259,7 @@ static uint64_t rng_next(uint64_t *s)
     return z ^ (z >> 31);
 }
 
-static void fill_random(uint16_t *p, size_t n, stof_dtype t, uint64_t seed)
+void mha_fill_random(uint16_t *p, size_t n, stof_dtype t, uint64_t seed)
 {
     for (size_t i = 0; i < n; i++) {
         float x = (float)((rng_next(&seed) >> 40) * 0x1.0p-24 * 2.0 - 1.0);
@@ -303,9 +305,9 @@ static stof_status io_alloc(stof_ctx *ctx, const stof_mha_desc *d, search_io *io
     }
     stof_status st = jit_push(ctx);
     for (int s = 0; st == STOF_OK && s < io->nsets; s++) {
-        fill_random(io->hq, io->q_elems, d->dtype, 1000 + s);
-        fill_random(io->hk, io->kv_elems, d->dtype, 2000 + s);
-        fill_random(io->hv, io->kv_elems, d->dtype, 3000 + s);
+        mha_fill_random(io->hq, io->q_elems, d->dtype, 1000 + s);
+        mha_fill_random(io->hk, io->kv_elems, d->dtype, 2000 + s);
+        mha_fill_random(io->hv, io->kv_elems, d->dtype, 3000 + s);
         st = CU(ctx, MemAlloc(&io->q[s], 2 * io->q_elems));
         if (st == STOF_OK)
             st = CU(ctx, MemcpyHtoD(io->q[s], io->hq, 2 * io->q_elems));
@@ -324,9 +326,9 @@ static stof_status io_alloc(stof_ctx *ctx, const stof_mha_desc *d, search_io *io
     if (st == STOF_OK) {
         jit_pop(ctx);
         /* Keep set 0 on the host for the CPU check. */
-        fill_random(io->hq, io->q_elems, d->dtype, 1000);
-        fill_random(io->hk, io->kv_elems, d->dtype, 2000);
-        fill_random(io->hv, io->kv_elems, d->dtype, 3000);
+        mha_fill_random(io->hq, io->q_elems, d->dtype, 1000);
+        mha_fill_random(io->hk, io->kv_elems, d->dtype, 2000);
+        mha_fill_random(io->hv, io->kv_elems, d->dtype, 3000);
         return STOF_OK;
     }
     jit_pop(ctx);
@@ -490,9 +492,9 @@ static int by_prediction(const void *a, const void *b)
 static stof_status rank_candidates(stof_ctx *ctx, const stof_mha_desc *d, const stof_mask *mask,
                                    cand_state *cs, int *n)
 {
-    mha_candidate c[16];
+    mha_candidate c[32];
     int smem_max = ctx->dev.ok ? ctx->dev.smem_optin : 227 * 1024;
-    int nc = mha_candidates(d->head_dim, smem_max, c, 16);
+    int nc = mha_candidates(d->head_dim, smem_max, c, 32);
     stof_mask_info info;
     TRY(stof_mask_stats(ctx, mask, 64, 64, &info));
     int want_gather = info.block_efficiency < 0.75;
@@ -512,7 +514,7 @@ static stof_status rank_candidates(stof_ctx *ctx, const stof_mha_desc *d, const 
             return st;
         }
         s->built = 1;
-        s->predicted_ms = model_attn_ms(&md, &s->tiles, d->batch * d->heads, d->head_dim);
+        s->predicted_ms = model_attn_ms(&md, &s->tiles, d->batch * d->heads, d->head_dim, s->c.mt);
     }
     qsort(cs, (size_t)*n, sizeof *cs, by_prediction);
     return STOF_OK;
@@ -524,7 +526,7 @@ static void free_candidates(cand_state *cs, int n)
         attn_tiles_free(&cs[i].tiles);
 }
 
-static int is_default_size(const mha_candidate *c) { return c->bm == 64 && c->bn == 64; }
+static int is_default_size(const mha_candidate *c) { return c->bm == 64 && c->bn == 64 && c->mt == 1; }
 
 /* Times candidate i, checks its output, records the verdict. */
 static stof_status try_candidate(stof_ctx *ctx, const stof_mha_desc *d, const stof_mask *mask,
@@ -551,9 +553,9 @@ static stof_status try_candidate(stof_ctx *ctx, const stof_mha_desc *d, const st
             s->verdict = "mismatch";
             free(out);
             return CTX_FAIL(ctx, STOF_ERR_INTERNAL,
-                            "attention kernel %s %dx%d disagrees with the CPU reference "
-                            "(relative L2 error %.3g)",
-                            kind_name(s->c.kind), s->c.bm, s->c.bn, err);
+                            "attention kernel %s %dx%d (m_tiles %d) disagrees with the CPU "
+                            "reference (relative L2 error %.3g)",
+                            kind_name(s->c.kind), s->c.bm, s->c.bn, s->c.mt, err);
         }
         s->verdict = "ok";
         *first_out = out;
@@ -622,15 +624,15 @@ static char *tuning_record(const cand_state *cs, int n, int winner, const char *
     strbuf b = {0};
     const cand_state *w = &cs[winner];
     strbuf_printf(&b,
-                  "{\"winner\":{\"kind\":\"%s\",\"bm\":%d,\"bn\":%d,\"ms\":%.6f,\"predicted_ms\":%.6f},"
-                  "\"model_error\":%.4f,\"how\":\"%s\",\"tried\":[",
-                  kind_name(w->c.kind), w->c.bm, w->c.bn, w->ms, w->predicted_ms,
+                  "{\"winner\":{\"kind\":\"%s\",\"bm\":%d,\"bn\":%d,\"mt\":%d,\"ms\":%.6f,"
+                  "\"predicted_ms\":%.6f},\"model_error\":%.4f,\"how\":\"%s\",\"tried\":[",
+                  kind_name(w->c.kind), w->c.bm, w->c.bn, w->c.mt, w->ms, w->predicted_ms,
                   w->ms > 0 ? w->predicted_ms / w->ms - 1 : 0.0, why);
     int first = 1;
     for (int i = 0; i < n; i++) {
         const cand_state *s = &cs[i];
-        strbuf_printf(&b, "%s{\"kind\":\"%s\",\"bm\":%d,\"bn\":%d,\"predicted_ms\":%.6f", first ? "" : ",",
-                      kind_name(s->c.kind), s->c.bm, s->c.bn, s->predicted_ms);
+        strbuf_printf(&b, "%s{\"kind\":\"%s\",\"bm\":%d,\"bn\":%d,\"mt\":%d,\"predicted_ms\":%.6f",
+                      first ? "" : ",", kind_name(s->c.kind), s->c.bm, s->c.bn, s->c.mt, s->predicted_ms);
         if (s->verdict)
             strbuf_printf(&b, ",\"ms\":%.6f,\"verdict\":\"%s\"", s->ms, s->verdict);
         strbuf_puts(&b, "}");
@@ -645,13 +647,15 @@ static int parse_record(const char *rec, mha_candidate *c, double *ms, double *p
 {
     const char *w = rec ? strstr(rec, "\"winner\":{") : NULL;
     char kind[16];
-    if (!w || sscanf(w, "\"winner\":{\"kind\":\"%15[a-z]\",\"bm\":%d,\"bn\":%d,\"ms\":%lf,\"predicted_ms\":%lf",
-                     kind, &c->bm, &c->bn, ms, pred) != 5)
+    if (!w || sscanf(w, "\"winner\":{\"kind\":\"%15[a-z]\",\"bm\":%d,\"bn\":%d,\"mt\":%d,\"ms\":%lf,"
+                        "\"predicted_ms\":%lf",
+                     kind, &c->bm, &c->bn, &c->mt, ms, pred) != 6)
         return 0;
     if (strcmp(kind, "block") != 0 && strcmp(kind, "gather") != 0)
         return 0;
     c->kind = strcmp(kind, "gather") == 0 ? ATTN_GATHER : ATTN_BLOCK;
-    return c->bm >= 16 && c->bm <= 128 && c->bn >= 16 && c->bn <= 128;
+    return c->bm >= 16 && c->bm <= 128 && c->bn >= 16 && c->bn <= 128 && (c->mt == 1 || c->mt == 2) &&
+           c->bm % (16 * c->mt) == 0;
 }
 
 /* ---- public calls ------------------------------------------------------- */
@@ -716,7 +720,7 @@ stof_status stof_mha_plan_create(stof_ctx *ctx, const stof_mha_desc *desc, const
             cache_tuning_free(&rec);
         }
     }
-    cand_state cs[16];
+    cand_state cs[32];
     int n = 0, winner = 0;
     if (st == STOF_OK)
         st = rank_candidates(ctx, &p->d, mask, cs, &n);
@@ -800,7 +804,7 @@ stof_status stof_mha_run(stof_mha_plan *p, const void *q, const void *k, const v
     /* 16-byte loads of rows need 16-byte aligned rows. */
     if (((uintptr_t)q | (uintptr_t)k | (uintptr_t)v | (uintptr_t)out) % 16)
         return CTX_FAIL(ctx, STOF_ERR_INVALID_ARG, "q, k, v and out must be 16-byte aligned");
-    mha_launch L = {p->fn, p->c.bm * 2, p->smem, p->n_groups, p->tiles, p->lay};
+    mha_launch L = {p->fn, p->c.bm / p->c.mt * 2, p->smem, p->n_groups, p->tiles, p->lay};
     TRY(jit_push(ctx));
     stof_status st = launch(ctx, &p->d, &L, (CUdeviceptr)q, (CUdeviceptr)k, (CUdeviceptr)v,
                             (CUdeviceptr)out, (CUdeviceptr)seq_lens, (CUstream)stream);
@@ -813,9 +817,9 @@ stof_status stof_mha_plan_describe(const stof_mha_plan *p, char *buf, size_t n)
     if (!p || !buf || n == 0)
         return STOF_ERR_INVALID_ARG;
     snprintf(buf, n,
-             "kernel=%s block_m=%d block_n=%d head_dim=%d %s groups=%d smem=%d "
+             "kernel=%s block_m=%d block_n=%d m_tiles=%d head_dim=%d %s groups=%d smem=%d "
              "chosen_by=%s predicted_ms=%.4f measured_ms=%.4f candidates_timed=%d mask=%.16s",
-             kind_name(p->c.kind), p->c.bm, p->c.bn, p->d.head_dim, dtype_name(p->d.dtype),
+             kind_name(p->c.kind), p->c.bm, p->c.bn, p->c.mt, p->d.head_dim, dtype_name(p->d.dtype),
              p->n_groups, p->smem, p->origin, p->predicted_ms, p->measured_ms, p->tried,
              p->mask_hash);
     return STOF_OK;
@@ -837,7 +841,7 @@ stof_status stof_mha_prepare(stof_ctx *ctx, const stof_mha_desc *desc, const sto
     if (!ctx)
         return STOF_ERR_INVALID_ARG;
     TRY(check_desc(ctx, desc, mask));
-    cand_state cs[16];
+    cand_state cs[32];
     int n = 0;
     TRY(rank_candidates(ctx, desc, mask, cs, &n));
     /* The model's first three, and the default size of each kind, so a

@@ -6,18 +6,21 @@
 #ifndef STOF_MHA_H
 #define STOF_MHA_H
 
+#include <stdint.h>
+
 #include "attn_tiles.h"
 #include "jit.h"
 
 typedef struct mha_candidate {
     attn_kind kind;
     int bm, bn;
+    int mt;              /* m16 row tiles per warp: 1 or 2 */
 } mha_candidate;
 
 /* The kernel request for a candidate; the strings live in *buf. */
 typedef struct mha_request {
-    char text[3][16];
-    render_var vars[8];
+    char text[4][16];
+    render_var vars[9];
     jit_request req;
 } mha_request;
 void mha_make_request(const mha_candidate *c, int head_dim, stof_dtype dtype, mha_request *r);
@@ -28,6 +31,11 @@ int mha_smem_bytes(const mha_candidate *c, int head_dim);
 /* Every candidate that fits the head size and the device limits (smem_max
  * bytes of shared memory per block); returns how many were written. */
 int mha_candidates(int head_dim, int smem_max, mha_candidate *out, int cap);
+
+/* n values uniform in [-1, 1) rounded to t: element i is drawn from
+ * splitmix64 at state seed + (i + 1) * 0x9E3779B97F4A7C15, top 24 bits;
+ * bench/peers_mha.py draws the same numbers. */
+void mha_fill_random(uint16_t *p, size_t n, stof_dtype t, uint64_t seed);
 
 /* A plan for exactly candidate c, skipping the model and the search: for
  * tests of every kernel and for benchmarks. */

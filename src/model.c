@@ -15,7 +15,8 @@ model_device model_device_of(const drv_device *dev, const char *arch)
     return m;
 }
 
-double model_attn_ms(const model_device *m, const attn_tiles *t, int batch_heads, int head_dim)
+double model_attn_ms(const model_device *m, const attn_tiles *t, int batch_heads, int head_dim,
+                     int m_tiles)
 {
     /* A tile costs its two products (4*bm*bn*d flops) at the tensor rate,
      * its K and V reads (2*bn*d*2 bytes, mostly from L2: counted at twice
@@ -27,6 +28,10 @@ double model_attn_ms(const model_device *m, const attn_tiles *t, int batch_heads
     double sm_bytes = 2 * m->mem_gbs * 1e9 / m->sm_count;
     double tile_s = tile_flop / sm_flops > tile_bytes / sm_bytes ? tile_flop / sm_flops
                                                                  : tile_bytes / sm_bytes;
+    /* Two row tiles per warp share each K and V fragment: fewer
+     * shared-memory reads per product. */
+    if (m_tiles == 2)
+        tile_s *= 0.85;
     double partial = (double)(t->n_tiles - t->n_full);
     double gather = t->kind == ATTN_GATHER ? 0.15 : 0.0;
     double group_s = 4.0 * t->bm * head_dim / sm_bytes + 2e-6;

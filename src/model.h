@@ -19,6 +19,7 @@ typedef struct model_device {
 model_device model_device_of(const drv_device *dev, const char *arch);
 
 /* Predicted milliseconds of one run over batch*heads of the tiles. */
-double model_attn_ms(const model_device *m, const attn_tiles *t, int batch_heads, int head_dim);
+double model_attn_ms(const model_device *m, const attn_tiles *t, int batch_heads, int head_dim,
+                     int m_tiles);
 
 #endif

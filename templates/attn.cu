@@ -3,7 +3,7 @@
 // Tiling: one CTA per (query group, batch*head). A query group is BLOCK_M
 // query rows: consecutive (block-wise) or gathered by index (GATHER_Q, for
 // rows that share keys, e.g. one residue of a dilated mask). Each warp owns
-// 16 of its rows. The CTA walks only the key tiles listed for its group:
+// 16 * M_TILES of its rows. The CTA walks only the key tiles listed for its group:
 // BLOCK_N keys each, consecutive (block-wise) or gathered by index
 // (GATHER_K: the union of the group's keys, compacted). A tile is full (no
 // masking) or carries a bitmap of BLOCK_M x BLOCK_N bits. K and V tiles are
@@ -12,16 +12,21 @@
 //
 // Parameters:
 //   HEAD_DIM   32, 64, 80, 96 or 128 (a multiple of 16)
-//   BLOCK_M    query rows per CTA, 16 * warps
+//   BLOCK_M    query rows per CTA, 16 * M_TILES * warps
+//   M_TILES    m16 row tiles per warp (1 or 2): 2 halves the shared-memory
+//              reads per product at the price of registers
 //   BLOCK_N    keys per tile, a multiple of 16
 //   MMA_TYPE   f16 or bf16 (operand type of mma.sync and of storage)
 //   GATHER_Q   section flag: query rows come from an index list
+//   BLOCK_Q    section flag: query rows are consecutive (exactly one of the two)
 //   GATHER_K   section flag: tile keys come from an index list
+//   BLOCK_K    section flag: tile keys are consecutive (exactly one of the two)
 
 #define D {{HEAD_DIM}}
 #define BM {{BLOCK_M}}
 #define BN {{BLOCK_N}}
-#define WARPS (BM / 16)
+#define MT {{M_TILES}}            // m16 row tiles per warp
+#define WARPS (BM / (16 * MT))
 #define THREADS (WARPS * 32)
 #define LDS (D + 8)                // smem row stride in elements: 16 B of padding
                                    // keeps ldmatrix rows on distinct banks
@@ -66,6 +71,14 @@ __device__ __forceinline__ void mma(float *c, const unsigned *a, unsigned b0, un
                  "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
                  : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
                  : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+// 2^x on the SFU; inputs here are <= 0, where its error is a few ulp.
+__device__ __forceinline__ float ex2(float x)
+{
+    float y;
+    asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+    return y;
 }
 
 // Two floats to one register of two 16-bit values, lo in the low half.
@@ -158,13 +171,20 @@ stof_attn(const elem_t *__restrict__ q, const elem_t *__restrict__ k,
         load_tile(t0, 0);
     cp_commit();
 
-    float o[D / 8][4];
+    // Each warp owns MT m16 tiles of rows, so every K and V fragment it
+    // loads from shared memory feeds MT products.
+    float o[MT][D / 8][4];
+    float m[MT][2], l[MT][2];
+    unsigned qf[MT][D / 16][4];
 #pragma unroll
-    for (int i = 0; i < D / 8; i++)
-        o[i][0] = o[i][1] = o[i][2] = o[i][3] = 0.f;
-    float m0 = -STOF_INF, m1 = -STOF_INF, l0 = 0.f, l1 = 0.f;
-    unsigned qf[D / 16][4];
-    const int r0 = warp * 16 + g, r1 = r0 + 8;  // this thread's two rows in the group
+    for (int mt = 0; mt < MT; mt++) {
+#pragma unroll
+        for (int i = 0; i < D / 8; i++)
+            o[mt][i][0] = o[mt][i][1] = o[mt][i][2] = o[mt][i][3] = 0.f;
+        m[mt][0] = m[mt][1] = -STOF_INF;
+        l[mt][0] = l[mt][1] = 0.f;
+    }
+    const int wrow = warp * 16 * MT;  // this warp's first row in the group
 
     for (int it = t0; it < t1; it++) {
         const int stage = (it - t0) & 1;
@@ -178,18 +198,22 @@ stof_attn(const elem_t *__restrict__ q, const elem_t *__restrict__ k,
         __syncthreads();
         if (it == t0) {
 #pragma unroll
-            for (int kk = 0; kk < D / 16; kk++)
-                ldsm_x4(qf[kk], Qs + (warp * 16 + (lane % 8) + 8 * ((lane / 8) % 2)) * LDS +
-                                    kk * 16 + 8 * (lane / 16));
+            for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+                for (int kk = 0; kk < D / 16; kk++)
+                    ldsm_x4(qf[mt][kk], Qs + (wrow + mt * 16 + (lane % 8) + 8 * ((lane / 8) % 2)) * LDS +
+                                            kk * 16 + 8 * (lane / 16));
         }
         const elem_t *Kt = Ks + stage * BN * LDS;
         const elem_t *Vt = Vs + stage * BN * LDS;
 
-        // S = Q Kᵀ for this warp's 16 rows and the tile's BN keys.
-        float s[BN / 8][4];
+        // S = Q Kᵀ for this warp's rows and the tile's BN keys.
+        float s[MT][BN / 8][4];
 #pragma unroll
-        for (int j = 0; j < BN / 8; j++)
-            s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.f;
+        for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+            for (int j = 0; j < BN / 8; j++)
+                s[mt][j][0] = s[mt][j][1] = s[mt][j][2] = s[mt][j][3] = 0.f;
 #pragma unroll
         for (int kk = 0; kk < D / 16; kk++) {
 #pragma unroll
@@ -197,79 +221,90 @@ stof_attn(const elem_t *__restrict__ q, const elem_t *__restrict__ k,
                 unsigned bfr[4];
                 ldsm_x4(bfr, Kt + (np * 16 + (lane % 8) + 8 * (lane / 16)) * LDS + kk * 16 +
                                  8 * ((lane / 8) % 2));
-                mma(s[2 * np], qf[kk], bfr[0], bfr[1]);
-                mma(s[2 * np + 1], qf[kk], bfr[2], bfr[3]);
+#pragma unroll
+                for (int mt = 0; mt < MT; mt++) {
+                    mma(s[mt][2 * np], qf[mt][kk], bfr[0], bfr[1]);
+                    mma(s[mt][2 * np + 1], qf[mt][kk], bfr[2], bfr[3]);
+                }
             }
         }
 
-        // Mask: the tile's bitmap, then keys past the valid length.
+        // Mask, only where needed: a partial tile's bitmap, keys past the
+        // valid length. Full tiles inside the sequence skip it entirely.
         const int bm = tile_bits[it];
-        unsigned w0[WPR], w1[WPR];
-#pragma unroll
-        for (int w = 0; w < WPR; w++) {
-            w0[w] = bm < 0 ? 0xffffffffu : bits[((long long)bm * BM + r0) * WPR + w];
-            w1[w] = bm < 0 ? 0xffffffffu : bits[((long long)bm * BM + r1) * WPR + w];
-        }
 {{#if GATHER_K}}
         const int *kix = Kix + stage * BN;
+        const bool edge = true;
 {{/if}}
 {{#if BLOCK_K}}
         const int kfirst = tile_key[it];
+        const bool edge = kfirst + BN > klim;
 {{/if}}
+        if (bm >= 0 || edge) {
 #pragma unroll
-        for (int j = 0; j < BN / 8; j++) {
+            for (int mt = 0; mt < MT; mt++) {
+                const int r0 = wrow + mt * 16 + g, r1 = r0 + 8;
+                unsigned w0[WPR], w1[WPR];
 #pragma unroll
-            for (int e = 0; e < 2; e++) {
-                const int c = j * 8 + 2 * t + e;
+                for (int w = 0; w < WPR; w++) {
+                    w0[w] = bm < 0 ? 0xffffffffu : bits[((long long)bm * BM + r0) * WPR + w];
+                    w1[w] = bm < 0 ? 0xffffffffu : bits[((long long)bm * BM + r1) * WPR + w];
+                }
+#pragma unroll
+                for (int j = 0; j < BN / 8; j++) {
+#pragma unroll
+                    for (int e = 0; e < 2; e++) {
+                        const int c = j * 8 + 2 * t + e;
 {{#if GATHER_K}}
-                const bool kok = kix[c] >= 0 && kix[c] < klim;
+                        const bool kok = kix[c] >= 0 && kix[c] < klim;
 {{/if}}
 {{#if BLOCK_K}}
-                const bool kok = kfirst + c < klim;
+                        const bool kok = kfirst + c < klim;
 {{/if}}
-                if (!kok || !((w0[c / 32] >> (c % 32)) & 1u))
-                    s[j][e] = -STOF_INF;
-                if (!kok || !((w1[c / 32] >> (c % 32)) & 1u))
-                    s[j][2 + e] = -STOF_INF;
+                        if (!kok || !((w0[c / 32] >> (c % 32)) & 1u))
+                            s[mt][j][e] = -STOF_INF;
+                        if (!kok || !((w1[c / 32] >> (c % 32)) & 1u))
+                            s[mt][j][2 + e] = -STOF_INF;
+                    }
+                }
             }
         }
 
-        // Online softmax, in units of log2 with the scale folded in.
-        float mx0 = -STOF_INF, mx1 = -STOF_INF;
+        // Online softmax in units of log2: max on raw scores (the scale is
+        // positive), then one FMA per score folds scale and offset together.
+        // The C fragment of S becomes the A fragment of P: two n8 tiles make
+        // one k16.
+        unsigned pf[MT][BN / 16][4];
 #pragma unroll
-        for (int j = 0; j < BN / 8; j++) {
-            s[j][0] *= scale_log2; s[j][1] *= scale_log2;
-            s[j][2] *= scale_log2; s[j][3] *= scale_log2;
-            mx0 = fmaxf(mx0, fmaxf(s[j][0], s[j][1]));
-            mx1 = fmaxf(mx1, fmaxf(s[j][2], s[j][3]));
-        }
-        mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 1));
-        mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 2));
-        mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 1));
-        mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 2));
-        const float n0 = fmaxf(m0, mx0), n1 = fmaxf(m1, mx1);
-        // A row with nothing allowed yet keeps base 0, so exp2 never sees inf - inf.
-        const float base0 = n0 == -STOF_INF ? 0.f : n0, base1 = n1 == -STOF_INF ? 0.f : n1;
-        const float a0 = exp2f(m0 - base0), a1 = exp2f(m1 - base1);
-        m0 = n0;
-        m1 = n1;
-        l0 *= a0;
-        l1 *= a1;
+        for (int mt = 0; mt < MT; mt++) {
 #pragma unroll
-        for (int i = 0; i < D / 8; i++) {
-            o[i][0] *= a0; o[i][1] *= a0;
-            o[i][2] *= a1; o[i][3] *= a1;
-        }
-        unsigned pf[BN / 16][4];
+            for (int h2 = 0; h2 < 2; h2++) {
+                float mx = -STOF_INF;
 #pragma unroll
-        for (int j = 0; j < BN / 8; j++) {
-            const float p0 = exp2f(s[j][0] - base0), p1 = exp2f(s[j][1] - base0);
-            const float p2 = exp2f(s[j][2] - base1), p3 = exp2f(s[j][3] - base1);
-            l0 += p0 + p1;
-            l1 += p2 + p3;
-            // The C fragment of S is the A fragment of P: two n8 tiles make one k16.
-            pf[j / 2][(j % 2) * 2 + 0] = pack2(p0, p1);
-            pf[j / 2][(j % 2) * 2 + 1] = pack2(p2, p3);
+                for (int j = 0; j < BN / 8; j++)
+                    mx = fmaxf(mx, fmaxf(s[mt][j][2 * h2], s[mt][j][2 * h2 + 1]));
+                mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+                mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+                const float mnew = fmaxf(m[mt][h2], mx * scale_log2);
+                // A row with nothing allowed yet keeps base 0: exp2 never sees inf - inf.
+                const float base = mnew == -STOF_INF ? 0.f : mnew;
+                const float alpha = ex2(m[mt][h2] - base);
+                m[mt][h2] = mnew;
+                float sum = 0.f;
+#pragma unroll
+                for (int j = 0; j < BN / 8; j++) {
+                    const float p0 = ex2(fmaf(s[mt][j][2 * h2], scale_log2, -base));
+                    const float p1 = ex2(fmaf(s[mt][j][2 * h2 + 1], scale_log2, -base));
+                    sum += p0 + p1;
+                    pf[mt][j / 2][(j % 2) * 2 + h2] = pack2(p0, p1);
+                }
+                l[mt][h2] = l[mt][h2] * alpha + sum;
+#pragma unroll
+                for (int i = 0; i < D / 8; i++) {
+                    o[mt][i][2 * h2] *= alpha;
+                    o[mt][i][2 * h2 + 1] *= alpha;
+                }
+            }
         }
 
         // O += P V
@@ -280,27 +315,33 @@ stof_attn(const elem_t *__restrict__ q, const elem_t *__restrict__ k,
                 unsigned bfr[4];
                 ldsm_x4_t(bfr, Vt + (kk * 16 + (lane % 8) + 8 * ((lane / 8) % 2)) * LDS +
                                    dp * 16 + 8 * (lane / 16));
-                mma(o[2 * dp], pf[kk], bfr[0], bfr[1]);
-                mma(o[2 * dp + 1], pf[kk], bfr[2], bfr[3]);
+#pragma unroll
+                for (int mt = 0; mt < MT; mt++) {
+                    mma(o[mt][2 * dp], pf[mt][kk], bfr[0], bfr[1]);
+                    mma(o[mt][2 * dp + 1], pf[mt][kk], bfr[2], bfr[3]);
+                }
             }
         }
         __syncthreads();  // the stage just read is the next prefetch's target
     }
+    cp_wait<0>();  // nothing in flight at exit, even with no tile to walk
 
-    l0 += __shfl_xor_sync(0xffffffffu, l0, 1);
-    l0 += __shfl_xor_sync(0xffffffffu, l0, 2);
-    l1 += __shfl_xor_sync(0xffffffffu, l1, 1);
-    l1 += __shfl_xor_sync(0xffffffffu, l1, 2);
-    const int q0 = qrow(r0), q1 = qrow(r1);
-    // Fully masked rows and padded query rows come out as zeros.
-    const float inv0 = l0 > 0.f && q0 < qlim ? 1.f / l0 : 0.f;
-    const float inv1 = l1 > 0.f && q1 < qlim ? 1.f / l1 : 0.f;
 #pragma unroll
-    for (int i = 0; i < D / 8; i++) {
-        const int col = i * 8 + 2 * t;
-        if (q0 >= 0)
-            *reinterpret_cast<unsigned *>(ob + q0 * o_sl + col) = pack2(o[i][0] * inv0, o[i][1] * inv0);
-        if (q1 >= 0)
-            *reinterpret_cast<unsigned *>(ob + q1 * o_sl + col) = pack2(o[i][2] * inv1, o[i][3] * inv1);
+    for (int mt = 0; mt < MT; mt++) {
+#pragma unroll
+        for (int h2 = 0; h2 < 2; h2++) {
+            float sum = l[mt][h2];
+            sum += __shfl_xor_sync(0xffffffffu, sum, 1);
+            sum += __shfl_xor_sync(0xffffffffu, sum, 2);
+            const int qr = qrow(wrow + mt * 16 + g + 8 * h2);
+            // Fully masked rows and padded query rows come out as zeros.
+            const float inv = sum > 0.f && qr < qlim ? 1.f / sum : 0.f;
+            if (qr < 0)
+                continue;
+#pragma unroll
+            for (int i = 0; i < D / 8; i++)
+                *reinterpret_cast<unsigned *>(ob + qr * o_sl + i * 8 + 2 * t) =
+                    pack2(o[mt][i][2 * h2] * inv, o[mt][i][2 * h2 + 1] * inv);
+        }
     }
 }
