@@ -1,0 +1,122 @@
+/*
+ * mask — attention masks: the spec parser, the canonical hash, statistics,
+ * and the two storage formats the GPU kernels read (block-sparse rows and
+ * per-row key ranges). Everything is built on one row iterator that yields
+ * the sorted, merged allowed ranges of a query row, so a spec mask is never
+ * expanded to Lq x Lk.
+ */
+#ifndef STOF_MASK_H
+#define STOF_MASK_H
+
+#include <stdint.h>
+#include "stof.h"
+
+/* Keys lo .. hi-1 of one row. A row's ranges are sorted, disjoint and never
+ * adjacent (a.hi < b.lo), and lie within [0, Lk). */
+typedef struct mask_range {
+    int32_t lo, hi;
+} mask_range;
+
+/* Walks the rows of a mask in any order. Holds the scratch the evaluation of
+ * a spec needs, so a row costs no allocation. */
+typedef struct mask_iter {
+    const stof_mask *m;
+    mask_range *buf[4];
+    int cap;                 /* ranges each buffer holds */
+    struct mask_rand_state *rand; /* one per random term */
+} mask_iter;
+
+stof_status mask_iter_init(mask_iter *it, const stof_mask *m); /* STOF_ERR_NO_MEMORY only */
+void mask_iter_free(mask_iter *it);
+
+/* The allowed ranges of row q (0 <= q < Lq); *out stays valid until the next
+ * call on it. Returns the number of ranges. */
+int mask_row_ranges(mask_iter *it, int q, const mask_range **out);
+
+/* The whole mask as lq*lk bytes, row-major, 1 = allowed; for tests. */
+stof_status mask_to_dense(const stof_mask *m, unsigned char **out);
+
+/*
+ * Per-row key lists (row-wise kernel): CSR over runs.
+ * The runs of row q are i in [row_ptr[q], row_ptr[q+1]): keys start[i] ..
+ * start[i] + len[i] - 1, sorted, disjoint and never adjacent; len[i] >= 1.
+ * A row with no run allowed nothing. entries = sum of len, n_ranges =
+ * row_ptr[lq].
+ */
+typedef struct mask_rows {
+    int lq, lk;
+    int64_t *row_ptr;        /* lq + 1 */
+    int32_t *start, *len;    /* n_ranges each */
+    long long entries, n_ranges;
+} mask_rows;
+
+stof_status mask_build_rows(stof_ctx *ctx, const stof_mask *m, mask_rows *out);
+void mask_rows_free(mask_rows *r);
+
+/*
+ * Block-sparse rows (block-wise kernel), for blocks of bq query rows by bk
+ * key columns, 16 <= bq, bk <= 128 (any value in that range).
+ *
+ * Query block i covers rows i*bq .. i*bq+bq-1, key block j columns
+ * j*bk .. j*bk+bk-1; nqb = ceil(lq/bq), nkb = ceil(lk/bk). Rows >= lq and
+ * columns >= lk of the last blocks are out of range.
+ *
+ * The key blocks of query block i are n in [row_ptr[i], row_ptr[i+1]),
+ * listed in increasing col[n], only those holding at least one allowed
+ * entry. partial[n] == -1 marks a full block: every in-range entry allowed;
+ * an edge block can be full, and the kernel must still not read or write
+ * out-of-range rows and columns of it. Otherwise partial[n] = b, the index
+ * of its bitmap:
+ *
+ *   words b*words_per_block .. (b+1)*words_per_block - 1 of bits,
+ *   row r (query i*bq + r, 0 <= r < bq) in the words_per_row words starting
+ *   at b*words_per_block + r*words_per_row, and key c (column j*bk + c,
+ *   0 <= c < bk) in bit (c % 32) (least significant first) of word c / 32
+ *   of that row. 1 = allowed. Out-of-range rows and columns, and the padding
+ *   bits past bk, are 0.
+ *
+ * Identical bitmaps are stored once, so several blocks may share an index
+ * (n_bitmaps <= n_partial); bitmaps are numbered in order of first use.
+ * All arrays are flat int32/uint32, ready to copy to the device; a bitmap's
+ * word offset b*words_per_block can pass 2^31, so compute it in 64 bits.
+ */
+typedef struct mask_blocks {
+    int lq, lk, bq, bk, nqb, nkb;
+    int words_per_row;       /* ceil(bk / 32) */
+    int words_per_block;     /* bq * words_per_row */
+    int32_t *row_ptr;        /* nqb + 1 */
+    int32_t *col;            /* n_blocks: key block index */
+    int32_t *partial;        /* n_blocks: -1 full, else bitmap index */
+    uint32_t *bits;          /* n_bitmaps * words_per_block */
+    long long n_blocks, n_full, n_partial, n_bitmaps;
+} mask_blocks;
+
+/* STOF_ERR_UNSUPPORTED when the listing would pass INT32_MAX entries. */
+stof_status mask_build_blocks(stof_ctx *ctx, const stof_mask *m, int bq, int bk,
+                              mask_blocks *out);
+void mask_blocks_free(mask_blocks *b);
+
+/*
+ * The random term's generator, identical on every platform (uint64 only).
+ * random:R:B:SEED splits keys into nkb = ceil(Lk/B) blocks of B columns (the
+ * last may be short) and gives query block i (rows i*B .. i*B+B-1) the key
+ * blocks chosen by:
+ *
+ *   state = SEED ^ ((i + 1) * 0x9E3779B97F4A7C15)         (mod 2^64)
+ *   next():  state += 0x9E3779B97F4A7C15;  z = state;      (splitmix64)
+ *            z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9;
+ *            z = (z ^ (z >> 27)) * 0x94D049BB133111EB;
+ *            return z ^ (z >> 31);
+ *   below(m): draws z = next() until z < 2^64 - (2^64 mod m); returns z mod m
+ *   chosen = {}
+ *   for j = nkb - R .. nkb - 1:                            (Floyd's sampling)
+ *       t = below(j + 1)
+ *       add (t in chosen ? j : t) to chosen
+ *
+ * R > nkb is an error (R distinct blocks must exist); R*B may pass Lk by
+ * less than one block, when the last block is short.
+ */
+void mask_random_blocks(uint64_t seed, int64_t qblock, int nkb, int r, int32_t *chosen,
+                        unsigned char *seen);
+
+#endif
