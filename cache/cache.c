@@ -84,6 +84,20 @@ static int user_version(sqlite3 *db, int *v)
     return rc == SQLITE_ROW ? 0 : -1;
 }
 
+/* Tables that are not ours: nonzero (or -1 when unreadable). */
+static int foreign_tables(sqlite3 *db)
+{
+    sqlite3_stmt *s;
+    if (sqlite3_prepare_v2(db,
+                           "SELECT count(*) FROM sqlite_master WHERE name NOT IN"
+                           " ('kernels', 'kernels_lru', 'tuning') AND name NOT LIKE 'sqlite_%'",
+                           -1, &s, NULL) != SQLITE_OK)
+        return -1;
+    int n = sqlite3_step(s) == SQLITE_ROW ? sqlite3_column_int(s, 0) : -1;
+    sqlite3_finalize(s);
+    return n;
+}
+
 stof_status cache_open(stof_ctx *ctx, const char *path, long long max_bytes, cache **out)
 {
     *out = NULL;
@@ -113,6 +127,12 @@ stof_status cache_open(stof_ctx *ctx, const char *path, long long max_bytes, cac
         st = CTX_FAIL(ctx, STOF_ERR_CACHE,
                       "cache %s: schema version %d is newer than this stof's %d", path, v,
                       CACHE_SCHEMA_VERSION);
+        goto fail;
+    }
+    if (v == 0 && foreign_tables(c->db) != 0) {
+        /* Never write our tables into someone else's database. */
+        st = CTX_FAIL(ctx, STOF_ERR_CACHE,
+                      "cache %s: a SQLite database with other tables, not a stof cache", path);
         goto fail;
     }
     if ((st = exec(ctx, c, "PRAGMA journal_mode=WAL")) != STOF_OK)
@@ -150,6 +170,9 @@ void cache_close(cache *c)
     sqlite3_close(c->db);
     free(c);
 }
+
+sqlite3 *cache_db(cache *c) { return c->db; }
+const char *cache_file(const cache *c) { return c->path; }
 
 void cache_checksum(const void *cubin, size_t cubin_size, const char *ptx, size_t ptx_size,
                     char out[65])
@@ -275,7 +298,7 @@ static stof_status evict(stof_ctx *ctx, cache *c, const char *keep)
     /* Oldest first until under the cap; the row just stored always stays. */
     if (sqlite3_prepare_v2(c->db,
                            "SELECT key, length(cubin)+length(ptx)+length(source) FROM kernels"
-                           " WHERE key != ? ORDER BY last_used ASC, created ASC",
+                           " WHERE key != ? ORDER BY last_used ASC, created ASC, rowid ASC",
                            -1, &s, NULL) != SQLITE_OK)
         return SQL_FAIL(ctx, c, "evicting");
     sqlite3_bind_text(s, 1, keep, -1, SQLITE_TRANSIENT);

@@ -72,6 +72,12 @@ stof_status cache_list_kernels(stof_ctx *ctx, cache *c, const char *op, const ch
 /* The one key starting with prefix; STOF_ERR_INVALID_ARG if none or several. */
 stof_status cache_resolve_key(stof_ctx *ctx, cache *c, const char *prefix, char key[65]);
 
+/* For cache_admin (the tools' maintenance: stats, check, prune, export,
+ * import): the open database and the path it was opened from. */
+struct sqlite3;
+struct sqlite3 *cache_db(cache *c);
+const char *cache_file(const cache *c);
+
 /* SHA-256 of cubin then ptx, as stored in the checksum column. */
 void cache_checksum(const void *cubin, size_t cubin_size, const char *ptx, size_t ptx_size,
                     char out[65]);

@@ -1,0 +1,69 @@
+/*
+ * workload — what stof-warm (and benchmarks) must cover, read into plain
+ * cases: attention suites (workloads/attention.json: each suite's seqs x
+ * masks), encoder-layer cases (workloads/layers.json: each case's seqs x
+ * masks, with its model's sizes), and the one-line forms
+ *   --mha "b=8,h=12,l=2048,d=64,fp16,window:256"
+ *   --ln  "rows=16384,hidden=768,fp16"
+ * Reading is strict: unknown members, wrong types and out-of-range sizes
+ * are refused with the file, line, column and JSON path. Mask specs are
+ * checked against the library (workload_check) once a context exists.
+ */
+#ifndef STOF_WORKLOAD_H
+#define STOF_WORKLOAD_H
+
+#include <stddef.h>
+#include "stof.h"
+
+typedef enum workload_op {
+    WORKLOAD_MHA = 1,    /* masked multi-head attention */
+    WORKLOAD_LAYER,      /* a whole encoder layer */
+    WORKLOAD_LN          /* fused bias + residual + LayerNorm */
+} workload_op;
+
+typedef struct workload_case {
+    workload_op op;
+    char *name;          /* "bert-heads/window/l=2048", "bert-base/l=512/window:256" */
+    char *origin;        /* "attention.json:12:5 ($.suites[0])" or "--mha b=8,..." */
+    stof_dtype dtype;
+    int batch;           /* mha, layer */
+    int seq_q, seq_k;    /* mha, layer (a layer has seq_q == seq_k) */
+    int heads, head_dim; /* mha, layer (head_dim = hidden / heads) */
+    char *mask;          /* mha, layer: the spec; NULL for ln */
+    char *model;         /* layer */
+    int hidden;          /* layer, ln */
+    double ffn;          /* layer: FFN width as a multiple of hidden */
+    char *activation;    /* layer: "gelu", "gelu_tanh", "relu" */
+    char *norm;          /* layer: "post_ln" (BERT), "pre_ln" (GPT, ViT) */
+    int rows;            /* ln; layer: batch * seq, the rows its LayerNorms see */
+} workload_case;
+
+typedef struct workload {
+    workload_case *cases;
+    int n, cap;
+} workload;
+
+/* Each appends cases, or returns -1 and leaves w unchanged with the reason
+ * in err ("file:line:col: $.path: what"). */
+int workload_read_file(workload *w, const char *path, char *err, size_t errlen);
+int workload_read_text(workload *w, const char *text, size_t len, const char *file, char *err,
+                       size_t errlen);
+int workload_add_mha(workload *w, const char *line, char *err, size_t errlen);
+int workload_add_ln(workload *w, const char *line, char *err, size_t errlen);
+void workload_free(workload *w);
+
+const char *workload_op_name(workload_op op);   /* "mha", "layer", "layernorm" */
+/* "fp16", "bf16", "fp32" -> the dtype; STOF_DTYPE_INVALID otherwise. */
+stof_dtype workload_dtype(const char *name);
+
+/* Checks what only the library can: every mask spec parses for its case's
+ * lengths. STOF_OK, or the first failure with "case (origin): reason" in
+ * err. */
+stof_status workload_check(stof_ctx *ctx, const workload *w, char *err, size_t errlen);
+
+/* The descriptors a case maps to. A layer case's LayerNorms are
+ * rows = batch * seq by hidden. */
+void workload_mha_desc(const workload_case *c, stof_tune tune, stof_mha_desc *d);
+void workload_ln_desc(const workload_case *c, stof_ln_desc *d);
+
+#endif

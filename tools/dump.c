@@ -1,0 +1,1139 @@
+/*
+ * stof-dump — looks into a stof kernel cache: lists kernels, shows one
+ * kernel's source, PTX, SASS, compile log and parameters, prints tuning
+ * records (winners, what they beat, the model's error), statistics and an
+ * integrity check, prunes, and moves a warmed cache between machines.
+ *
+ * It never creates a cache (except `import`, whose purpose that is) and
+ * changes one only in `prune` and `import`, each in one transaction.
+ * Exit status: 0 done, 1 a finding (check found damage; no SASS tool),
+ * 2 bad arguments, or no usable cache.
+ */
+#include <ctype.h>
+#include <errno.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "cache.h"
+#include "cache_admin.h"
+#include "json.h"
+#include "nvrtc_drv.h"
+#include "stof.h"
+
+#define EXIT_FINDING 1
+#define EXIT_USAGE 2
+
+static const char USAGE[] =
+    "usage: stof-dump [--cache PATH] COMMAND ...\n"
+    "  list [--op OP] [--arch ARCH] [--json]     kernels in the cache\n"
+    "  show KEY [--source|--ptx|--sass|--log|--params]\n"
+    "                                            one kernel (KEY: a unique prefix)\n"
+    "  tuning [--op OP] [--mask SPEC] [--json]   tuning records: winners, what they beat\n"
+    "  stats [--json]                            entries, bytes, hit rates by op and arch\n"
+    "  check [--json]                            integrity: checksums, versions, orphans\n"
+    "  prune [--older-than DAYS] [--max-bytes N[K|M|G]] [--stale]\n"
+    "  export FILE                               a consistent copy, in a new file\n"
+    "  import FILE                               merge a stof cache file into this one\n"
+    "The cache: --cache PATH, else $STOF_CACHE, else $XDG_CACHE_HOME/stof/cache.db,\n"
+    "else ~/.cache/stof/cache.db.\n";
+
+typedef struct args {
+    const char *cache, *op, *arch, *mask, *older_than, *max_bytes, *part;
+    int json, stale;
+    const char *cmd, *operand;
+    unsigned given;            /* OPT_* bits of the options given */
+} args;
+
+enum { OPT_OP = 1, OPT_ARCH = 2, OPT_MASK = 4, OPT_JSON = 8, OPT_PART = 16, OPT_OLDER = 32,
+       OPT_MAX = 64, OPT_STALE = 128 };
+
+typedef struct dump {
+    stof_ctx *ctx;
+    cache *c;
+    const args *a;
+} dump;
+
+static int usage_error(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+
+static int usage_error(const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    fprintf(stderr, "stof-dump: ");
+    vfprintf(stderr, fmt, ap);
+    fprintf(stderr, "\n(stof-dump --help for usage)\n");
+    va_end(ap);
+    return EXIT_USAGE;
+}
+
+/* ---- arguments ---- */
+
+static int take_value(int argc, char **argv, int *i, const char **out)
+{
+    const char *arg = argv[*i], *eq = strchr(arg, '=');
+    if (eq) {
+        *out = eq + 1;
+        return 1;
+    }
+    if (*i + 1 >= argc)
+        return 0;
+    *out = argv[++*i];
+    return 1;
+}
+
+static int is_part(const char *s)
+{
+    static const char *const parts[] = {"--source", "--ptx", "--sass", "--log", "--params", NULL};
+    for (const char *const *p = parts; *p; p++)
+        if (strcmp(s, *p) == 0)
+            return 1;
+    return 0;
+}
+
+static int parse_option(args *a, int argc, char **argv, int *i)
+{
+    static const struct { const char *name; unsigned bit; size_t off; } vals[] = {
+        {"--cache", 0, offsetof(args, cache)},        {"--op", OPT_OP, offsetof(args, op)},
+        {"--arch", OPT_ARCH, offsetof(args, arch)},   {"--mask", OPT_MASK, offsetof(args, mask)},
+        {"--older-than", OPT_OLDER, offsetof(args, older_than)},
+        {"--max-bytes", OPT_MAX, offsetof(args, max_bytes)}};
+    const char *arg = argv[*i];
+    size_t n = strcspn(arg, "=");
+    for (size_t k = 0; k < sizeof vals / sizeof vals[0]; k++) {
+        if (strlen(vals[k].name) != n || strncmp(arg, vals[k].name, n) != 0)
+            continue;
+        if (!take_value(argc, argv, i, (const char **)((char *)a + vals[k].off)))
+            return usage_error("%s needs a value", vals[k].name);
+        a->given |= vals[k].bit;
+        return 0;
+    }
+    if (strcmp(arg, "--json") == 0) {
+        a->json = 1;
+        a->given |= OPT_JSON;
+    } else if (strcmp(arg, "--stale") == 0) {
+        a->stale = 1;
+        a->given |= OPT_STALE;
+    } else if (is_part(arg)) {
+        if (a->part)
+            return usage_error("show takes one of --source, --ptx, --sass, --log, --params "
+                               "(got --%s and %s)", a->part, arg);
+        a->part = arg + 2;
+        a->given |= OPT_PART;
+    } else {
+        return usage_error("unknown option %s", arg);
+    }
+    return 0;
+}
+
+static int parse_args(args *a, int argc, char **argv)
+{
+    int positional_only = 0;
+    for (int i = 1; i < argc; i++) {
+        const char *arg = argv[i];
+        if (!positional_only && strcmp(arg, "--") == 0) {
+            positional_only = 1;
+        } else if (!positional_only && arg[0] == '-' && arg[1]) {
+            int rc = parse_option(a, argc, argv, &i);
+            if (rc)
+                return rc;
+        } else if (!a->cmd) {
+            a->cmd = arg;
+        } else if (!a->operand) {
+            a->operand = arg;
+        } else {
+            return usage_error("unexpected argument \"%s\"", arg);
+        }
+    }
+    return 0;
+}
+
+/* The name of the lowest option bit set in bits. */
+static const char *option_name(unsigned bits)
+{
+    static const char *const names[] = {"--op", "--arch", "--mask", "--json", "a part (--source ...)",
+                                        "--older-than", "--max-bytes", "--stale"};
+    for (int i = 0; i < 8; i++)
+        if (bits & (1u << i))
+            return names[i];
+    return "?";
+}
+
+/* Which options and operand each command takes. */
+static int check_command(const args *a)
+{
+    static const struct { const char *name; unsigned opts; int operand; } cmds[] = {
+        {"list", OPT_OP | OPT_ARCH | OPT_JSON, 0}, {"show", OPT_PART, 1},
+        {"tuning", OPT_OP | OPT_MASK | OPT_JSON, 0}, {"stats", OPT_JSON, 0},
+        {"check", OPT_JSON, 0}, {"prune", OPT_OLDER | OPT_MAX | OPT_STALE, 0},
+        {"export", 0, 1}, {"import", 0, 1}};
+    if (!a->cmd)
+        return usage_error("no command given");
+    for (size_t k = 0; k < sizeof cmds / sizeof cmds[0]; k++) {
+        if (strcmp(a->cmd, cmds[k].name) != 0)
+            continue;
+        if (a->given & ~cmds[k].opts)
+            return usage_error("\"%s\" does not take %s", a->cmd,
+                               option_name(a->given & ~cmds[k].opts));
+        if (cmds[k].operand && !a->operand)
+            return usage_error("\"%s\" needs its operand (a key or a file)", a->cmd);
+        if (!cmds[k].operand && a->operand)
+            return usage_error("unexpected argument \"%s\"", a->operand);
+        return 0;
+    }
+    return usage_error("unknown command \"%s\"", a->cmd);
+}
+
+/* ---- formatting ---- */
+
+static const char *human_bytes(long long n, char buf[32])
+{
+    static const char *const units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+    double v = (double)n;
+    int u = 0;
+    while (v >= 1024 && u < 4) {
+        v /= 1024;
+        u++;
+    }
+    if (u == 0)
+        snprintf(buf, 32, "%lld B", n);
+    else
+        snprintf(buf, 32, "%.1f %s", v, units[u]);
+    return buf;
+}
+
+static const char *when(long long t, char buf[32])
+{
+    time_t tt = (time_t)t;
+    struct tm tm;
+    if (t <= 0 || !localtime_r(&tt, &tm) || !strftime(buf, 32, "%Y-%m-%d %H:%M:%S", &tm))
+        snprintf(buf, 32, "-");
+    return buf;
+}
+
+static void begin_doc(json_out *o, const dump *d, const char *list_name)
+{
+    json_out_init(o, stdout, 1);
+    json_begin_object(o);
+    json_key(o, "cache");
+    json_string(o, cache_file(d->c));
+    json_key(o, "stof_version");
+    json_string(o, stof_version());
+    json_key(o, "nvrtc_version");
+    json_string(o, nvrtc_version_string());
+    if (list_name) {
+        json_key(o, list_name);
+        json_begin_array(o);
+    }
+}
+
+static int fail_lib(const dump *d, const char *what)
+{
+    fprintf(stderr, "stof-dump: %s: %s\n", what, stof_last_error(d->ctx));
+    return EXIT_USAGE;
+}
+
+/* ---- list ---- */
+
+typedef struct list_state {
+    json_out o;
+    int json;
+    long long n;
+} list_state;
+
+static void list_json_row(json_out *o, const cache_kernel *k)
+{
+    json_begin_object(o);
+    const char *txt[][2] = {{"key", k->key},         {"op", k->op},
+                            {"template", k->name},   {"entry", k->entry},
+                            {"arch", k->arch},       {"nvrtc_version", k->nvrtc_version},
+                            {"stof_version", k->stof_version}, {"options", k->options},
+                            {"params", k->params},   {"checksum", k->checksum}};
+    for (size_t i = 0; i < sizeof txt / sizeof txt[0]; i++) {
+        json_key(o, txt[i][0]);
+        json_string(o, txt[i][1]);
+    }
+    const struct { const char *k; long long v; } nums[] = {
+        {"cubin_bytes", (long long)k->cubin_size}, {"ptx_bytes", (long long)k->ptx_size},
+        {"created", k->created}, {"last_used", k->last_used}, {"hits", k->hits}};
+    for (size_t i = 0; i < sizeof nums / sizeof nums[0]; i++) {
+        json_key(o, nums[i].k);
+        json_int_out(o, nums[i].v);
+    }
+    json_key(o, "compile_ms");
+    json_double(o, k->compile_ms);
+    json_key(o, "current");
+    json_bool(o, cache_admin_current(k->nvrtc_version, k->stof_version));
+    json_end_object(o);
+}
+
+static int list_row(const cache_kernel *k, void *arg)
+{
+    list_state *s = arg;
+    char b1[32], b2[32], t[32];
+    s->n++;
+    if (s->json) {
+        list_json_row(&s->o, k);
+        return 0;
+    }
+    if (s->n == 1)
+        printf("%-12s  %-10s  %-8s  %-20s  %10s  %10s  %9s  %5s  %-19s  %s\n", "KEY", "OP", "ARCH",
+               "ENTRY", "CUBIN", "PTX", "COMPILE", "HITS", "LAST USED", "PARAMS");
+    printf("%-12.12s  %-10s  %-8s  %-20s  %10s  %10s  %6.0f ms  %5lld  %-19s  %s%s\n", k->key,
+           k->op, k->arch, k->entry, human_bytes((long long)k->cubin_size, b1),
+           human_bytes((long long)k->ptx_size, b2), k->compile_ms, k->hits, when(k->last_used, t),
+           k->params, cache_admin_current(k->nvrtc_version, k->stof_version) ? "" : "  [stale]");
+    return 0;
+}
+
+static int cmd_list(dump *d)
+{
+    list_state s = {.json = d->a->json};
+    if (s.json)
+        begin_doc(&s.o, d, "kernels");
+    if (cache_list_kernels(d->ctx, d->c, d->a->op, d->a->arch, list_row, &s) != STOF_OK)
+        return fail_lib(d, "listing");
+    if (s.json) {
+        json_end_array(&s.o);
+        json_end_object(&s.o);
+        json_out_end(&s.o);
+    } else {
+        printf("%s%lld kernel%s", s.n ? "\n" : "", s.n, s.n == 1 ? "" : "s");
+        if (d->a->op || d->a->arch)
+            printf(" (op %s, arch %s)", d->a->op ? d->a->op : "any", d->a->arch ? d->a->arch : "any");
+        printf("\n");
+    }
+    return 0;
+}
+
+/* ---- show ---- */
+
+typedef struct naming {
+    const char *key;
+    int n;
+} naming;
+
+static int print_if_names(const cache_tuning *t, const char *ver, void *arg)
+{
+    naming *nm = arg;
+    char keys[32][65];
+    int n = cache_admin_record_kernels(t->record, keys, 32);
+    (void)ver;
+    for (int i = 0; i < n && i < 32; i++) {
+        if (strcmp(keys[i], nm->key) != 0)
+            continue;
+        printf("%-13s %s %s %s %s (mask %.12s)\n", nm->n++ ? "" : "tuning", t->op, t->shape,
+               t->dtype, t->arch, t->mask_hash);
+        break;
+    }
+    return 0;
+}
+
+static void show_summary(dump *d, const cache_kernel *k)
+{
+    char sum[65], b[32];
+    cache_checksum(k->cubin, k->cubin_size, k->ptx, k->ptx_size, sum);
+    int sound = k->cubin_size > 0 && strcmp(sum, k->checksum) == 0;
+    int current = cache_admin_current(k->nvrtc_version, k->stof_version);
+    printf("%-13s %s\n%-13s %s\n%-13s %s\n%-13s %s\n%-13s %s\n", "key", k->key, "op", k->op,
+           "template", k->name, "entry", k->entry, "arch", k->arch);
+    printf("%-13s stof %s, NVRTC %s%s\n", "compiled by", k->stof_version, k->nvrtc_version,
+           current ? "" : "  (STALE: not this stof or NVRTC; it will be recompiled)");
+    printf("%-13s %s\n", "options", k->options);
+    printf("%-13s %s\n", "params", k->params);
+    printf("%-13s %zu bytes\n%-13s %zu bytes\n%-13s %zu bytes\n%-13s %zu bytes\n", "cubin",
+           k->cubin_size, "ptx", k->ptx_size, "source", strlen(k->source), "log", strlen(k->log));
+    printf("%-13s %s\n", "checksum",
+           sound ? "ok" : "DAMAGED: the binary or PTX does not match its checksum");
+    printf("%-13s %.1f ms\n", "compile", k->compile_ms);
+    printf("%-13s %s\n", "created", when(k->created, b));
+    printf("%-13s %s\n", "last used", when(k->last_used, b));
+    printf("%-13s %lld\n", "hits", k->hits);
+    naming nm = {k->key, 0};
+    cache_admin_list_tuning(d->ctx, d->c, NULL, print_if_names, &nm);
+}
+
+static int find_tool(char *out, size_t n, const char **name)
+{
+    static const char *const tools[] = {"cuobjdump", "nvdisasm"};
+    const char *path = getenv("PATH"), *cuda = getenv("CUDA_HOME");
+    char dirs[8192];
+    snprintf(dirs, sizeof dirs, "%s:%s%s/usr/local/cuda/bin", path ? path : "",
+             cuda && *cuda ? cuda : "", cuda && *cuda ? "/bin:" : "");
+    for (char *save = NULL, *dir = strtok_r(dirs, ":", &save); dir;
+         dir = strtok_r(NULL, ":", &save)) {
+        for (int t = 0; t < 2; t++) {
+            snprintf(out, n, "%s/%s", dir, tools[t]);
+            if (access(out, X_OK) == 0) {
+                *name = tools[t];
+                return 1;
+            }
+        }
+    }
+    return 0;
+}
+
+static int run_tool(const char *tool, const char *name, const char *file)
+{
+    fflush(stdout);
+    pid_t pid = fork();
+    if (pid == 0) {
+        if (strcmp(name, "cuobjdump") == 0)
+            execl(tool, name, "-sass", file, (char *)NULL);
+        else
+            execl(tool, name, file, (char *)NULL);
+        fprintf(stderr, "stof-dump: cannot run %s: %s\n", tool, strerror(errno));
+        _exit(127);
+    }
+    int st = 0;
+    if (pid < 0 || waitpid(pid, &st, 0) < 0)
+        return EXIT_FINDING;
+    return WIFEXITED(st) && WEXITSTATUS(st) == 0 ? 0 : EXIT_FINDING;
+}
+
+static int show_sass(const cache_kernel *k)
+{
+    char tool[4096];
+    const char *name;
+    if (!find_tool(tool, sizeof tool, &name)) {
+        fprintf(stderr, "stof-dump: no SASS: neither cuobjdump nor nvdisasm was found on PATH,"
+                        " in $CUDA_HOME/bin or in /usr/local/cuda/bin (install the CUDA "
+                        "toolkit's binary utilities; --ptx shows the PTX)\n");
+        return EXIT_FINDING;
+    }
+    const char *tmp = getenv("TMPDIR");
+    char file[4096];
+    snprintf(file, sizeof file, "%s/stof-dump-XXXXXX.cubin", tmp && *tmp ? tmp : "/tmp");
+    int fd = mkstemps(file, 6);
+    if (fd < 0) {
+        fprintf(stderr, "stof-dump: cannot make a temporary file: %s\n", strerror(errno));
+        return EXIT_FINDING;
+    }
+    int ok = write(fd, k->cubin, k->cubin_size) == (ssize_t)k->cubin_size;
+    close(fd);
+    int rc = ok ? run_tool(tool, name, file) : EXIT_FINDING;
+    if (!ok)
+        fprintf(stderr, "stof-dump: cannot write %s\n", file);
+    unlink(file);
+    return rc;
+}
+
+static int show_part(const cache_kernel *k, const char *part)
+{
+    if (strcmp(part, "source") == 0) {
+        fputs(k->source, stdout);
+    } else if (strcmp(part, "ptx") == 0) {
+        fwrite(k->ptx, 1, k->ptx_size, stdout);
+    } else if (strcmp(part, "log") == 0) {
+        fputs(k->log, stdout);
+        if (!k->log[0])
+            fprintf(stderr, "stof-dump: the compile log of %.12s is empty\n", k->key);
+    } else if (strcmp(part, "params") == 0) {
+        for (const char *p = k->params; *p;) {
+            size_t n = strcspn(p, ";");
+            printf("%.*s\n", (int)n, p);
+            p += n + (p[n] == ';');
+        }
+    } else {
+        return show_sass(k);
+    }
+    return 0;
+}
+
+static int cmd_show(dump *d)
+{
+    char key[65];
+    if (cache_resolve_key(d->ctx, d->c, d->a->operand, key) != STOF_OK)
+        return fail_lib(d, "show");
+    cache_kernel k;
+    int found = 0;
+    if (cache_admin_read_kernel(d->ctx, d->c, key, &k, &found) != STOF_OK)
+        return fail_lib(d, "show");
+    if (!found) {
+        fprintf(stderr, "stof-dump: kernel %s vanished while reading it\n", key);
+        return EXIT_FINDING;
+    }
+    int rc = 0;
+    if (d->a->part)
+        rc = show_part(&k, d->a->part);
+    else
+        show_summary(d, &k);
+    cache_kernel_free(&k);
+    return rc;
+}
+
+/* ---- tuning ---- */
+
+typedef struct tuning_state {
+    dump *d;
+    json_out o;
+    int json;
+    long long n;
+    int mask_parsed;        /* the --mask spec parsed for some row */
+    char mask_err[1024];
+} tuning_state;
+
+/* lq and lk from a shape such as "b=8,h=12,lq=2048,lk=2048,d=64" (l= sets both). */
+static int shape_lengths(const char *shape, int *lq, int *lk)
+{
+    *lq = *lk = 0;
+    for (const char *p = shape; *p;) {
+        size_t n = strcspn(p, ",");
+        int v;
+        if (sscanf(p, "lq=%d", &v) == 1)
+            *lq = v;
+        else if (sscanf(p, "lk=%d", &v) == 1)
+            *lk = v;
+        else if (sscanf(p, "l=%d", &v) == 1)
+            *lq = *lk = v;
+        p += n + (p[n] == ',');
+    }
+    return *lq > 0 && *lk > 0;
+}
+
+/* Does the row's mask hash equal that of the --mask spec at its lengths? */
+static int mask_matches(tuning_state *s, const cache_tuning *t)
+{
+    int lq, lk;
+    if (!shape_lengths(t->shape, &lq, &lk))
+        return 0;
+    stof_mask *m = NULL;
+    if (stof_mask_parse(s->d->ctx, s->d->a->mask, lq, lk, &m) != STOF_OK) {
+        snprintf(s->mask_err, sizeof s->mask_err, "%s", stof_last_error(s->d->ctx));
+        return 0;
+    }
+    s->mask_parsed = 1;
+    char hex[65] = "";
+    stof_mask_hash(m, hex);
+    stof_mask_free(m);
+    return strcmp(hex, t->mask_hash) == 0;
+}
+
+static double num(const json_value *obj, const char *key)
+{
+    const json_value *v = json_get(obj, key);
+    return v && v->type == JSON_NUMBER ? v->number : NAN;
+}
+
+static const char *str(const json_value *obj, const char *key)
+{
+    const json_value *v = json_get(obj, key);
+    return v && v->type == JSON_STRING ? v->str : NULL;
+}
+
+/* The model's estimate for a candidate: "predicted_ms" (or "model_ms"). */
+static double predicted(const json_value *c)
+{
+    double p = num(c, "predicted_ms");
+    return isnan(p) ? num(c, "model_ms") : p;
+}
+
+/* Members that are results, not what tells candidates apart. */
+static int is_result(const char *key)
+{
+    static const char *const keys[] = {"kind", "name", "ms", "predicted_ms", "model_ms", "verdict",
+                                       "error", "kernel", "kernels", "params", NULL};
+    for (const char *const *k = keys; *k; k++)
+        if (strcmp(*k, key) == 0)
+            return 1;
+    return 0;
+}
+
+static size_t add_setting(char *out, size_t n, size_t at, int first, const char *k,
+                          const json_value *v)
+{
+    if (at >= n)
+        return at;
+    if (v->type == JSON_NUMBER)
+        return at + (size_t)snprintf(out + at, n - at, "%s%s=%g", first ? " " : ",", k, v->number);
+    if (v->type == JSON_STRING)
+        return at + (size_t)snprintf(out + at, n - at, "%s%s=%s", first ? " " : ",", k, v->str);
+    return at;
+}
+
+/* "block bm=64,bn=64": the kind (or name), then its settings, from
+ * "params" when the candidate has them, else its other scalar members. */
+static void describe(const json_value *c, char *out, size_t n)
+{
+    const char *kind = str(c, "kind") ? str(c, "kind") : str(c, "name");
+    const json_value *p = json_get(c, "params");
+    size_t at = (size_t)snprintf(out, n, "%s", kind ? kind : "?");
+    int first = 1;
+    if (p && p->type == JSON_STRING && at < n)
+        at += (size_t)snprintf(out + at, n - at, " %s", p->str);
+    const json_value *from = p && p->type == JSON_OBJECT ? p : c;
+    for (size_t i = 0; from && from->type == JSON_OBJECT && i < from->n; i++) {
+        if (from == c && is_result(c->keys[i]))
+            continue;
+        size_t before = at;
+        at = add_setting(out, n, at, first, from->keys[i], from->items[i]);
+        first = first && at == before;
+    }
+}
+
+static void model_error(const json_value *c, char *out, size_t n)
+{
+    double ms = num(c, "ms"), model = predicted(c);
+    if (isnan(model))
+        snprintf(out, n, "%s", "");
+    else if (!(ms > 0))
+        snprintf(out, n, "model %.3f ms", model);
+    else
+        snprintf(out, n, "model %.3f ms (%+.1f%%)", model, 100.0 * (model - ms) / ms);
+}
+
+static int same_candidate(const json_value *a, const json_value *b)
+{
+    char x[512], y[512];
+    const char *ka = str(a, "kernel"), *kb = str(b, "kernel");
+    if (ka && kb)
+        return strcmp(ka, kb) == 0;
+    describe(a, x, sizeof x);
+    describe(b, y, sizeof y);
+    return strcmp(x, y) == 0;
+}
+
+static int by_ms(const void *pa, const void *pb)
+{
+    double a = num(*(const json_value *const *)pa, "ms"), b = num(*(const json_value *const *)pb, "ms");
+    if (isnan(a) || isnan(b))
+        return isnan(a) - isnan(b);
+    return (a > b) - (a < b);
+}
+
+/* Where the winner stood in the model's ranking (1 = the model's first). */
+static int model_rank(const json_value *winner, const json_value *tried)
+{
+    double w = predicted(winner);
+    int rank = 1;
+    if (isnan(w))
+        return 0;
+    for (size_t i = 0; tried && i < tried->n; i++)
+        if (!same_candidate(tried->items[i], winner) && predicted(tried->items[i]) < w)
+            rank++;
+    return rank;
+}
+
+/* A candidate that was timed and passed: one the winner beat. */
+static int beaten(const json_value *c)
+{
+    const char *v = str(c, "verdict");
+    return !str(c, "error") && (!v || strcmp(v, "ok") == 0) && num(c, "ms") >= 0;
+}
+
+/* A candidate that failed or whose output disagreed: its time if it has one. */
+static void print_failed(const char *desc, double ms, const char *why, const char *err)
+{
+    int mismatch = strcmp(why, "mismatch") == 0;
+    char t[32] = "";
+    if (ms >= 0)
+        snprintf(t, sizeof t, "%8.3f ms  ", ms);
+    printf("  %-9s %-36s %s%s  %s\n", mismatch ? "mismatch" : "failed", desc, t,
+           mismatch ? "output differs from the first candidate's" : why, err);
+}
+
+static void print_candidate(const json_value *c, double best)
+{
+    char desc[512], err[128];
+    describe(c, desc, sizeof desc);
+    model_error(c, err, sizeof err);
+    double ms = num(c, "ms");
+    const char *why = str(c, "error") ? str(c, "error") : str(c, "verdict");
+    if (beaten(c))
+        printf("  %-9s %-36s %8.3f ms  %5.2fx  %s\n", "beat", desc, ms, best > 0 ? ms / best : NAN,
+               err);
+    else if (why)
+        print_failed(desc, ms, why, err);
+    else
+        printf("  %-9s %-36s %-22s  %s\n", "untimed", desc, "(ranked, not timed)", err);
+}
+
+/* What the winner beat, fastest first; then the candidates that failed or
+ * were never timed. Returns how many were timed. */
+static int print_beaten(const json_value *winner, const json_value *tried)
+{
+    const json_value **v = calloc(tried->n ? tried->n : 1, sizeof *v);
+    size_t n = 0;
+    int timed = 0;
+    if (!v)
+        return 0;
+    for (size_t i = 0; i < tried->n; i++) {
+        const json_value *c = tried->items[i];
+        timed += c->type == JSON_OBJECT && num(c, "ms") >= 0;
+        if (c->type == JSON_OBJECT && !same_candidate(c, winner))
+            v[n++] = c;
+    }
+    qsort(v, n, sizeof *v, by_ms);
+    for (int pass = 0; pass < 2; pass++)
+        for (size_t i = 0; i < n; i++)
+            if (beaten(v[i]) == !pass)
+                print_candidate(v[i], num(winner, "ms"));
+    free(v);
+    return timed;
+}
+
+static void print_record(const json_value *r)
+{
+    const json_value *w = json_get(r, "winner"), *tried = json_get(r, "tried");
+    char desc[512], err[128];
+    describe(w, desc, sizeof desc);
+    model_error(w, err, sizeof err);
+    const char *kernel = str(w, "kernel");
+    printf("  %-9s %-36s %8.3f ms  %5s  %s%s%.12s\n", "winner", desc, num(w, "ms"), "", err,
+           kernel ? "  kernel " : "", kernel ? kernel : "");
+    int is_list = tried && tried->type == JSON_ARRAY;
+    int timed = is_list ? print_beaten(w, tried) : 0;
+    int rank = model_rank(w, is_list ? tried : NULL);
+    const char *tune = str(r, "how") ? str(r, "how") : str(r, "tune");
+    double secs = num(r, "seconds"), merr = num(r, "model_error");
+    printf("  searched %zu candidate%s, %d timed", is_list ? tried->n : 0,
+           is_list && tried->n == 1 ? "" : "s", timed);
+    if (!isnan(secs))
+        printf(", in %.1f s", secs);
+    if (tune)
+        printf(" (tune %s)", tune);
+    if (!isnan(merr))
+        printf("; model error on the winner %+.1f%%", 100.0 * merr);
+    if (rank > 0)
+        printf("; the model ranked it #%d", rank);
+    printf("\n");
+}
+
+static void tuning_text(const cache_tuning *t, const char *ver)
+{
+    char b[32];
+    printf("%s  %s  %s  %s  mask %.12s  stof %s  %s%s\n", t->op, t->shape, t->dtype, t->arch,
+           t->mask_hash, ver, when(t->created, b),
+           strcmp(ver, stof_version()) ? "  [stale]" : "");
+    json_value *r = json_parse(t->record, strlen(t->record), NULL);
+    if (r && json_get(r, "winner") && json_get(r, "winner")->type == JSON_OBJECT) {
+        print_record(r);
+    } else if (r) {
+        json_out o;
+        json_out_init(&o, stdout, 1);
+        json_value_out(&o, r);
+        json_out_end(&o);
+    } else {
+        printf("  (the record is not JSON) %s\n", t->record);
+    }
+    json_free(r);
+    printf("\n");
+}
+
+static void tuning_json(json_out *o, const cache_tuning *t, const char *ver)
+{
+    json_begin_object(o);
+    const char *txt[][2] = {{"op", t->op},       {"mask_hash", t->mask_hash}, {"shape", t->shape},
+                            {"dtype", t->dtype}, {"arch", t->arch},           {"stof_version", ver}};
+    for (size_t i = 0; i < sizeof txt / sizeof txt[0]; i++) {
+        json_key(o, txt[i][0]);
+        json_string(o, txt[i][1]);
+    }
+    json_key(o, "created");
+    json_int_out(o, t->created);
+    json_value *r = json_parse(t->record, strlen(t->record), NULL);
+    json_key(o, "record");
+    if (r)
+        json_value_out(o, r);
+    else
+        json_string(o, t->record);
+    json_key(o, "record_is_json");
+    json_bool(o, r != NULL);
+    json_free(r);
+    json_end_object(o);
+}
+
+/* The pre-pass: does the --mask spec parse for this row's lengths? */
+static int try_mask(const cache_tuning *t, const char *ver, void *arg)
+{
+    (void)ver;
+    mask_matches(arg, t);
+    return ((tuning_state *)arg)->mask_parsed;
+}
+
+static int tuning_row(const cache_tuning *t, const char *ver, void *arg)
+{
+    tuning_state *s = arg;
+    if (s->d->a->mask && !mask_matches(s, t))
+        return 0;
+    s->n++;
+    if (s->json)
+        tuning_json(&s->o, t, ver);
+    else
+        tuning_text(t, ver);
+    return 0;
+}
+
+/* A spec that parses for no row may still be sound; try it on a square. */
+static int mask_spec_ok(tuning_state *s)
+{
+    stof_mask *m = NULL;
+    if (s->mask_parsed || !s->d->a->mask)
+        return 1;
+    if (!s->mask_err[0] && stof_mask_parse(s->d->ctx, s->d->a->mask, 4096, 4096, &m) == STOF_OK) {
+        stof_mask_free(m);
+        return 1;
+    }
+    fprintf(stderr, "stof-dump: bad --mask \"%s\": %s\n", s->d->a->mask,
+            s->mask_err[0] ? s->mask_err : stof_last_error(s->d->ctx));
+    return 0;
+}
+
+static int cmd_tuning(dump *d)
+{
+    tuning_state s = {.d = d, .json = d->a->json};
+    /* A bad spec is refused before anything is printed. */
+    if (d->a->mask && cache_admin_list_tuning(d->ctx, d->c, NULL, try_mask, &s) != STOF_OK)
+        return fail_lib(d, "tuning");
+    if (!mask_spec_ok(&s))
+        return EXIT_USAGE;
+    if (s.json)
+        begin_doc(&s.o, d, "tuning");
+    if (cache_admin_list_tuning(d->ctx, d->c, d->a->op, tuning_row, &s) != STOF_OK)
+        return fail_lib(d, "tuning");
+    if (s.json) {
+        json_end_array(&s.o);
+        json_end_object(&s.o);
+        json_out_end(&s.o);
+    } else
+        printf("%lld tuning record%s\n", s.n, s.n == 1 ? "" : "s");
+    return 0;
+}
+
+/* ---- stats ---- */
+
+static void group_json(json_out *o, const cache_group_stats *g)
+{
+    json_begin_object(o);
+    if (g->op[0]) {
+        json_key(o, "op");
+        json_string(o, g->op);
+        json_key(o, "arch");
+        json_string(o, g->arch);
+    }
+    const struct { const char *k; long long v; } nums[] = {
+        {"kernels", g->kernels},       {"cubin_bytes", g->cubin_bytes}, {"ptx_bytes", g->ptx_bytes},
+        {"source_bytes", g->source_bytes}, {"hits", g->hits},          {"used", g->used}};
+    for (size_t i = 0; i < sizeof nums / sizeof nums[0]; i++) {
+        json_key(o, nums[i].k);
+        json_int_out(o, nums[i].v);
+    }
+    json_key(o, "hit_rate");
+    json_double(o, cache_admin_hit_rate(g));
+    json_key(o, "compile_ms");
+    json_double(o, g->compile_ms);
+    json_key(o, "saved_ms");
+    json_double(o, g->saved_ms);
+    json_end_object(o);
+}
+
+static void group_text(const cache_group_stats *g, const char *op, const char *arch)
+{
+    char b1[32], b2[32], b3[32];
+    printf("%-12s  %-8s  %7lld  %10s  %10s  %10s  %6lld  %5lld  %7.1f%%  %8.2f s  %8.2f s\n", op,
+           arch, g->kernels, human_bytes(g->cubin_bytes, b1), human_bytes(g->ptx_bytes, b2),
+           human_bytes(g->source_bytes, b3), g->hits, g->used, 100.0 * cache_admin_hit_rate(g),
+           g->compile_ms / 1000.0, g->saved_ms / 1000.0);
+}
+
+static int cmd_stats(dump *d)
+{
+    cache_stats s;
+    if (cache_admin_stats(d->ctx, d->c, &s) != STOF_OK)
+        return fail_lib(d, "stats");
+    if (d->a->json) {
+        json_out o;
+        begin_doc(&o, d, NULL);
+        const struct { const char *k; long long v; } nums[] = {
+            {"schema", s.schema}, {"file_bytes", s.file_bytes}, {"wal_bytes", s.wal_bytes},
+            {"kernels", s.total.kernels}, {"tuning", s.tuning}};
+        for (size_t i = 0; i < sizeof nums / sizeof nums[0]; i++) {
+            json_key(&o, nums[i].k);
+            json_int_out(&o, nums[i].v);
+        }
+        json_key(&o, "groups");
+        json_begin_array(&o);
+        for (int i = 0; i < s.n_groups; i++)
+            group_json(&o, &s.groups[i]);
+        json_end_array(&o);
+        json_key(&o, "total");
+        group_json(&o, &s.total);
+        json_end_object(&o);
+        json_out_end(&o);
+    } else {
+        char b1[32], b2[32];
+        printf("cache     %s (schema %d; %s file, %s WAL)\n", cache_file(d->c), s.schema,
+               human_bytes(s.file_bytes, b1), human_bytes(s.wal_bytes, b2));
+        printf("versions  stof %s, NVRTC %s\n\n", stof_version(), nvrtc_version_string());
+        printf("%-12s  %-8s  %7s  %10s  %10s  %10s  %6s  %5s  %8s  %10s  %10s\n", "OP", "ARCH",
+               "KERNELS", "BINARIES", "PTX", "SOURCES", "HITS", "USED", "HIT RATE", "COMPILE",
+               "SAVED");
+        for (int i = 0; i < s.n_groups; i++)
+            group_text(&s.groups[i], s.groups[i].op, s.groups[i].arch);
+        group_text(&s.total, "total", "");
+        printf("\ntuning records: %lld\n", s.tuning);
+        printf("hit rate = hits / (hits + kernels): lookups that found their kernel here instead\n"
+               "of compiling it; saved = NVRTC time those hits did not spend\n");
+    }
+    cache_stats_free(&s);
+    return 0;
+}
+
+/* ---- check ---- */
+
+static int check_failed(const cache_check *k)
+{
+    return strcmp(k->integrity, "ok") != 0 || k->damaged > 0 || k->bad_records > 0;
+}
+
+static void check_json(dump *d, const cache_check *k)
+{
+    json_out o;
+    begin_doc(&o, d, NULL);
+    json_key(&o, "ok");
+    json_bool(&o, !check_failed(k));
+    json_key(&o, "integrity");
+    json_string(&o, k->integrity);
+    const struct { const char *k; long long v; } nums[] = {
+        {"kernels", k->kernels},       {"tuning", k->tuning},           {"damaged", k->damaged},
+        {"stale_kernels", k->stale_kernels}, {"stale_tuning", k->stale_tuning},
+        {"orphans", k->orphans},       {"bad_records", k->bad_records}};
+    for (size_t i = 0; i < sizeof nums / sizeof nums[0]; i++) {
+        json_key(&o, nums[i].k);
+        json_int_out(&o, nums[i].v);
+    }
+    json_key(&o, "problems");
+    json_begin_array(&o);
+    for (int i = 0; i < k->n_problems; i++) {
+        json_begin_object(&o);
+        json_key(&o, "kind");
+        json_string(&o, cache_problem_name(k->problems[i].kind));
+        json_key(&o, "key");
+        json_string(&o, k->problems[i].key);
+        json_key(&o, "what");
+        json_string(&o, k->problems[i].what);
+        json_end_object(&o);
+    }
+    json_end_array(&o);
+    json_end_object(&o);
+    json_out_end(&o);
+}
+
+static void check_text(dump *d, const cache_check *k)
+{
+    printf("cache      %s\n", cache_file(d->c));
+    printf("versions   stof %s, NVRTC %s\n", stof_version(), nvrtc_version_string());
+    printf("integrity  %s\n", k->integrity);
+    printf("kernels    %lld (%lld damaged, %lld stale)\n", k->kernels, k->damaged, k->stale_kernels);
+    printf("tuning     %lld (%lld stale, %lld orphaned, %lld unreadable)\n", k->tuning,
+           k->stale_tuning, k->orphans, k->bad_records);
+    for (int i = 0; i < k->n_problems; i++)
+        printf("%-10s %-12.12s %s\n", cache_problem_name(k->problems[i].kind),
+               k->problems[i].key[0] ? k->problems[i].key : "-", k->problems[i].what);
+    if (check_failed(k))
+        printf("result     DAMAGED: damaged rows are never used (they are recompiled); "
+               "`stof-dump prune --stale` removes them\n");
+    else if (k->stale_kernels + k->stale_tuning + k->orphans > 0)
+        printf("result     ok (stale rows are ignored and `prune --stale` removes them; an "
+               "orphaned tuning row's kernel is recompiled when needed)\n");
+    else
+        printf("result     ok\n");
+}
+
+static int cmd_check(dump *d)
+{
+    cache_check k;
+    if (cache_admin_check(d->ctx, d->c, &k) != STOF_OK)
+        return fail_lib(d, "check");
+    if (d->a->json)
+        check_json(d, &k);
+    else
+        check_text(d, &k);
+    int rc = check_failed(&k) ? EXIT_FINDING : 0;
+    cache_check_free(&k);
+    return rc;
+}
+
+/* ---- prune, export, import ---- */
+
+static int parse_size(const char *s, long long *out)
+{
+    char *end;
+    errno = 0;
+    double v = strtod(s, &end);
+    double mult = 1;
+    if (*end && !end[1] && strchr("kKmMgG", *end))
+        mult = tolower((unsigned char)*end) == 'k' ? 1024.0
+             : tolower((unsigned char)*end) == 'm' ? 1048576.0 : 1073741824.0;
+    else if (*end)
+        return 0;
+    if (errno || end == s || !(v * mult >= 1) || v * mult > 9e18)
+        return 0;
+    *out = (long long)(v * mult);
+    return 1;
+}
+
+static int cmd_prune(dump *d)
+{
+    cache_prune_opts o = {0};
+    const args *a = d->a;
+    if (!a->older_than && !a->max_bytes && !a->stale)
+        return usage_error("prune needs --older-than DAYS, --max-bytes N or --stale");
+    if (a->older_than) {
+        char *end;
+        o.older_than_days = strtod(a->older_than, &end);
+        if (*end || end == a->older_than || !(o.older_than_days > 0) || o.older_than_days > 1e6)
+            return usage_error("--older-than wants a positive number of days, not \"%s\"",
+                               a->older_than);
+    }
+    if (a->max_bytes && !parse_size(a->max_bytes, &o.max_bytes))
+        return usage_error("--max-bytes wants a size such as 500M (at least 1 byte), not \"%s\"",
+                           a->max_bytes);
+    o.stale = a->stale;
+    cache_prune_result r;
+    if (cache_admin_prune(d->ctx, d->c, &o, &r) != STOF_OK)
+        return fail_lib(d, "prune");
+    char b[32];
+    if (r.kernels + r.tuning == 0)
+        printf("nothing to prune\n");
+    else
+        printf("pruned %lld kernel%s (%s) and %lld tuning record%s%s\n", r.kernels,
+               r.kernels == 1 ? "" : "s", human_bytes(r.bytes, b), r.tuning,
+               r.tuning == 1 ? "" : "s", r.compacted ? "; the file was compacted" : "");
+    return 0;
+}
+
+static int cmd_export(dump *d)
+{
+    cache_stats s;
+    if (cache_admin_export(d->ctx, d->c, d->a->operand) != STOF_OK)
+        return fail_lib(d, "export");
+    if (cache_admin_stats(d->ctx, d->c, &s) == STOF_OK) {
+        char b[32];
+        struct stat st;
+        long long size = stat(d->a->operand, &st) == 0 ? (long long)st.st_size : 0;
+        printf("exported %lld kernel%s and %lld tuning record%s to %s (%s)\n", s.total.kernels,
+               s.total.kernels == 1 ? "" : "s", s.tuning, s.tuning == 1 ? "" : "s", d->a->operand,
+               human_bytes(size, b));
+        cache_stats_free(&s);
+    }
+    return 0;
+}
+
+static int cmd_import(dump *d)
+{
+    cache_import_result r;
+    if (cache_admin_import(d->ctx, d->c, d->a->operand, &r) != STOF_OK)
+        return fail_lib(d, "import");
+    printf("imported from %s into %s\n", d->a->operand, cache_file(d->c));
+    printf("kernels  %lld added, %lld already here, %lld damaged (skipped), %lld stale (skipped)\n",
+           r.kernels_added, r.kernels_present, r.kernels_damaged, r.kernels_stale);
+    printf("tuning   %lld added, %lld kept (as new or newer here), %lld stale (skipped)\n",
+           r.tuning_added, r.tuning_kept, r.tuning_stale);
+    return 0;
+}
+
+/* ---- opening ---- */
+
+/* "sm_" then two or three digits and at most one letter ("sm_90a"). */
+static int arch_like(const char *a)
+{
+    if (strncmp(a, "sm_", 3) != 0)
+        return 0;
+    size_t d = strspn(a + 3, "0123456789"), rest = strlen(a + 3 + d);
+    return d >= 2 && d <= 3 && (rest == 0 || (rest == 1 && islower((unsigned char)a[3 + d])));
+}
+
+static int known_filters(dump *d)
+{
+    static const char *const ops[] = {"layernorm", "mha", "layer", NULL};
+    const char *op = d->a->op, *arch = d->a->arch;
+    int ok = !op;
+    for (const char *const *p = ops; op && *p && !ok; p++)
+        ok = strcmp(*p, op) == 0;
+    if (!ok && !cache_admin_has_op(d->c, op))
+        return usage_error("unknown op \"%s\" (known: layernorm, mha, layer)", op);
+    if (arch && !arch_like(arch))
+        return usage_error("unknown arch \"%s\" (expected sm_NN, e.g. sm_90a)", arch);
+    return 0;
+}
+
+/* Resolves the path and refuses what is not (yet) a stof cache. */
+static int cache_path(const args *a, char *path, size_t n)
+{
+    char why[1400];
+    if (a->cache)
+        snprintf(path, n, "%s", a->cache);
+    else if (!cache_admin_default_path(path, n))
+        return usage_error("no cache: STOF_CACHE is off and there is no home folder; pass "
+                           "--cache PATH");
+    if (strcmp(a->cmd, "import") == 0) {
+        cache_probe_result p = cache_admin_probe(a->operand, why, sizeof why);
+        if (p != CACHE_PROBE_OK) {
+            fprintf(stderr, "stof-dump: cannot import: %s\n", why);
+            return EXIT_USAGE;
+        }
+    }
+    cache_probe_result p = cache_admin_probe(path, why, sizeof why);
+    if (p == CACHE_PROBE_BAD || (p == CACHE_PROBE_ABSENT && strcmp(a->cmd, "import") != 0)) {
+        fprintf(stderr, "stof-dump: %s%s\n", why,
+                p == CACHE_PROBE_ABSENT ? " (no stof cache there; nothing was created)" : "");
+        return EXIT_USAGE;
+    }
+    return 0;
+}
+
+static int run(dump *d)
+{
+    static const struct { const char *name; int (*fn)(dump *); } cmds[] = {
+        {"list", cmd_list},   {"show", cmd_show},     {"tuning", cmd_tuning},
+        {"stats", cmd_stats}, {"check", cmd_check},   {"prune", cmd_prune},
+        {"export", cmd_export}, {"import", cmd_import}};
+    int rc = known_filters(d);
+    for (size_t i = 0; !rc && i < sizeof cmds / sizeof cmds[0]; i++)
+        if (strcmp(d->a->cmd, cmds[i].name) == 0)
+            return cmds[i].fn(d);
+    return rc;
+}
+
+int main(int argc, char **argv)
+{
+    args a = {0};
+    for (int i = 1; i < argc; i++) {
+        if (strcmp(argv[i], "-h") == 0 || strcmp(argv[i], "--help") == 0) {
+            fputs(USAGE, stdout);
+            return 0;
+        }
+    }
+    int rc = parse_args(&a, argc, argv);
+    if (!rc)
+        rc = check_command(&a);
+    char path[4096];
+    if (!rc)
+        rc = cache_path(&a, path, sizeof path);
+    if (rc)
+        return rc;
+    stof_options opt = {.no_cache = 1};
+    dump d = {.a = &a};
+    if (stof_open(&d.ctx, &opt) != STOF_OK) {
+        fprintf(stderr, "stof-dump: %s\n", stof_last_error(NULL));
+        return EXIT_USAGE;
+    }
+    if (cache_open(d.ctx, path, 0, &d.c) != STOF_OK) {
+        fprintf(stderr, "stof-dump: %s\n", stof_last_error(d.ctx));
+        stof_close(d.ctx);
+        return EXIT_USAGE;
+    }
+    rc = run(&d);
+    fflush(stdout);
+    cache_close(d.c);
+    stof_close(d.ctx);
+    return rc;
+}

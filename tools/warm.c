@@ -1,0 +1,846 @@
+/*
+ * stof-warm — fills the kernel cache ahead of production, so that it never
+ * waits for NVRTC or for tuning. It reads workload files (and --mha / --ln
+ * one-liners), then plans every case on the GPU(s), or, with no GPU,
+ * compiles the model's first choices for a named architecture.
+ *
+ * Processes: the parent never touches CUDA (a forked child could not use
+ * it afterwards). A probe child opens the library once to check the arch,
+ * the devices, the cache and every mask; then one worker per job or device
+ * takes the cases i with i % workers == its number and reports each over a
+ * pipe. The cache is shared safely (WAL, one transaction per write), so
+ * finished work survives an interrupt and a second run resumes.
+ *
+ * Exit status: 0 all done, 1 some cases failed, 2 bad arguments, workload
+ * or cache, 130 interrupted.
+ */
+#include <errno.h>
+#include <math.h>
+#include <poll.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/ioctl.h>
+#include <sys/prctl.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "cache_admin.h"
+#include "stof.h"
+#include "workload.h"
+
+#define EXIT_FAILED 1
+#define EXIT_USAGE 2
+#define EXIT_INTERRUPTED 130
+#define MAX_DEVICES 64
+#define MAX_WORKERS 256
+#define MSG_MAX 3800          /* one report stays below PIPE_BUF: writes are atomic */
+
+static const char USAGE[] =
+    "usage: stof-warm [--cache PATH] [--arch sm_90a] [--compile-only] [--tune off|fast|full]\n"
+    "                 [--devices 0,1,...] [--jobs N] [--quiet]\n"
+    "                 [--mha \"b=8,h=12,l=2048,d=64,fp16,window:256\"]...\n"
+    "                 [--ln \"rows=16384,hidden=768,fp16\"]... [WORKLOAD.json]...\n"
+    "Plans every case on the GPU so that production finds it in the cache; with no GPU,\n"
+    "--arch (with --compile-only) compiles the model's first choices for that GPU.\n"
+    "--devices: one worker per GPU; --jobs: N worker processes. Ctrl-C finishes the\n"
+    "current cases (twice: abandons them); run again to resume.\n"
+    "Exit status: 0 all done, 1 some cases failed, 2 bad input, 130 interrupted.\n";
+
+typedef struct options {
+    const char *cache, *arch;
+    int compile_only, quiet, jobs;
+    stof_tune tune;
+    int devices[MAX_DEVICES], ndevices;
+    workload w;
+    char cache_path[4096];
+} options;
+
+/* What the probe child found out, and the mode it settled. */
+typedef struct preflight {
+    int code;                    /* 0 go, EXIT_USAGE stop */
+    int has_device, compile_only;
+    char arch[32], device[256];
+    char note[1024];             /* said before the work */
+    char msg[3000];              /* why it stops */
+} preflight;
+
+typedef enum outcome {
+    OUT_PENDING, OUT_RUNNING, OUT_HIT, OUT_COMPILED, OUT_TUNED, OUT_FAILED, OUT_NOT_RUN
+} outcome;
+
+typedef struct case_state {
+    outcome out;
+    int worker;
+    long long compiles;
+    double nvrtc_ms, secs;
+    char *reason;
+} case_state;
+
+typedef struct run_state {
+    const options *o;
+    case_state *cs;
+    int total, done, current, nworkers;
+    pid_t pids[MAX_WORKERS];
+    int tty, forwarded, abandoned;
+    double start, last_draw;
+    long long compiles;
+    double nvrtc_ms;
+} run_state;
+
+static volatile sig_atomic_t g_interrupts;
+static volatile sig_atomic_t g_worker_stop;
+
+static void on_parent_sigint(int sig)
+{
+    (void)sig;
+    g_interrupts++;
+}
+
+static void on_worker_sigint(int sig)
+{
+    (void)sig;
+    g_worker_stop = 1;
+}
+
+static double now(void)
+{
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (double)t.tv_sec + (double)t.tv_nsec * 1e-9;
+}
+
+static int usage_error(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+
+static int usage_error(const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    fprintf(stderr, "stof-warm: ");
+    vfprintf(stderr, fmt, ap);
+    fprintf(stderr, "\n(stof-warm --help for usage)\n");
+    va_end(ap);
+    return EXIT_USAGE;
+}
+
+/* ---- arguments ---- */
+
+static int parse_devices(options *o, const char *s)
+{
+    o->ndevices = 0;
+    for (const char *p = s; *p;) {
+        char *end;
+        long d = strtol(p, &end, 10);
+        if (end == p || d < 0 || d > 255 || (*end && *end != ',') || o->ndevices == MAX_DEVICES)
+            return usage_error("--devices wants GPU ordinals such as 0,1,2, not \"%s\"", s);
+        for (int i = 0; i < o->ndevices; i++)
+            if (o->devices[i] == d)
+                return usage_error("--devices lists %ld twice", d);
+        o->devices[o->ndevices++] = (int)d;
+        p = *end ? end + 1 : end;
+        if (*end && !*p)
+            return usage_error("--devices wants GPU ordinals such as 0,1,2, not \"%s\"", s);
+    }
+    return o->ndevices ? 0 : usage_error("--devices is empty");
+}
+
+static int parse_tune(options *o, const char *s)
+{
+    static const struct { const char *name; stof_tune t; } tunes[] = {
+        {"off", STOF_TUNE_OFF}, {"fast", STOF_TUNE_FAST}, {"full", STOF_TUNE_FULL}};
+    for (int i = 0; i < 3; i++) {
+        if (strcmp(s, tunes[i].name) == 0) {
+            o->tune = tunes[i].t;
+            return 0;
+        }
+    }
+    return usage_error("--tune wants off, fast or full, not \"%s\"", s);
+}
+
+static int parse_jobs(options *o, const char *s)
+{
+    char *end;
+    long n = strtol(s, &end, 10);
+    if (end == s || *end || n < 1 || n > MAX_WORKERS)
+        return usage_error("--jobs wants a number from 1 to %d, not \"%s\"", MAX_WORKERS, s);
+    o->jobs = (int)n;
+    return 0;
+}
+
+/* The value of --name VALUE or --name=VALUE; NULL (after a message) if none. */
+static const char *value_of(int argc, char **argv, int *i, const char *name)
+{
+    size_t n = strlen(name);
+    if (argv[*i][n] == '=')
+        return argv[*i] + n + 1;
+    if (*i + 1 < argc)
+        return argv[++*i];
+    usage_error("%s needs a value", name);
+    return NULL;
+}
+
+static int is_opt(const char *arg, const char *name)
+{
+    size_t n = strlen(name);
+    return strncmp(arg, name, n) == 0 && (arg[n] == 0 || arg[n] == '=');
+}
+
+/* One option at argv[*i]; cases from --mha / --ln go straight into o->w. */
+static int parse_option(options *o, int argc, char **argv, int *i)
+{
+    static const char *const valued[] = {"--cache", "--arch", "--tune", "--devices", "--jobs",
+                                         "--mha", "--ln"};
+    const char *arg = argv[*i];
+    char err[1024];
+    if (strcmp(arg, "--compile-only") == 0) {
+        o->compile_only = 1;
+        return 0;
+    }
+    if (strcmp(arg, "--quiet") == 0) {
+        o->quiet = 1;
+        return 0;
+    }
+    for (int k = 0; k < 7; k++) {
+        if (!is_opt(arg, valued[k]))
+            continue;
+        const char *v = value_of(argc, argv, i, valued[k]);
+        if (!v)
+            return EXIT_USAGE;
+        switch (k) {
+        case 0: o->cache = v; return 0;
+        case 1: o->arch = v; return 0;
+        case 2: return parse_tune(o, v);
+        case 3: return parse_devices(o, v);
+        case 4: return parse_jobs(o, v);
+        case 5:
+            if (workload_add_mha(&o->w, v, err, sizeof err) != 0)
+                return usage_error("%s", err);
+            return 0;
+        default:
+            if (workload_add_ln(&o->w, v, err, sizeof err) != 0)
+                return usage_error("%s", err);
+            return 0;
+        }
+    }
+    return usage_error("unknown option %s", arg);
+}
+
+static int parse_args(options *o, int argc, char **argv)
+{
+    int files_only = 0;
+    char err[2048];
+    for (int i = 1; i < argc; i++) {
+        const char *arg = argv[i];
+        if (!files_only && strcmp(arg, "--") == 0) {
+            files_only = 1;
+        } else if (!files_only && arg[0] == '-' && arg[1]) {
+            int rc = parse_option(o, argc, argv, &i);
+            if (rc)
+                return rc;
+        } else if (workload_read_file(&o->w, arg, err, sizeof err) != 0) {
+            fprintf(stderr, "stof-warm: %s\n", err);
+            return EXIT_USAGE;
+        }
+    }
+    if (o->w.n == 0)
+        return usage_error("nothing to warm: give a workload file, --mha or --ln");
+    if (!o->ndevices) {
+        o->devices[0] = 0;
+        o->ndevices = 1;
+    }
+    if (o->cache)
+        snprintf(o->cache_path, sizeof o->cache_path, "%s", o->cache);
+    else if (!cache_admin_default_path(o->cache_path, sizeof o->cache_path))
+        return usage_error("no cache to warm: STOF_CACHE is off and there is no home folder; "
+                           "pass --cache PATH");
+    return 0;
+}
+
+/* ---- the probe child ---- */
+
+/* Settles compile-only or planning from what the machine has. */
+static void decide_mode(const options *o, preflight *p, const char *why_no_gpu)
+{
+    p->compile_only = o->compile_only;
+    if (!p->has_device && !o->arch) {
+        p->code = EXIT_USAGE;
+        snprintf(p->msg, sizeof p->msg,
+                 "no GPU can be used here (%.1000s); to compile without one, name the GPU it is "
+                 "for: pass --arch (e.g. --arch sm_90a) with --compile-only",
+                 why_no_gpu);
+        return;
+    }
+    if (!p->has_device && !o->compile_only) {
+        p->compile_only = 1;
+        snprintf(p->note, sizeof p->note, "no GPU here: compiling only, for %s", o->arch);
+    } else if (o->arch && !o->compile_only && strcmp(o->arch, p->arch) != 0) {
+        p->compile_only = 1;
+        snprintf(p->note, sizeof p->note, "--arch %s is not this GPU's: compiling only", o->arch);
+    }
+    if (p->compile_only && o->tune != STOF_TUNE_DEFAULT && !p->note[0])
+        snprintf(p->note, sizeof p->note, "--tune has no effect when compiling only");
+}
+
+/* Every listed device must be usable when planning on GPUs. */
+static int check_devices(const options *o, preflight *p)
+{
+    for (int i = 1; i < o->ndevices; i++) {
+        stof_options so = {.device = o->devices[i], .no_cache = 1};
+        stof_ctx *ctx = NULL;
+        int has = 0;
+        if (stof_open(&ctx, &so) == STOF_OK)
+            stof_device_info(ctx, &has, NULL, 0, NULL, 0);
+        if (!has)
+            snprintf(p->msg, sizeof p->msg, "device %d cannot be used: %.2000s", o->devices[i],
+                     ctx ? stof_last_error(ctx) : stof_last_error(NULL));
+        stof_close(ctx);
+        if (!has)
+            return 0;
+    }
+    return 1;
+}
+
+/* Opening with --arch is what checks that NVRTC knows the arch. */
+static int check_arch(const options *o, preflight *p)
+{
+    stof_options so = {.device = o->devices[0], .no_cache = 1, .arch = o->arch};
+    stof_ctx *ctx = NULL;
+    if (!o->arch)
+        return 1;
+    if (stof_open(&ctx, &so) != STOF_OK) {
+        snprintf(p->msg, sizeof p->msg, "--arch %s: %.2900s", o->arch, stof_last_error(NULL));
+        return 0;
+    }
+    stof_close(ctx);
+    return 1;
+}
+
+static void preflight_run(const options *o, preflight *p)
+{
+    stof_options so = {.device = o->devices[0], .no_cache = 1};
+    stof_ctx *ctx = NULL;
+    p->code = EXIT_USAGE;
+    if (stof_open(&ctx, &so) != STOF_OK) {
+        snprintf(p->msg, sizeof p->msg, "%s", stof_last_error(NULL));
+        return;
+    }
+    /* Without options.arch, the arch is the device's own (or ""). */
+    stof_device_info(ctx, &p->has_device, p->arch, sizeof p->arch, p->device, sizeof p->device);
+    if (check_arch(o, p)) {
+        p->code = 0;
+        decide_mode(o, p, stof_last_error(ctx));
+    }
+    if (!p->code && p->compile_only && o->arch)
+        snprintf(p->arch, sizeof p->arch, "%s", o->arch);
+    if (!p->code && !p->compile_only && !check_devices(o, p))
+        p->code = EXIT_USAGE;
+    if (!p->code && workload_check(ctx, &o->w, p->msg, sizeof p->msg) != STOF_OK)
+        p->code = EXIT_USAGE;
+    stof_close(ctx);
+    if (p->code)
+        return;
+    /* Last, so that nothing is created when the run cannot start. */
+    stof_options co = {.device = o->devices[0], .cache_path = o->cache_path, .arch = o->arch};
+    ctx = NULL;
+    if (stof_open(&ctx, &co) == STOF_OK && !stof_cache_path(ctx)[0]) {
+        p->code = EXIT_USAGE;
+        snprintf(p->msg, sizeof p->msg, "the cache cannot be used: %.2900s", stof_last_error(ctx));
+    }
+    stof_close(ctx);
+}
+
+static int preflight_fork(const options *o, preflight *p)
+{
+    int fd[2];
+    memset(p, 0, sizeof *p);
+    if (pipe(fd) != 0)
+        return -1;
+    fflush(NULL);
+    pid_t pid = fork();
+    if (pid < 0)
+        return -1;
+    if (pid == 0) {
+        close(fd[0]);
+        preflight r = {0};
+        preflight_run(o, &r);
+        ssize_t w = write(fd[1], &r, sizeof r);
+        _exit(w == (ssize_t)sizeof r ? 0 : 1);
+    }
+    close(fd[1]);
+    size_t got = 0;
+    while (got < sizeof *p) {
+        ssize_t n = read(fd[0], (char *)p + got, sizeof *p - got);
+        if (n < 0 && errno == EINTR)
+            continue;
+        if (n <= 0)
+            break;
+        got += (size_t)n;
+    }
+    close(fd[0]);
+    int st = 0;
+    while (waitpid(pid, &st, 0) < 0 && errno == EINTR)
+        ;
+    return got == sizeof *p ? 0 : -1;
+}
+
+/* ---- workers ---- */
+
+static stof_status run_mha(stof_ctx *ctx, const workload_case *c, stof_tune tune, int compile_only)
+{
+    stof_mask *m = NULL;
+    stof_status st = stof_mask_parse(ctx, c->mask, c->seq_q, c->seq_k, &m);
+    if (st != STOF_OK)
+        return st;
+    stof_mha_desc d;
+    workload_mha_desc(c, tune, &d);
+    if (compile_only) {
+        st = stof_mha_prepare(ctx, &d, m);
+    } else {
+        stof_mha_plan *plan = NULL;
+        st = stof_mha_plan_create(ctx, &d, m, &plan);
+        stof_mha_plan_free(plan);
+    }
+    stof_mask_free(m);
+    return st;
+}
+
+/* A layer case warms, for now, the LayerNorm kernels of that layer; a
+ * layer plan (stof_layer_plan_create) will take over when it exists. */
+static stof_status run_case(stof_ctx *ctx, const workload_case *c, stof_tune tune,
+                            int compile_only)
+{
+    if (c->op == WORKLOAD_MHA)
+        return run_mha(ctx, c, tune, compile_only);
+    stof_ln_desc d;
+    workload_ln_desc(c, &d);
+    return stof_bias_residual_layernorm_prepare(ctx, &d);
+}
+
+static void send_msg(int fd, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+
+static void send_msg(int fd, const char *fmt, ...)
+{
+    char buf[MSG_MAX + 64];
+    va_list ap;
+    va_start(ap, fmt);
+    int n = vsnprintf(buf, sizeof buf, fmt, ap);
+    va_end(ap);
+    if (n < 0)
+        return;
+    if ((size_t)n >= sizeof buf)
+        n = (int)sizeof buf - 1;
+    buf[n - 1] = '\n';
+    ssize_t w;
+    do
+        w = write(fd, buf, (size_t)n);
+    while (w < 0 && errno == EINTR);
+}
+
+/* The reason on one line: newlines become \x1f, other controls spaces. */
+static void one_line(const char *in, char *out, size_t n)
+{
+    size_t i = 0;
+    for (; *in && i + 1 < n; in++)
+        out[i++] = *in == '\n' ? '\x1f' : (unsigned char)*in < 0x20 ? ' ' : *in;
+    out[i] = 0;
+}
+
+static void report_case(int fd, stof_ctx *ctx, int i, stof_status st, const stof_stats *a,
+                        const stof_stats *b, double secs)
+{
+    char why[MSG_MAX - 200] = "";
+    if (st != STOF_OK) {
+        char raw[sizeof why];
+        snprintf(raw, sizeof raw, "%s: %s", stof_status_str(st), stof_last_error(ctx));
+        one_line(raw, why, sizeof why);
+    }
+    send_msg(fd, "D %d %d %lld %.3f %lld %.3f %s\n", i, (int)st,
+             b->nvrtc_compiles - a->nvrtc_compiles, b->nvrtc_ms - a->nvrtc_ms,
+             b->timing_runs - a->timing_runs, secs, why);
+}
+
+static void worker_main(const options *o, const preflight *p, int w, int nworkers, int fd)
+{
+    struct sigaction sa = {.sa_handler = on_worker_sigint};
+    sigaction(SIGINT, &sa, NULL);
+    prctl(PR_SET_PDEATHSIG, SIGTERM);
+    stof_options so = {.device = o->devices[w % o->ndevices], .cache_path = o->cache_path,
+                       .arch = p->compile_only ? p->arch : o->arch};
+    stof_ctx *ctx = NULL;
+    stof_status open_st = stof_open(&ctx, &so);
+    for (int i = w; i < o->w.n && !g_worker_stop; i += nworkers) {
+        send_msg(fd, "S %d\n", i);
+        stof_stats a = {0}, b = {0};
+        double t0 = now();
+        stof_status st = open_st;
+        if (st == STOF_OK) {
+            stof_get_stats(ctx, &a);
+            st = run_case(ctx, &o->w.cases[i], o->tune, p->compile_only);
+            stof_get_stats(ctx, &b);
+        }
+        report_case(fd, ctx, i, st, &a, &b, now() - t0);
+    }
+    stof_close(ctx);
+    close(fd);
+    _exit(0);
+}
+
+/* ---- progress ---- */
+
+static const char *clock_str(double s, char buf[32])
+{
+    long t = s > 0 ? (long)(s + 0.5) : 0;
+    if (t >= 3600)
+        snprintf(buf, 32, "%ld:%02ld:%02ld", t / 3600, t / 60 % 60, t % 60);
+    else
+        snprintf(buf, 32, "%ld:%02ld", t / 60, t % 60);
+    return buf;
+}
+
+static const char *outcome_name(outcome o)
+{
+    static const char *const names[] = {"pending", "running", "cache hit", "compiled",
+                                        "tuned",   "FAILED",  "not run"};
+    return names[o];
+}
+
+/* "0:42 elapsed, ~1:25 left" */
+static void times(const run_state *r, char *out, size_t n)
+{
+    char a[32], b[32];
+    double el = now() - r->start;
+    if (r->done > 0 && r->done < r->total)
+        snprintf(out, n, "%s elapsed, ~%s left", clock_str(el, a),
+                 clock_str(el / r->done * (r->total - r->done), b));
+    else
+        snprintf(out, n, "%s elapsed", clock_str(el, a));
+}
+
+static int term_width(void)
+{
+    struct winsize ws;
+    if (ioctl(STDERR_FILENO, TIOCGWINSZ, &ws) == 0 && ws.ws_col > 20)
+        return ws.ws_col;
+    return 80;
+}
+
+static void draw_status(run_state *r)
+{
+    if (!r->tty || r->o->quiet)
+        return;
+    char t[96], line[1024];
+    times(r, t, sizeof t);
+    const char *cur = r->current >= 0 ? r->o->w.cases[r->current].name : "starting";
+    snprintf(line, sizeof line, "[%d/%d] %3d%%  %s  %s", r->done, r->total,
+             r->total ? 100 * r->done / r->total : 100, t, cur);
+    int w = term_width() - 1;
+    fprintf(stderr, "\r\033[K%.*s", w, line);
+    fflush(stderr);
+    r->last_draw = now();
+}
+
+/* A finished case: a line of its own (on a terminal, above the status). */
+static void print_done(run_state *r, int i)
+{
+    const case_state *c = &r->cs[i];
+    if (r->o->quiet || (r->tty && c->out != OUT_FAILED))
+        return;
+    char t[96], why[256] = "";
+    times(r, t, sizeof t);
+    if (c->out == OUT_FAILED && c->reason)
+        snprintf(why, sizeof why, ": %.*s", (int)strcspn(c->reason, "\x1f"), c->reason);
+    else if (c->compiles)
+        snprintf(why, sizeof why, " (%lld kernel%s, %.2f s)", c->compiles,
+                 c->compiles == 1 ? "" : "s", c->secs);
+    fprintf(stderr, "%s[%d/%d] %s: %s%s  (%s)\n", r->tty ? "\r\033[K" : "", r->done, r->total,
+            r->o->w.cases[i].name, outcome_name(c->out), why, t);
+}
+
+/* ---- the parent ---- */
+
+static outcome classify(int status, long long compiles, long long timings)
+{
+    if (status != STOF_OK)
+        return OUT_FAILED;
+    if (timings > 0)
+        return OUT_TUNED;
+    return compiles > 0 ? OUT_COMPILED : OUT_HIT;
+}
+
+static char *restore_lines(const char *s)
+{
+    char *d = strdup(s);
+    for (char *p = d; p && *p; p++)
+        if (*p == '\x1f')
+            *p = '\n';
+    return d;
+}
+
+static void handle_msg(run_state *r, char *line)
+{
+    int i, status, used = 0;
+    long long compiles, timings;
+    double ms, secs;
+    if (sscanf(line, "S %d", &i) == 1 && i >= 0 && i < r->total) {
+        r->cs[i].out = OUT_RUNNING;
+        r->current = i;
+        draw_status(r);
+        return;
+    }
+    if (sscanf(line, "D %d %d %lld %lf %lld %lf %n", &i, &status, &compiles, &ms, &timings, &secs,
+               &used) < 6 || i < 0 || i >= r->total)
+        return;
+    case_state *c = &r->cs[i];
+    c->out = classify(status, compiles, timings);
+    c->compiles = compiles;
+    c->nvrtc_ms = ms;
+    c->secs = secs;
+    if (c->out == OUT_FAILED)
+        c->reason = restore_lines(used ? line + used : "");
+    r->compiles += compiles;
+    r->nvrtc_ms += ms;
+    r->done++;
+    print_done(r, i);
+    draw_status(r);
+}
+
+/* Splits what arrived into lines; keeps a partial line for later. */
+static void drain(run_state *r, int fd, char *buf, size_t *fill, size_t cap, int *eof)
+{
+    ssize_t n = read(fd, buf + *fill, cap - *fill - 1);
+    if (n == 0)
+        *eof = 1;
+    if (n <= 0)
+        return;
+    *fill += (size_t)n;
+    buf[*fill] = 0;
+    char *start = buf, *nl;
+    while ((nl = strchr(start, '\n'))) {
+        *nl = 0;
+        handle_msg(r, start);
+        start = nl + 1;
+    }
+    *fill = strlen(start);
+    memmove(buf, start, *fill + 1);
+    if (*fill == cap - 1)
+        *fill = 0;  /* a line longer than any report: drop it */
+}
+
+static void signal_workers(run_state *r, int sig)
+{
+    for (int w = 0; w < r->nworkers; w++)
+        if (r->pids[w] > 0)
+            kill(r->pids[w], sig);
+}
+
+static void on_interrupts(run_state *r)
+{
+    if (g_interrupts >= 1 && !r->forwarded) {
+        r->forwarded = 1;
+        signal_workers(r, SIGINT);
+        if (!r->o->quiet)
+            fprintf(stderr, "%sstof-warm: interrupted: finishing the current case%s "
+                            "(Ctrl-C again abandons %s)\n",
+                    r->tty ? "\r\033[K" : "", r->nworkers > 1 ? "s" : "",
+                    r->nworkers > 1 ? "them" : "it");
+    }
+    if (g_interrupts >= 2 && !r->abandoned) {
+        r->abandoned = 1;
+        signal_workers(r, SIGTERM);
+    }
+}
+
+static void collect(run_state *r, int fd)
+{
+    char buf[4 * MSG_MAX];
+    size_t fill = 0;
+    int eof = 0;
+    while (!eof) {
+        on_interrupts(r);
+        struct pollfd p = {.fd = fd, .events = POLLIN};
+        int n = poll(&p, 1, 500);
+        if (n > 0)
+            drain(r, fd, buf, &fill, sizeof buf, &eof);
+        if (r->tty && now() - r->last_draw > 0.5)
+            draw_status(r);
+    }
+}
+
+/* A worker that died leaves its running case failed (or abandoned). */
+static void reap(run_state *r)
+{
+    for (int w = 0; w < r->nworkers; w++) {
+        int st = 0;
+        while (waitpid(r->pids[w], &st, 0) < 0 && errno == EINTR)
+            ;
+        int died = !(WIFEXITED(st) && WEXITSTATUS(st) == 0);
+        for (int i = w; i < r->total; i += r->nworkers) {
+            case_state *c = &r->cs[i];
+            if (c->out == OUT_RUNNING && died && !r->abandoned) {
+                char why[128];
+                snprintf(why, sizeof why, "the worker process died (%s %d) during this case",
+                         WIFSIGNALED(st) ? "signal" : "status",
+                         WIFSIGNALED(st) ? WTERMSIG(st) : WEXITSTATUS(st));
+                c->out = OUT_FAILED;
+                c->reason = strdup(why);
+            } else if (c->out == OUT_RUNNING || c->out == OUT_PENDING) {
+                c->out = OUT_NOT_RUN;
+            }
+        }
+    }
+}
+
+static int spawn_workers(run_state *r, const preflight *p, int fd[2])
+{
+    fflush(NULL);
+    for (int w = 0; w < r->nworkers; w++) {
+        pid_t pid = fork();
+        if (pid < 0) {
+            fprintf(stderr, "stof-warm: fork: %s\n", strerror(errno));
+            signal_workers(r, SIGTERM);
+            r->nworkers = w;
+            return -1;
+        }
+        if (pid == 0) {
+            close(fd[0]);
+            worker_main(r->o, p, w, r->nworkers, fd[1]);
+        }
+        r->pids[w] = pid;
+    }
+    close(fd[1]);
+    return 0;
+}
+
+/* ---- the summary ---- */
+
+static void count(const run_state *r, int n[7])
+{
+    memset(n, 0, 7 * sizeof *n);
+    for (int i = 0; i < r->total; i++)
+        n[r->cs[i].out]++;
+}
+
+static void print_failures(const run_state *r)
+{
+    for (int i = 0; i < r->total; i++) {
+        const case_state *c = &r->cs[i];
+        if (c->out != OUT_FAILED)
+            continue;
+        printf("  FAILED %s (%s):\n", r->o->w.cases[i].name, r->o->w.cases[i].origin);
+        const char *s = c->reason ? c->reason : "";
+        for (int line = 0; *s && line < 6; line++) {
+            size_t len = strcspn(s, "\n");
+            printf("    %.*s\n", (int)len, s);
+            s += len + (s[len] == '\n');
+        }
+    }
+}
+
+static int summary(const run_state *r, const preflight *p)
+{
+    int n[7], layers = 0;
+    count(r, n);
+    for (int i = 0; i < r->total; i++)
+        layers += r->o->w.cases[i].op == WORKLOAD_LAYER;
+    char t[32];
+    if (r->tty && !r->o->quiet)
+        fprintf(stderr, "\r\033[K");
+    printf("stof-warm: %d case%s in %s: %d cache hit%s, %d compiled, %d tuned, %d failed", r->total,
+           r->total == 1 ? "" : "s", clock_str(now() - r->start, t), n[OUT_HIT],
+           n[OUT_HIT] == 1 ? "" : "s", n[OUT_COMPILED], n[OUT_TUNED], n[OUT_FAILED]);
+    if (n[OUT_NOT_RUN])
+        printf(", %d not run", n[OUT_NOT_RUN]);
+    printf("\n  NVRTC: %lld kernel%s, %.2f s; %s %s; cache %s\n", r->compiles,
+           r->compiles == 1 ? "" : "s", r->nvrtc_ms / 1000.0,
+           p->compile_only ? "compiled only, for" : "planned on", p->compile_only ? p->arch : p->device,
+           r->o->cache_path);
+    print_failures(r);
+    if (layers)
+        printf("  note: the %d layer case%s warmed only their LayerNorm kernels: layer plans are "
+               "not yet available\n", layers, layers == 1 ? "" : "s");
+    if (g_interrupts) {
+        printf("  interrupted: %d case%s not run; run the same command again to resume "
+               "(finished cases are cache hits)\n", n[OUT_NOT_RUN], n[OUT_NOT_RUN] == 1 ? "" : "s");
+        return EXIT_INTERRUPTED;
+    }
+    return n[OUT_FAILED] ? EXIT_FAILED : 0;
+}
+
+static void announce(const run_state *r, const preflight *p)
+{
+    int ops[4] = {0};
+    for (int i = 0; i < r->total; i++)
+        ops[r->o->w.cases[i].op]++;
+    if (r->o->quiet)
+        return;
+    if (p->note[0])
+        fprintf(stderr, "stof-warm: %s\n", p->note);
+    fprintf(stderr, "stof-warm: %d cases (%d attention, %d layer, %d layernorm); %s %s; %d worker%s; "
+                    "cache %s\n",
+            r->total, ops[WORKLOAD_MHA], ops[WORKLOAD_LAYER], ops[WORKLOAD_LN],
+            p->compile_only ? "compiling only, for" : "planning on", p->compile_only ? p->arch : p->device,
+            r->nworkers, r->nworkers == 1 ? "" : "s", r->o->cache_path);
+}
+
+static int warm(const options *o, const preflight *p)
+{
+    run_state r = {.o = o, .total = o->w.n, .current = -1};
+    r.cs = calloc((size_t)r.total, sizeof *r.cs);
+    if (!r.cs)
+        return usage_error("out of memory");
+    int want = o->jobs > o->ndevices ? o->jobs : o->ndevices;
+    r.nworkers = want < r.total ? want : r.total;
+    r.tty = isatty(STDERR_FILENO);
+    announce(&r, p);
+    struct sigaction sa = {.sa_handler = on_parent_sigint};
+    sigaction(SIGINT, &sa, NULL);
+    int fd[2];
+    r.start = now();
+    if (pipe(fd) != 0 || spawn_workers(&r, p, fd) != 0) {
+        reap(&r);
+        free(r.cs);
+        return EXIT_FAILED;
+    }
+    draw_status(&r);
+    collect(&r, fd[0]);
+    close(fd[0]);
+    reap(&r);
+    int rc = summary(&r, p);
+    for (int i = 0; i < r.total; i++)
+        free(r.cs[i].reason);
+    free(r.cs);
+    return rc;
+}
+
+int main(int argc, char **argv)
+{
+    static options o = {.jobs = 1};
+    for (int i = 1; i < argc; i++) {
+        if (strcmp(argv[i], "-h") == 0 || strcmp(argv[i], "--help") == 0) {
+            fputs(USAGE, stdout);
+            return 0;
+        }
+    }
+    int rc = parse_args(&o, argc, argv);
+    char why[1400];
+    if (!rc && cache_admin_probe(o.cache_path, why, sizeof why) == CACHE_PROBE_BAD) {
+        fprintf(stderr, "stof-warm: %s\n", why);
+        rc = EXIT_USAGE;
+    }
+    static preflight p;
+    if (!rc && preflight_fork(&o, &p) != 0) {
+        fprintf(stderr, "stof-warm: the preflight check could not run: %s\n", strerror(errno));
+        rc = EXIT_USAGE;
+    }
+    if (!rc && p.code) {
+        fprintf(stderr, "stof-warm: %s\n", p.msg);
+        rc = p.code;
+    }
+    if (!rc)
+        rc = warm(&o, &p);
+    workload_free(&o.w);
+    return rc;
+}
