@@ -62,11 +62,15 @@ build/gen/suites.inc: $(TEST_SRC)
 	for f in $(TEST_SRC); do n=$$(basename $$f .c); n=$${n#test_}; \
 	  case $$n in gpu_*) echo "GPU_SUITE($$n)";; *) echo "SUITE($$n)";; esac; done > $@
 
-build/stof-tests: tests/run.c $(TEST_SRC) tests/testutil.h build/gen/suites.inc build/libstof.a
+# The CLI suites run the built tools: keep them current.
+build/stof-tests: tests/run.c $(TEST_SRC) tests/testutil.h build/gen/suites.inc build/libstof.a $(TOOLS)
 	$(CC) $(CPPFLAGS) -Itests $(CFLAGS) $(WARN) -o $@ tests/run.c $(TEST_SRC) build/libstof.a $(CHECK_LIBS) $(LIBS)
 
 build/asan/stof-tests: tests/run.c $(TEST_SRC) tests/testutil.h build/gen/suites.inc $(SAN_OBJ)
 	$(CC) $(CPPFLAGS) -Itests $(CFLAGS) $(WARN) $(SAN) -o $@ tests/run.c $(TEST_SRC) $(SAN_OBJ) $(CHECK_LIBS) $(LIBS)
+
+build/asan/stof-%: tools/%.c $(SAN_OBJ)
+	$(CC) $(CPPFLAGS) $(CFLAGS) $(WARN) $(SAN) -o $@ $< $(SAN_OBJ) $(LIBS)
 
 build/fuzz_mask: tests/fuzz_mask.c $(SAN_OBJ)
 	$(CC) $(CPPFLAGS) -Itests $(CFLAGS) $(WARN) $(SAN) -o $@ $< $(SAN_OBJ) $(LIBS)
@@ -75,8 +79,8 @@ test: all build/fuzz_mask
 	STOF_BUILD=build build/stof-tests
 	build/fuzz_mask $(FUZZ_SECONDS)
 
-sanitize: build/asan/stof-tests
-	STOF_BUILD=build ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=halt_on_error=1 build/asan/stof-tests
+sanitize: build/asan/stof-tests $(TOOLS:build/%=build/asan/%)
+	STOF_BUILD=build/asan ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=halt_on_error=1 build/asan/stof-tests
 
 fuzz: build/fuzz_mask
 	build/fuzz_mask $(FUZZ_SECONDS)

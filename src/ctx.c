@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "cache.h"
+#include "cache_admin.h"
 #include "jit.h"
 #include "nvrtc_drv.h"
 
@@ -66,30 +67,6 @@ const char *dtype_name(stof_dtype t)
     }
 }
 
-/* $STOF_CACHE, else $XDG_CACHE_HOME/stof/cache.db, else ~/.cache/stof/cache.db.
- * Returns 0 when there is none ("off", or no home). */
-static int default_cache_path(char *out, size_t n)
-{
-    const char *e = getenv("STOF_CACHE");
-    if (e && *e) {
-        if (strcmp(e, "off") == 0)
-            return 0;
-        snprintf(out, n, "%s", e);
-        return 1;
-    }
-    e = getenv("XDG_CACHE_HOME");
-    if (e && *e) {
-        snprintf(out, n, "%s/stof/cache.db", e);
-        return 1;
-    }
-    e = getenv("HOME");
-    if (e && *e) {
-        snprintf(out, n, "%s/.cache/stof/cache.db", e);
-        return 1;
-    }
-    return 0;
-}
-
 /* Why the last stof_open on this thread failed: stof_last_error(NULL). */
 static __thread char open_err[2048];
 
@@ -134,7 +111,7 @@ stof_status stof_open(stof_ctx **out, const stof_options *opts)
     int want_cache = !ctx->opt.no_cache;
     if (want_cache && opts && opts->cache_path)
         snprintf(path, sizeof path, "%s", opts->cache_path);
-    else if (want_cache && !default_cache_path(path, sizeof path))
+    else if (want_cache && !cache_admin_default_path(path, sizeof path))
         snprintf(ctx->cache_note, sizeof ctx->cache_note,
                  "running uncached: STOF_CACHE is off or no cache folder could be found");
     if (path[0]) {

@@ -165,7 +165,8 @@ stof_status jit_prepare(stof_ctx *ctx, const jit_request *req, char *key, jit_or
     return STOF_OK;
 }
 
-stof_status jit_get(stof_ctx *ctx, const jit_request *req, CUfunction *fn, jit_origin *origin)
+stof_status jit_get(stof_ctx *ctx, const jit_request *req, CUfunction *fn, jit_origin *origin,
+                    char *key)
 {
     TRY(ctx_need_device(ctx));
     char *sig = signature(req);
@@ -175,6 +176,8 @@ stof_status jit_get(stof_ctx *ctx, const jit_request *req, CUfunction *fn, jit_o
         if (strcmp(m->signature, sig) == 0) {
             free(sig);
             *fn = m->fn;
+            if (key)
+                snprintf(key, 65, "%s", m->key);
             if (origin)
                 *origin = JIT_FROM_MEMORY;
             return STOF_OK;
@@ -215,6 +218,8 @@ stof_status jit_get(stof_ctx *ctx, const jit_request *req, CUfunction *fn, jit_o
     m->next = ctx->modules;
     ctx->modules = m;
     *fn = m->fn;
+    if (key)
+        snprintf(key, 65, "%s", m->key);
     if (origin)
         *origin = o;
     return STOF_OK;

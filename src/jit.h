@@ -21,8 +21,10 @@ typedef struct jit_request {
 /* Where a kernel came from, for counters and describe(). */
 typedef enum jit_origin { JIT_FROM_MEMORY, JIT_FROM_CACHE, JIT_COMPILED } jit_origin;
 
-/* The function for req on this context's GPU. */
-stof_status jit_get(stof_ctx *ctx, const jit_request *req, CUfunction *fn, jit_origin *origin);
+/* The function for req on this context's GPU; key (65 bytes, may be NULL)
+ * receives its cache key. */
+stof_status jit_get(stof_ctx *ctx, const jit_request *req, CUfunction *fn, jit_origin *origin,
+                    char *key);
 
 /* Compiles req for ctx->arch into the cache without a GPU; key is the
  * cache key (65 bytes) and may be NULL. */

@@ -17,7 +17,7 @@ ln_config ln_choose(int hidden, stof_dtype dtype, int align_bytes)
     /* About 32 values per thread keeps the row in registers without spills
      * and leaves several 16-byte loads in flight per thread. */
     const int vecs = hidden / c.vec;
-    int want = (hidden + 31) / 32 / c.vec;
+    int want = (hidden + 31) / 32;
     c.threads_per_row = 1;
     while (c.threads_per_row < want && c.threads_per_row < 1024)
         c.threads_per_row *= 2;
@@ -95,16 +95,22 @@ static void make_request(const stof_ln_desc *d, const ln_config *c, int has_bias
     r->req = (jit_request){"layernorm", "layernorm.cu", "stof_layernorm", r->vars, 10};
 }
 
-stof_status stof_bias_residual_layernorm_prepare(stof_ctx *ctx, const stof_ln_desc *desc)
+stof_status ln_prepare(stof_ctx *ctx, const stof_ln_desc *desc, int align_bytes, int has_bias,
+                       int has_residual, char *key)
 {
     if (!ctx)
         return STOF_ERR_INVALID_ARG;
     TRY(check(ctx, desc));
-    /* Device allocations are 256-byte aligned: prepare for that case. */
-    ln_config c = ln_choose(desc->hidden, desc->dtype, 16);
+    ln_config c = ln_choose(desc->hidden, desc->dtype, align_bytes);
     ln_request r;
-    make_request(desc, &c, 1, 1, &r);
-    return jit_prepare(ctx, &r.req, NULL, NULL);
+    make_request(desc, &c, has_bias, has_residual, &r);
+    return jit_prepare(ctx, &r.req, key, NULL);
+}
+
+stof_status stof_bias_residual_layernorm_prepare(stof_ctx *ctx, const stof_ln_desc *desc)
+{
+    /* Device allocations are 256-byte aligned: prepare for that case. */
+    return ln_prepare(ctx, desc, 16, 1, 1, NULL);
 }
 
 stof_status stof_bias_residual_layernorm(stof_ctx *ctx, const stof_ln_desc *desc, const void *x,
@@ -133,7 +139,7 @@ stof_status stof_bias_residual_layernorm(stof_ctx *ctx, const stof_ln_desc *desc
     ln_request r;
     make_request(desc, &c, bias != NULL, residual != NULL, &r);
     CUfunction fn;
-    TRY(jit_get(ctx, &r.req, &fn, NULL));
+    TRY(jit_get(ctx, &r.req, &fn, NULL, NULL));
 
     int rows = desc->rows;
     float eps = desc->eps > 0.f ? desc->eps : 1e-5f;

@@ -25,6 +25,7 @@ struct stof_mha_plan {
     const char *origin;          /* "cache", "search" or "model" */
     int tried;
     char mask_hash[65];
+    char kernel_key[65];
 };
 
 /* ---- candidates and requests ------------------------------------------- */
@@ -162,6 +163,7 @@ typedef struct mha_launch {
     int threads, smem, n_groups;
     CUdeviceptr tiles;
     attn_tiles_layout lay;
+    char key[65];            /* the kernel's cache key */
 } mha_launch;
 
 /* Enqueues one run; the context must be current. */
@@ -199,7 +201,7 @@ static stof_status load_candidate(stof_ctx *ctx, const stof_mha_desc *d, const m
     memset(L, 0, sizeof *L);
     mha_request r;
     mha_make_request(c, d->head_dim, d->dtype, &r);
-    TRY(jit_get(ctx, &r.req, &L->fn, NULL));
+    TRY(jit_get(ctx, &r.req, &L->fn, NULL, L->key));
     L->threads = c->bm / c->mt * 2;
     L->smem = mha_smem_bytes(c, d->head_dim);
     L->n_groups = t->n_groups;
@@ -235,11 +237,11 @@ static void unload_candidate(stof_ctx *ctx, mha_launch *L)
 /* ---- the search --------------------------------------------------------- */
 
 typedef struct cand_state {
-    mha_candidate c;
+    mha_candidate c;         /* these first fields are an mha_tried */
+    double predicted_ms, ms;
+    const char *verdict;
     attn_tiles tiles;
     int built;
-    double predicted_ms, ms;
-    const char *verdict;     /* NULL until timed: "ok", "mismatch", "failed" */
 } cand_state;
 
 /* Random inputs for timing, rotated over sets so the L2 does not flatter. */
@@ -619,18 +621,18 @@ static stof_status search(stof_ctx *ctx, const stof_mha_desc *d, const stof_mask
     return st;
 }
 
-static char *tuning_record(const cand_state *cs, int n, int winner, const char *why)
+char *mha_record_format(const mha_tried *cs, int n, int winner, const char *kernel, const char *why)
 {
     strbuf b = {0};
-    const cand_state *w = &cs[winner];
+    const mha_tried *w = &cs[winner];
     strbuf_printf(&b,
                   "{\"winner\":{\"kind\":\"%s\",\"bm\":%d,\"bn\":%d,\"mt\":%d,\"ms\":%.6f,"
-                  "\"predicted_ms\":%.6f},\"model_error\":%.4f,\"how\":\"%s\",\"tried\":[",
-                  kind_name(w->c.kind), w->c.bm, w->c.bn, w->c.mt, w->ms, w->predicted_ms,
+                  "\"predicted_ms\":%.6f,\"kernel\":\"%s\"},\"model_error\":%.4f,\"how\":\"%s\",\"tried\":[",
+                  kind_name(w->c.kind), w->c.bm, w->c.bn, w->c.mt, w->ms, w->predicted_ms, kernel,
                   w->ms > 0 ? w->predicted_ms / w->ms - 1 : 0.0, why);
     int first = 1;
     for (int i = 0; i < n; i++) {
-        const cand_state *s = &cs[i];
+        const mha_tried *s = &cs[i];
         strbuf_printf(&b, "%s{\"kind\":\"%s\",\"bm\":%d,\"bn\":%d,\"mt\":%d,\"predicted_ms\":%.6f",
                       first ? "" : ",", kind_name(s->c.kind), s->c.bm, s->c.bn, s->c.mt, s->predicted_ms);
         if (s->verdict)
@@ -643,7 +645,7 @@ static char *tuning_record(const cand_state *cs, int n, int winner, const char *
 }
 
 /* The winner stored in a tuning record. */
-static int parse_record(const char *rec, mha_candidate *c, double *ms, double *pred)
+int mha_record_parse(const char *rec, mha_candidate *c, double *ms, double *pred)
 {
     const char *w = rec ? strstr(rec, "\"winner\":{") : NULL;
     char kind[16];
@@ -678,6 +680,7 @@ static stof_status finish_plan(stof_ctx *ctx, stof_mha_plan *p, const stof_mask 
         p->n_groups = L.n_groups;
         p->tiles = L.tiles;
         p->lay = L.lay;
+        memcpy(p->kernel_key, L.key, sizeof p->kernel_key);
     }
     return st;
 }
@@ -710,7 +713,7 @@ stof_status stof_mha_plan_create(stof_ctx *ctx, const stof_mha_desc *desc, const
         int found = 0;
         if (cache_get_tuning(ctx, ctx->cache, "mha", p->mask_hash, shape, dt, ctx->arch, &rec,
                              &found) == STOF_OK && found) {
-            if (parse_record(rec.record, &p->c, &p->measured_ms, &p->predicted_ms) &&
+            if (mha_record_parse(rec.record, &p->c, &p->measured_ms, &p->predicted_ms) &&
                 finish_plan(ctx, p, mask, NULL) == STOF_OK) {
                 p->origin = "cache";
                 cache_tuning_free(&rec);
@@ -742,7 +745,11 @@ stof_status stof_mha_plan_create(stof_ctx *ctx, const stof_mha_desc *desc, const
         st = finish_plan(ctx, p, mask, &cs[winner].tiles);
     }
     if (st == STOF_OK && ctx->cache && level != STOF_TUNE_OFF) {
-        char *record = tuning_record(cs, n, winner, level == STOF_TUNE_FULL ? "full" : "fast");
+        mha_tried tried[32];
+        for (int i = 0; i < n; i++)
+            tried[i] = (mha_tried){cs[i].c, cs[i].predicted_ms, cs[i].ms, cs[i].verdict};
+        char *record = mha_record_format(tried, n, winner, p->kernel_key,
+                                         level == STOF_TUNE_FULL ? "full" : "fast");
         cache_tuning t = {"mha", p->mask_hash, shape, (char *)dt, ctx->arch, record, 0};
         if (record) {
             /* A record that fails to store costs a later search, no more. */
@@ -804,7 +811,7 @@ stof_status stof_mha_run(stof_mha_plan *p, const void *q, const void *k, const v
     /* 16-byte loads of rows need 16-byte aligned rows. */
     if (((uintptr_t)q | (uintptr_t)k | (uintptr_t)v | (uintptr_t)out) % 16)
         return CTX_FAIL(ctx, STOF_ERR_INVALID_ARG, "q, k, v and out must be 16-byte aligned");
-    mha_launch L = {p->fn, p->c.bm / p->c.mt * 2, p->smem, p->n_groups, p->tiles, p->lay};
+    mha_launch L = {p->fn, p->c.bm / p->c.mt * 2, p->smem, p->n_groups, p->tiles, p->lay, ""};
     TRY(jit_push(ctx));
     stof_status st = launch(ctx, &p->d, &L, (CUdeviceptr)q, (CUdeviceptr)k, (CUdeviceptr)v,
                             (CUdeviceptr)out, (CUdeviceptr)seq_lens, (CUstream)stream);

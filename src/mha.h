@@ -37,6 +37,21 @@ int mha_candidates(int head_dim, int smem_max, mha_candidate *out, int cap);
  * bench/peers_mha.py draws the same numbers. */
 void mha_fill_random(uint16_t *p, size_t n, stof_dtype t, uint64_t seed);
 
+/* One line of a tuning record: a candidate, the model's prediction, and,
+ * once timed, its median ms and verdict ("ok", "mismatch", "failed"). */
+typedef struct mha_tried {
+    mha_candidate c;
+    double predicted_ms, ms;
+    const char *verdict;     /* NULL: not timed */
+} mha_tried;
+
+/* The JSON record of a search (winner = index into tried, kernel = its
+ * cache key); caller frees. */
+char *mha_record_format(const mha_tried *tried, int n, int winner, const char *kernel,
+                        const char *why);
+/* The winner of a record; 0 when the text is not a valid record. */
+int mha_record_parse(const char *record, mha_candidate *c, double *ms, double *predicted_ms);
+
 /* A plan for exactly candidate c, skipping the model and the search: for
  * tests of every kernel and for benchmarks. */
 stof_status mha_plan_forced(stof_ctx *ctx, const stof_mha_desc *desc, const stof_mask *mask,

@@ -1,0 +1,324 @@
+/* CPU suite for attention: the tiles expand back to exactly the mask, the
+ * candidate space and the model behave, tuning records round-trip, argument
+ * checks come before any device work, and every attention template variant
+ * compiles for sm_80 and sm_90a. */
+#include <stdlib.h>
+#include <string.h>
+
+#include "attn_tiles.h"
+#include "ctx.h"
+#include "mask.h"
+#include "mha.h"
+#include "model.h"
+#include "testutil.h"
+
+static stof_ctx *open_ctx(const char *arch)
+{
+    stof_ctx *ctx;
+    stof_options o = {.no_cache = 1, .arch = arch};
+    ck_assert_int_eq(stof_open(&ctx, &o), STOF_OK);
+    return ctx;
+}
+
+/* Marks every (q, k) the tiles allow; fails on a key listed twice for a row. */
+static unsigned char *expand(const attn_tiles *t, int lq, int lk)
+{
+    unsigned char *d = calloc((size_t)lq * lk, 1);
+    ck_assert_ptr_nonnull(d);
+    for (int g = 0; g < t->n_groups; g++)
+        for (int i = t->tile_ptr[g]; i < t->tile_ptr[g + 1]; i++)
+            for (int r = 0; r < t->bm; r++) {
+                int q = t->qidx ? t->qidx[(size_t)g * t->bm + r] : g * t->bm + r;
+                if (q < 0 || q >= lq)
+                    continue;
+                for (int c = 0; c < t->bn; c++) {
+                    int k = t->kidx ? t->kidx[(size_t)t->tile_key[i] * t->bn + c] : t->tile_key[i] + c;
+                    if (k < 0 || k >= lk)
+                        continue;
+                    int b = t->tile_bits[i];
+                    int on = b < 0 || ((t->bits[((size_t)b * t->bm + r) * t->wpr + c / 32] >> (c % 32)) & 1);
+                    if (on) {
+                        ck_assert_msg(!d[(size_t)q * lk + k], "(%d, %d) listed twice", q, k);
+                        d[(size_t)q * lk + k] = 1;
+                    }
+                }
+            }
+    return d;
+}
+
+static const char *const SPECS[] = {"dense", "causal", "window:40", "dilated:48:3", "strided:7",
+                                    "window:30+strided:5", "random:2:16:9+global:5",
+                                    "causal&docs:50,77,30", "causal_window:20+global:3"};
+
+START_TEST(tiles_expand_to_the_mask)
+{
+    test_rng r = test_rng_make(0xa77 + _i);
+    stof_ctx *ctx = open_ctx("sm_90a");
+    static const int sizes[][3] = {{64, 64, 1}, {128, 64, 2}, {64, 32, 1}, {128, 128, 1}};
+    for (int rep = 0; rep < 4; rep++) {
+        int l = test_rng_int(&r, 150, 260);
+        if (strncmp(SPECS[_i], "causal&docs", 11) == 0)
+            l = 157;
+        stof_mask *m;
+        ck_assert_msg(stof_mask_parse(ctx, SPECS[_i], l, l, &m) == STOF_OK, "%s", stof_last_error(ctx));
+        unsigned char *want;
+        ck_assert_int_eq(mask_to_dense(m, &want), STOF_OK);
+        for (int kind = 0; kind < 2; kind++) {
+            const int *s = sizes[test_rng_int(&r, 0, 3)];
+            attn_tiles t;
+            ck_assert_int_eq(attn_tiles_build(ctx, m, (attn_kind)kind, s[0], s[1], &t), STOF_OK);
+            unsigned char *got = expand(&t, l, l);
+            for (size_t i = 0; i < (size_t)l * l; i++)
+                if (got[i] != want[i])
+                    ck_abort_msg("%s kind %d %dx%d L=%d: (%zu, %zu) tiles %d mask %d", SPECS[_i], kind,
+                                 s[0], s[1], l, i / l, i % l, got[i], want[i]);
+            /* Groups run heaviest first, each exactly once. */
+            char *seen = calloc((size_t)t.n_groups, 1);
+            for (int i = 0; i < t.n_groups; i++) {
+                int g = t.group_order[i];
+                ck_assert(g >= 0 && g < t.n_groups && !seen[g]);
+                seen[g] = 1;
+                if (i > 0) {
+                    int p = t.group_order[i - 1];
+                    ck_assert_int_ge(t.tile_ptr[p + 1] - t.tile_ptr[p], t.tile_ptr[g + 1] - t.tile_ptr[g]);
+                }
+            }
+            /* The packed arrays hold the same values. */
+            attn_tiles_layout lay = attn_tiles_layout_of(&t);
+            char *buf = malloc(lay.total);
+            attn_tiles_pack(&t, &lay, buf);
+            ck_assert_mem_eq(buf + lay.tile_ptr, t.tile_ptr, 4 * (size_t)(t.n_groups + 1));
+            ck_assert_mem_eq(buf + lay.tile_bits, t.tile_bits, 4 * (size_t)t.n_tiles);
+            free(buf);
+            free(seen);
+            free(got);
+            attn_tiles_free(&t);
+        }
+        free(want);
+        stof_mask_free(m);
+    }
+    stof_close(ctx);
+}
+END_TEST
+
+/* Gathering compacts a scattered mask: fewer tiles than blocks. */
+START_TEST(gather_compacts_scattered_masks)
+{
+    stof_ctx *ctx = open_ctx("sm_90a");
+    stof_mask *m;
+    ck_assert_int_eq(stof_mask_parse(ctx, "window:128+strided:8", 2048, 2048, &m), STOF_OK);
+    attn_tiles b, g;
+    ck_assert_int_eq(attn_tiles_build(ctx, m, ATTN_BLOCK, 64, 64, &b), STOF_OK);
+    ck_assert_int_eq(attn_tiles_build(ctx, m, ATTN_GATHER, 64, 64, &g), STOF_OK);
+    ck_assert_int_lt(g.n_tiles * 2, b.n_tiles);
+    model_device md = model_device_of(NULL, "sm_90a");
+    ck_assert(model_attn_ms(&md, &g, 96, 64, 1) < model_attn_ms(&md, &b, 96, 64, 1));
+    attn_tiles_free(&b);
+    attn_tiles_free(&g);
+    stof_mask_free(m);
+    /* A dilated mask groups rows by residue: one residue's keys are half. */
+    ck_assert_int_eq(stof_mask_parse(ctx, "dilated:256:2", 2048, 2048, &m), STOF_OK);
+    ck_assert_int_eq(attn_tiles_build(ctx, m, ATTN_GATHER, 64, 64, &g), STOF_OK);
+    ck_assert_int_eq(g.period, 2);
+    ck_assert_int_eq(attn_tiles_build(ctx, m, ATTN_BLOCK, 64, 64, &b), STOF_OK);
+    ck_assert_int_lt(g.n_tiles * 3, b.n_tiles * 2);
+    attn_tiles_free(&b);
+    attn_tiles_free(&g);
+    stof_mask_free(m);
+    stof_close(ctx);
+}
+END_TEST
+
+START_TEST(model_scales_with_work)
+{
+    stof_ctx *ctx = open_ctx("sm_90a");
+    model_device md = model_device_of(NULL, "sm_90a");
+    ck_assert_int_eq(md.sm_count, 132);
+    double last = 0;
+    for (int w = 256; w <= 2048; w *= 2) {
+        char spec[32];
+        snprintf(spec, sizeof spec, "window:%d", w);
+        stof_mask *m;
+        ck_assert_int_eq(stof_mask_parse(ctx, spec, 4096, 4096, &m), STOF_OK);
+        attn_tiles t;
+        ck_assert_int_eq(attn_tiles_build(ctx, m, ATTN_BLOCK, 64, 64, &t), STOF_OK);
+        double ms = model_attn_ms(&md, &t, 96, 64, 1);
+        ck_assert_msg(ms > last * 1.3, "window %d: %.4f ms after %.4f", w, ms, last);
+        last = ms;
+        /* More heads, proportionally more time once the GPU is full. */
+        double ms2 = model_attn_ms(&md, &t, 192, 64, 1);
+        ck_assert(ms2 > 1.8 * ms && ms2 < 2.2 * ms);
+        attn_tiles_free(&t);
+        stof_mask_free(m);
+    }
+    stof_close(ctx);
+}
+END_TEST
+
+START_TEST(candidates_fit_the_device)
+{
+    static const int dims[] = {32, 64, 80, 96, 128};
+    for (int i = 0; i < 5; i++) {
+        mha_candidate c[64];
+        int n = mha_candidates(dims[i], 227 * 1024, c, 64);
+        ck_assert_int_ge(n, 8);
+        int small = mha_candidates(dims[i], 48 * 1024, c, 64);
+        ck_assert_int_lt(small, n);
+        for (int j = 0; j < small; j++) {
+            ck_assert_int_le(mha_smem_bytes(&c[j], dims[i]), 48 * 1024);
+            ck_assert_int_eq(c[j].bm % (16 * c[j].mt), 0);
+            ck_assert(!(dims[i] > 64 && (c[j].bn == 128 || c[j].mt == 2)));
+        }
+    }
+}
+END_TEST
+
+START_TEST(tuning_record_round_trip)
+{
+    mha_tried t[3] = {{{ATTN_BLOCK, 64, 64, 1}, 0.5, 0.61, "ok"},
+                      {{ATTN_GATHER, 128, 32, 2}, 0.4, 0.52, "ok"},
+                      {{ATTN_BLOCK, 128, 64, 1}, 0.7, 0, NULL}};
+    char *rec = mha_record_format(t, 3, 1, "0123abcd", "fast");
+    ck_assert_ptr_nonnull(rec);
+    ck_assert_ptr_nonnull(strstr(rec, "\"verdict\":\"ok\""));
+    ck_assert_ptr_nonnull(strstr(rec, "\"kernel\":\"0123abcd\""));
+    mha_candidate c;
+    double ms, pred;
+    ck_assert(mha_record_parse(rec, &c, &ms, &pred));
+    ck_assert_int_eq(c.kind, ATTN_GATHER);
+    ck_assert_int_eq(c.bm, 128);
+    ck_assert_int_eq(c.bn, 32);
+    ck_assert_int_eq(c.mt, 2);
+    ck_assert_double_eq_tol(ms, 0.52, 1e-9);
+    ck_assert_double_eq_tol(pred, 0.4, 1e-9);
+    free(rec);
+    ck_assert(!mha_record_parse("{\"winner\":{\"kind\":\"magic\"}}", &c, &ms, &pred));
+    ck_assert(!mha_record_parse("not json", &c, &ms, &pred));
+    ck_assert(!mha_record_parse(NULL, &c, &ms, &pred));
+}
+END_TEST
+
+START_TEST(bad_arguments_before_the_device)
+{
+    stof_ctx *ctx = open_ctx(NULL);
+    stof_mask *m;
+    ck_assert_int_eq(stof_mask_parse(ctx, "window:64", 256, 256, &m), STOF_OK);
+    stof_mha_desc ok = {.batch = 2, .heads = 2, .seq_q = 256, .seq_k = 256, .head_dim = 64,
+                        .dtype = STOF_F16};
+    stof_mha_plan *p = (stof_mha_plan *)1;
+    struct {
+        stof_mha_desc d;
+        stof_status want;
+        const char *says;
+    } bad[] = {
+        {{.batch = 0, .heads = 2, .seq_q = 256, .seq_k = 256, .head_dim = 64, .dtype = STOF_F16},
+         STOF_ERR_INVALID_ARG, "positive"},
+        {{.batch = 2, .heads = 2, .seq_q = 256, .seq_k = 256, .head_dim = 72, .dtype = STOF_F16},
+         STOF_ERR_UNSUPPORTED, "head_dim 72"},
+        {{.batch = 2, .heads = 2, .seq_q = 256, .seq_k = 256, .head_dim = 64, .dtype = STOF_F32},
+         STOF_ERR_UNSUPPORTED, "dtype"},
+        {{.batch = 2, .heads = 2, .seq_q = 255, .seq_k = 256, .head_dim = 64, .dtype = STOF_F16},
+         STOF_ERR_INVALID_ARG, "mask is 256 x 256"},
+        {{.batch = 2, .heads = 2, .seq_q = 256, .seq_k = 256, .head_dim = 64, .dtype = STOF_F16,
+          .qkv_packed = 1}, STOF_ERR_INVALID_ARG, "qkv_packed"},
+        {{.batch = 2, .heads = 2, .seq_q = 256, .seq_k = 256, .head_dim = 64, .dtype = STOF_F16,
+          .layout = 7}, STOF_ERR_INVALID_ARG, "layout"},
+        {{.batch = 2, .heads = 2, .seq_q = 256, .seq_k = 256, .head_dim = 64, .dtype = STOF_F16,
+          .scale = -1}, STOF_ERR_INVALID_ARG, "scale"},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        ck_assert_int_eq(stof_mha_plan_create(ctx, &bad[i].d, m, &p), bad[i].want);
+        ck_assert_ptr_null(p);
+        ck_assert_msg(strstr(stof_last_error(ctx), bad[i].says), "case %zu: %s", i, stof_last_error(ctx));
+        ck_assert_int_eq(stof_mha_prepare(ctx, &bad[i].d, m), bad[i].want);
+    }
+    ck_assert_int_eq(stof_mha_plan_create(ctx, NULL, m, &p), STOF_ERR_INVALID_ARG);
+    ck_assert_int_eq(stof_mha_plan_create(ctx, &ok, NULL, &p), STOF_ERR_INVALID_ARG);
+    ck_assert_ptr_nonnull(strstr(stof_last_error(ctx), "mask"));
+    ck_assert_int_eq(stof_mha_plan_create(ctx, &ok, m, NULL), STOF_ERR_INVALID_ARG);
+    ck_assert_int_eq(stof_mha_run(NULL, NULL, NULL, NULL, NULL, NULL, NULL), STOF_ERR_INVALID_ARG);
+    char buf[8];
+    ck_assert_int_eq(stof_mha_plan_describe(NULL, buf, sizeof buf), STOF_ERR_INVALID_ARG);
+    stof_mha_plan_free(NULL);
+    int has = 1;
+    stof_device_info(ctx, &has, NULL, 0, NULL, 0);
+    if (!has) {
+        ck_assert_int_eq(stof_mha_plan_create(ctx, &ok, m, &p), STOF_ERR_NO_DEVICE);
+        ck_assert_ptr_nonnull(strstr(stof_last_error(ctx), "GPU"));
+    }
+    stof_mask_free(m);
+    stof_close(ctx);
+}
+END_TEST
+
+/* Compile-only preparation fills a cache; a second context finds it all. */
+START_TEST(prepare_fills_the_cache)
+{
+    char *dir = test_tmpdir(), path[512];
+    snprintf(path, sizeof path, "%s/cache.db", dir);
+    stof_options o = {.cache_path = path, .arch = "sm_90a"};
+    stof_ctx *ctx;
+    ck_assert_int_eq(stof_open(&ctx, &o), STOF_OK);
+    stof_mask *m;
+    ck_assert_int_eq(stof_mask_parse(ctx, "window:64+strided:8", 512, 512, &m), STOF_OK);
+    stof_mha_desc d = {.batch = 2, .heads = 4, .seq_q = 512, .seq_k = 512, .head_dim = 64,
+                       .dtype = STOF_BF16};
+    ck_assert_msg(stof_mha_prepare(ctx, &d, m) == STOF_OK, "%s", stof_last_error(ctx));
+    stof_stats s1;
+    stof_get_stats(ctx, &s1);
+    ck_assert_int_ge(s1.nvrtc_compiles, 2);
+    stof_close(ctx);
+    ck_assert_int_eq(stof_open(&ctx, &o), STOF_OK);
+    ck_assert_int_eq(stof_mha_prepare(ctx, &d, m), STOF_OK);
+    stof_stats s2;
+    stof_get_stats(ctx, &s2);
+    ck_assert_int_eq(s2.nvrtc_compiles, 0);
+    ck_assert_int_eq(s2.cache_hits, s1.nvrtc_compiles);
+    stof_mask_free(m);
+    stof_close(ctx);
+    test_rmtree(dir);
+    free(dir);
+}
+END_TEST
+
+/* Every variant the search can pick, for both architectures CI can name. */
+START_TEST(every_variant_compiles)
+{
+    static const int dims[] = {32, 64, 80, 96, 128};
+    const char *arch = _i % 2 ? "sm_80" : "sm_90a";
+    int dim = dims[_i / 2];
+    stof_ctx *ctx = open_ctx(arch);
+    mha_candidate c[64];
+    int n = mha_candidates(dim, 227 * 1024, c, 64);
+    for (int i = 0; i < n; i++)
+        for (int dt = 0; dt < 2; dt++) {
+            mha_request r;
+            mha_make_request(&c[i], dim, dt ? STOF_BF16 : STOF_F16, &r);
+            ck_assert_msg(jit_prepare(ctx, &r.req, NULL, NULL) == STOF_OK, "%s d%d %s %dx%d mt%d: %s", arch,
+                          dim, dt ? "bf16" : "fp16", c[i].bm, c[i].bn, c[i].mt, stof_last_error(ctx));
+        }
+    stof_stats s;
+    stof_get_stats(ctx, &s);
+    ck_assert_int_eq(s.nvrtc_compiles, 2 * n);
+    stof_close(ctx);
+}
+END_TEST
+
+Suite *suite_attn(void)
+{
+    Suite *s = suite_create("attn");
+    TCase *t = tcase_create("tiles");
+    tcase_add_loop_test(t, tiles_expand_to_the_mask, 0, (int)(sizeof SPECS / sizeof SPECS[0]));
+    tcase_add_test(t, gather_compacts_scattered_masks);
+    tcase_add_test(t, model_scales_with_work);
+    tcase_add_test(t, candidates_fit_the_device);
+    tcase_add_test(t, tuning_record_round_trip);
+    tcase_add_test(t, bad_arguments_before_the_device);
+    suite_add_tcase(s, t);
+    TCase *c = tcase_create("compile");
+    tcase_set_timeout(c, 900);
+    tcase_add_test(c, prepare_fills_the_cache);
+    tcase_add_loop_test(c, every_variant_compiles, 0, 10);
+    suite_add_tcase(s, c);
+    return s;
+}
