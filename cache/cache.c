@@ -32,6 +32,8 @@ static const char *SCHEMA =
     " created INTEGER NOT NULL,"
     " PRIMARY KEY (op, mask_hash, shape, dtype, arch, stof_version));";
 
+#define BUSY_TIMEOUT_MS 30000
+
 #define SQL_FAIL(ctx, c, what)                                                           \
     CTX_FAIL((ctx), STOF_ERR_CACHE, "cache %s: %s: %s", (c)->path, (what),                \
              sqlite3_errmsg((c)->db))
@@ -98,6 +100,25 @@ static int foreign_tables(sqlite3 *db)
     return n;
 }
 
+/* Switching a file to WAL needs a moment alone with it, and SQLite answers
+ * "locked" at once instead of calling the busy handler: two processes
+ * opening a new cache together would fail. Wait as the busy timeout would. */
+static stof_status set_wal(stof_ctx *ctx, cache *c)
+{
+    for (int waited_ms = 0;; waited_ms += 5) {
+        sqlite3_stmt *s = NULL;
+        int rc = sqlite3_prepare_v2(c->db, "PRAGMA journal_mode=WAL", -1, &s, NULL);
+        if (rc == SQLITE_OK)
+            rc = sqlite3_step(s);
+        sqlite3_finalize(s);
+        if (rc == SQLITE_ROW)
+            return STOF_OK;
+        if ((rc != SQLITE_BUSY && rc != SQLITE_LOCKED) || waited_ms >= BUSY_TIMEOUT_MS)
+            return SQL_FAIL(ctx, c, "PRAGMA journal_mode=WAL");
+        nanosleep(&(struct timespec){0, 5 * 1000 * 1000}, NULL);
+    }
+}
+
 stof_status cache_open(stof_ctx *ctx, const char *path, long long max_bytes, cache **out)
 {
     *out = NULL;
@@ -118,7 +139,7 @@ stof_status cache_open(stof_ctx *ctx, const char *path, long long max_bytes, cac
         st = SQL_FAIL(ctx, c, "cannot open");
         goto fail;
     }
-    sqlite3_busy_timeout(c->db, 30000);
+    sqlite3_busy_timeout(c->db, BUSY_TIMEOUT_MS);
     if (user_version(c->db, &v) != 0) {
         st = SQL_FAIL(ctx, c, "not a readable SQLite file");
         goto fail;
@@ -135,7 +156,7 @@ stof_status cache_open(stof_ctx *ctx, const char *path, long long max_bytes, cac
                       "cache %s: a SQLite database with other tables, not a stof cache", path);
         goto fail;
     }
-    if ((st = exec(ctx, c, "PRAGMA journal_mode=WAL")) != STOF_OK)
+    if ((st = set_wal(ctx, c)) != STOF_OK)
         goto fail;
     if (v < CACHE_SCHEMA_VERSION) {
         /* Version 1 is the first schema: there is nothing older to migrate. */

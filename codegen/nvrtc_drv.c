@@ -1,5 +1,6 @@
 #include "nvrtc_drv.h"
 
+#include <ctype.h>
 #include <nvrtc.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -32,14 +33,36 @@ const char *nvrtc_version_string(void)
     return v;
 }
 
+/* "sm_" then 2 or 3 digits then an optional "a", and nothing else. */
+static int parse_arch(const char *arch, int *num, int *specific)
+{
+    if (!arch || strncmp(arch, "sm_", 3) != 0)
+        return 0;
+    const char *p = arch + 3;
+    int digits = 0;
+    *num = 0;
+    while (isdigit((unsigned char)*p) && digits < 4) {
+        *num = *num * 10 + (*p++ - '0');
+        digits++;
+    }
+    *specific = *p == 'a';
+    if (*specific)
+        p++;
+    return digits >= 2 && digits <= 3 && *p == 0;
+}
+
 stof_status nvrtc_check_arch(stof_ctx *ctx, const char *arch)
 {
-    int n = 0, want = 0;
-    char suffix = 0;
-    if (!arch || sscanf(arch, "sm_%d%c", &want, &suffix) < 1 || (suffix && suffix != 'a'))
+    int n = 0, want = 0, specific = 0;
+    if (!parse_arch(arch, &want, &specific))
         return CTX_FAIL(ctx, STOF_ERR_INVALID_ARG,
                         "unknown architecture \"%s\": expected sm_NN or sm_NNa, e.g. sm_90a",
                         arch ? arch : "(null)");
+    /* Arch-specific targets ("a") begin with Hopper. */
+    if (specific && want < 90)
+        return CTX_FAIL(ctx, STOF_ERR_INVALID_ARG,
+                        "architecture %s does not exist: only sm_90 and newer have an \"a\" variant",
+                        arch);
     if (nvrtcGetNumSupportedArchs(&n) != NVRTC_SUCCESS || n <= 0 || n > 256)
         return CTX_FAIL(ctx, STOF_ERR_COMPILE, "nvrtcGetNumSupportedArchs failed");
     int archs[256];

@@ -21,4 +21,10 @@ typedef struct ln_config {
  * align_bytes (a power of two). */
 ln_config ln_choose(int hidden, stof_dtype dtype, int align_bytes);
 
+/* Compiles, with no GPU, the kernel stof_bias_residual_layernorm would use
+ * for desc with every pointer aligned to align_bytes and bias / residual
+ * given or not; key (65 bytes, may be NULL) receives its cache key. */
+stof_status ln_prepare(stof_ctx *ctx, const stof_ln_desc *desc, int align_bytes, int has_bias,
+                       int has_residual, char *key);
+
 #endif

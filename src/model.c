@@ -31,7 +31,7 @@ double model_attn_ms(const model_device *m, const attn_tiles *t, int batch_heads
     /* Two row tiles per warp share each K and V fragment: fewer
      * shared-memory reads per product. */
     if (m_tiles == 2)
-        tile_s *= 0.85;
+        tile_s *= 0.95;
     double partial = (double)(t->n_tiles - t->n_full);
     double gather = t->kind == ATTN_GATHER ? 0.15 : 0.0;
     double group_s = 4.0 * t->bm * head_dim / sm_bytes + 2e-6;

@@ -1,0 +1,168 @@
+/*
+ * test_tools — the demo's command line (build/stof-demo and tools/demo.sh):
+ * --help, every kind of bad argument (exit 2 with a message), and the
+ * compile-only path with no GPU (forced with STOF_NO_GPU), where a second
+ * process must hit the cache. stof-dump and stof-warm have tests of their
+ * own.
+ */
+#include <stdlib.h>
+#include <string.h>
+
+#include "testutil.h"
+
+static int run_demo(const char *args, char **out)
+{
+    char cmd[2048];
+    snprintf(cmd, sizeof cmd, "STOF_NO_GPU=1 %s %s", test_build_path("stof-demo"), args);
+    return test_run(cmd, out);
+}
+
+START_TEST(test_demo_help)
+{
+    char *out = NULL;
+    ck_assert_int_eq(run_demo("--help", &out), 0);
+    ck_assert_ptr_nonnull(strstr(out, "usage: stof-demo"));
+    const char *opts[] = {"--cache", "--no-cache", "--rows", "--hidden", "--dtype", "--arch",
+                          "--iters", "--seed", "--help"};
+    for (int i = 0; i < 9; i++)
+        ck_assert_msg(strstr(out, opts[i]) != NULL, "--help does not mention %s", opts[i]);
+    free(out);
+    ck_assert_int_eq(run_demo("-h", &out), 0);
+    ck_assert_ptr_nonnull(strstr(out, "usage: stof-demo"));
+    free(out);
+}
+END_TEST
+
+START_TEST(test_demo_bad_args)
+{
+    static const struct { const char *args, *says; } bad[] = {
+        {"--bogus", "unknown option \"--bogus\""},
+        {"positional", "unknown option \"positional\""},
+        {"--rows", "--rows needs a value"},
+        {"--rows 0", "--rows"},
+        {"--rows -5", "--rows"},
+        {"--rows abc", "\"abc\""},
+        {"--rows=12x", "\"12x\""},
+        {"--rows 99999999999", "--rows"},
+        {"--hidden 16385", "--hidden"},
+        {"--hidden 0", "--hidden"},
+        {"--iters 0", "--iters"},
+        {"--seed -1", "--seed"},
+        {"--dtype fp64", "fp64"},
+        {"--dtype", "--dtype needs a value"},
+        {"--arch sm_9x", "sm_9x"},
+        {"--arch compute_90", "compute_90"},
+        {"--arch=sm_50", "sm_50"},
+        {"--cache ''", "--cache needs a path"},
+        {"--cache x.db --no-cache", "contradict"},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        char *out = NULL;
+        int rc = run_demo(bad[i].args, &out);
+        ck_assert_msg(rc == 2, "stof-demo %s: exit %d, want 2; output:\n%s", bad[i].args, rc, out);
+        ck_assert_msg(strstr(out, "stof-demo: ") && strstr(out, bad[i].says) && strstr(out, "--help"),
+                      "stof-demo %s: the message should say \"%s\":\n%s", bad[i].args, bad[i].says, out);
+        ck_assert_msg(strstr(out, "result:") == NULL, "stof-demo %s ran anyway", bad[i].args);
+        free(out);
+    }
+}
+END_TEST
+
+/* The value of key on the output's "result:" line, or "" if none. */
+static void result_field(const char *out, const char *key, char *val, size_t n)
+{
+    val[0] = 0;
+    const char *line = strstr(out, "\nresult: ");
+    if (!line)
+        return;
+    char pat[64];
+    snprintf(pat, sizeof pat, " %s=", key);
+    const char *p = strstr(line, pat);
+    const char *eol = strchr(line + 1, '\n');
+    if (!p || (eol && p > eol))
+        return;
+    p += strlen(pat);
+    size_t k = strcspn(p, " \n");
+    snprintf(val, n, "%.*s", (int)(k < n ? k : n - 1), p);
+}
+
+START_TEST(test_demo_compile_only)
+{
+    char *dir = test_tmpdir(), args[1400], *out = NULL, v[64];
+    snprintf(args, sizeof args, "--cache %s/c.db --rows 4 --hidden 256 --dtype bf16 --arch sm_80",
+             dir);
+    /* First process: NVRTC. */
+    ck_assert_int_eq(run_demo(args, &out), 0);
+    ck_assert_ptr_nonnull(strstr(out, "not run: no GPU: STOF_NO_GPU is set"));
+    ck_assert_ptr_nonnull(strstr(out, "compiled by NVRTC"));
+    result_field(out, "gpu", v, sizeof v);
+    ck_assert_str_eq(v, "0");
+    result_field(out, "arch", v, sizeof v);
+    ck_assert_str_eq(v, "sm_80");
+    result_field(out, "compiles", v, sizeof v);
+    ck_assert_str_eq(v, "1");
+    result_field(out, "cache_hits", v, sizeof v);
+    ck_assert_str_eq(v, "0");
+    free(out);
+    /* Second process: the cache. */
+    ck_assert_int_eq(run_demo(args, &out), 0);
+    ck_assert_ptr_nonnull(strstr(out, "cache hit"));
+    result_field(out, "compiles", v, sizeof v);
+    ck_assert_str_eq(v, "0");
+    result_field(out, "cache_hits", v, sizeof v);
+    ck_assert_str_eq(v, "1");
+    ck_assert_ptr_nonnull(strstr(out, "nvrtc_compiles=0 "));
+    free(out);
+    /* Uncached: compiles again, says the kernel was not kept. */
+    ck_assert_int_eq(run_demo("--no-cache --rows 2 --hidden 64 --dtype fp32", &out), 0);
+    result_field(out, "compiles", v, sizeof v);
+    ck_assert_str_eq(v, "1");
+    result_field(out, "arch", v, sizeof v);
+    ck_assert_str_eq(v, "sm_90a");
+    ck_assert_ptr_nonnull(strstr(out, "not kept"));
+    free(out);
+    test_rmtree(dir);
+    free(dir);
+}
+END_TEST
+
+START_TEST(test_demo_script)
+{
+    char *dir = test_tmpdir(), cmd[3000], *out = NULL;
+    /* Both processes on one cache: exit 0, and the summary says what
+     * happened and what was not run. */
+    snprintf(cmd, sizeof cmd, "STOF_NO_GPU=1 STOF_DEMO_DIR=%s/demo bash tools/demo.sh", dir);
+    ck_assert_int_eq(test_run(cmd, &out), 0);
+    const char *summary = strstr(out, "== demo summary");
+    ck_assert_msg(summary != NULL, "no summary:\n%s", out);
+    ck_assert_ptr_nonnull(strstr(summary, "first process: NVRTC"));
+    ck_assert_ptr_nonnull(strstr(summary, "(1 compile)"));
+    ck_assert_ptr_nonnull(strstr(summary, "second: cache hit"));
+    ck_assert_ptr_nonnull(strstr(summary, "(0 compiles, 1 cache hit)"));
+    ck_assert_ptr_nonnull(strstr(summary, "NOT RUN on a GPU: no GPU: STOF_NO_GPU is set"));
+    free(out);
+    /* A cache that cannot be opened: the second process compiles again, and
+     * the script must fail. */
+    snprintf(cmd, sizeof cmd,
+             "touch %s/file && STOF_NO_GPU=1 STOF_DEMO_DIR=%s/demo STOF_DEMO_CACHE=%s/file/c.db "
+             "bash tools/demo.sh",
+             dir, dir, dir);
+    ck_assert_int_eq(test_run(cmd, &out), 1);
+    ck_assert_ptr_nonnull(strstr(out, "FAILED: the second process"));
+    free(out);
+    test_rmtree(dir);
+    free(dir);
+}
+END_TEST
+
+Suite *suite_tools(void)
+{
+    Suite *s = suite_create("tools");
+    TCase *tc = tcase_create("demo");
+    tcase_add_test(tc, test_demo_help);
+    tcase_add_test(tc, test_demo_bad_args);
+    tcase_add_test(tc, test_demo_compile_only);
+    tcase_add_test(tc, test_demo_script);
+    suite_add_tcase(s, tc);
+    return s;
+}

@@ -1,0 +1,108 @@
+#!/usr/bin/env bash
+# gpu-check.sh — the device loop. On the GPU machine, from a checkout whose
+# build/ was made elsewhere (this builds nothing: the GPU machine has no
+# Check or SQLite headers), it runs the test binary with the GPU suites, the
+# demo, and every benchmark (build/bench_*), keeps their logs under
+# ${OUT:-/tmp/gpu-check}, and prints a summary table last.
+#
+#   bash tools/gpu-check.sh          tests, demo, benchmarks
+#   bash tools/gpu-check.sh bench    benchmarks only (make bench)
+#
+# A benchmark's summary is its lines starting "summary:", else its last line.
+# Exit status: 0 when everything that ran passed.
+set -uo pipefail
+cd "$(dirname "$0")/.." || exit 1
+
+mode=${1:-all}
+case $mode in
+all | bench) ;;
+-h | --help)
+    sed -n '2,13s/^# \{0,1\}//p' "$0"
+    exit 0
+    ;;
+*)
+    echo "usage: bash tools/gpu-check.sh [bench]" >&2
+    exit 2
+    ;;
+esac
+
+build=${STOF_BUILD:-build}
+logs=${OUT:-/tmp/gpu-check}
+mkdir -p "$logs"
+export STOF_BUILD=$build
+
+names=() states=() details=()
+failed=0
+row() { # row NAME STATE DETAIL-LINES
+    names+=("$1")
+    states+=("$2")
+    details+=("$3")
+    case $2 in PASS | SKIP) ;; *) failed=1 ;; esac
+}
+
+# Shared libraries a carried binary needs but this machine lacks.
+missing_libs() { ldd "$1" 2>/dev/null | awk '/not found/ {print $1}' | tr '\n' ' '; }
+
+device=$(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>/dev/null | head -n 1)
+echo "gpu-check: ${device:-no nvidia-smi}; logs in $logs"
+
+if [[ $mode == all ]]; then
+    tests=$build/stof-tests
+    if [[ ! -x $tests ]]; then
+        row tests MISSING "$tests not found: run make on the build machine and carry $build/"
+    elif [[ -n $(missing_libs "$tests") ]]; then
+        row tests MISSING "$tests needs libraries this machine lacks: $(missing_libs "$tests")"
+    else
+        echo "gpu-check: running $tests (log: $logs/tests.log)"
+        "$tests" > "$logs/tests.log" 2>&1
+        rc=$?
+        line=$(grep -E '^[0-9]+%: Checks: ' "$logs/tests.log" | tail -n 1)
+        gpu=$(grep -E '^stof tests: (GPU present|NO GPU)' "$logs/tests.log" | head -n 1)
+        fails=$(grep -E ':[FE]:' "$logs/tests.log" | head -n 5)
+        detail=${line:-"no Check summary line (crashed? exit $rc)"}
+        [[ $gpu == *"NO GPU"* ]] && detail+=$'\n'"GPU suites NOT run: ${gpu#*NOT run }"
+        [[ -n $fails ]] && detail+=$'\n'$fails
+        row tests "$([[ $rc == 0 && -n $line ]] && echo PASS || echo FAIL)" "$detail"
+    fi
+
+    if [[ ! -x $build/stof-demo ]]; then
+        row demo MISSING "$build/stof-demo not found"
+    else
+        echo "gpu-check: running tools/demo.sh (log: $logs/demo.log)"
+        STOF_DEMO_DIR=$logs/demo bash tools/demo.sh > "$logs/demo.log" 2>&1
+        rc=$?
+        summary=$(sed -n '/^== demo summary/,$p' "$logs/demo.log" | tail -n +2)
+        row demo "$([[ $rc == 0 ]] && echo PASS || echo FAIL)" \
+            "${summary:-"no summary (exit $rc): $(tail -n 3 "$logs/demo.log")"}"
+    fi
+fi
+
+benches=0
+for b in "$build"/bench_*; do
+    [[ -x $b && -f $b ]] || continue
+    benches=$((benches + 1))
+    name=$(basename "$b")
+    echo "gpu-check: running $b (log: $logs/$name.log)"
+    "$b" > "$logs/$name.log" 2>&1
+    rc=$?
+    summary=$(grep '^summary:' "$logs/$name.log")
+    [[ -z $summary ]] && summary=$(tail -n 1 "$logs/$name.log")
+    [[ -z $summary ]] && summary="(no output)"
+    row "$name" "$([[ $rc == 0 ]] && echo PASS || echo "FAIL($rc)")" "$summary"
+done
+[[ $benches == 0 ]] && row bench SKIP "no benchmarks built ($build/bench_*)"
+
+echo
+echo "== gpu-check summary: ${device:-unknown device} (logs in $logs)"
+for i in "${!names[@]}"; do
+    first=1
+    while IFS= read -r line; do
+        if ((first)); then
+            printf '%-14s %-8s %s\n' "${names[$i]}" "${states[$i]}" "$line"
+            first=0
+        else
+            printf '%-14s %-8s %s\n' "" "" "$line"
+        fi
+    done <<< "${details[$i]}"
+done
+exit $failed
