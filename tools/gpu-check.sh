@@ -5,9 +5,16 @@
 # demo, and every benchmark (build/bench_*), keeps their logs under
 # ${OUT:-/tmp/gpu-check}, and prints a summary table last.
 #
-#   bash tools/gpu-check.sh          tests, demo, benchmarks
-#   bash tools/gpu-check.sh bench    benchmarks only (make bench)
+#   bash tools/gpu-check.sh              tests, demo, benchmarks
+#   bash tools/gpu-check.sh tests        tests and demo only
+#   bash tools/gpu-check.sh warm         stof-warm --tune full over bench/workloads/*.json
+#   bash tools/gpu-check.sh bench [ARG]  benchmarks only (make bench); ARGs go to
+#                                        bench/peers_mha.py, e.g. --suite bert-heads --seq 2048
 #
+# The attention benchmark (build/bench_mha) runs through bench/peers_mha.py,
+# which times the PyTorch peers in the same run. Warm and bench share the
+# cache $STOF_BENCH_CACHE (default $STOF_BUILD/bench-cache.db), so a bench
+# after a warm shows zero NVRTC compiles and zero timing runs.
 # A benchmark's summary is its lines starting "summary:", else its last line.
 # Exit status: 0 when everything that ran passed.
 set -uo pipefail
@@ -15,19 +22,21 @@ cd "$(dirname "$0")/.." || exit 1
 
 mode=${1:-all}
 case $mode in
-all | bench) ;;
+all | tests | warm | bench) ;;
 -h | --help)
-    sed -n '2,13s/^# \{0,1\}//p' "$0"
+    sed -n '2,21s/^# \{0,1\}//p' "$0"
     exit 0
     ;;
 *)
-    echo "usage: bash tools/gpu-check.sh [bench]" >&2
+    echo "usage: bash tools/gpu-check.sh [tests | warm | bench [ARG...]]" >&2
     exit 2
     ;;
 esac
+shift $(($# > 0 ? 1 : 0))
 
 build=${STOF_BUILD:-build}
 logs=${OUT:-/tmp/gpu-check}
+bench_cache=${STOF_BENCH_CACHE:-$build/bench-cache.db}
 mkdir -p "$logs"
 export STOF_BUILD=$build
 
@@ -46,7 +55,15 @@ missing_libs() { ldd "$1" 2>/dev/null | awk '/not found/ {print $1}' | tr '\n' '
 device=$(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>/dev/null | head -n 1)
 echo "gpu-check: ${device:-no nvidia-smi}; logs in $logs"
 
-if [[ $mode == all ]]; then
+if [[ $mode == warm ]]; then
+    echo "gpu-check: warming $bench_cache (log: $logs/warm.log)"
+    "$build/stof-warm" --cache "$bench_cache" --tune full bench/workloads/attention.json \
+        bench/workloads/layers.json > "$logs/warm.log" 2>&1
+    rc=$?
+    row warm "$([[ $rc == 0 ]] && echo PASS || echo "FAIL($rc)")" "$(grep -A3 '^stof-warm: ' "$logs/warm.log" | tail -n 4)"
+fi
+
+if [[ $mode == all || $mode == tests ]]; then
     tests=$build/stof-tests
     if [[ ! -x $tests ]]; then
         row tests MISSING "$tests not found: run make on the build machine and carry $build/"
@@ -79,18 +96,26 @@ fi
 
 benches=0
 for b in "$build"/bench_*; do
+    [[ $mode == all || $mode == bench ]] || break
     [[ -x $b && -f $b ]] || continue
     benches=$((benches + 1))
     name=$(basename "$b")
     echo "gpu-check: running $b (log: $logs/$name.log)"
-    "$b" > "$logs/$name.log" 2>&1
-    rc=$?
-    summary=$(grep '^summary:' "$logs/$name.log")
+    if [[ $name == bench_mha ]]; then
+        PYTHONUNBUFFERED=1 python3 bench/peers_mha.py --stof "$b" --cache "$bench_cache" "$@" \
+            > "$logs/$name.log" 2>&1
+        rc=$?
+        summary=$(grep -E '^(geomean|planning|first plans)' "$logs/$name.log")
+    else
+        "$b" > "$logs/$name.log" 2>&1
+        rc=$?
+        summary=$(grep '^summary:' "$logs/$name.log")
+    fi
     [[ -z $summary ]] && summary=$(tail -n 1 "$logs/$name.log")
     [[ -z $summary ]] && summary="(no output)"
     row "$name" "$([[ $rc == 0 ]] && echo PASS || echo "FAIL($rc)")" "$summary"
 done
-[[ $benches == 0 ]] && row bench SKIP "no benchmarks built ($build/bench_*)"
+[[ $benches == 0 && ($mode == all || $mode == bench) ]] && row bench SKIP "no benchmarks built ($build/bench_*)"
 
 echo
 echo "== gpu-check summary: ${device:-unknown device} (logs in $logs)"
