@@ -44,7 +44,9 @@ void mha_make_request(const mha_candidate *c, int head_dim, stof_dtype dtype, mh
     r->vars[6] = (render_var){"BLOCK_Q", g ? "0" : "1"};
     r->vars[7] = (render_var){"GATHER_K", g ? "1" : "0"};
     r->vars[8] = (render_var){"BLOCK_K", g ? "0" : "1"};
-    r->req = (jit_request){"mha", "attn.cu", "stof_attn", r->vars, 9};
+    r->vars[9] = (render_var){"Q_IN_REGS", c->qs ? "0" : "1"};
+    r->vars[10] = (render_var){"Q_IN_SMEM", c->qs ? "1" : "0"};
+    r->req = (jit_request){"mha", "attn.cu", "stof_attn", r->vars, 11};
 }
 
 int mha_smem_bytes(const mha_candidate *c, int head_dim)
@@ -54,15 +56,18 @@ int mha_smem_bytes(const mha_candidate *c, int head_dim)
 
 int mha_candidates(int head_dim, int smem_max, mha_candidate *out, int cap)
 {
-    static const int sizes[][3] = {{64, 64, 1},  {128, 64, 1}, {128, 64, 2}, {64, 32, 1},
-                                   {128, 32, 1}, {128, 32, 2}, {64, 128, 1}, {128, 128, 1}};
+    static const int sizes[][4] = {{64, 64, 1, 0},  {128, 64, 1, 0}, {128, 64, 2, 0},
+                                   {64, 32, 1, 0},  {128, 32, 1, 0}, {128, 32, 2, 0},
+                                   {64, 128, 1, 0}, {128, 128, 1, 0}, {128, 64, 2, 1},
+                                   {128, 32, 2, 1}};
     int n = 0;
     for (int kind = 0; kind < 2; kind++)
         for (size_t i = 0; i < sizeof sizes / sizeof sizes[0] && n < cap; i++) {
-            mha_candidate c = {(attn_kind)kind, sizes[i][0], sizes[i][1], sizes[i][2]};
-            /* S and O live in registers: 128-key tiles, or two row tiles per
-             * warp, spill past head_dim 64. */
-            if ((c.bn == 128 || c.mt == 2) && head_dim > 64)
+            mha_candidate c = {(attn_kind)kind, sizes[i][0], sizes[i][1], sizes[i][2], sizes[i][3]};
+            /* S, O and Q's fragments live in registers: past head_dim 64,
+             * 128-key tiles spill, and two row tiles per warp fit only with
+             * Q left in shared memory. */
+            if (head_dim > 64 && (c.bn == 128 || (c.mt == 2 && !c.qs)))
                 continue;
             if (mha_smem_bytes(&c, head_dim) > smem_max)
                 continue;
@@ -528,7 +533,10 @@ static void free_candidates(cand_state *cs, int n)
         attn_tiles_free(&cs[i].tiles);
 }
 
-static int is_default_size(const mha_candidate *c) { return c->bm == 64 && c->bn == 64 && c->mt == 1; }
+static int is_default_size(const mha_candidate *c)
+{
+    return c->bm == 64 && c->bn == 64 && c->mt == 1 && !c->qs;
+}
 
 /* Times candidate i, checks its output, records the verdict. */
 static stof_status try_candidate(stof_ctx *ctx, const stof_mha_desc *d, const stof_mask *mask,
@@ -555,9 +563,9 @@ static stof_status try_candidate(stof_ctx *ctx, const stof_mha_desc *d, const st
             s->verdict = "mismatch";
             free(out);
             return CTX_FAIL(ctx, STOF_ERR_INTERNAL,
-                            "attention kernel %s %dx%d (m_tiles %d) disagrees with the CPU "
-                            "reference (relative L2 error %.3g)",
-                            kind_name(s->c.kind), s->c.bm, s->c.bn, s->c.mt, err);
+                            "attention kernel %s %dx%d (m_tiles %d, q in %s) disagrees with the "
+                            "CPU reference (relative L2 error %.3g)",
+                            kind_name(s->c.kind), s->c.bm, s->c.bn, s->c.mt, s->c.qs ? "smem" : "regs", err);
         }
         s->verdict = "ok";
         *first_out = out;
@@ -626,15 +634,16 @@ char *mha_record_format(const mha_tried *cs, int n, int winner, const char *kern
     strbuf b = {0};
     const mha_tried *w = &cs[winner];
     strbuf_printf(&b,
-                  "{\"winner\":{\"kind\":\"%s\",\"bm\":%d,\"bn\":%d,\"mt\":%d,\"ms\":%.6f,"
+                  "{\"winner\":{\"kind\":\"%s\",\"bm\":%d,\"bn\":%d,\"mt\":%d,\"qs\":%d,\"ms\":%.6f,"
                   "\"predicted_ms\":%.6f,\"kernel\":\"%s\"},\"model_error\":%.4f,\"how\":\"%s\",\"tried\":[",
-                  kind_name(w->c.kind), w->c.bm, w->c.bn, w->c.mt, w->ms, w->predicted_ms, kernel,
+                  kind_name(w->c.kind), w->c.bm, w->c.bn, w->c.mt, w->c.qs, w->ms, w->predicted_ms, kernel,
                   w->ms > 0 ? w->predicted_ms / w->ms - 1 : 0.0, why);
     int first = 1;
     for (int i = 0; i < n; i++) {
         const mha_tried *s = &cs[i];
-        strbuf_printf(&b, "%s{\"kind\":\"%s\",\"bm\":%d,\"bn\":%d,\"mt\":%d,\"predicted_ms\":%.6f",
-                      first ? "" : ",", kind_name(s->c.kind), s->c.bm, s->c.bn, s->c.mt, s->predicted_ms);
+        strbuf_printf(&b, "%s{\"kind\":\"%s\",\"bm\":%d,\"bn\":%d,\"mt\":%d,\"qs\":%d,\"predicted_ms\":%.6f",
+                      first ? "" : ",", kind_name(s->c.kind), s->c.bm, s->c.bn, s->c.mt, s->c.qs,
+                      s->predicted_ms);
         if (s->verdict)
             strbuf_printf(&b, ",\"ms\":%.6f,\"verdict\":\"%s\"", s->ms, s->verdict);
         strbuf_puts(&b, "}");
@@ -649,15 +658,15 @@ int mha_record_parse(const char *rec, mha_candidate *c, double *ms, double *pred
 {
     const char *w = rec ? strstr(rec, "\"winner\":{") : NULL;
     char kind[16];
-    if (!w || sscanf(w, "\"winner\":{\"kind\":\"%15[a-z]\",\"bm\":%d,\"bn\":%d,\"mt\":%d,\"ms\":%lf,"
-                        "\"predicted_ms\":%lf",
-                     kind, &c->bm, &c->bn, &c->mt, ms, pred) != 6)
+    if (!w || sscanf(w, "\"winner\":{\"kind\":\"%15[a-z]\",\"bm\":%d,\"bn\":%d,\"mt\":%d,\"qs\":%d,"
+                        "\"ms\":%lf,\"predicted_ms\":%lf",
+                     kind, &c->bm, &c->bn, &c->mt, &c->qs, ms, pred) != 7)
         return 0;
     if (strcmp(kind, "block") != 0 && strcmp(kind, "gather") != 0)
         return 0;
     c->kind = strcmp(kind, "gather") == 0 ? ATTN_GATHER : ATTN_BLOCK;
     return c->bm >= 16 && c->bm <= 128 && c->bn >= 16 && c->bn <= 128 && (c->mt == 1 || c->mt == 2) &&
-           c->bm % (16 * c->mt) == 0;
+           c->bm % (16 * c->mt) == 0 && (c->qs == 0 || c->qs == 1);
 }
 
 /* ---- public calls ------------------------------------------------------- */
@@ -824,9 +833,9 @@ stof_status stof_mha_plan_describe(const stof_mha_plan *p, char *buf, size_t n)
     if (!p || !buf || n == 0)
         return STOF_ERR_INVALID_ARG;
     snprintf(buf, n,
-             "kernel=%s block_m=%d block_n=%d m_tiles=%d head_dim=%d %s groups=%d smem=%d "
+             "kernel=%s block_m=%d block_n=%d m_tiles=%d q_in=%s head_dim=%d %s groups=%d smem=%d "
              "chosen_by=%s predicted_ms=%.4f measured_ms=%.4f candidates_timed=%d mask=%.16s",
-             kind_name(p->c.kind), p->c.bm, p->c.bn, p->c.mt, p->d.head_dim, dtype_name(p->d.dtype),
+             kind_name(p->c.kind), p->c.bm, p->c.bn, p->c.mt, p->c.qs ? "smem" : "regs", p->d.head_dim, dtype_name(p->d.dtype),
              p->n_groups, p->smem, p->origin, p->predicted_ms, p->measured_ms, p->tried,
              p->mask_hash);
     return STOF_OK;

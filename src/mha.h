@@ -15,12 +15,13 @@ typedef struct mha_candidate {
     attn_kind kind;
     int bm, bn;
     int mt;              /* m16 row tiles per warp: 1 or 2 */
+    int qs;              /* 1: Q re-read from shared memory per tile, not kept in registers */
 } mha_candidate;
 
 /* The kernel request for a candidate; the strings live in *buf. */
 typedef struct mha_request {
     char text[4][16];
-    render_var vars[9];
+    render_var vars[11];
     jit_request req;
 } mha_request;
 void mha_make_request(const mha_candidate *c, int head_dim, stof_dtype dtype, mha_request *r);

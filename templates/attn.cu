@@ -15,6 +15,9 @@
 //   BLOCK_M    query rows per CTA, 16 * M_TILES * warps
 //   M_TILES    m16 row tiles per warp (1 or 2): 2 halves the shared-memory
 //              reads per product at the price of registers
+//   Q_IN_REGS  section flag: Q's fragments stay in registers for the whole walk
+//   Q_IN_SMEM  section flag: they are re-read from shared memory per tile (frees
+//              registers for two row tiles at large head sizes); one of the two
 //   BLOCK_N    keys per tile, a multiple of 16
 //   MMA_TYPE   f16 or bf16 (operand type of mma.sync and of storage)
 //   GATHER_Q   section flag: query rows come from an index list
@@ -175,7 +178,9 @@ stof_attn(const elem_t *__restrict__ q, const elem_t *__restrict__ k,
     // loads from shared memory feeds MT products.
     float o[MT][D / 8][4];
     float m[MT][2], l[MT][2];
+{{#if Q_IN_REGS}}
     unsigned qf[MT][D / 16][4];
+{{/if}}
 #pragma unroll
     for (int mt = 0; mt < MT; mt++) {
 #pragma unroll
@@ -196,6 +201,7 @@ stof_attn(const elem_t *__restrict__ q, const elem_t *__restrict__ k,
             cp_wait<0>();
         }
         __syncthreads();
+{{#if Q_IN_REGS}}
         if (it == t0) {
 #pragma unroll
             for (int mt = 0; mt < MT; mt++)
@@ -204,6 +210,7 @@ stof_attn(const elem_t *__restrict__ q, const elem_t *__restrict__ k,
                     ldsm_x4(qf[mt][kk], Qs + (wrow + mt * 16 + (lane % 8) + 8 * ((lane / 8) % 2)) * LDS +
                                             kk * 16 + 8 * (lane / 16));
         }
+{{/if}}
         const elem_t *Kt = Ks + stage * BN * LDS;
         const elem_t *Vt = Vs + stage * BN * LDS;
 
@@ -216,6 +223,14 @@ stof_attn(const elem_t *__restrict__ q, const elem_t *__restrict__ k,
                 s[mt][j][0] = s[mt][j][1] = s[mt][j][2] = s[mt][j][3] = 0.f;
 #pragma unroll
         for (int kk = 0; kk < D / 16; kk++) {
+{{#if Q_IN_SMEM}}
+            // Q's fragments are read again for every tile: registers go to S and O.
+            unsigned qk[MT][4];
+#pragma unroll
+            for (int mt = 0; mt < MT; mt++)
+                ldsm_x4(qk[mt], Qs + (wrow + mt * 16 + (lane % 8) + 8 * ((lane / 8) % 2)) * LDS +
+                                    kk * 16 + 8 * (lane / 16));
+{{/if}}
 #pragma unroll
             for (int np = 0; np < BN / 16; np++) {
                 unsigned bfr[4];
@@ -223,8 +238,14 @@ stof_attn(const elem_t *__restrict__ q, const elem_t *__restrict__ k,
                                  8 * ((lane / 8) % 2));
 #pragma unroll
                 for (int mt = 0; mt < MT; mt++) {
-                    mma(s[mt][2 * np], qf[mt][kk], bfr[0], bfr[1]);
-                    mma(s[mt][2 * np + 1], qf[mt][kk], bfr[2], bfr[3]);
+{{#if Q_IN_REGS}}
+                    const unsigned *a = qf[mt][kk];
+{{/if}}
+{{#if Q_IN_SMEM}}
+                    const unsigned *a = qk[mt];
+{{/if}}
+                    mma(s[mt][2 * np], a, bfr[0], bfr[1]);
+                    mma(s[mt][2 * np + 1], a, bfr[2], bfr[3]);
                 }
             }
         }

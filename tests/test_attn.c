@@ -167,7 +167,7 @@ START_TEST(candidates_fit_the_device)
         for (int j = 0; j < small; j++) {
             ck_assert_int_le(mha_smem_bytes(&c[j], dims[i]), 48 * 1024);
             ck_assert_int_eq(c[j].bm % (16 * c[j].mt), 0);
-            ck_assert(!(dims[i] > 64 && (c[j].bn == 128 || c[j].mt == 2)));
+            ck_assert(!(dims[i] > 64 && (c[j].bn == 128 || (c[j].mt == 2 && !c[j].qs))));
         }
     }
 }
@@ -175,9 +175,9 @@ END_TEST
 
 START_TEST(tuning_record_round_trip)
 {
-    mha_tried t[3] = {{{ATTN_BLOCK, 64, 64, 1}, 0.5, 0.61, "ok"},
-                      {{ATTN_GATHER, 128, 32, 2}, 0.4, 0.52, "ok"},
-                      {{ATTN_BLOCK, 128, 64, 1}, 0.7, 0, NULL}};
+    mha_tried t[3] = {{{ATTN_BLOCK, 64, 64, 1, 0}, 0.5, 0.61, "ok"},
+                      {{ATTN_GATHER, 128, 32, 2, 1}, 0.4, 0.52, "ok"},
+                      {{ATTN_BLOCK, 128, 64, 1, 0}, 0.7, 0, NULL}};
     char *rec = mha_record_format(t, 3, 1, "0123abcd", "fast");
     ck_assert_ptr_nonnull(rec);
     ck_assert_ptr_nonnull(strstr(rec, "\"verdict\":\"ok\""));
@@ -189,6 +189,7 @@ START_TEST(tuning_record_round_trip)
     ck_assert_int_eq(c.bm, 128);
     ck_assert_int_eq(c.bn, 32);
     ck_assert_int_eq(c.mt, 2);
+    ck_assert_int_eq(c.qs, 1);
     ck_assert_double_eq_tol(ms, 0.52, 1e-9);
     ck_assert_double_eq_tol(pred, 0.4, 1e-9);
     free(rec);
@@ -294,8 +295,9 @@ START_TEST(every_variant_compiles)
         for (int dt = 0; dt < 2; dt++) {
             mha_request r;
             mha_make_request(&c[i], dim, dt ? STOF_BF16 : STOF_F16, &r);
-            ck_assert_msg(jit_prepare(ctx, &r.req, NULL, NULL) == STOF_OK, "%s d%d %s %dx%d mt%d: %s", arch,
-                          dim, dt ? "bf16" : "fp16", c[i].bm, c[i].bn, c[i].mt, stof_last_error(ctx));
+            ck_assert_msg(jit_prepare(ctx, &r.req, NULL, NULL) == STOF_OK, "%s d%d %s %dx%d mt%d qs%d: %s",
+                          arch, dim, dt ? "bf16" : "fp16", c[i].bm, c[i].bn, c[i].mt, c[i].qs,
+                          stof_last_error(ctx));
         }
     stof_stats s;
     stof_get_stats(ctx, &s);

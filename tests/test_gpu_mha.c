@@ -20,6 +20,7 @@ typedef struct mcase {
     int packed, lens;
     int kind, bm, bn;   /* kind -1: the planner chooses (tune fast) */
     int mt;             /* m16 row tiles per warp; 0 means 1 */
+    int qs;             /* Q re-read from shared memory */
 } mcase;
 
 static CUdeviceptr upload(stof_ctx *ctx, const void *host, size_t bytes)
@@ -77,7 +78,7 @@ static double run_case(const mcase *c, uint64_t salt)
     if (c->kind < 0) {
         st = stof_mha_plan_create(ctx, &d, m, &plan);
     } else {
-        mha_candidate cand = {(attn_kind)c->kind, c->bm, c->bn, c->mt ? c->mt : 1};
+        mha_candidate cand = {(attn_kind)c->kind, c->bm, c->bn, c->mt ? c->mt : 1, c->qs};
         st = mha_plan_forced(ctx, &d, m, &cand, &plan);
     }
     ck_assert_msg(st == STOF_OK, "plan %s: %s", c->spec, stof_last_error(ctx));
@@ -135,7 +136,7 @@ START_TEST(every_mask_both_kinds)
 {
     for (int kind = 0; kind < 2; kind++) {
         mcase c = {SPECS[_i], 2, 3, 377, 377, 64, STOF_F16, STOF_LAYOUT_BHLD, 0, 0, kind,
-                   kind ? 128 : 64, 64, kind ? 2 : 1};
+                   kind ? 128 : 64, 64, kind ? 2 : 1, 0};
         run_case(&c, 100 + _i * 2 + kind);
     }
 }
@@ -145,14 +146,17 @@ END_TEST
 START_TEST(head_dims_dtypes_tiles)
 {
     static const int dims[] = {32, 64, 80, 96, 128};
-    static const int tiles[][3] = {{64, 64, 1},  {128, 64, 1}, {64, 32, 1}, {128, 32, 1},
-                                   {64, 128, 1}, {128, 64, 2}, {128, 32, 2}, {128, 128, 1}};
-    for (int t = 0; t < 8; t++)
+    static const int tiles[][4] = {{64, 64, 1, 0},  {128, 64, 1, 0}, {64, 32, 1, 0},
+                                   {128, 32, 1, 0}, {64, 128, 1, 0}, {128, 64, 2, 0},
+                                   {128, 32, 2, 0}, {128, 128, 1, 0}, {128, 64, 2, 1},
+                                   {128, 32, 2, 1}};
+    for (int t = 0; t < 10; t++)
         for (int dt = 0; dt < 2; dt++) {
-            if ((tiles[t][1] == 128 || tiles[t][2] == 2) && dims[_i] > 64)
+            if (dims[_i] > 64 && (tiles[t][1] == 128 || (tiles[t][2] == 2 && !tiles[t][3])))
                 continue;
             mcase c = {"window:96+global:8", 1, 2, 301, 301, dims[_i], dt ? STOF_BF16 : STOF_F16,
-                       STOF_LAYOUT_BHLD, 0, 0, (t + dt) % 2, tiles[t][0], tiles[t][1], tiles[t][2]};
+                       STOF_LAYOUT_BHLD, 0, 0, (t + dt) % 2, tiles[t][0], tiles[t][1], tiles[t][2],
+                       tiles[t][3]};
             run_case(&c, 500 + _i * 20 + t * 2 + dt);
         }
 }
@@ -161,13 +165,13 @@ END_TEST
 START_TEST(layouts_lens_packed)
 {
     mcase cases[] = {
-        {"causal", 3, 2, 250, 250, 64, STOF_F16, STOF_LAYOUT_BLHD, 0, 0, 0, 64, 64, 1},
-        {"window:64+global:16", 3, 2, 250, 250, 64, STOF_BF16, STOF_LAYOUT_BHLD, 0, 1, 0, 64, 64, 1},
-        {"dilated:64:2", 3, 2, 250, 250, 128, STOF_F16, STOF_LAYOUT_BLHD, 0, 1, 1, 64, 64, 1},
-        {"window:64+strided:8", 2, 4, 300, 300, 64, STOF_F16, STOF_LAYOUT_BLHD, 1, 0, 0, 64, 64, 1},
-        {"window:64+strided:8", 2, 4, 300, 300, 64, STOF_BF16, STOF_LAYOUT_BLHD, 1, 1, 1, 128, 32, 2},
-        {"causal", 2, 2, 200, 333, 64, STOF_F16, STOF_LAYOUT_BHLD, 0, 0, 0, 64, 64, 1},
-        {"window:64", 2, 2, 333, 200, 96, STOF_BF16, STOF_LAYOUT_BLHD, 0, 0, 1, 64, 64, 1},
+        {"causal", 3, 2, 250, 250, 64, STOF_F16, STOF_LAYOUT_BLHD, 0, 0, 0, 64, 64, 1, 0},
+        {"window:64+global:16", 3, 2, 250, 250, 64, STOF_BF16, STOF_LAYOUT_BHLD, 0, 1, 0, 64, 64, 1, 0},
+        {"dilated:64:2", 3, 2, 250, 250, 128, STOF_F16, STOF_LAYOUT_BLHD, 0, 1, 1, 128, 64, 2, 1},
+        {"window:64+strided:8", 2, 4, 300, 300, 64, STOF_F16, STOF_LAYOUT_BLHD, 1, 0, 0, 64, 64, 1, 0},
+        {"window:64+strided:8", 2, 4, 300, 300, 64, STOF_BF16, STOF_LAYOUT_BLHD, 1, 1, 1, 128, 32, 2, 0},
+        {"causal", 2, 2, 200, 333, 64, STOF_F16, STOF_LAYOUT_BHLD, 0, 0, 0, 64, 64, 1, 0},
+        {"window:64", 2, 2, 333, 200, 96, STOF_BF16, STOF_LAYOUT_BLHD, 0, 0, 1, 64, 64, 1, 0},
     };
     run_case(&cases[_i], 900 + _i);
 }
@@ -178,7 +182,7 @@ START_TEST(planner_choice)
 {
     static const char *const specs[] = {"window:128+global:32", "dilated:128:2", "causal"};
     mcase c = {specs[_i], 2, 4, 640, 640, 64, _i == 2 ? STOF_BF16 : STOF_F16, STOF_LAYOUT_BHLD, 0, 0,
-               -1, 0, 0, 0};
+               -1, 0, 0, 0, 0};
     run_case(&c, 1200 + _i);
 }
 END_TEST
