@@ -223,8 +223,9 @@ def main():
         if "flex_mean_abs" in pr:
             rel = abs(pr["flex_mean_abs"] - s["mean_abs"]) / max(1e-12, pr["flex_mean_abs"])
             ok = "ok" if rel < 1e-2 and not s["nan"] else "DIFF"
-        kern = s["kernel"].split(" ")
-        kdesc = " ".join(kern[:3]).replace("kernel=", "").replace("block_m=", "m").replace("block_n=", "n")
+        kv = dict(f.split("=", 1) for f in s["kernel"].split(" ") if "=" in f)
+        kdesc = "%s m%s n%s x%s q:%s" % (kv.get("kernel"), kv.get("block_m"), kv.get("block_n"),
+                                        kv.get("m_tiles"), kv.get("q_in"))
         fmt = lambda x: "%9.4f" % x if x else "%9s" % "-"
         out.append("%-28s %-34s %9.4f %7.1f %s %s %s %7.2f %6s" % (
             c["name"], kdesc, s["ms"], s["tflops"], fmt(pr.get("flex")), fmt(pr.get("sdpa_mask")),

@@ -193,6 +193,12 @@ void cache_close(cache *c)
 }
 
 sqlite3 *cache_db(cache *c) { return c->db; }
+
+int cache_versions_current(const char *nvrtc_version, const char *stof_version_)
+{
+    return strcmp(nvrtc_version, nvrtc_version_string()) == 0 &&
+           strcmp(stof_version_, stof_version()) == 0;
+}
 const char *cache_file(const cache *c) { return c->path; }
 
 void cache_checksum(const void *cubin, size_t cubin_size, const char *ptx, size_t ptx_size,
@@ -207,13 +213,13 @@ void cache_checksum(const void *cubin, size_t cubin_size, const char *ptx, size_
     hash_to_hex(d, out);
 }
 
-static char *col_text(sqlite3_stmt *s, int i)
+char *cache_col_text(sqlite3_stmt *s, int i)
 {
     const unsigned char *t = sqlite3_column_text(s, i);
     return strdup(t ? (const char *)t : "");
 }
 
-static void *col_blob(sqlite3_stmt *s, int i, size_t *n)
+void *cache_col_blob(sqlite3_stmt *s, int i, size_t *n)
 {
     const void *b = sqlite3_column_blob(s, i);
     *n = (size_t)sqlite3_column_bytes(s, i);
@@ -238,7 +244,7 @@ static int read_row(sqlite3_stmt *s, cache_kernel *k)
     char **txt[] = {&k->op, &k->name, &k->entry, &k->arch, &k->nvrtc_version, &k->stof_version,
                     &k->options, &k->params, &k->source, &k->log};
     for (int i = 0; i < 10; i++)
-        if (!(*txt[i] = col_text(s, i + 1)))
+        if (!(*txt[i] = cache_col_text(s, i + 1)))
             return 0;
     const unsigned char *cs = sqlite3_column_text(s, 11);
     snprintf(k->checksum, sizeof k->checksum, "%s", cs ? (const char *)cs : "");
@@ -268,16 +274,15 @@ stof_status cache_get_kernel(stof_ctx *ctx, cache *c, const char *key, cache_ker
         if (!read_row(s, out))
             st = CTX_FAIL(ctx, STOF_ERR_NO_MEMORY, "out of memory reading the cache");
         size_t pn = 0;
-        out->cubin = col_blob(s, 18, &out->cubin_size);
-        out->ptx = col_blob(s, 19, &pn);
+        out->cubin = cache_col_blob(s, 18, &out->cubin_size);
+        out->ptx = cache_col_blob(s, 19, &pn);
         out->ptx_size = pn;
         if (st == STOF_OK && (!out->cubin || !out->ptx))
             st = CTX_FAIL(ctx, STOF_ERR_NO_MEMORY, "out of memory reading the cache");
         if (st == STOF_OK) {
             char sum[65];
             cache_checksum(out->cubin, out->cubin_size, out->ptx, out->ptx_size, sum);
-            int stale = strcmp(out->nvrtc_version, nvrtc_version_string()) != 0 ||
-                        strcmp(out->stof_version, stof_version()) != 0;
+            int stale = !cache_versions_current(out->nvrtc_version, out->stof_version);
             if (strcmp(sum, out->checksum) != 0 || stale || out->cubin_size == 0) {
                 *rejected = 1;
                 cache_kernel_free(out);
@@ -448,7 +453,7 @@ stof_status cache_get_tuning(stof_ctx *ctx, cache *c, const char *op, const char
         out->shape = strdup(shape);
         out->dtype = strdup(dtype);
         out->arch = strdup(arch);
-        out->record = col_text(s, 0);
+        out->record = cache_col_text(s, 0);
         out->created = sqlite3_column_int64(s, 1);
         if (!out->op || !out->mask_hash || !out->shape || !out->dtype || !out->arch || !out->record) {
             cache_tuning_free(out);

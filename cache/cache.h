@@ -75,7 +75,17 @@ stof_status cache_resolve_key(stof_ctx *ctx, cache *c, const char *prefix, char 
 /* For cache_admin (the tools' maintenance: stats, check, prune, export,
  * import): the open database and the path it was opened from. */
 struct sqlite3;
+struct sqlite3_stmt;
 struct sqlite3 *cache_db(cache *c);
+
+/* Column i of the current row as a new string ("" for NULL), or as a new
+ * buffer of *n bytes plus a NUL; NULL when out of memory. */
+char *cache_col_text(struct sqlite3_stmt *s, int i);
+void *cache_col_blob(struct sqlite3_stmt *s, int i, size_t *n);
+
+/* 1 when a row's versions are this NVRTC's and this stof's: only such rows
+ * are ever loaded. */
+int cache_versions_current(const char *nvrtc_version, const char *stof_version);
 const char *cache_file(const cache *c);
 
 /* SHA-256 of cubin then ptx, as stored in the checksum column. */

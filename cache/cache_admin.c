@@ -32,12 +32,6 @@ static const char *TUNING_PROBE =
 
 static long long now_s(void) { return (long long)time(NULL); }
 
-int cache_admin_current(const char *nvrtc_version, const char *stof_version_)
-{
-    return strcmp(nvrtc_version, nvrtc_version_string()) == 0 &&
-           strcmp(stof_version_, stof_version()) == 0;
-}
-
 /* ---- before opening ---- */
 
 int cache_admin_default_path(char *out, size_t n)
@@ -147,24 +141,6 @@ cache_probe_result cache_admin_probe(const char *path, char *why, size_t n)
 
 /* ---- reading ---- */
 
-static char *col_text(sqlite3_stmt *s, int i)
-{
-    const unsigned char *t = sqlite3_column_text(s, i);
-    return strdup(t ? (const char *)t : "");
-}
-
-static void *col_blob(sqlite3_stmt *s, int i, size_t *n)
-{
-    const void *b = sqlite3_column_blob(s, i);
-    *n = (size_t)sqlite3_column_bytes(s, i);
-    char *p = malloc(*n + 1);
-    if (p) {
-        if (*n)
-            memcpy(p, b, *n);
-        p[*n] = 0;
-    }
-    return p;
-}
 
 /* Reads the ROW_COLS of s into k; 0 on out of memory (k is then freed). */
 static int row_read(sqlite3_stmt *s, cache_kernel *k)
@@ -176,15 +152,15 @@ static int row_read(sqlite3_stmt *s, cache_kernel *k)
                     &k->options, &k->params, &k->source, &k->log};
     int ok = 1;
     for (int i = 0; i < 10; i++)
-        ok &= (*txt[i] = col_text(s, i + 1)) != NULL;
+        ok &= (*txt[i] = cache_col_text(s, i + 1)) != NULL;
     const unsigned char *cs = sqlite3_column_text(s, 11);
     snprintf(k->checksum, sizeof k->checksum, "%s", cs ? (const char *)cs : "");
     k->compile_ms = sqlite3_column_double(s, 12);
     k->created = sqlite3_column_int64(s, 13);
     k->last_used = sqlite3_column_int64(s, 14);
     k->hits = sqlite3_column_int64(s, 15);
-    k->cubin = col_blob(s, 16, &k->cubin_size);
-    k->ptx = col_blob(s, 17, &k->ptx_size);
+    k->cubin = cache_col_blob(s, 16, &k->cubin_size);
+    k->ptx = cache_col_blob(s, 17, &k->ptx_size);
     if (!ok || !k->cubin || !k->ptx) {
         cache_kernel_free(k);
         return 0;
@@ -239,9 +215,9 @@ stof_status cache_admin_list_tuning(stof_ctx *ctx, cache *c, const char *op, cac
     stof_status st = STOF_OK;
     int rc;
     while ((rc = sqlite3_step(s)) == SQLITE_ROW) {
-        cache_tuning t = {col_text(s, 0), col_text(s, 1), col_text(s, 2), col_text(s, 3),
-                          col_text(s, 4), col_text(s, 5), sqlite3_column_int64(s, 6)};
-        char *ver = col_text(s, 7);
+        cache_tuning t = {cache_col_text(s, 0), cache_col_text(s, 1), cache_col_text(s, 2), cache_col_text(s, 3),
+                          cache_col_text(s, 4), cache_col_text(s, 5), sqlite3_column_int64(s, 6)};
+        char *ver = cache_col_text(s, 7);
         int stop = 0;
         if (!t.op || !t.mask_hash || !t.shape || !t.dtype || !t.arch || !t.record || !ver)
             st = CTX_FAIL(ctx, STOF_ERR_NO_MEMORY, "out of memory listing the cache");
@@ -485,7 +461,7 @@ static stof_status check_kernels(stof_ctx *ctx, cache *c, cache_check *k)
                              r.cubin_size ? "checksum mismatch: its binary or PTX changed"
                                           : "no binary");
         }
-        if (ok && !cache_admin_current(r.nvrtc_version, r.stof_version)) {
+        if (ok && !cache_versions_current(r.nvrtc_version, r.stof_version)) {
             k->stale_kernels++;
             ok = add_problem(k, CACHE_STALE, r.key, "%s %s: compiled by stof %s with NVRTC %s",
                              r.op, r.arch, r.stof_version, r.nvrtc_version);
@@ -621,7 +597,7 @@ static stof_status pick_stale(stof_ctx *ctx, cache *c, keylist *l)
         cache_kernel r;
         if (!(ok = row_read(s, &r)))
             break;
-        if (!row_sound(&r) || !cache_admin_current(r.nvrtc_version, r.stof_version))
+        if (!row_sound(&r) || !cache_versions_current(r.nvrtc_version, r.stof_version))
             ok = keylist_add(l, r.key, sqlite3_column_int64(s, 18));
         cache_kernel_free(&r);
     }
@@ -790,7 +766,7 @@ static int present_and_sound(cache *c, const char *key)
     sqlite3_bind_text(s, 1, key, -1, SQLITE_TRANSIENT);
     cache_kernel k;
     if (sqlite3_step(s) == SQLITE_ROW && row_read(s, &k)) {
-        yes = row_sound(&k) && cache_admin_current(k.nvrtc_version, k.stof_version);
+        yes = row_sound(&k) && cache_versions_current(k.nvrtc_version, k.stof_version);
         cache_kernel_free(&k);
     }
     sqlite3_finalize(s);
@@ -837,7 +813,7 @@ static stof_status import_kernels(stof_ctx *ctx, cache *c, sqlite3 *src, const c
             st = CTX_FAIL(ctx, STOF_ERR_NO_MEMORY, "out of memory importing %s", file);
             break;
         }
-        if (!cache_admin_current(k.nvrtc_version, k.stof_version))
+        if (!cache_versions_current(k.nvrtc_version, k.stof_version))
             r->kernels_stale++;
         else if (!row_sound(&k))
             r->kernels_damaged++;

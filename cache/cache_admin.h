@@ -37,9 +37,6 @@ int cache_admin_default_path(char *out, size_t n);
 stof_status cache_admin_read_kernel(stof_ctx *ctx, cache *c, const char *key, cache_kernel *out,
                                     int *found);
 
-/* 1 when the row's versions are this stof's and this NVRTC's. */
-int cache_admin_current(const char *nvrtc_version, const char *stof_version);
-
 /* Calls fn for each tuning row (of op, when op is not NULL), ordered by op,
  * shape, created. stof_version is the row's. Stops when fn returns nonzero. */
 typedef int (*cache_tuning_fn)(const cache_tuning *t, const char *stof_version, void *arg);

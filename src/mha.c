@@ -694,13 +694,10 @@ static stof_status finish_plan(stof_ctx *ctx, stof_mha_plan *p, const stof_mask 
     return st;
 }
 
-stof_status stof_mha_plan_create(stof_ctx *ctx, const stof_mha_desc *desc, const stof_mask *mask,
-                                 stof_mha_plan **plan)
+/* A new plan for desc, after the checks every plan needs. */
+static stof_status plan_new(stof_ctx *ctx, const stof_mha_desc *desc, const stof_mask *mask,
+                            stof_mha_plan **out)
 {
-    if (!ctx)
-        return STOF_ERR_INVALID_ARG;
-    CTX_ARG(ctx, plan, "plan");
-    *plan = NULL;
     TRY(check_desc(ctx, desc, mask));
     TRY(ctx_need_device(ctx));
     stof_mha_plan *p = calloc(1, sizeof *p);
@@ -711,6 +708,24 @@ stof_status stof_mha_plan_create(stof_ctx *ctx, const stof_mha_desc *desc, const
     if (!p->d.layout)
         p->d.layout = STOF_LAYOUT_BHLD;
     stof_status st = stof_mask_hash(mask, p->mask_hash);
+    if (st != STOF_OK) {
+        free(p);
+        return st;
+    }
+    *out = p;
+    return STOF_OK;
+}
+
+stof_status stof_mha_plan_create(stof_ctx *ctx, const stof_mha_desc *desc, const stof_mask *mask,
+                                 stof_mha_plan **plan)
+{
+    if (!ctx)
+        return STOF_ERR_INVALID_ARG;
+    CTX_ARG(ctx, plan, "plan");
+    *plan = NULL;
+    stof_mha_plan *p;
+    TRY(plan_new(ctx, desc, mask, &p));
+    stof_status st = STOF_OK;
     char shape[160];
     shape_string(&p->d, shape, sizeof shape);
     const char *dt = dtype_name(p->d.dtype);
@@ -785,20 +800,11 @@ stof_status mha_plan_forced(stof_ctx *ctx, const stof_mha_desc *desc, const stof
         return STOF_ERR_INVALID_ARG;
     CTX_ARG(ctx, plan && c, "plan");
     *plan = NULL;
-    TRY(check_desc(ctx, desc, mask));
-    TRY(ctx_need_device(ctx));
-    stof_mha_plan *p = calloc(1, sizeof *p);
-    if (!p)
-        return CTX_FAIL(ctx, STOF_ERR_NO_MEMORY, "out of memory");
-    p->ctx = ctx;
-    p->d = *desc;
-    if (!p->d.layout)
-        p->d.layout = STOF_LAYOUT_BHLD;
+    stof_mha_plan *p;
+    TRY(plan_new(ctx, desc, mask, &p));
     p->c = *c;
     p->origin = "forced";
-    stof_status st = stof_mask_hash(mask, p->mask_hash);
-    if (st == STOF_OK)
-        st = finish_plan(ctx, p, mask, NULL);
+    stof_status st = finish_plan(ctx, p, mask, NULL);
     if (st != STOF_OK) {
         stof_mha_plan_free(p);
         return st;

@@ -231,7 +231,10 @@ typedef struct stof_mha_plan stof_mha_plan;
 stof_status stof_mha_plan_create(stof_ctx *ctx, const stof_mha_desc *desc,
                                  const stof_mask *mask, stof_mha_plan **plan);
 /* seq_lens: NULL, or a device array of batch int32 valid lengths (keys and
- * queries at or past it are padding; padded query rows come out zero). */
+ * queries at or past it are padding; padded query rows come out zero).
+ * Lengths are read on the device and clamped to the sequence, not checked:
+ * checking would cost a host synchronisation per call. q, k, v and out must
+ * be 16-byte aligned. A plan must not outlive its context (undefined). */
 stof_status stof_mha_run(stof_mha_plan *plan, const void *q, const void *k,
                          const void *v, void *out, const int *seq_lens,
                          stof_stream stream);

@@ -270,7 +270,7 @@ static void list_json_row(json_out *o, const cache_kernel *k)
     json_key(o, "compile_ms");
     json_double(o, k->compile_ms);
     json_key(o, "current");
-    json_bool(o, cache_admin_current(k->nvrtc_version, k->stof_version));
+    json_bool(o, cache_versions_current(k->nvrtc_version, k->stof_version));
     json_end_object(o);
 }
 
@@ -289,7 +289,7 @@ static int list_row(const cache_kernel *k, void *arg)
     printf("%-12.12s  %-10s  %-8s  %-20s  %10s  %10s  %6.0f ms  %5lld  %-19s  %s%s\n", k->key,
            k->op, k->arch, k->entry, human_bytes((long long)k->cubin_size, b1),
            human_bytes((long long)k->ptx_size, b2), k->compile_ms, k->hits, when(k->last_used, t),
-           k->params, cache_admin_current(k->nvrtc_version, k->stof_version) ? "" : "  [stale]");
+           k->params, cache_versions_current(k->nvrtc_version, k->stof_version) ? "" : "  [stale]");
     return 0;
 }
 
@@ -341,7 +341,7 @@ static void show_summary(dump *d, const cache_kernel *k)
     char sum[65], b[32];
     cache_checksum(k->cubin, k->cubin_size, k->ptx, k->ptx_size, sum);
     int sound = k->cubin_size > 0 && strcmp(sum, k->checksum) == 0;
-    int current = cache_admin_current(k->nvrtc_version, k->stof_version);
+    int current = cache_versions_current(k->nvrtc_version, k->stof_version);
     printf("%-13s %s\n%-13s %s\n%-13s %s\n%-13s %s\n%-13s %s\n", "key", k->key, "op", k->op,
            "template", k->name, "entry", k->entry, "arch", k->arch);
     printf("%-13s stof %s, NVRTC %s%s\n", "compiled by", k->stof_version, k->nvrtc_version,
