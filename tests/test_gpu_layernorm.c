@@ -18,6 +18,9 @@
 #include "layernorm.h"
 #include "testutil.h"
 
+static char *shared_dir;
+static char shared_cache[1024];
+
 static const stof_dtype TYPES[] = {STOF_F32, STOF_F16, STOF_BF16};
 
 /* ---- device buffers with guards ---------------------------------------- */
@@ -238,7 +241,7 @@ START_TEST(test_sizes)
     const stof_dtype t = TYPES[_i];
     const int hidden[] = {256, 768, 1000, 1024, 4096, 8192, 16384, 1, 33, 1001, 1002};
     const int rows[] = {1, 7, 1000};
-    stof_ctx *ctx = open_gpu(&(stof_options){.no_cache = 1});
+    stof_ctx *ctx = open_gpu(&(stof_options){.cache_path = shared_cache});
     double worst = 0;
     int cases = 0;
     for (int hi = 0; hi < (int)(sizeof hidden / sizeof hidden[0]); hi++) {
@@ -262,7 +265,7 @@ END_TEST
 START_TEST(test_many_rows)
 {
     const stof_dtype t = TYPES[_i];
-    stof_ctx *ctx = open_gpu(&(stof_options){.no_cache = 1});
+    stof_ctx *ctx = open_gpu(&(stof_options){.cache_path = shared_cache});
     /* More rows than fit one CTA per SM, with a partly filled last CTA. */
     ln_case c = {.t = t, .rows = 100003, .hidden = 64, .bias = 1, .res = 1};
     run_case(ctx, &c, 0x3a0 + (uint64_t)t, NULL);
@@ -275,7 +278,7 @@ END_TEST
 START_TEST(test_aliasing)
 {
     const stof_dtype t = TYPES[_i];
-    stof_ctx *ctx = open_gpu(&(stof_options){.no_cache = 1});
+    stof_ctx *ctx = open_gpu(&(stof_options){.cache_path = shared_cache});
     const int hidden[] = {768, 1000, 4096};
     for (int hi = 0; hi < 3; hi++) {
         ln_case x = {.t = t, .rows = 1000, .hidden = hidden[hi], .bias = 1, .res = 1, .alias = 1};
@@ -293,7 +296,7 @@ START_TEST(test_misaligned)
 {
     const stof_dtype t = TYPES[_i];
     const int es = dtype_size(t);
-    stof_ctx *ctx = open_gpu(&(stof_options){.no_cache = 1});
+    stof_ctx *ctx = open_gpu(&(stof_options){.cache_path = shared_cache});
     const int hidden[] = {768, 1000, 4096};
     for (int hi = 0; hi < 3; hi++) {
         int seen[17] = {0}; /* alignments already run for this size */
@@ -393,10 +396,26 @@ START_TEST(test_device_and_arch)
 }
 END_TEST
 
+/* The kernel tests share one cache for the run, so each variant is
+ * compiled once; the cache path itself is tested on its own below. */
+static void shared_cache_setup(void)
+{
+    shared_dir = test_tmpdir();
+    snprintf(shared_cache, sizeof shared_cache, "%s/cache.db", shared_dir ? shared_dir : "/tmp");
+}
+
+static void shared_cache_teardown(void)
+{
+    test_rmtree(shared_dir);
+    free(shared_dir);
+    shared_dir = NULL;
+}
+
 Suite *suite_gpu_layernorm(void)
 {
     Suite *s = suite_create("gpu_layernorm");
     TCase *tc = tcase_create("gpu_layernorm");
+    tcase_add_unchecked_fixture(tc, shared_cache_setup, shared_cache_teardown);
     tcase_add_loop_test(tc, test_sizes, 0, 3);
     tcase_add_loop_test(tc, test_many_rows, 0, 3);
     tcase_add_loop_test(tc, test_aliasing, 0, 3);
