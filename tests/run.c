@@ -3,6 +3,7 @@
  * usable, and it says aloud when they were left out and why.
  */
 #include <errno.h>
+#include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/wait.h>
@@ -101,6 +102,19 @@ int test_run(const char *cmd, char **output)
     else
         free(buf);
     return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+}
+
+int test_sh(char **out, const char *fmt, ...)
+{
+    char *cmd = NULL;
+    va_list ap;
+    va_start(ap, fmt);
+    ck_assert_int_ge(vasprintf(&cmd, fmt, ap), 0);
+    va_end(ap);
+    int rc = test_run(cmd, out);
+    ck_assert_ptr_nonnull(*out);
+    free(cmd);
+    return rc;
 }
 
 const char *test_build_path(const char *name)

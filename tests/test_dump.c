@@ -21,21 +21,6 @@
 
 /* ---- helpers ---- */
 
-static int sh(char **out, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-
-static int sh(char **out, const char *fmt, ...)
-{
-    char *cmd = NULL;
-    va_list ap;
-    va_start(ap, fmt);
-    ck_assert_int_ge(vasprintf(&cmd, fmt, ap), 0);
-    va_end(ap);
-    int rc = test_run(cmd, out);
-    ck_assert_ptr_nonnull(*out);
-    free(cmd);
-    return rc;
-}
-
 /* stof-dump --cache CACHE ARGS: its exit status, output in *out. */
 static int dump(char **out, const char *db, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
@@ -47,7 +32,7 @@ static int dump(char **out, const char *db, const char *fmt, ...)
     va_start(ap, fmt);
     ck_assert_int_ge(vasprintf(&args, fmt, ap), 0);
     va_end(ap);
-    int rc = sh(out, "%s --cache '%s' %s", test_build_path("stof-dump"), db, args);
+    int rc = test_sh(out, "%s --cache '%s' %s", test_build_path("stof-dump"), db, args);
     free(args);
     return rc;
 }
@@ -165,7 +150,7 @@ static void setup(fixture *f)
     f->cache = path_in(f->dir, "cache.db");
     for (int run = 0; run < 2; run++) {
         char *out;
-        int rc = sh(&out, "%s --cache '%s' --arch sm_90a --compile-only --quiet"
+        int rc = test_sh(&out, "%s --cache '%s' --arch sm_90a --compile-only --quiet"
                           " --ln rows=8,hidden=256,fp16 --ln rows=8,hidden=512,fp16",
                     test_build_path("stof-warm"), f->cache);
         ck_assert_msg(rc == 0, "warm: rc %d:\n%s", rc, out);
@@ -357,7 +342,7 @@ START_TEST(test_show_sass)
     char *tool = path_in(bin, "cuobjdump");
     write_file(tool, "#!/bin/sh\necho \"FAKE-SASS $1 bytes=$(wc -c < \"$2\")\"\n");
     ck_assert_int_eq(chmod(tool, 0755), 0);
-    int rc = sh(&out, "PATH='%s':\"$PATH\" %s --cache '%s' show %.10s --sass", bin,
+    int rc = test_sh(&out, "PATH='%s':\"$PATH\" %s --cache '%s' show %.10s --sass", bin,
                 test_build_path("stof-dump"), f.cache, f.keys[1]);
     ck_assert_msg(rc == 0, "%s", out);
     ck_assert_ptr_nonnull(strstr(out, "FAKE-SASS -sass bytes="));
@@ -380,7 +365,7 @@ START_TEST(test_show_sass)
     /* With neither tool anywhere, it says so plainly. */
     int have = access("/usr/local/cuda/bin/cuobjdump", X_OK) == 0 ||
                access("/usr/local/cuda/bin/nvdisasm", X_OK) == 0;
-    rc = sh(&out, "PATH=/nonexistent CUDA_HOME= %s --cache '%s' show %.10s --sass",
+    rc = test_sh(&out, "PATH=/nonexistent CUDA_HOME= %s --cache '%s' show %.10s --sass",
             test_build_path("stof-dump"), f.cache, f.keys[1]);
     if (have) {
         ck_assert_msg(rc == 0, "%s", out);
@@ -815,20 +800,20 @@ START_TEST(test_no_cache)
         free(out);
     }
     /* The library's default path: $STOF_CACHE. */
-    int rc = sh(&out, "STOF_CACHE='%s' %s list", none, test_build_path("stof-dump"));
+    int rc = test_sh(&out, "STOF_CACHE='%s' %s list", none, test_build_path("stof-dump"));
     ck_assert_int_eq(rc, 2);
     ck_assert_ptr_nonnull(strstr(out, none));
     ck_assert(!exists(none));
     free(out);
-    rc = sh(&out, "STOF_CACHE='%s' %s list", f.cache, test_build_path("stof-dump"));
+    rc = test_sh(&out, "STOF_CACHE='%s' %s list", f.cache, test_build_path("stof-dump"));
     ck_assert_int_eq(rc, 0);
     ck_assert_ptr_nonnull(strstr(out, "2 kernels"));
     free(out);
-    rc = sh(&out, "STOF_CACHE=off %s list", test_build_path("stof-dump"));
+    rc = test_sh(&out, "STOF_CACHE=off %s list", test_build_path("stof-dump"));
     ck_assert_int_eq(rc, 2);
     ck_assert_ptr_nonnull(strstr(out, "STOF_CACHE is off"));
     free(out);
-    rc = sh(&out, "unset STOF_CACHE; HOME='%s' XDG_CACHE_HOME= %s list", f.dir,
+    rc = test_sh(&out, "unset STOF_CACHE; HOME='%s' XDG_CACHE_HOME= %s list", f.dir,
             test_build_path("stof-dump"));
     ck_assert_int_eq(rc, 2);
     ck_assert_ptr_nonnull(strstr(out, "/.cache/stof/cache.db"));
@@ -904,12 +889,12 @@ START_TEST(test_usage)
         ck_assert_msg(strstr(out, bad[i].what), "[%s]: %s", bad[i].args, out);
         free(out);
     }
-    int rc = sh(&out, "%s --help", test_build_path("stof-dump"));
+    int rc = test_sh(&out, "%s --help", test_build_path("stof-dump"));
     ck_assert_int_eq(rc, 0);
     ck_assert_ptr_nonnull(strstr(out, "usage: stof-dump"));
     free(out);
     /* --cache may come after the command, as --cache=PATH too. */
-    rc = sh(&out, "%s list --cache='%s'", test_build_path("stof-dump"), f.cache);
+    rc = test_sh(&out, "%s list --cache='%s'", test_build_path("stof-dump"), f.cache);
     ck_assert_int_eq(rc, 0);
     ck_assert_ptr_nonnull(strstr(out, "2 kernels"));
     free(out);

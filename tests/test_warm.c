@@ -19,22 +19,6 @@
 
 /* ---- helpers ---- */
 
-/* Runs the shell command built from fmt; its output (stdout and stderr) in *out. */
-static int sh(char **out, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-
-static int sh(char **out, const char *fmt, ...)
-{
-    char *cmd = NULL;
-    va_list ap;
-    va_start(ap, fmt);
-    ck_assert_int_ge(vasprintf(&cmd, fmt, ap), 0);
-    va_end(ap);
-    int rc = test_run(cmd, out);
-    ck_assert_ptr_nonnull(*out);
-    free(cmd);
-    return rc;
-}
-
 static char *path_in(const char *dir, const char *name)
 {
     char *p = NULL;
@@ -197,7 +181,7 @@ START_TEST(test_compile_only)
     stof_status mha = mha_prepare_status(f.dir, why, sizeof why);
     int mha_ok = mha == STOF_OK;
     char *out;
-    int rc = sh(&out, "%s --cache '%s' --arch sm_90a --compile-only '%s' '%s' --ln 'rows=64,hidden=512,fp16'",
+    int rc = test_sh(&out, "%s --cache '%s' --arch sm_90a --compile-only '%s' '%s' --ln 'rows=64,hidden=512,fp16'",
                 test_build_path("stof-warm"), f.cache, f.attn, f.layers);
     ck_assert_msg(rc == (mha_ok ? 0 : 1), "rc %d (attention %s):\n%s", rc,
                   stof_status_str(mha), out);
@@ -224,7 +208,7 @@ START_TEST(test_compile_only)
     free(out);
 
     /* Again: everything is found in the cache, nothing is compiled. */
-    rc = sh(&out, "%s --cache '%s' --arch sm_90a --compile-only --quiet '%s' '%s' --ln 'rows=64,hidden=512,fp16'",
+    rc = test_sh(&out, "%s --cache '%s' --arch sm_90a --compile-only --quiet '%s' '%s' --ln 'rows=64,hidden=512,fp16'",
             test_build_path("stof-warm"), f.cache, f.attn, f.layers);
     ck_assert_msg(rc == (mha_ok ? 0 : 1), "rc %d:\n%s", rc, out);
     ck_assert_int_eq(count_of(out, " cache hit"), 4 + mha_ok);
@@ -252,7 +236,7 @@ START_TEST(test_jobs_share_cases)
     fixture f;
     setup(&f);
     char *args = ln_args(8), *out;
-    int rc = sh(&out, "%s --cache '%s' --arch sm_90a --compile-only --jobs 3 %s",
+    int rc = test_sh(&out, "%s --cache '%s' --arch sm_90a --compile-only --jobs 3 %s",
                 test_build_path("stof-warm"), f.cache, args);
     ck_assert_msg(rc == 0, "rc %d:\n%s", rc, out);
     ck_assert_int_eq(count_of(out, " compiled"), 8);
@@ -268,7 +252,7 @@ START_TEST(test_jobs_share_cases)
     ck_assert_int_eq(kernels_in(f.cache, "layernorm"), 8);
     free(out);
     /* --devices makes a worker per ordinal; compiling only, they share the arch. */
-    rc = sh(&out, "%s --cache '%s' --arch sm_90a --compile-only --devices 0,1 %s",
+    rc = test_sh(&out, "%s --cache '%s' --arch sm_90a --compile-only --devices 0,1 %s",
             test_build_path("stof-warm"), f.cache, args);
     ck_assert_msg(rc == 0, "rc %d:\n%s", rc, out);
     ck_assert_int_eq(count_of(out, " cache hit"), 8);
@@ -285,7 +269,7 @@ START_TEST(test_interrupt_and_resume)
     setup(&f);
     char *args = ln_args(40), *log = path_in(f.dir, "log"), *out;
     /* Interrupt as soon as the first case is reported. */
-    int rc = sh(&out,
+    int rc = test_sh(&out,
                 "%s --cache '%s' --arch sm_90a --compile-only %s > '%s' 2>&1 & pid=$!; i=0;"
                 " while ! grep -q '^\\[1/40\\]' '%s' && [ $i -lt 1200 ]; do sleep 0.05; i=$((i+1)); done;"
                 " kill -INT $pid; wait $pid; echo \"rc=$?\"; cat '%s'",
@@ -300,7 +284,7 @@ START_TEST(test_interrupt_and_resume)
     ck_assert_int_eq(kernels_in(f.cache, "layernorm"), done);
     free(out);
     /* The second run finds the finished cases and does the rest. */
-    rc = sh(&out, "%s --cache '%s' --arch sm_90a --compile-only --quiet %s",
+    rc = test_sh(&out, "%s --cache '%s' --arch sm_90a --compile-only --quiet %s",
             test_build_path("stof-warm"), f.cache, args);
     ck_assert_msg(rc == 0, "rc %d:\n%s", rc, out);
     ck_assert_int_eq(count_of(out, " cache hit"), done);
@@ -318,14 +302,14 @@ START_TEST(test_terminal_progress)
     fixture f;
     setup(&f);
     char *out;
-    if (sh(&out, "command -v script") != 0) {
+    if (test_sh(&out, "command -v script") != 0) {
         printf("test_warm: no `script` here: terminal progress not tested\n");
         free(out);
         teardown(&f);
         return;
     }
     free(out);
-    int rc = sh(&out, "script -qec \"%s --cache '%s' --arch sm_90a --compile-only"
+    int rc = test_sh(&out, "script -qec \"%s --cache '%s' --arch sm_90a --compile-only"
                       " --ln rows=8,hidden=64 --ln rows=8,hidden=128\" /dev/null",
                 test_build_path("stof-warm"), f.cache);
     ck_assert_msg(rc == 0, "rc %d:\n%s", rc, out);
@@ -344,19 +328,19 @@ START_TEST(test_no_gpu_needs_arch)
     fixture f;
     setup(&f);
     char *out;
-    int rc = sh(&out, "%s --cache '%s' --ln rows=8,hidden=64", test_build_path("stof-warm"), f.cache);
+    int rc = test_sh(&out, "%s --cache '%s' --ln rows=8,hidden=64", test_build_path("stof-warm"), f.cache);
     ck_assert_msg(rc == 2, "rc %d:\n%s", rc, out);
     ck_assert_ptr_nonnull(strstr(out, "no GPU"));
     ck_assert_ptr_nonnull(strstr(out, "--arch"));
     ck_assert(!exists(f.cache));
     free(out);
-    rc = sh(&out, "%s --cache '%s' --compile-only --ln rows=8,hidden=64", test_build_path("stof-warm"),
+    rc = test_sh(&out, "%s --cache '%s' --compile-only --ln rows=8,hidden=64", test_build_path("stof-warm"),
             f.cache);
     ck_assert_int_eq(rc, 2);
     ck_assert(!exists(f.cache));
     free(out);
     /* --arch alone, with no GPU, compiles only and says so. */
-    rc = sh(&out, "%s --cache '%s' --arch sm_90a --ln rows=8,hidden=64", test_build_path("stof-warm"),
+    rc = test_sh(&out, "%s --cache '%s' --arch sm_90a --ln rows=8,hidden=64", test_build_path("stof-warm"),
             f.cache);
     ck_assert_msg(rc == 0, "rc %d:\n%s", rc, out);
     ck_assert_ptr_nonnull(strstr(out, "no GPU here: compiling only, for sm_90a"));
@@ -427,7 +411,7 @@ START_TEST(test_bad_input)
     setup(&f);
     write_bad_files(f.dir);
     char *args = expand_dir(b->args, f.dir), *out;
-    int rc = sh(&out, "%s --cache '%s' --arch sm_90a --compile-only %s", test_build_path("stof-warm"),
+    int rc = test_sh(&out, "%s --cache '%s' --arch sm_90a --compile-only %s", test_build_path("stof-warm"),
                 f.cache, args);
     ck_assert_msg(rc == 2, "[%s] rc %d:\n%s", args, rc, out);
     ck_assert_msg(strstr(out, b->what), "[%s] wanted \"%s\" in:\n%s", args, b->what, out);
@@ -468,7 +452,7 @@ START_TEST(test_bad_caches)
         p = path_in(f.dir, files[i].name);
         size_t n0, n1;
         char *before = slurp(p, &n0), *out;
-        int rc = sh(&out, "%s --cache '%s' --arch sm_90a --compile-only --ln rows=8,hidden=64",
+        int rc = test_sh(&out, "%s --cache '%s' --arch sm_90a --compile-only --ln rows=8,hidden=64",
                     test_build_path("stof-warm"), p);
         ck_assert_msg(rc == 2, "%s: rc %d:\n%s", files[i].name, rc, out);
         ck_assert_msg(strstr(out, files[i].what), "%s:\n%s", files[i].name, out);
@@ -486,7 +470,7 @@ END_TEST
 START_TEST(test_help)
 {
     char *out;
-    int rc = sh(&out, "%s --help", test_build_path("stof-warm"));
+    int rc = test_sh(&out, "%s --help", test_build_path("stof-warm"));
     ck_assert_int_eq(rc, 0);
     ck_assert_ptr_nonnull(strstr(out, "usage: stof-warm"));
     ck_assert_ptr_nonnull(strstr(out, "--compile-only"));

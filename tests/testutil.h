@@ -25,6 +25,8 @@ void test_rmtree(const char *path);
 
 /* Runs sh -c cmd; returns its exit status and its stdout+stderr (malloc'd). */
 int test_run(const char *cmd, char **output);
+/* test_run of the command built from fmt; fails the test if it cannot run. */
+int test_sh(char **out, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 
 /* Path of a built program: $STOF_BUILD/name (STOF_BUILD defaults to build). */
 const char *test_build_path(const char *name);
