@@ -104,6 +104,25 @@ int test_run(const char *cmd, char **output)
     return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
 }
 
+char *test_slurp(const char *path, size_t *n)
+{
+    FILE *f = fopen(path, "rb");
+    ck_assert_msg(f != NULL, "cannot open %s", path);
+    size_t cap = 1 << 16, len = 0, got;
+    char *buf = malloc(cap);
+    ck_assert_ptr_nonnull(buf);
+    while ((got = fread(buf + len, 1, cap - len, f)) > 0) {
+        len += got;
+        if (len == cap) {
+            buf = realloc(buf, cap *= 2);
+            ck_assert_ptr_nonnull(buf);
+        }
+    }
+    fclose(f);
+    *n = len;
+    return buf;
+}
+
 int test_sh(char **out, const char *fmt, ...)
 {
     char *cmd = NULL;

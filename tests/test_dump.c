@@ -824,16 +824,6 @@ START_TEST(test_no_cache)
 }
 END_TEST
 
-static char *slurp(const char *path, size_t *n)
-{
-    FILE *f = fopen(path, "rb");
-    ck_assert_ptr_nonnull(f);
-    char *buf = malloc(1 << 20);
-    *n = fread(buf, 1, 1 << 20, f);
-    fclose(f);
-    return buf;
-}
-
 START_TEST(test_not_a_stof_cache)
 {
     fixture f;
@@ -849,13 +839,13 @@ START_TEST(test_not_a_stof_cache)
         {newer, "schema version 7 is newer"}, {empty, "empty file"}};
     for (size_t i = 0; i < 4; i++) {
         size_t n0, n1;
-        char *before = slurp(cases[i].path, &n0), *out;
+        char *before = test_slurp(cases[i].path, &n0), *out;
         ck_assert_int_eq(dump(&out, cases[i].path, "list"), 2);
         ck_assert_msg(strstr(out, cases[i].what), "%s: %s", cases[i].path, out);
         free(out);
         ck_assert_int_eq(dump(&out, cases[i].path, "prune --stale"), 2);
         free(out);
-        char *after = slurp(cases[i].path, &n1);
+        char *after = test_slurp(cases[i].path, &n1);
         ck_assert_msg(n0 == n1 && memcmp(before, after, n0) == 0, "%s changed", cases[i].path);
         free(before);
         free(after);

@@ -40,17 +40,6 @@ static int exists(const char *path)
     return stat(path, &st) == 0;
 }
 
-/* The whole file, for "unchanged" checks; *n is its size. */
-static char *slurp(const char *path, size_t *n)
-{
-    FILE *f = fopen(path, "rb");
-    ck_assert_ptr_nonnull(f);
-    char *buf = malloc(1 << 20);
-    *n = fread(buf, 1, 1 << 20, f);
-    fclose(f);
-    return buf;
-}
-
 /* The summary line: "stof-warm: N cases in T: H cache hits, ..." (on a
  * terminal it follows a carriage return). */
 static const char *summary_line(const char *out, size_t *len)
@@ -451,12 +440,12 @@ START_TEST(test_bad_caches)
     for (int i = 0; i < 3; i++) {
         p = path_in(f.dir, files[i].name);
         size_t n0, n1;
-        char *before = slurp(p, &n0), *out;
+        char *before = test_slurp(p, &n0), *out;
         int rc = test_sh(&out, "%s --cache '%s' --arch sm_90a --compile-only --ln rows=8,hidden=64",
                     test_build_path("stof-warm"), p);
         ck_assert_msg(rc == 2, "%s: rc %d:\n%s", files[i].name, rc, out);
         ck_assert_msg(strstr(out, files[i].what), "%s:\n%s", files[i].name, out);
-        char *after = slurp(p, &n1);
+        char *after = test_slurp(p, &n1);
         ck_assert_msg(n0 == n1 && memcmp(before, after, n0) == 0, "%s was changed", files[i].name);
         free(before);
         free(after);

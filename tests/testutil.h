@@ -25,6 +25,8 @@ void test_rmtree(const char *path);
 
 /* Runs sh -c cmd; returns its exit status and its stdout+stderr (malloc'd). */
 int test_run(const char *cmd, char **output);
+/* The whole file at path (malloc'd), *n its size; fails the test if unreadable. */
+char *test_slurp(const char *path, size_t *n);
 /* test_run of the command built from fmt; fails the test if it cannot run. */
 int test_sh(char **out, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 
