@@ -224,8 +224,12 @@ def main():
             rel = abs(pr["flex_mean_abs"] - s["mean_abs"]) / max(1e-12, pr["flex_mean_abs"])
             ok = "ok" if rel < 1e-2 and not s["nan"] else "DIFF"
         kv = dict(f.split("=", 1) for f in s["kernel"].split(" ") if "=" in f)
-        kdesc = "%s m%s n%s x%s q:%s" % (kv.get("kernel"), kv.get("block_m"), kv.get("block_n"),
-                                        kv.get("m_tiles"), kv.get("q_in"))
+        if kv.get("engine") == "wgmma":
+            kdesc = "%s wgmma m%s n%s s%s" % (kv.get("kernel"), kv.get("block_m"), kv.get("block_n"),
+                                            kv.get("stages"))
+        else:
+            kdesc = "%s m%s n%s x%s q:%s" % (kv.get("kernel"), kv.get("block_m"), kv.get("block_n"),
+                                            kv.get("m_tiles"), kv.get("q_in"))
         fmt = lambda x: "%9.4f" % x if x else "%9s" % "-"
         out.append("%-28s %-34s %9.4f %7.1f %s %s %s %7.2f %6s" % (
             c["name"], kdesc, s["ms"], s["tflops"], fmt(pr.get("flex")), fmt(pr.get("sdpa_mask")),

@@ -894,9 +894,9 @@ static void bwalk_free(mask_bwalk *w)
 static stof_status bwalk_init(stof_ctx *ctx, mask_bwalk *w, const stof_mask *m, int bq, int bk)
 {
     memset(w, 0, sizeof *w);
-    if (bq < 16 || bq > 128 || bk < 16 || bk > 128)
+    if (bq < 16 || bq > 256 || bk < 16 || bk > 128)
         return CTX_FAIL(ctx, STOF_ERR_INVALID_ARG,
-                        "mask block sizes must be 16..128, got %d x %d", bq, bk);
+                        "mask block sizes must be 16..256 rows by 16..128 keys, got %d x %d", bq, bk);
     w->lq = m->lq;
     w->lk = m->lk;
     w->bq = bq;

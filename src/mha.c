@@ -32,38 +32,50 @@ struct stof_mha_plan {
 
 void mha_make_request(const mha_candidate *c, int head_dim, stof_dtype dtype, mha_request *r)
 {
-    const int nums[4] = {head_dim, c->bm, c->bn, c->mt};
-    static const char *const names[4] = {"HEAD_DIM", "BLOCK_M", "BLOCK_N", "M_TILES"};
+    const int nums[4] = {head_dim, c->bm, c->bn, c->wg ? c->st : c->mt};
+    static const char *const names[2][4] = {{"HEAD_DIM", "BLOCK_M", "BLOCK_N", "M_TILES"},
+                                            {"HEAD_DIM", "BLOCK_M", "BLOCK_N", "STAGES"}};
+    int n = 0;
     for (int i = 0; i < 4; i++) {
         snprintf(r->text[i], sizeof r->text[i], "%d", nums[i]);
-        r->vars[i] = (render_var){names[i], r->text[i]};
+        r->vars[n++] = (render_var){names[c->wg][i], r->text[i]};
     }
     const int g = c->kind == ATTN_GATHER;
-    r->vars[4] = (render_var){"MMA_TYPE", dtype == STOF_BF16 ? "bf16" : "f16"};
-    r->vars[5] = (render_var){"GATHER_Q", g ? "1" : "0"};
-    r->vars[6] = (render_var){"BLOCK_Q", g ? "0" : "1"};
-    r->vars[7] = (render_var){"GATHER_K", g ? "1" : "0"};
-    r->vars[8] = (render_var){"BLOCK_K", g ? "0" : "1"};
-    r->vars[9] = (render_var){"Q_IN_REGS", c->qs ? "0" : "1"};
-    r->vars[10] = (render_var){"Q_IN_SMEM", c->qs ? "1" : "0"};
-    r->req = (jit_request){"mha", "attn.cu", "stof_attn", r->vars, 11};
+    r->vars[n++] = (render_var){"MMA_TYPE", dtype == STOF_BF16 ? "bf16" : "f16"};
+    r->vars[n++] = (render_var){"GATHER_Q", g ? "1" : "0"};
+    r->vars[n++] = (render_var){"BLOCK_Q", g ? "0" : "1"};
+    r->vars[n++] = (render_var){"GATHER_K", g ? "1" : "0"};
+    r->vars[n++] = (render_var){"BLOCK_K", g ? "0" : "1"};
+    if (!c->wg) {
+        r->vars[n++] = (render_var){"Q_IN_REGS", c->qs ? "0" : "1"};
+        r->vars[n++] = (render_var){"Q_IN_SMEM", c->qs ? "1" : "0"};
+    }
+    r->req = (jit_request){"mha", c->wg ? "attn_wg.cu" : "attn.cu", "stof_attn", r->vars, n};
 }
 
 int mha_smem_bytes(const mha_candidate *c, int head_dim)
 {
+    if (c->wg) /* unpadded swizzled tiles, 1 KiB of alignment slack */
+        return (c->bm + 2 * c->st * c->bn) * head_dim * 2 + c->st * c->bn * 4 + 1024;
     return (c->bm + 4 * c->bn) * (head_dim + 8) * 2 + 2 * c->bn * 4;
 }
 
-int mha_candidates(int head_dim, int smem_max, mha_candidate *out, int cap)
+int mha_threads(const mha_candidate *c) { return c->wg ? c->bm * 2 : c->bm / c->mt * 2; }
+
+int mha_candidates(int head_dim, int smem_max, int wgmma, mha_candidate *out, int cap)
 {
     static const int sizes[][4] = {{64, 64, 1, 0},  {128, 64, 1, 0}, {128, 64, 2, 0},
                                    {64, 32, 1, 0},  {128, 32, 1, 0}, {128, 32, 2, 0},
                                    {64, 128, 1, 0}, {128, 128, 1, 0}, {128, 64, 2, 1},
                                    {128, 32, 2, 1}};
+    /* Warpgroup MMA: 64 rows per warpgroup, whole 128-byte row halves;
+     * rows, keys, stages. */
+    static const int wg_sizes[][3] = {{128, 128, 2}, {128, 64, 3}, {192, 64, 3}, {192, 128, 2},
+                                      {64, 128, 3},  {64, 64, 3},  {128, 128, 3}, {128, 64, 2}};
     int n = 0;
-    for (int kind = 0; kind < 2; kind++)
+    for (int kind = 0; kind < 2; kind++) {
         for (size_t i = 0; i < sizeof sizes / sizeof sizes[0] && n < cap; i++) {
-            mha_candidate c = {(attn_kind)kind, sizes[i][0], sizes[i][1], sizes[i][2], sizes[i][3]};
+            mha_candidate c = {(attn_kind)kind, sizes[i][0], sizes[i][1], sizes[i][2], sizes[i][3], 0, 0};
             /* S, O and Q's fragments live in registers: past head_dim 64,
              * 128-key tiles spill, and two row tiles per warp fit only with
              * Q left in shared memory. */
@@ -73,10 +85,18 @@ int mha_candidates(int head_dim, int smem_max, mha_candidate *out, int cap)
                 continue;
             out[n++] = c;
         }
+        for (size_t i = 0; wgmma && head_dim % 64 == 0 && i < sizeof wg_sizes / sizeof wg_sizes[0] && n < cap;
+             i++) {
+            mha_candidate c = {(attn_kind)kind, wg_sizes[i][0], wg_sizes[i][1], 1, 0, 1, wg_sizes[i][2]};
+            if (mha_smem_bytes(&c, head_dim) <= smem_max)
+                out[n++] = c;
+        }
+    }
     return n;
 }
 
 static const char *kind_name(attn_kind k) { return k == ATTN_GATHER ? "gather" : "block"; }
+static const char *engine_name(const mha_candidate *c) { return c->wg ? "wgmma" : "mma.sync"; }
 
 /* ---- argument checks ---------------------------------------------------- */
 
@@ -207,7 +227,7 @@ static stof_status load_candidate(stof_ctx *ctx, const stof_mha_desc *d, const m
     mha_request r;
     mha_make_request(c, d->head_dim, d->dtype, &r);
     TRY(jit_get(ctx, &r.req, &L->fn, NULL, L->key));
-    L->threads = c->bm / c->mt * 2;
+    L->threads = mha_threads(c);
     L->smem = mha_smem_bytes(c, d->head_dim);
     L->n_groups = t->n_groups;
     L->lay = attn_tiles_layout_of(t);
@@ -501,7 +521,7 @@ static stof_status rank_candidates(stof_ctx *ctx, const stof_mha_desc *d, const 
 {
     mha_candidate c[32];
     int smem_max = ctx->dev.ok ? ctx->dev.smem_optin : 227 * 1024;
-    int nc = mha_candidates(d->head_dim, smem_max, c, 32);
+    int nc = mha_candidates(d->head_dim, smem_max, strcmp(ctx->arch, "sm_90a") == 0, c, 32);
     stof_mask_info info;
     TRY(stof_mask_stats(ctx, mask, 64, 64, &info));
     int want_gather = info.block_efficiency < 0.75;
@@ -521,7 +541,7 @@ static stof_status rank_candidates(stof_ctx *ctx, const stof_mha_desc *d, const 
             return st;
         }
         s->built = 1;
-        s->predicted_ms = model_attn_ms(&md, &s->tiles, d->batch * d->heads, d->head_dim, s->c.mt);
+        s->predicted_ms = model_attn_ms(&md, &s->tiles, d->batch * d->heads, d->head_dim, s->c.mt, s->c.wg);
     }
     qsort(cs, (size_t)*n, sizeof *cs, by_prediction);
     return STOF_OK;
@@ -533,8 +553,12 @@ static void free_candidates(cand_state *cs, int n)
         attn_tiles_free(&cs[i].tiles);
 }
 
+/* Stage 1's sizes for each kind: mma.sync's 64x64, and wgmma's 64x64 (small
+ * tiles waste least on windows) and 128x64 (dense rows), three stages. */
 static int is_default_size(const mha_candidate *c)
 {
+    if (c->wg)
+        return (c->bm == 64 || c->bm == 128) && c->bn == 64 && c->st == 3;
     return c->bm == 64 && c->bn == 64 && c->mt == 1 && !c->qs;
 }
 
@@ -563,9 +587,10 @@ static stof_status try_candidate(stof_ctx *ctx, const stof_mha_desc *d, const st
             s->verdict = "mismatch";
             free(out);
             return CTX_FAIL(ctx, STOF_ERR_INTERNAL,
-                            "attention kernel %s %dx%d (m_tiles %d, q in %s) disagrees with the "
+                            "attention kernel %s %dx%d (%s, m_tiles %d, q in %s) disagrees with the "
                             "CPU reference (relative L2 error %.3g)",
-                            kind_name(s->c.kind), s->c.bm, s->c.bn, s->c.mt, s->c.qs ? "smem" : "regs", err);
+                            kind_name(s->c.kind), s->c.bm, s->c.bn, engine_name(&s->c), s->c.mt,
+                            s->c.qs ? "smem" : "regs", err);
         }
         s->verdict = "ok";
         *first_out = out;
@@ -577,8 +602,8 @@ static stof_status try_candidate(stof_ctx *ctx, const stof_mha_desc *d, const st
     return STOF_OK;
 }
 
-/* Stage 1: the best-ranked candidate of each kind at default sizes.
- * Stage 2: the winner kind's other sizes, best-ranked first. */
+/* Stage 1: every kind's default sizes. Stage 2: the winner kind's other
+ * sizes, on either engine, best-ranked first (all of them when tuning full). */
 static stof_status search(stof_ctx *ctx, const stof_mha_desc *d, const stof_mask *mask,
                           cand_state *cs, int n, stof_tune level, int *winner)
 {
@@ -591,7 +616,7 @@ static stof_status search(stof_ctx *ctx, const stof_mha_desc *d, const stof_mask
     stof_status st = STOF_OK;
     *winner = -1;
     for (int stage = 1; stage <= 2 && st == STOF_OK; stage++) {
-        int kind_done[2] = {0, 0}, extra = 0;
+        int extra = 0;
         for (int i = 0; i < n && st == STOF_OK; i++) {
             cand_state *s = &cs[i];
             if (s->verdict || timed >= budget)
@@ -599,9 +624,8 @@ static stof_status search(stof_ctx *ctx, const stof_mha_desc *d, const stof_mask
             if (d->max_seconds > 0 && now_s() - t0 > d->max_seconds && *winner >= 0)
                 break;
             if (stage == 1) {
-                if (kind_done[s->c.kind] || (!is_default_size(&s->c) && level != STOF_TUNE_FULL))
+                if (!is_default_size(&s->c))
                     continue;
-                kind_done[s->c.kind] = 1;
             } else {
                 if (*winner < 0 || s->c.kind != cs[*winner].c.kind || extra >= stage2_cap)
                     continue;
@@ -634,15 +658,16 @@ char *mha_record_format(const mha_tried *cs, int n, int winner, const char *kern
     strbuf b = {0};
     const mha_tried *w = &cs[winner];
     strbuf_printf(&b,
-                  "{\"winner\":{\"kind\":\"%s\",\"bm\":%d,\"bn\":%d,\"mt\":%d,\"qs\":%d,\"ms\":%.6f,"
+                  "{\"winner\":{\"kind\":\"%s\",\"bm\":%d,\"bn\":%d,\"mt\":%d,\"qs\":%d,\"wg\":%d,\"st\":%d,\"ms\":%.6f,"
                   "\"predicted_ms\":%.6f,\"kernel\":\"%s\"},\"model_error\":%.4f,\"how\":\"%s\",\"tried\":[",
-                  kind_name(w->c.kind), w->c.bm, w->c.bn, w->c.mt, w->c.qs, w->ms, w->predicted_ms, kernel,
+                  kind_name(w->c.kind), w->c.bm, w->c.bn, w->c.mt, w->c.qs, w->c.wg, w->c.st, w->ms, w->predicted_ms, kernel,
                   w->ms > 0 ? w->predicted_ms / w->ms - 1 : 0.0, why);
     int first = 1;
     for (int i = 0; i < n; i++) {
         const mha_tried *s = &cs[i];
-        strbuf_printf(&b, "%s{\"kind\":\"%s\",\"bm\":%d,\"bn\":%d,\"mt\":%d,\"qs\":%d,\"predicted_ms\":%.6f",
-                      first ? "" : ",", kind_name(s->c.kind), s->c.bm, s->c.bn, s->c.mt, s->c.qs,
+        strbuf_printf(&b, "%s{\"kind\":\"%s\",\"bm\":%d,\"bn\":%d,\"mt\":%d,\"qs\":%d,\"wg\":%d,"
+                      "\"st\":%d,\"predicted_ms\":%.6f",
+                      first ? "" : ",", kind_name(s->c.kind), s->c.bm, s->c.bn, s->c.mt, s->c.qs, s->c.wg, s->c.st,
                       s->predicted_ms);
         if (s->verdict)
             strbuf_printf(&b, ",\"ms\":%.6f,\"verdict\":\"%s\"", s->ms, s->verdict);
@@ -659,14 +684,17 @@ int mha_record_parse(const char *rec, mha_candidate *c, double *ms, double *pred
     const char *w = rec ? strstr(rec, "\"winner\":{") : NULL;
     char kind[16];
     if (!w || sscanf(w, "\"winner\":{\"kind\":\"%15[a-z]\",\"bm\":%d,\"bn\":%d,\"mt\":%d,\"qs\":%d,"
-                        "\"ms\":%lf,\"predicted_ms\":%lf",
-                     kind, &c->bm, &c->bn, &c->mt, &c->qs, ms, pred) != 7)
+                        "\"wg\":%d,\"st\":%d,\"ms\":%lf,\"predicted_ms\":%lf",
+                     kind, &c->bm, &c->bn, &c->mt, &c->qs, &c->wg, &c->st, ms, pred) != 9)
         return 0;
     if (strcmp(kind, "block") != 0 && strcmp(kind, "gather") != 0)
         return 0;
     c->kind = strcmp(kind, "gather") == 0 ? ATTN_GATHER : ATTN_BLOCK;
-    return c->bm >= 16 && c->bm <= 128 && c->bn >= 16 && c->bn <= 128 && (c->mt == 1 || c->mt == 2) &&
-           c->bm % (16 * c->mt) == 0 && (c->qs == 0 || c->qs == 1);
+    if (c->wg == 1)
+        return c->bm >= 64 && c->bm <= 192 && c->bm % 64 == 0 && (c->bn == 64 || c->bn == 128) &&
+               c->mt == 1 && c->qs == 0 && (c->st == 2 || c->st == 3);
+    return c->wg == 0 && c->st == 0 && c->bm >= 16 && c->bm <= 128 && c->bn >= 16 && c->bn <= 128 &&
+           (c->mt == 1 || c->mt == 2) && c->bm % (16 * c->mt) == 0 && (c->qs == 0 || c->qs == 1);
 }
 
 /* ---- public calls ------------------------------------------------------- */
@@ -826,7 +854,7 @@ stof_status stof_mha_run(stof_mha_plan *p, const void *q, const void *k, const v
     /* 16-byte loads of rows need 16-byte aligned rows. */
     if (((uintptr_t)q | (uintptr_t)k | (uintptr_t)v | (uintptr_t)out) % 16)
         return CTX_FAIL(ctx, STOF_ERR_INVALID_ARG, "q, k, v and out must be 16-byte aligned");
-    mha_launch L = {p->fn, p->c.bm / p->c.mt * 2, p->smem, p->n_groups, p->tiles, p->lay, ""};
+    mha_launch L = {p->fn, mha_threads(&p->c), p->smem, p->n_groups, p->tiles, p->lay, ""};
     TRY(jit_push(ctx));
     stof_status st = launch(ctx, &p->d, &L, (CUdeviceptr)q, (CUdeviceptr)k, (CUdeviceptr)v,
                             (CUdeviceptr)out, (CUdeviceptr)seq_lens, (CUstream)stream);
@@ -839,9 +867,11 @@ stof_status stof_mha_plan_describe(const stof_mha_plan *p, char *buf, size_t n)
     if (!p || !buf || n == 0)
         return STOF_ERR_INVALID_ARG;
     snprintf(buf, n,
-             "kernel=%s block_m=%d block_n=%d m_tiles=%d q_in=%s head_dim=%d %s groups=%d smem=%d "
-             "chosen_by=%s predicted_ms=%.4f measured_ms=%.4f candidates_timed=%d mask=%.16s",
-             kind_name(p->c.kind), p->c.bm, p->c.bn, p->c.mt, p->c.qs ? "smem" : "regs", p->d.head_dim, dtype_name(p->d.dtype),
+             "kernel=%s engine=%s block_m=%d block_n=%d m_tiles=%d q_in=%s stages=%d head_dim=%d %s "
+             "groups=%d smem=%d chosen_by=%s predicted_ms=%.4f measured_ms=%.4f candidates_timed=%d "
+             "mask=%.16s",
+             kind_name(p->c.kind), engine_name(&p->c), p->c.bm, p->c.bn, p->c.mt,
+             p->c.wg ? "smem" : p->c.qs ? "smem" : "regs", p->c.wg ? p->c.st : 2, p->d.head_dim, dtype_name(p->d.dtype),
              p->n_groups, p->smem, p->origin, p->predicted_ms, p->measured_ms, p->tried,
              p->mask_hash);
     return STOF_OK;

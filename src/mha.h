@@ -16,6 +16,8 @@ typedef struct mha_candidate {
     int bm, bn;
     int mt;              /* m16 row tiles per warp: 1 or 2 */
     int qs;              /* 1: Q re-read from shared memory per tile, not kept in registers */
+    int wg;              /* 1: warpgroup MMA (templates/attn_wg.cu, sm_90a; mt 1, qs 0) */
+    int st;              /* wgmma: K and V stages in shared memory, 2 or 3; else 0 */
 } mha_candidate;
 
 /* The kernel request for a candidate; the strings live in *buf. */
@@ -26,12 +28,14 @@ typedef struct mha_request {
 } mha_request;
 void mha_make_request(const mha_candidate *c, int head_dim, stof_dtype dtype, mha_request *r);
 
-/* Dynamic shared memory of a candidate's kernel, in bytes. */
+/* Dynamic shared memory of a candidate's kernel, in bytes, and its threads. */
 int mha_smem_bytes(const mha_candidate *c, int head_dim);
+int mha_threads(const mha_candidate *c);
 
 /* Every candidate that fits the head size and the device limits (smem_max
- * bytes of shared memory per block); returns how many were written. */
-int mha_candidates(int head_dim, int smem_max, mha_candidate *out, int cap);
+ * bytes of shared memory per block; wgmma: the arch has warpgroup MMA);
+ * returns how many were written. */
+int mha_candidates(int head_dim, int smem_max, int wgmma, mha_candidate *out, int cap);
 
 /* n values uniform in [-1, 1) rounded to t: element i is drawn from
  * splitmix64 at state seed + (i + 1) * 0x9E3779B97F4A7C15, top 24 bits;

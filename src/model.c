@@ -16,7 +16,7 @@ model_device model_device_of(const drv_device *dev, const char *arch)
 }
 
 double model_attn_ms(const model_device *m, const attn_tiles *t, int batch_heads, int head_dim,
-                     int m_tiles)
+                     int m_tiles, int wgmma)
 {
     /* A tile costs its two products (4*bm*bn*d flops) at the tensor rate,
      * its K and V reads (2*bn*d*2 bytes, mostly from L2: counted at twice
@@ -32,6 +32,9 @@ double model_attn_ms(const model_device *m, const attn_tiles *t, int batch_heads
      * shared-memory reads per product. */
     if (m_tiles == 2)
         tile_s *= 0.95;
+    /* Warpgroup MMA: about 1.5x mma.sync's product rate on Hopper. */
+    if (wgmma)
+        tile_s *= 0.67;
     double partial = (double)(t->n_tiles - t->n_full);
     double gather = t->kind == ATTN_GATHER ? 0.15 : 0.0;
     double group_s = 4.0 * t->bm * head_dim / sm_bytes + 2e-6;

@@ -18,8 +18,9 @@ typedef struct model_device {
 /* Figures for dev (or for arch alone when dev is NULL or not ok). */
 model_device model_device_of(const drv_device *dev, const char *arch);
 
-/* Predicted milliseconds of one run over batch*heads of the tiles. */
+/* Predicted milliseconds of one run over batch*heads of the tiles, with
+ * m_tiles row tiles per warp (mma.sync) or on warpgroup MMA (wgmma 1). */
 double model_attn_ms(const model_device *m, const attn_tiles *t, int batch_heads, int head_dim,
-                     int m_tiles);
+                     int m_tiles, int wgmma);
 
 #endif

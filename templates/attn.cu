@@ -36,35 +36,19 @@
 #define WPR ((BN + 31) / 32)       // bitmap words per tile row
 
 typedef unsigned short elem_t;
-
-__device__ __forceinline__ unsigned smem_u32(const void *p)
-{
-    unsigned long long a;
-    asm("cvta.to.shared.u64 %0, %1;" : "=l"(a) : "l"(p));
-    return (unsigned)a;
-}
-
-// 16 bytes global -> shared; src_bytes 0 writes zeros and reads nothing.
-__device__ __forceinline__ void cp16(void *dst, const void *src, int src_bytes)
-{
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_u32(dst)), "l"(src),
-                 "r"(src_bytes));
-}
-__device__ __forceinline__ void cp_commit() { asm volatile("cp.async.commit_group;\n" ::); }
-template <int N>
-__device__ __forceinline__ void cp_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N)); }
+typedef stof_{{MMA_TYPE}}_tag mma_tag;
 
 __device__ __forceinline__ void ldsm_x4(unsigned *r, const void *p)
 {
     asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
                  : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-                 : "r"(smem_u32(p)));
+                 : "r"(stof_smem_u32(p)));
 }
 __device__ __forceinline__ void ldsm_x4_t(unsigned *r, const void *p)
 {
     asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
                  : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-                 : "r"(smem_u32(p)));
+                 : "r"(stof_smem_u32(p)));
 }
 
 // c += a (16x16, row) * b (16x8, col)
@@ -74,22 +58,6 @@ __device__ __forceinline__ void mma(float *c, const unsigned *a, unsigned b0, un
                  "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
                  : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
                  : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
-
-// 2^x on the SFU; inputs here are <= 0, where its error is a few ulp.
-__device__ __forceinline__ float ex2(float x)
-{
-    float y;
-    asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
-    return y;
-}
-
-// Two floats to one register of two 16-bit values, lo in the low half.
-__device__ __forceinline__ unsigned pack2(float lo, float hi)
-{
-    unsigned r;
-    asm("cvt.rn.{{MMA_TYPE}}x2.f32 %0, %1, %2;\n" : "=r"(r) : "f"(hi), "f"(lo));
-    return r;
 }
 
 // Loads BN rows of D elements (row indices from rows(), -1 = none) into smem.
@@ -102,7 +70,7 @@ __device__ __forceinline__ void load_rows(elem_t *dst, const elem_t *base, long 
         const int r = i / CHUNKS, c = i % CHUNKS;
         const int src = rows(r);
         const elem_t *p = base + (src >= 0 ? (long long)src * stride : 0) + c * 8;
-        cp16(dst + r * LDS + c * 8, p, src >= 0 ? 16 : 0);
+        stof_cp16(stof_smem_u32(dst + r * LDS + c * 8), p, src >= 0 ? 16 : 0);
     }
 }
 
@@ -172,7 +140,7 @@ stof_attn(const elem_t *__restrict__ q, const elem_t *__restrict__ k,
     load_rows(Qs, qb, q_sl, BM, qrow);
     if (t0 < t1)
         load_tile(t0, 0);
-    cp_commit();
+    stof_cp_commit();
 
     // Each warp owns MT m16 tiles of rows, so every K and V fragment it
     // loads from shared memory feeds MT products.
@@ -195,10 +163,10 @@ stof_attn(const elem_t *__restrict__ q, const elem_t *__restrict__ k,
         const int stage = (it - t0) & 1;
         if (it + 1 < t1) {
             load_tile(it + 1, stage ^ 1);
-            cp_commit();
-            cp_wait<1>();
+            stof_cp_commit();
+            stof_cp_wait<1>();
         } else {
-            cp_wait<0>();
+            stof_cp_wait<0>();
         }
         __syncthreads();
 {{#if Q_IN_REGS}}
@@ -264,69 +232,23 @@ stof_attn(const elem_t *__restrict__ q, const elem_t *__restrict__ k,
         if (bm >= 0 || edge) {
 #pragma unroll
             for (int mt = 0; mt < MT; mt++) {
-                const int r0 = wrow + mt * 16 + g, r1 = r0 + 8;
-                unsigned w0[WPR], w1[WPR];
-#pragma unroll
-                for (int w = 0; w < WPR; w++) {
-                    w0[w] = bm < 0 ? 0xffffffffu : bits[((long long)bm * BM + r0) * WPR + w];
-                    w1[w] = bm < 0 ? 0xffffffffu : bits[((long long)bm * BM + r1) * WPR + w];
-                }
-#pragma unroll
-                for (int j = 0; j < BN / 8; j++) {
-#pragma unroll
-                    for (int e = 0; e < 2; e++) {
-                        const int c = j * 8 + 2 * t + e;
+                const int r0 = wrow + mt * 16 + g;
+                const unsigned *w0 = bm < 0 ? nullptr : bits + ((long long)bm * BM + r0) * WPR;
 {{#if GATHER_K}}
-                        const bool kok = kix[c] >= 0 && kix[c] < klim;
+                auto key_ok = [&](int c) { return kix[c] >= 0 && kix[c] < klim; };
 {{/if}}
 {{#if BLOCK_K}}
-                        const bool kok = kfirst + c < klim;
+                auto key_ok = [&](int c) { return kfirst + c < klim; };
 {{/if}}
-                        if (!kok || !((w0[c / 32] >> (c % 32)) & 1u))
-                            s[mt][j][e] = -STOF_INF;
-                        if (!kok || !((w1[c / 32] >> (c % 32)) & 1u))
-                            s[mt][j][2 + e] = -STOF_INF;
-                    }
-                }
+                stof_mask_scores<BN / 8, WPR>(s[mt], w0, w0 ? w0 + 8 * WPR : nullptr, t, key_ok);
             }
         }
 
-        // Online softmax in units of log2: max on raw scores (the scale is
-        // positive), then one FMA per score folds scale and offset together.
-        // The C fragment of S becomes the A fragment of P: two n8 tiles make
-        // one k16.
+        // Online softmax; P's fragments come out ready for the next product.
         unsigned pf[MT][BN / 16][4];
 #pragma unroll
-        for (int mt = 0; mt < MT; mt++) {
-#pragma unroll
-            for (int h2 = 0; h2 < 2; h2++) {
-                float mx = -STOF_INF;
-#pragma unroll
-                for (int j = 0; j < BN / 8; j++)
-                    mx = fmaxf(mx, fmaxf(s[mt][j][2 * h2], s[mt][j][2 * h2 + 1]));
-                mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-                mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-                const float mnew = fmaxf(m[mt][h2], mx * scale_log2);
-                // A row with nothing allowed yet keeps base 0: exp2 never sees inf - inf.
-                const float base = mnew == -STOF_INF ? 0.f : mnew;
-                const float alpha = ex2(m[mt][h2] - base);
-                m[mt][h2] = mnew;
-                float sum = 0.f;
-#pragma unroll
-                for (int j = 0; j < BN / 8; j++) {
-                    const float p0 = ex2(fmaf(s[mt][j][2 * h2], scale_log2, -base));
-                    const float p1 = ex2(fmaf(s[mt][j][2 * h2 + 1], scale_log2, -base));
-                    sum += p0 + p1;
-                    pf[mt][j / 2][(j % 2) * 2 + h2] = pack2(p0, p1);
-                }
-                l[mt][h2] = l[mt][h2] * alpha + sum;
-#pragma unroll
-                for (int i = 0; i < D / 8; i++) {
-                    o[mt][i][2 * h2] *= alpha;
-                    o[mt][i][2 * h2 + 1] *= alpha;
-                }
-            }
-        }
+        for (int mt = 0; mt < MT; mt++)
+            stof_softmax_step<mma_tag>(s[mt], o[mt], m[mt], l[mt], pf[mt], scale_log2);
 
         // O += P V
 #pragma unroll
@@ -345,24 +267,12 @@ stof_attn(const elem_t *__restrict__ q, const elem_t *__restrict__ k,
         }
         __syncthreads();  // the stage just read is the next prefetch's target
     }
-    cp_wait<0>();  // nothing in flight at exit, even with no tile to walk
+    stof_cp_wait<0>();  // nothing in flight at exit, even with no tile to walk
 
 #pragma unroll
     for (int mt = 0; mt < MT; mt++) {
-#pragma unroll
-        for (int h2 = 0; h2 < 2; h2++) {
-            float sum = l[mt][h2];
-            sum += __shfl_xor_sync(0xffffffffu, sum, 1);
-            sum += __shfl_xor_sync(0xffffffffu, sum, 2);
-            const int qr = qrow(wrow + mt * 16 + g + 8 * h2);
-            // Fully masked rows and padded query rows come out as zeros.
-            const float inv = sum > 0.f && qr < qlim ? 1.f / sum : 0.f;
-            if (qr < 0)
-                continue;
-#pragma unroll
-            for (int i = 0; i < D / 8; i++)
-                *reinterpret_cast<unsigned *>(ob + qr * o_sl + i * 8 + 2 * t) =
-                    pack2(o[mt][i][2 * h2] * inv, o[mt][i][2 * h2 + 1] * inv);
-        }
+        const int r0 = wrow + mt * 16 + g;
+        const int rows[2] = {qrow(r0), qrow(r0 + 8)};
+        stof_store_rows<mma_tag>(o[mt], l[mt], ob, o_sl, rows, qlim, t);
     }
 }

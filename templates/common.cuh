@@ -41,3 +41,139 @@ __device__ __forceinline__ float stof_group_sum(float v)
 
 // No math headers at run time: infinity by its bits.
 #define STOF_INF __int_as_float(0x7f800000)
+
+// ---- Shared by the attention templates -------------------------------------
+
+__device__ __forceinline__ unsigned stof_smem_u32(const void *p)
+{
+    unsigned long long a;
+    asm("cvta.to.shared.u64 %0, %1;" : "=l"(a) : "l"(p));
+    return (unsigned)a;
+}
+
+// 16 bytes global -> shared; src_bytes 0 writes zeros and reads nothing.
+__device__ __forceinline__ void stof_cp16(unsigned dst, const void *src, int src_bytes)
+{
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(src_bytes));
+}
+__device__ __forceinline__ void stof_cp_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+template <int N>
+__device__ __forceinline__ void stof_cp_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N)); }
+
+// 2^x on the SFU; inputs here are <= 0, where its error is a few ulp.
+__device__ __forceinline__ float stof_ex2(float x)
+{
+    float y;
+    asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+    return y;
+}
+
+// Two floats to one register of two 16-bit values, lo in the low half; the
+// tag names the operand type of the tensor-core products.
+struct stof_f16_tag {
+    static __device__ __forceinline__ unsigned pack2(float lo, float hi)
+    {
+        unsigned r;
+        asm("cvt.rn.f16x2.f32 %0, %1, %2;\n" : "=r"(r) : "f"(hi), "f"(lo));
+        return r;
+    }
+};
+struct stof_bf16_tag {
+    static __device__ __forceinline__ unsigned pack2(float lo, float hi)
+    {
+        unsigned r;
+        asm("cvt.rn.bf16x2.f32 %0, %1, %2;\n" : "=r"(r) : "f"(hi), "f"(lo));
+        return r;
+    }
+};
+
+// Scores of one m16 row tile as tensor-core accumulators: s[j] holds keys
+// 8j + 2t, 8j + 2t + 1 of row g (elements 0, 1) and of row g + 8 (2, 3).
+// Masks the keys a tile's bitmap rows w0, w1 (NULL: a full tile) or
+// key_ok(column) rule out.
+template <int NB, int WPR, typename KeyOk>
+__device__ __forceinline__ void stof_mask_scores(float (&s)[NB][4], const unsigned *w0p,
+                                                 const unsigned *w1p, int t, KeyOk key_ok)
+{
+    unsigned w0[WPR], w1[WPR];
+#pragma unroll
+    for (int w = 0; w < WPR; w++) {
+        w0[w] = w0p ? w0p[w] : 0xffffffffu;
+        w1[w] = w1p ? w1p[w] : 0xffffffffu;
+    }
+#pragma unroll
+    for (int j = 0; j < NB; j++) {
+#pragma unroll
+        for (int e = 0; e < 2; e++) {
+            const int c = j * 8 + 2 * t + e;
+            const bool kok = key_ok(c);
+            if (!kok || !((w0[c / 32] >> (c % 32)) & 1u))
+                s[j][e] = -STOF_INF;
+            if (!kok || !((w1[c / 32] >> (c % 32)) & 1u))
+                s[j][2 + e] = -STOF_INF;
+        }
+    }
+}
+
+// One online-softmax step, in units of log2, for the two rows a thread holds
+// of an m16 tile: max on raw scores (the scale is positive), one FMA per score
+// folds scale and offset, the output o is rescaled, and the accumulator
+// layout of S becomes the A operand layout of P (two n8 blocks make one k16).
+template <typename Tag, int NB, int NO>
+__device__ __forceinline__ void stof_softmax_step(float (&s)[NB][4], float (&o)[NO][4], float (&m)[2],
+                                                  float (&l)[2], unsigned (&pf)[NB / 2][4],
+                                                  float scale_log2)
+{
+#pragma unroll
+    for (int h2 = 0; h2 < 2; h2++) {
+        float mx = -STOF_INF;
+#pragma unroll
+        for (int j = 0; j < NB; j++)
+            mx = fmaxf(mx, fmaxf(s[j][2 * h2], s[j][2 * h2 + 1]));
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+        const float mnew = fmaxf(m[h2], mx * scale_log2);
+        // A row with nothing allowed yet keeps base 0: exp2 never sees inf - inf.
+        const float base = mnew == -STOF_INF ? 0.f : mnew;
+        const float alpha = stof_ex2(m[h2] - base);
+        m[h2] = mnew;
+        float sum = 0.f;
+#pragma unroll
+        for (int j = 0; j < NB; j++) {
+            const float p0 = stof_ex2(fmaf(s[j][2 * h2], scale_log2, -base));
+            const float p1 = stof_ex2(fmaf(s[j][2 * h2 + 1], scale_log2, -base));
+            sum += p0 + p1;
+            pf[j / 2][(j % 2) * 2 + h2] = Tag::pack2(p0, p1);
+        }
+        l[h2] = l[h2] * alpha + sum;
+#pragma unroll
+        for (int i = 0; i < NO; i++) {
+            o[i][2 * h2] *= alpha;
+            o[i][2 * h2 + 1] *= alpha;
+        }
+    }
+}
+
+// Divides a thread's two output rows by their sums and stores them: row h2
+// goes to ob + rows[h2] * o_sl (rows[h2] < 0: none). Rows at or past qlim
+// and rows that allowed nothing come out as zeros.
+template <typename Tag, int NO>
+__device__ __forceinline__ void stof_store_rows(float (&o)[NO][4], const float (&l)[2],
+                                                unsigned short *ob, long long o_sl,
+                                                const int (&rows)[2], int qlim, int t)
+{
+#pragma unroll
+    for (int h2 = 0; h2 < 2; h2++) {
+        float sum = l[h2];
+        sum += __shfl_xor_sync(0xffffffffu, sum, 1);
+        sum += __shfl_xor_sync(0xffffffffu, sum, 2);
+        const int qr = rows[h2];
+        const float inv = sum > 0.f && qr < qlim ? 1.f / sum : 0.f;
+        if (qr < 0)
+            continue;
+#pragma unroll
+        for (int i = 0; i < NO; i++)
+            *reinterpret_cast<unsigned *>(ob + qr * o_sl + i * 8 + 2 * t) =
+                Tag::pack2(o[i][2 * h2] * inv, o[i][2 * h2 + 1] * inv);
+    }
+}

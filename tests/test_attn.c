@@ -114,7 +114,8 @@ START_TEST(gather_compacts_scattered_masks)
     ck_assert_int_eq(attn_tiles_build(ctx, m, ATTN_GATHER, 64, 64, &g), STOF_OK);
     ck_assert_int_lt(g.n_tiles * 2, b.n_tiles);
     model_device md = model_device_of(NULL, "sm_90a");
-    ck_assert(model_attn_ms(&md, &g, 96, 64, 1) < model_attn_ms(&md, &b, 96, 64, 1));
+    ck_assert(model_attn_ms(&md, &g, 96, 64, 1, 0) < model_attn_ms(&md, &b, 96, 64, 1, 0));
+    ck_assert(model_attn_ms(&md, &b, 96, 64, 1, 1) < model_attn_ms(&md, &b, 96, 64, 1, 0));
     attn_tiles_free(&b);
     attn_tiles_free(&g);
     stof_mask_free(m);
@@ -144,11 +145,11 @@ START_TEST(model_scales_with_work)
         ck_assert_int_eq(stof_mask_parse(ctx, spec, 4096, 4096, &m), STOF_OK);
         attn_tiles t;
         ck_assert_int_eq(attn_tiles_build(ctx, m, ATTN_BLOCK, 64, 64, &t), STOF_OK);
-        double ms = model_attn_ms(&md, &t, 96, 64, 1);
+        double ms = model_attn_ms(&md, &t, 96, 64, 1, 0);
         ck_assert_msg(ms > last * 1.3, "window %d: %.4f ms after %.4f", w, ms, last);
         last = ms;
         /* More heads, proportionally more time once the GPU is full. */
-        double ms2 = model_attn_ms(&md, &t, 192, 64, 1);
+        double ms2 = model_attn_ms(&md, &t, 192, 64, 1, 0);
         ck_assert(ms2 > 1.8 * ms && ms2 < 2.2 * ms);
         attn_tiles_free(&t);
         stof_mask_free(m);
@@ -162,14 +163,32 @@ START_TEST(candidates_fit_the_device)
     static const int dims[] = {32, 64, 80, 96, 128};
     for (int i = 0; i < 5; i++) {
         mha_candidate c[64];
-        int n = mha_candidates(dims[i], 227 * 1024, c, 64);
+        int n = mha_candidates(dims[i], 227 * 1024, 0, c, 64);
         ck_assert_int_ge(n, 8);
-        int small = mha_candidates(dims[i], 48 * 1024, c, 64);
-        ck_assert_int_lt(small, n);
+        for (int j = 0; j < n; j++)
+            ck_assert_int_eq(c[j].wg, 0);
+        int nwg = mha_candidates(dims[i], 227 * 1024, 1, c, 64), wg = 0;
+        for (int j = 0; j < nwg; j++) {
+            wg += c[j].wg;
+            if (c[j].wg) {
+                ck_assert_int_eq(dims[i] % 64, 0);
+                ck_assert_int_eq(c[j].bm % 64, 0);
+                ck_assert(c[j].bn == 64 || c[j].bn == 128);
+                ck_assert_int_eq(mha_threads(&c[j]), 2 * c[j].bm);
+                ck_assert(c[j].st == 2 || c[j].st == 3);
+                ck_assert_int_le(mha_smem_bytes(&c[j], dims[i]), 227 * 1024);
+            }
+        }
+        if (dims[i] % 64 == 0)
+            ck_assert_int_ge(wg, 12);
+        else
+            ck_assert_int_eq(wg, 0);
+        int small = mha_candidates(dims[i], 48 * 1024, 1, c, 64);
+        ck_assert_int_lt(small, nwg);
         for (int j = 0; j < small; j++) {
             ck_assert_int_le(mha_smem_bytes(&c[j], dims[i]), 48 * 1024);
             ck_assert_int_eq(c[j].bm % (16 * c[j].mt), 0);
-            ck_assert(!(dims[i] > 64 && (c[j].bn == 128 || (c[j].mt == 2 && !c[j].qs))));
+            ck_assert(c[j].wg || !(dims[i] > 64 && (c[j].bn == 128 || (c[j].mt == 2 && !c[j].qs))));
         }
     }
 }
@@ -177,9 +196,9 @@ END_TEST
 
 START_TEST(tuning_record_round_trip)
 {
-    mha_tried t[3] = {{{ATTN_BLOCK, 64, 64, 1, 0}, 0.5, 0.61, "ok"},
-                      {{ATTN_GATHER, 128, 32, 2, 1}, 0.4, 0.52, "ok"},
-                      {{ATTN_BLOCK, 128, 64, 1, 0}, 0.7, 0, NULL}};
+    mha_tried t[3] = {{{ATTN_BLOCK, 64, 64, 1, 0, 0, 0}, 0.5, 0.61, "ok"},
+                      {{ATTN_GATHER, 128, 32, 2, 1, 0, 0}, 0.4, 0.52, "ok"},
+                      {{ATTN_BLOCK, 192, 64, 1, 0, 1, 3}, 0.7, 0, NULL}};
     char *rec = mha_record_format(t, 3, 1, "0123abcd", "fast");
     ck_assert_ptr_nonnull(rec);
     ck_assert_ptr_nonnull(strstr(rec, "\"verdict\":\"ok\""));
@@ -192,8 +211,16 @@ START_TEST(tuning_record_round_trip)
     ck_assert_int_eq(c.bn, 32);
     ck_assert_int_eq(c.mt, 2);
     ck_assert_int_eq(c.qs, 1);
+    ck_assert_int_eq(c.wg, 0);
     ck_assert_double_eq_tol(ms, 0.52, 1e-9);
     ck_assert_double_eq_tol(pred, 0.4, 1e-9);
+    free(rec);
+    rec = mha_record_format(t, 3, 2, "4567", "full");
+    ck_assert(mha_record_parse(rec, &c, &ms, &pred));
+    ck_assert_int_eq(c.wg, 1);
+    ck_assert_int_eq(c.bm, 192);
+    ck_assert_int_eq(c.bn, 64);
+    ck_assert_int_eq(c.st, 3);
     free(rec);
     ck_assert(!mha_record_parse("{\"winner\":{\"kind\":\"magic\"}}", &c, &ms, &pred));
     ck_assert(!mha_record_parse("not json", &c, &ms, &pred));
@@ -324,7 +351,7 @@ START_TEST(every_variant_compiles)
     pthread_mutex_init(&j.lock, NULL);
     for (int d = 0; d < 5; d++) {
         mha_candidate c[64];
-        int n = mha_candidates(dims[d], 227 * 1024, c, 64);
+        int n = mha_candidates(dims[d], 227 * 1024, _i == 0, c, 64);
         for (int i = 0; i < n; i++)
             for (int dt = 0; dt < 2; dt++) {
                 ck_assert_int_lt(j.n, 512);

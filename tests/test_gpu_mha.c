@@ -21,7 +21,23 @@ typedef struct mcase {
     int kind, bm, bn;   /* kind -1: the planner chooses (tune fast) */
     int mt;             /* m16 row tiles per warp; 0 means 1 */
     int qs;             /* Q re-read from shared memory */
+    int wg;             /* warpgroup MMA kernel (sm_90a) */
+    int st;             /* its stages; 0 means 2 */
 } mcase;
+
+/* Whether this GPU runs the warpgroup MMA kernels; says so when it does not. */
+static int has_wgmma(void)
+{
+    stof_ctx *ctx;
+    ck_assert_int_eq(stof_open(&ctx, NULL), STOF_OK);
+    char arch[16];
+    int dev = 0;
+    ck_assert_int_eq(stof_device_info(ctx, &dev, arch, sizeof arch, NULL, 0), STOF_OK);
+    stof_close(ctx);
+    if (strcmp(arch, "sm_90a") != 0)
+        printf("gpu_mha: the GPU is %s, not sm_90a: wgmma kernels NOT run\n", arch);
+    return strcmp(arch, "sm_90a") == 0;
+}
 
 static CUdeviceptr upload(stof_ctx *ctx, const void *host, size_t bytes)
 {
@@ -78,7 +94,8 @@ static double run_case(const mcase *c, uint64_t salt)
     if (c->kind < 0) {
         st = stof_mha_plan_create(ctx, &d, m, &plan);
     } else {
-        mha_candidate cand = {(attn_kind)c->kind, c->bm, c->bn, c->mt ? c->mt : 1, c->qs};
+        mha_candidate cand = {(attn_kind)c->kind, c->bm, c->bn, c->mt ? c->mt : 1, c->qs, c->wg,
+                              c->wg ? (c->st ? c->st : 2) : 0};
         st = mha_plan_forced(ctx, &d, m, &cand, &plan);
     }
     ck_assert_msg(st == STOF_OK, "plan %s: %s", c->spec, stof_last_error(ctx));
@@ -136,43 +153,73 @@ START_TEST(every_mask_both_kinds)
 {
     for (int kind = 0; kind < 2; kind++) {
         mcase c = {SPECS[_i], 2, 3, 377, 377, 64, STOF_F16, STOF_LAYOUT_BHLD, 0, 0, kind,
-                   kind ? 128 : 64, 64, kind ? 2 : 1, 0};
+                   kind ? 128 : 64, 64, kind ? 2 : 1, 0, 0, 0};
         run_case(&c, 100 + _i * 2 + kind);
+    }
+    if (!has_wgmma())
+        return;
+    for (int kind = 0; kind < 2; kind++) {
+        mcase c = {SPECS[_i], 2, 3, 377, 377, 64, STOF_F16, STOF_LAYOUT_BHLD, 0, 0, kind,
+                   kind ? 192 : 128, kind ? 64 : 128, 1, 0, 1, kind ? 3 : 2};
+        run_case(&c, 150 + _i * 2 + kind);
     }
 }
 END_TEST
 
-/* Each head size and dtype, both kinds, each tile size the search may pick. */
+/* Each head size and dtype, both kinds, every mma.sync size the search may pick. */
 START_TEST(head_dims_dtypes_tiles)
 {
     static const int dims[] = {32, 64, 80, 96, 128};
-    static const int tiles[][4] = {{64, 64, 1, 0},  {128, 64, 1, 0}, {64, 32, 1, 0},
-                                   {128, 32, 1, 0}, {64, 128, 1, 0}, {128, 64, 2, 0},
-                                   {128, 32, 2, 0}, {128, 128, 1, 0}, {128, 64, 2, 1},
-                                   {128, 32, 2, 1}};
-    for (int t = 0; t < 10; t++)
-        for (int dt = 0; dt < 2; dt++) {
-            if (dims[_i] > 64 && (tiles[t][1] == 128 || (tiles[t][2] == 2 && !tiles[t][3])))
-                continue;
-            mcase c = {"window:96+global:8", 1, 2, 301, 301, dims[_i], dt ? STOF_BF16 : STOF_F16,
-                       STOF_LAYOUT_BHLD, 0, 0, (t + dt) % 2, tiles[t][0], tiles[t][1], tiles[t][2],
-                       tiles[t][3]};
-            run_case(&c, 500 + _i * 20 + t * 2 + dt);
-        }
+    mha_candidate cs[64];
+    int n = mha_candidates(dims[_i], 227 * 1024, 0, cs, 64);
+    for (int i = 0; i < n; i++) {
+        int dt = i % 2;
+        mcase c = {"window:96+global:8", 1, 2, 301, 301, dims[_i], dt ? STOF_BF16 : STOF_F16,
+                   STOF_LAYOUT_BHLD, 0, 0, cs[i].kind, cs[i].bm, cs[i].bn, cs[i].mt, cs[i].qs, 0, 0};
+        run_case(&c, 500 + _i * 50 + i);
+    }
+    ck_assert_int_ge(n, 8);
+}
+END_TEST
+
+/* The warpgroup MMA kernel: each head size and dtype, every size and
+ * stage count the search may pick, both kinds. */
+START_TEST(wgmma_tiles)
+{
+    if (!has_wgmma())
+        return;
+    const int dim = _i ? 128 : 64;
+    mha_candidate cs[64];
+    int n = mha_candidates(dim, 227 * 1024, 1, cs, 64), tested = 0;
+    for (int i = 0; i < n; i++) {
+        if (!cs[i].wg)
+            continue;
+        int dt = tested++ % 2;
+        mcase c = {"window:96+global:8", 1, 2, 301, 301, dim, dt ? STOF_BF16 : STOF_F16,
+                   STOF_LAYOUT_BHLD, 0, 0, cs[i].kind, cs[i].bm, cs[i].bn, 1, 0, 1, cs[i].st};
+        run_case(&c, 700 + _i * 50 + i);
+    }
+    ck_assert_int_ge(tested, 12);
 }
 END_TEST
 
 START_TEST(layouts_lens_packed)
 {
     mcase cases[] = {
-        {"causal", 3, 2, 250, 250, 64, STOF_F16, STOF_LAYOUT_BLHD, 0, 0, 0, 64, 64, 1, 0},
-        {"window:64+global:16", 3, 2, 250, 250, 64, STOF_BF16, STOF_LAYOUT_BHLD, 0, 1, 0, 64, 64, 1, 0},
-        {"dilated:64:2", 3, 2, 250, 250, 128, STOF_F16, STOF_LAYOUT_BLHD, 0, 1, 1, 128, 64, 2, 1},
-        {"window:64+strided:8", 2, 4, 300, 300, 64, STOF_F16, STOF_LAYOUT_BLHD, 1, 0, 0, 64, 64, 1, 0},
-        {"window:64+strided:8", 2, 4, 300, 300, 64, STOF_BF16, STOF_LAYOUT_BLHD, 1, 1, 1, 128, 32, 2, 0},
-        {"causal", 2, 2, 200, 333, 64, STOF_F16, STOF_LAYOUT_BHLD, 0, 0, 0, 64, 64, 1, 0},
-        {"window:64", 2, 2, 333, 200, 96, STOF_BF16, STOF_LAYOUT_BLHD, 0, 0, 1, 64, 64, 1, 0},
+        {"causal", 3, 2, 250, 250, 64, STOF_F16, STOF_LAYOUT_BLHD, 0, 0, 0, 64, 64, 1, 0, 0, 0},
+        {"window:64+global:16", 3, 2, 250, 250, 64, STOF_BF16, STOF_LAYOUT_BHLD, 0, 1, 0, 64, 64, 1, 0, 0, 0},
+        {"dilated:64:2", 3, 2, 250, 250, 128, STOF_F16, STOF_LAYOUT_BLHD, 0, 1, 1, 128, 64, 2, 1, 0, 0},
+        {"window:64+strided:8", 2, 4, 300, 300, 64, STOF_F16, STOF_LAYOUT_BLHD, 1, 0, 0, 64, 64, 1, 0, 0, 0},
+        {"window:64+strided:8", 2, 4, 300, 300, 64, STOF_BF16, STOF_LAYOUT_BLHD, 1, 1, 1, 128, 32, 2, 0, 0, 0},
+        {"causal", 2, 2, 200, 333, 64, STOF_F16, STOF_LAYOUT_BHLD, 0, 0, 0, 64, 64, 1, 0, 0, 0},
+        {"window:64", 2, 2, 333, 200, 96, STOF_BF16, STOF_LAYOUT_BLHD, 0, 0, 1, 64, 64, 1, 0, 0, 0},
+        {"causal", 3, 2, 250, 250, 128, STOF_BF16, STOF_LAYOUT_BLHD, 0, 1, 0, 128, 128, 1, 0, 1, 2},
+        {"window:64+strided:8", 2, 4, 300, 300, 64, STOF_F16, STOF_LAYOUT_BLHD, 1, 1, 1, 192, 64, 1, 0, 1, 3},
+        {"causal", 2, 2, 200, 333, 64, STOF_F16, STOF_LAYOUT_BHLD, 0, 0, 0, 128, 64, 1, 0, 1, 3},
+        {"window:64", 2, 2, 333, 200, 128, STOF_F16, STOF_LAYOUT_BLHD, 0, 0, 1, 64, 128, 1, 0, 1, 3},
     };
+    if (cases[_i].wg && !has_wgmma())
+        return;
     run_case(&cases[_i], 900 + _i);
 }
 END_TEST
@@ -182,7 +229,7 @@ START_TEST(planner_choice)
 {
     static const char *const specs[] = {"window:128+global:32", "dilated:128:2", "causal"};
     mcase c = {specs[_i], 2, 4, 640, 640, 64, _i == 2 ? STOF_BF16 : STOF_F16, STOF_LAYOUT_BHLD, 0, 0,
-               -1, 0, 0, 0, 0};
+               -1, 0, 0, 0, 0, 0, 0};
     run_case(&c, 1200 + _i);
 }
 END_TEST
@@ -194,7 +241,8 @@ Suite *suite_gpu_mha(void)
     tcase_set_timeout(t, 600);
     tcase_add_loop_test(t, every_mask_both_kinds, 0, NSPECS);
     tcase_add_loop_test(t, head_dims_dtypes_tiles, 0, 5);
-    tcase_add_loop_test(t, layouts_lens_packed, 0, 7);
+    tcase_add_loop_test(t, wgmma_tiles, 0, 2);
+    tcase_add_loop_test(t, layouts_lens_packed, 0, 11);
     tcase_add_loop_test(t, planner_choice, 0, 3);
     suite_add_tcase(s, t);
     return s;

@@ -429,7 +429,7 @@ START_TEST(formats_expand_back)
         stof_mask *m = random_mask(ctx, &r, lq, lk, spec, sizeof spec);
         unsigned char *d = NULL;
         ck_assert_int_eq(mask_to_dense(m, &d), STOF_OK);
-        int bq = test_rng_int(&r, 0, 1) ? 16 << test_rng_int(&r, 0, 3) : test_rng_int(&r, 16, 128);
+        int bq = test_rng_int(&r, 0, 1) ? 16 << test_rng_int(&r, 0, 4) : test_rng_int(&r, 16, 256);
         int bk = test_rng_int(&r, 0, 1) ? 16 << test_rng_int(&r, 0, 3) : test_rng_int(&r, 16, 128);
         mask_blocks b;
         ck_assert_int_eq(mask_build_blocks(ctx, m, bq, bk, &b), STOF_OK);
@@ -457,8 +457,9 @@ START_TEST(block_sizes_checked)
     stof_mask_info info;
     ck_assert_int_eq(mask_build_blocks(ctx, m, 15, 64, &b), STOF_ERR_INVALID_ARG);
     ck_assert_int_eq(mask_build_blocks(ctx, m, 64, 129, &b), STOF_ERR_INVALID_ARG);
+    ck_assert_int_eq(mask_build_blocks(ctx, m, 257, 64, &b), STOF_ERR_INVALID_ARG);
     ck_assert_int_eq(stof_mask_stats(ctx, m, 8, 64, &info), STOF_ERR_INVALID_ARG);
-    ck_assert_ptr_nonnull(strstr(stof_last_error(ctx), "16..128"));
+    ck_assert_ptr_nonnull(strstr(stof_last_error(ctx), "16..256 rows by 16..128 keys"));
     ck_assert_int_eq(stof_mask_stats(ctx, NULL, 64, 64, &info), STOF_ERR_INVALID_ARG);
     ck_assert_int_eq(stof_mask_stats(ctx, m, 64, 64, NULL), STOF_ERR_INVALID_ARG);
     stof_mask_free(m);

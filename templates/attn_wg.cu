@@ -1,0 +1,321 @@
+// attn_wg.cu — masked multi-head attention on Hopper's warpgroup MMA (sm_90a).
+//
+// The same walk as attn.cu — one CTA per (query group, batch*head), only the
+// key tiles listed for the group, full tiles unmasked, partial ones by their
+// bitmap, online softmax in fp32 — with the products on wgmma: each
+// warpgroup (4 warps) owns 64 query rows; S = Q·Kᵀ reads Q and K from shared
+// memory through matrix descriptors, O += P·V takes P from registers (the
+// accumulator layout of S is already the A operand's) and V, N-major, from
+// shared memory. Q, K and V tiles are stored in the 128-byte swizzled layout
+// the descriptors name: per 64-column half of the head, rows of 128 bytes
+// whose 16-byte chunks are XORed with the row's index mod 8, each half
+// 1024-byte aligned. cp.async fills them, STAGES deep; a proxy fence
+// makes those generic-proxy writes visible to the tensor cores.
+//
+// Parameters:
+//   HEAD_DIM   64 or 128 (whole 128-byte rows per half)
+//   BLOCK_M    query rows per CTA: 64 per warpgroup (64, 128 or 192)
+//   BLOCK_N    keys per tile: 64 or 128
+//   STAGES     K and V tiles in shared memory, 2 or 3: loads run STAGES - 1
+//              tiles ahead of the products
+//   MMA_TYPE   f16 or bf16
+//   GATHER_Q / BLOCK_Q, GATHER_K / BLOCK_K   as in attn.cu
+
+#define D {{HEAD_DIM}}
+#define BM {{BLOCK_M}}
+#define BN {{BLOCK_N}}
+#define STAGES {{STAGES}}
+#define THREADS (BM * 2)           // 128 threads per 64 rows
+#define WPR ((BN + 31) / 32)       // bitmap words per tile row
+#define HALVES (D / 64)            // 128-byte row halves of the head
+
+typedef unsigned short elem_t;
+typedef stof_{{MMA_TYPE}}_tag mma_tag;
+
+// ---- wgmma -------------------------------------------------------------------
+
+__device__ __forceinline__ void wg_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
+__device__ __forceinline__ void wg_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
+__device__ __forceinline__ void wg_wait0() { asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory"); }
+
+// Keeps the compiler from moving accumulator reads or writes across the
+// asynchronous products' issue and wait.
+template <int N>
+__device__ __forceinline__ void wg_hold(float (&d)[N][4])
+{
+#pragma unroll
+    for (int i = 0; i < N; i++)
+#pragma unroll
+        for (int e = 0; e < 4; e++)
+            asm volatile("" : "+f"(d[i][e])::"memory");
+}
+
+// Descriptor of a 128-byte swizzled operand at shared address addr: lbo and
+// sbo in bytes (K-major: sbo = 8 rows; N-major: lbo = the next 64 columns,
+// sbo = the next 8 rows of K).
+__device__ __forceinline__ unsigned long long wg_desc(unsigned addr, unsigned lbo, unsigned sbo)
+{
+    return (unsigned long long)((addr & 0x3ffff) >> 4) | ((unsigned long long)(lbo >> 4) << 16) |
+           ((unsigned long long)(sbo >> 4) << 32) | (1ull << 62);
+}
+
+// d (m64 x n) {+}= a (desc, K-major) * b (desc, K-major); acc 0 overwrites d.
+// d += a (registers) * b (desc, N-major).
+__device__ __forceinline__ void wg_ss(float (&d)[8][4], unsigned long long a,
+                                      unsigned long long b, int acc)
+{
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n64k16.f32.{{MMA_TYPE}}.{{MMA_TYPE}}\n"
+                 "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31},\n"
+                 "%32, %33, p, 1, 1, 0, 0;\n}\n"
+                 : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]),
+                   "+f"(d[1][0]), "+f"(d[1][1]), "+f"(d[1][2]), "+f"(d[1][3]),
+                   "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]),
+                   "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3]),
+                   "+f"(d[4][0]), "+f"(d[4][1]), "+f"(d[4][2]), "+f"(d[4][3]),
+                   "+f"(d[5][0]), "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3]),
+                   "+f"(d[6][0]), "+f"(d[6][1]), "+f"(d[6][2]), "+f"(d[6][3]),
+                   "+f"(d[7][0]), "+f"(d[7][1]), "+f"(d[7][2]), "+f"(d[7][3])
+                 : "l"(a), "l"(b), "r"(acc));
+}
+
+__device__ __forceinline__ void wg_rs(float (&d)[8][4], const unsigned (&a)[4],
+                                      unsigned long long b)
+{
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n64k16.f32.{{MMA_TYPE}}.{{MMA_TYPE}}\n"
+                 "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31},\n"
+                 "{%32, %33, %34, %35}, %36, p, 1, 1, 1;\n}\n"
+                 : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]),
+                   "+f"(d[1][0]), "+f"(d[1][1]), "+f"(d[1][2]), "+f"(d[1][3]),
+                   "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]),
+                   "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3]),
+                   "+f"(d[4][0]), "+f"(d[4][1]), "+f"(d[4][2]), "+f"(d[4][3]),
+                   "+f"(d[5][0]), "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3]),
+                   "+f"(d[6][0]), "+f"(d[6][1]), "+f"(d[6][2]), "+f"(d[6][3]),
+                   "+f"(d[7][0]), "+f"(d[7][1]), "+f"(d[7][2]), "+f"(d[7][3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(1));
+}
+
+__device__ __forceinline__ void wg_ss(float (&d)[16][4], unsigned long long a,
+                                      unsigned long long b, int acc)
+{
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n128k16.f32.{{MMA_TYPE}}.{{MMA_TYPE}}\n"
+                 "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63},\n"
+                 "%64, %65, p, 1, 1, 0, 0;\n}\n"
+                 : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]),
+                   "+f"(d[1][0]), "+f"(d[1][1]), "+f"(d[1][2]), "+f"(d[1][3]),
+                   "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]),
+                   "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3]),
+                   "+f"(d[4][0]), "+f"(d[4][1]), "+f"(d[4][2]), "+f"(d[4][3]),
+                   "+f"(d[5][0]), "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3]),
+                   "+f"(d[6][0]), "+f"(d[6][1]), "+f"(d[6][2]), "+f"(d[6][3]),
+                   "+f"(d[7][0]), "+f"(d[7][1]), "+f"(d[7][2]), "+f"(d[7][3]),
+                   "+f"(d[8][0]), "+f"(d[8][1]), "+f"(d[8][2]), "+f"(d[8][3]),
+                   "+f"(d[9][0]), "+f"(d[9][1]), "+f"(d[9][2]), "+f"(d[9][3]),
+                   "+f"(d[10][0]), "+f"(d[10][1]), "+f"(d[10][2]), "+f"(d[10][3]),
+                   "+f"(d[11][0]), "+f"(d[11][1]), "+f"(d[11][2]), "+f"(d[11][3]),
+                   "+f"(d[12][0]), "+f"(d[12][1]), "+f"(d[12][2]), "+f"(d[12][3]),
+                   "+f"(d[13][0]), "+f"(d[13][1]), "+f"(d[13][2]), "+f"(d[13][3]),
+                   "+f"(d[14][0]), "+f"(d[14][1]), "+f"(d[14][2]), "+f"(d[14][3]),
+                   "+f"(d[15][0]), "+f"(d[15][1]), "+f"(d[15][2]), "+f"(d[15][3])
+                 : "l"(a), "l"(b), "r"(acc));
+}
+
+__device__ __forceinline__ void wg_rs(float (&d)[16][4], const unsigned (&a)[4],
+                                      unsigned long long b)
+{
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n128k16.f32.{{MMA_TYPE}}.{{MMA_TYPE}}\n"
+                 "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63},\n"
+                 "{%64, %65, %66, %67}, %68, p, 1, 1, 1;\n}\n"
+                 : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]),
+                   "+f"(d[1][0]), "+f"(d[1][1]), "+f"(d[1][2]), "+f"(d[1][3]),
+                   "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]),
+                   "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3]),
+                   "+f"(d[4][0]), "+f"(d[4][1]), "+f"(d[4][2]), "+f"(d[4][3]),
+                   "+f"(d[5][0]), "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3]),
+                   "+f"(d[6][0]), "+f"(d[6][1]), "+f"(d[6][2]), "+f"(d[6][3]),
+                   "+f"(d[7][0]), "+f"(d[7][1]), "+f"(d[7][2]), "+f"(d[7][3]),
+                   "+f"(d[8][0]), "+f"(d[8][1]), "+f"(d[8][2]), "+f"(d[8][3]),
+                   "+f"(d[9][0]), "+f"(d[9][1]), "+f"(d[9][2]), "+f"(d[9][3]),
+                   "+f"(d[10][0]), "+f"(d[10][1]), "+f"(d[10][2]), "+f"(d[10][3]),
+                   "+f"(d[11][0]), "+f"(d[11][1]), "+f"(d[11][2]), "+f"(d[11][3]),
+                   "+f"(d[12][0]), "+f"(d[12][1]), "+f"(d[12][2]), "+f"(d[12][3]),
+                   "+f"(d[13][0]), "+f"(d[13][1]), "+f"(d[13][2]), "+f"(d[13][3]),
+                   "+f"(d[14][0]), "+f"(d[14][1]), "+f"(d[14][2]), "+f"(d[14][3]),
+                   "+f"(d[15][0]), "+f"(d[15][1]), "+f"(d[15][2]), "+f"(d[15][3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(1));
+}
+
+// ---- the kernel ----------------------------------------------------------------
+
+// Loads R rows of D elements (row indices from rows(), -1 = zeros) into the
+// swizzled layout at shared address dst.
+template <int R, typename RowFn>
+__device__ __forceinline__ void load_rows(unsigned dst, const elem_t *base, long long stride, RowFn rows)
+{
+    constexpr int CHUNKS = D / 8;  // 16-byte chunks per row
+#pragma unroll 4
+    for (int i = threadIdx.x; i < R * CHUNKS; i += THREADS) {
+        const int r = i / CHUNKS, c = i % CHUNKS;
+        const int src = rows(r);
+        const elem_t *p = base + (src >= 0 ? (long long)src * stride : 0) + c * 8;
+        stof_cp16(dst + (c / 8) * R * 128 + r * 128 + (((c % 8) ^ (r % 8)) << 4), p, src >= 0 ? 16 : 0);
+    }
+}
+
+extern "C" __global__ void __launch_bounds__(THREADS)
+stof_attn(const elem_t *__restrict__ q, const elem_t *__restrict__ k,
+          const elem_t *__restrict__ v, elem_t *__restrict__ out,
+          long long q_sb, long long q_sh, long long q_sl,
+          long long k_sb, long long k_sh, long long k_sl,
+          long long v_sb, long long v_sh, long long v_sl,
+          long long o_sb, long long o_sh, long long o_sl,
+          int heads, int lq, int lk, const int *__restrict__ seq_lens,
+          const int *__restrict__ group_order, const int *__restrict__ qidx,
+          const int *__restrict__ tile_ptr, const int *__restrict__ tile_key,
+          const int *__restrict__ tile_bits, const int *__restrict__ kidx,
+          const unsigned *__restrict__ bits, float scale_log2)
+{
+    // The launch gives 1 KiB of slack to align the swizzled tiles.
+    extern __shared__ __align__(1024) unsigned char smem_raw[];
+    const unsigned raw = stof_smem_u32(smem_raw);
+    const unsigned Qs = (raw + 1023) & ~1023u;
+    const unsigned Ks = Qs + BM * D * 2;            // STAGES tiles of BN * D
+    const unsigned Vs = Ks + STAGES * BN * D * 2;
+{{#if GATHER_K}}
+    int *Kix = reinterpret_cast<int *>(smem_raw + (Vs + STAGES * BN * D * 2 - raw));  // STAGES x BN key indices
+{{/if}}
+
+    const int group = group_order[blockIdx.x];
+    const int bh = blockIdx.y, b = bh / heads, h = bh % heads;
+    const int len = seq_lens ? seq_lens[b] : 0x7fffffff;
+    const int qlim = min(lq, len), klim = min(lk, len);
+    const elem_t *qb = q + b * q_sb + h * q_sh;
+    const elem_t *kb = k + b * k_sb + h * k_sh;
+    const elem_t *vb = v + b * v_sb + h * v_sh;
+    elem_t *ob = out + b * o_sb + h * o_sh;
+
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    const int g = lane / 4, t = lane % 4;
+    const int wg = warp / 4;           // warpgroup: rows 64 wg .. 64 wg + 63
+    const int wrow = warp * 16;        // this warp's first row in the group
+
+    auto qrow = [&](int r) -> int {
+{{#if GATHER_Q}}
+        const int i = qidx[group * BM + r];
+{{/if}}
+{{#if BLOCK_Q}}
+        const int i = group * BM + r;
+{{/if}}
+        return i >= 0 && i < lq ? i : -1;
+    };
+
+    const int t0 = tile_ptr[group], t1 = tile_ptr[group + 1];
+
+    auto load_tile = [&](int it, int stage) {
+        const int key = tile_key[it];
+{{#if GATHER_K}}
+        // key is the tile's offset into kidx, in tiles.
+        const int *ix = kidx + (long long)key * BN;
+        auto row = [&](int r) -> int { const int i = ix[r]; return i >= 0 && i < lk ? i : -1; };
+        if (threadIdx.x < BN)
+            Kix[stage * BN + threadIdx.x] = row(threadIdx.x);
+{{/if}}
+{{#if BLOCK_K}}
+        // key is the tile's first key.
+        auto row = [&](int r) -> int { const int i = key + r; return i < lk ? i : -1; };
+{{/if}}
+        load_rows<BN>(Ks + stage * BN * D * 2, kb, k_sl, row);
+        load_rows<BN>(Vs + stage * BN * D * 2, vb, v_sl, row);
+    };
+
+    // Prologue: Q and the first STAGES - 1 tiles in flight, a commit group
+    // each (empty past the last tile) so that the waits below count alike.
+    load_rows<BM>(Qs, qb, q_sl, qrow);
+#pragma unroll
+    for (int i = 0; i < STAGES - 1; i++) {
+        if (t0 + i < t1)
+            load_tile(t0 + i, i);
+        stof_cp_commit();
+    }
+
+    float o[D / 8][4];
+    float m[2] = {-STOF_INF, -STOF_INF}, l[2] = {0.f, 0.f};
+#pragma unroll
+    for (int i = 0; i < D / 8; i++)
+        o[i][0] = o[i][1] = o[i][2] = o[i][3] = 0.f;
+    const unsigned q_wg = Qs + wg * 64 * 128;  // this warpgroup's rows, in each half
+
+    // S = Q Kᵀ for the tile in `stage`: 16 columns of the head per product,
+    // 4 per 128-byte half. Issued and committed, not waited for.
+    auto issue_s = [&](float (&s)[BN / 8][4], int stage) {
+        const unsigned kt = Ks + stage * BN * D * 2;
+        wg_fence();
+#pragma unroll
+        for (int kk = 0; kk < D / 16; kk++)
+            wg_ss(s, wg_desc(q_wg + (kk / 4) * BM * 128 + (kk % 4) * 32, 16, 1024),
+                  wg_desc(kt + (kk / 4) * BN * 128 + (kk % 4) * 32, 16, 1024), kk > 0);
+        wg_commit();
+    };
+
+    // Masks tile it's scores (only where needed: a partial tile's bitmap,
+    // keys past the valid length), runs the softmax step, and issues
+    // O += P V (V's rows are the keys, read N-major), committed, not waited for.
+    auto softmax_pv = [&](float (&s)[BN / 8][4], int it, int stage) {
+        const int bm = tile_bits[it];
+{{#if GATHER_K}}
+        const int *kix = Kix + stage * BN;
+        const bool edge = true;
+        auto key_ok = [&](int c) { return kix[c] >= 0 && kix[c] < klim; };
+{{/if}}
+{{#if BLOCK_K}}
+        const int kfirst = tile_key[it];
+        const bool edge = kfirst + BN > klim;
+        auto key_ok = [&](int c) { return kfirst + c < klim; };
+{{/if}}
+        if (bm >= 0 || edge) {
+            const unsigned *w0 = bm < 0 ? nullptr : bits + ((long long)bm * BM + wrow + g) * WPR;
+            stof_mask_scores<BN / 8, WPR>(s, w0, w0 ? w0 + 8 * WPR : nullptr, t, key_ok);
+        }
+        unsigned pf[BN / 16][4];
+        stof_softmax_step<mma_tag>(s, o, m, l, pf, scale_log2);
+        const unsigned vt = Vs + stage * BN * D * 2;
+        wg_hold(o);
+        wg_fence();
+#pragma unroll
+        for (int kk = 0; kk < BN / 16; kk++)
+            wg_rs(o, pf[kk], wg_desc(vt + kk * 16 * 128, BN * 128, 1024));
+        wg_commit();
+    };
+
+    // cp.async wrote through the generic proxy; wgmma reads through the async one.
+    auto tile_ready = [&]() {
+        asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+        __syncthreads();
+    };
+
+    for (int it = t0; it < t1; it++) {
+        const int stage = (it - t0) % STAGES;
+        stof_cp_wait<STAGES - 2>();  // this tile has landed
+        tile_ready();
+        // Past the barrier every thread has left the previous tile, so its
+        // stage can be refilled.
+        if (it + STAGES - 1 < t1)
+            load_tile(it + STAGES - 1, (it - t0 + STAGES - 1) % STAGES);
+        stof_cp_commit();
+        float s[BN / 8][4];
+        issue_s(s, stage);
+        wg_wait0();
+        wg_hold(s);
+        softmax_pv(s, it, stage);
+        wg_wait0();
+        wg_hold(o);
+    }
+    stof_cp_wait<0>();  // nothing in flight at exit, even with no tile to walk
+
+    const int rows[2] = {qrow(wrow + g), qrow(wrow + g + 8)};
+    stof_store_rows<mma_tag>(o, l, ob, o_sl, rows, qlim, t);
+}
