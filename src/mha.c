@@ -56,7 +56,7 @@ void mha_make_request(const mha_candidate *c, int head_dim, stof_dtype dtype, mh
 int mha_smem_bytes(const mha_candidate *c, int head_dim)
 {
     if (c->wg) /* unpadded swizzled tiles, 1 KiB of alignment slack */
-        return (c->bm + 2 * c->st * c->bn) * head_dim * 2 + c->st * c->bn * 4 + 1024;
+        return (c->bm + 2 * c->st * c->bn) * head_dim * 2 + 16 * c->st + 1024;
     return (c->bm + 4 * c->bn) * (head_dim + 8) * 2 + 2 * c->bn * 4;
 }
 
@@ -70,8 +70,8 @@ int mha_candidates(int head_dim, int smem_max, int wgmma, mha_candidate *out, in
                                    {128, 32, 2, 1}};
     /* Warpgroup MMA: 64 rows per warpgroup, whole 128-byte row halves;
      * rows, keys, stages. */
-    static const int wg_sizes[][3] = {{128, 128, 2}, {128, 64, 3}, {192, 64, 3}, {192, 128, 2},
-                                      {64, 128, 3},  {64, 64, 3},  {128, 128, 3}, {128, 64, 2}};
+    static const int wg_sizes[][3] = {{128, 128, 3}, {128, 64, 4}, {192, 64, 4}, {192, 128, 3},
+                                      {64, 128, 4},  {64, 64, 4},  {128, 128, 4}, {128, 64, 3}};
     int n = 0;
     for (int kind = 0; kind < 2; kind++) {
         for (size_t i = 0; i < sizeof sizes / sizeof sizes[0] && n < cap; i++) {
@@ -554,11 +554,11 @@ static void free_candidates(cand_state *cs, int n)
 }
 
 /* Stage 1's sizes for each kind: mma.sync's 64x64, and wgmma's 64x64 (small
- * tiles waste least on windows) and 128x64 (dense rows), three stages. */
+ * tiles waste least on windows) and 128x64 (dense rows), four stages. */
 static int is_default_size(const mha_candidate *c)
 {
     if (c->wg)
-        return (c->bm == 64 || c->bm == 128) && c->bn == 64 && c->st == 3;
+        return (c->bm == 64 || c->bm == 128) && c->bn == 64 && c->st == 4;
     return c->bm == 64 && c->bn == 64 && c->mt == 1 && !c->qs;
 }
 
@@ -692,7 +692,7 @@ int mha_record_parse(const char *rec, mha_candidate *c, double *ms, double *pred
     c->kind = strcmp(kind, "gather") == 0 ? ATTN_GATHER : ATTN_BLOCK;
     if (c->wg == 1)
         return c->bm >= 64 && c->bm <= 192 && c->bm % 64 == 0 && (c->bn == 64 || c->bn == 128) &&
-               c->mt == 1 && c->qs == 0 && (c->st == 2 || c->st == 3);
+               c->mt == 1 && c->qs == 0 && c->st >= 2 && c->st <= 4;
     return c->wg == 0 && c->st == 0 && c->bm >= 16 && c->bm <= 128 && c->bn >= 16 && c->bn <= 128 &&
            (c->mt == 1 || c->mt == 2) && c->bm % (16 * c->mt) == 0 && (c->qs == 0 || c->qs == 1);
 }

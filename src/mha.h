@@ -17,7 +17,7 @@ typedef struct mha_candidate {
     int mt;              /* m16 row tiles per warp: 1 or 2 */
     int qs;              /* 1: Q re-read from shared memory per tile, not kept in registers */
     int wg;              /* 1: warpgroup MMA (templates/attn_wg.cu, sm_90a; mt 1, qs 0) */
-    int st;              /* wgmma: K and V stages in shared memory, 2 or 3; else 0 */
+    int st;              /* wgmma: K and V stages in shared memory, 2 to 4; else 0 */
 } mha_candidate;
 
 /* The kernel request for a candidate; the strings live in *buf. */

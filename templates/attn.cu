@@ -223,7 +223,9 @@ stof_attn(const elem_t *__restrict__ q, const elem_t *__restrict__ k,
         const int bm = tile_bits[it];
 {{#if GATHER_K}}
         const int *kix = Kix + stage * BN;
-        const bool edge = true;
+        // Padding keys (-1) are never in a bitmap and full tiles have none:
+        // only a shortened sequence needs the keys checked.
+        const bool edge = klim < lk;
 {{/if}}
 {{#if BLOCK_K}}
         const int kfirst = tile_key[it];

@@ -9,15 +9,17 @@
 // shared memory. Q, K and V tiles are stored in the 128-byte swizzled layout
 // the descriptors name: per 64-column half of the head, rows of 128 bytes
 // whose 16-byte chunks are XORed with the row's index mod 8, each half
-// 1024-byte aligned. cp.async fills them, STAGES deep; a proxy fence
+// 1024-byte aligned. cp.async fills them, STAGES deep, each stage guarded by
+// a pair of shared-memory barriers instead of CTA-wide syncs; a proxy fence
 // makes those generic-proxy writes visible to the tensor cores.
 //
 // Parameters:
 //   HEAD_DIM   64 or 128 (whole 128-byte rows per half)
 //   BLOCK_M    query rows per CTA: 64 per warpgroup (64, 128 or 192)
 //   BLOCK_N    keys per tile: 64 or 128
-//   STAGES     K and V tiles in shared memory, 2 or 3: loads run STAGES - 1
-//              tiles ahead of the products
+//   STAGES     K and V tiles in shared memory, 2 to 4: loads run STAGES - 2
+//              tiles ahead of the products, and warpgroups up to a tile
+//              apart
 //   MMA_TYPE   f16 or bf16
 //   GATHER_Q / BLOCK_Q, GATHER_K / BLOCK_K   as in attn.cu
 
@@ -149,6 +151,29 @@ __device__ __forceinline__ void wg_rs(float (&d)[16][4], const unsigned (&a)[4],
                  : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(1));
 }
 
+// ---- shared-memory barriers ---------------------------------------------------
+
+__device__ __forceinline__ void mbar_init(unsigned bar, int count)
+{
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
+}
+__device__ __forceinline__ void mbar_arrive(unsigned bar)
+{
+    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar) : "memory");
+}
+// Arrives on bar once this thread's earlier cp.async copies have landed.
+__device__ __forceinline__ void cp_arrive_noinc(unsigned bar)
+{
+    asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(bar) : "memory");
+}
+// Waits until the barrier's phase with the given parity has completed.
+__device__ __forceinline__ void mbar_wait(unsigned bar, int parity)
+{
+    asm volatile("{\n.reg .pred done;\nWAIT:\n"
+                 "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
+                 "@!done bra WAIT;\n}\n" ::"r"(bar), "r"(parity) : "memory");
+}
+
 // ---- the kernel ----------------------------------------------------------------
 
 // Loads R rows of D elements (row indices from rows(), -1 = zeros) into the
@@ -185,9 +210,9 @@ stof_attn(const elem_t *__restrict__ q, const elem_t *__restrict__ k,
     const unsigned Qs = (raw + 1023) & ~1023u;
     const unsigned Ks = Qs + BM * D * 2;            // STAGES tiles of BN * D
     const unsigned Vs = Ks + STAGES * BN * D * 2;
-{{#if GATHER_K}}
-    int *Kix = reinterpret_cast<int *>(smem_raw + (Vs + STAGES * BN * D * 2 - raw));  // STAGES x BN key indices
-{{/if}}
+    // Per stage: "full" (every thread's copies landed) and "empty" (every
+    // warp done reading) barriers.
+    const unsigned bar_full = Vs + STAGES * BN * D * 2, bar_empty = bar_full + STAGES * 8;
 
     const int group = group_order[blockIdx.x];
     const int bh = blockIdx.y, b = bh / heads, h = bh % heads;
@@ -221,8 +246,6 @@ stof_attn(const elem_t *__restrict__ q, const elem_t *__restrict__ k,
         // key is the tile's offset into kidx, in tiles.
         const int *ix = kidx + (long long)key * BN;
         auto row = [&](int r) -> int { const int i = ix[r]; return i >= 0 && i < lk ? i : -1; };
-        if (threadIdx.x < BN)
-            Kix[stage * BN + threadIdx.x] = row(threadIdx.x);
 {{/if}}
 {{#if BLOCK_K}}
         // key is the tile's first key.
@@ -232,16 +255,34 @@ stof_attn(const elem_t *__restrict__ q, const elem_t *__restrict__ k,
         load_rows<BN>(Vs + stage * BN * D * 2, vb, v_sl, row);
     };
 
-    // Prologue: Q and the first STAGES - 1 tiles in flight, a commit group
-    // each (empty past the last tile) so that the waits below count alike.
-    load_rows<BM>(Qs, qb, q_sl, qrow);
-#pragma unroll
-    for (int i = 0; i < STAGES - 1; i++) {
-        if (t0 + i < t1)
-            load_tile(t0 + i, i);
-        stof_cp_commit();
+    if (threadIdx.x == 0) {
+        for (int i = 0; i < STAGES; i++) {
+            mbar_init(bar_full + 8 * i, THREADS);
+            mbar_init(bar_empty + 8 * i, THREADS / 32);
+        }
     }
+    __syncthreads();
 
+    // Tile j of the walk (tile t0 + j) lives in stage j % STAGES. Every
+    // thread copies its share and arms the stage's full barrier to fire when
+    // its copies land; the stage is reused only once every warp has released
+    // tile j - STAGES. Tiles are issued STAGES - 2 ahead, so one warpgroup
+    // can run up to a tile ahead of another (its products overlapping their
+    // softmax) instead of meeting them at a CTA barrier every tile.
+    const int ntiles = t1 - t0;
+    auto issue = [&](int j) {
+        const int stage = j % STAGES;
+        if (j >= STAGES)
+            mbar_wait(bar_empty + 8 * stage, ((j / STAGES) - 1) & 1);
+        if (j == 0)
+            load_rows<BM>(Qs, qb, q_sl, qrow);
+        load_tile(t0 + j, stage);
+        cp_arrive_noinc(bar_full + 8 * stage);
+    };
+#pragma unroll
+    for (int j = 0; j < STAGES - 2; j++)
+        if (j < ntiles)
+            issue(j);
     float o[D / 8][4];
     float m[2] = {-STOF_INF, -STOF_INF}, l[2] = {0.f, 0.f};
 #pragma unroll
@@ -267,8 +308,10 @@ stof_attn(const elem_t *__restrict__ q, const elem_t *__restrict__ k,
     auto softmax_pv = [&](float (&s)[BN / 8][4], int it, int stage) {
         const int bm = tile_bits[it];
 {{#if GATHER_K}}
-        const int *kix = Kix + stage * BN;
-        const bool edge = true;
+        const int *kix = kidx + (long long)tile_key[it] * BN;
+        // Padding keys (-1) are never in a bitmap and full tiles have none:
+        // only a shortened sequence needs the keys checked.
+        const bool edge = klim < lk;
         auto key_ok = [&](int c) { return kix[c] >= 0 && kix[c] < klim; };
 {{/if}}
 {{#if BLOCK_K}}
@@ -291,21 +334,13 @@ stof_attn(const elem_t *__restrict__ q, const elem_t *__restrict__ k,
         wg_commit();
     };
 
-    // cp.async wrote through the generic proxy; wgmma reads through the async one.
-    auto tile_ready = [&]() {
+    for (int j = 0; j < ntiles; j++) {
+        const int stage = j % STAGES, it = t0 + j;
+        if (j + STAGES - 2 < ntiles)
+            issue(j + STAGES - 2);
+        mbar_wait(bar_full + 8 * stage, (j / STAGES) & 1);
+        // cp.async wrote through the generic proxy; wgmma reads through the async one.
         asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
-        __syncthreads();
-    };
-
-    for (int it = t0; it < t1; it++) {
-        const int stage = (it - t0) % STAGES;
-        stof_cp_wait<STAGES - 2>();  // this tile has landed
-        tile_ready();
-        // Past the barrier every thread has left the previous tile, so its
-        // stage can be refilled.
-        if (it + STAGES - 1 < t1)
-            load_tile(it + STAGES - 1, (it - t0 + STAGES - 1) % STAGES);
-        stof_cp_commit();
         float s[BN / 8][4];
         issue_s(s, stage);
         wg_wait0();
@@ -313,6 +348,9 @@ stof_attn(const elem_t *__restrict__ q, const elem_t *__restrict__ k,
         softmax_pv(s, it, stage);
         wg_wait0();
         wg_hold(o);
+        __syncwarp();
+        if (lane == 0)
+            mbar_arrive(bar_empty + 8 * stage);
     }
     stof_cp_wait<0>();  // nothing in flight at exit, even with no tile to walk
 

@@ -175,12 +175,12 @@ START_TEST(candidates_fit_the_device)
                 ck_assert_int_eq(c[j].bm % 64, 0);
                 ck_assert(c[j].bn == 64 || c[j].bn == 128);
                 ck_assert_int_eq(mha_threads(&c[j]), 2 * c[j].bm);
-                ck_assert(c[j].st == 2 || c[j].st == 3);
+                ck_assert(c[j].st >= 2 && c[j].st <= 4);
                 ck_assert_int_le(mha_smem_bytes(&c[j], dims[i]), 227 * 1024);
             }
         }
         if (dims[i] % 64 == 0)
-            ck_assert_int_ge(wg, 12);
+            ck_assert_int_ge(wg, 8);
         else
             ck_assert_int_eq(wg, 0);
         int small = mha_candidates(dims[i], 48 * 1024, 1, c, 64);

@@ -199,7 +199,7 @@ START_TEST(wgmma_tiles)
                    STOF_LAYOUT_BHLD, 0, 0, cs[i].kind, cs[i].bm, cs[i].bn, 1, 0, 1, cs[i].st};
         run_case(&c, 700 + _i * 50 + i);
     }
-    ck_assert_int_ge(tested, 12);
+    ck_assert_int_ge(tested, 8);
 }
 END_TEST
 
@@ -215,7 +215,7 @@ START_TEST(layouts_lens_packed)
         {"window:64", 2, 2, 333, 200, 96, STOF_BF16, STOF_LAYOUT_BLHD, 0, 0, 1, 64, 64, 1, 0, 0, 0},
         {"causal", 3, 2, 250, 250, 128, STOF_BF16, STOF_LAYOUT_BLHD, 0, 1, 0, 128, 128, 1, 0, 1, 2},
         {"window:64+strided:8", 2, 4, 300, 300, 64, STOF_F16, STOF_LAYOUT_BLHD, 1, 1, 1, 192, 64, 1, 0, 1, 3},
-        {"causal", 2, 2, 200, 333, 64, STOF_F16, STOF_LAYOUT_BHLD, 0, 0, 0, 128, 64, 1, 0, 1, 3},
+        {"causal", 2, 2, 200, 333, 64, STOF_F16, STOF_LAYOUT_BHLD, 0, 0, 0, 128, 64, 1, 0, 1, 4},
         {"window:64", 2, 2, 333, 200, 128, STOF_F16, STOF_LAYOUT_BLHD, 0, 0, 1, 64, 128, 1, 0, 1, 3},
     };
     if (cases[_i].wg && !has_wgmma())
