@@ -85,9 +85,10 @@ int mha_candidates(int head_dim, int smem_max, int wgmma, mha_candidate *out, in
                 continue;
             out[n++] = c;
         }
-        for (size_t i = 0; wgmma && head_dim % 64 == 0 && i < sizeof wg_sizes / sizeof wg_sizes[0] && n < cap;
-             i++) {
-            mha_candidate c = {(attn_kind)kind, wg_sizes[i][0], wg_sizes[i][1], 1, 0, 1, wg_sizes[i][2]};
+        const size_t nwg = wgmma && head_dim % 64 == 0 ? sizeof wg_sizes / sizeof wg_sizes[0] : 0;
+        for (size_t i = 0; i < nwg && n < cap; i++) {
+            mha_candidate c = {(attn_kind)kind, wg_sizes[i][0], wg_sizes[i][1], 1, 0, 1,
+                               wg_sizes[i][2]};
             if (mha_smem_bytes(&c, head_dim) <= smem_max)
                 out[n++] = c;
         }
@@ -541,7 +542,8 @@ static stof_status rank_candidates(stof_ctx *ctx, const stof_mha_desc *d, const 
             return st;
         }
         s->built = 1;
-        s->predicted_ms = model_attn_ms(&md, &s->tiles, d->batch * d->heads, d->head_dim, s->c.mt, s->c.wg);
+        s->predicted_ms =
+            model_attn_ms(&md, &s->tiles, d->batch * d->heads, d->head_dim, s->c.mt, s->c.wg);
     }
     qsort(cs, (size_t)*n, sizeof *cs, by_prediction);
     return STOF_OK;
@@ -587,8 +589,8 @@ static stof_status try_candidate(stof_ctx *ctx, const stof_mha_desc *d, const st
             s->verdict = "mismatch";
             free(out);
             return CTX_FAIL(ctx, STOF_ERR_INTERNAL,
-                            "attention kernel %s %dx%d (%s, m_tiles %d, q in %s) disagrees with the "
-                            "CPU reference (relative L2 error %.3g)",
+                            "attention kernel %s %dx%d (%s, m_tiles %d, q in %s) disagrees "
+                            "with the CPU reference (relative L2 error %.3g)",
                             kind_name(s->c.kind), s->c.bm, s->c.bn, engine_name(&s->c), s->c.mt,
                             s->c.qs ? "smem" : "regs", err);
         }
@@ -658,17 +660,19 @@ char *mha_record_format(const mha_tried *cs, int n, int winner, const char *kern
     strbuf b = {0};
     const mha_tried *w = &cs[winner];
     strbuf_printf(&b,
-                  "{\"winner\":{\"kind\":\"%s\",\"bm\":%d,\"bn\":%d,\"mt\":%d,\"qs\":%d,\"wg\":%d,\"st\":%d,\"ms\":%.6f,"
-                  "\"predicted_ms\":%.6f,\"kernel\":\"%s\"},\"model_error\":%.4f,\"how\":\"%s\",\"tried\":[",
-                  kind_name(w->c.kind), w->c.bm, w->c.bn, w->c.mt, w->c.qs, w->c.wg, w->c.st, w->ms, w->predicted_ms, kernel,
+                  "{\"winner\":{\"kind\":\"%s\",\"bm\":%d,\"bn\":%d,\"mt\":%d,\"qs\":%d,\"wg\":%d,"
+                  "\"st\":%d,\"ms\":%.6f,\"predicted_ms\":%.6f,\"kernel\":\"%s\"},"
+                  "\"model_error\":%.4f,\"how\":\"%s\",\"tried\":[",
+                  kind_name(w->c.kind), w->c.bm, w->c.bn, w->c.mt, w->c.qs, w->c.wg, w->c.st, w->ms,
+                  w->predicted_ms, kernel,
                   w->ms > 0 ? w->predicted_ms / w->ms - 1 : 0.0, why);
     int first = 1;
     for (int i = 0; i < n; i++) {
         const mha_tried *s = &cs[i];
         strbuf_printf(&b, "%s{\"kind\":\"%s\",\"bm\":%d,\"bn\":%d,\"mt\":%d,\"qs\":%d,\"wg\":%d,"
                       "\"st\":%d,\"predicted_ms\":%.6f",
-                      first ? "" : ",", kind_name(s->c.kind), s->c.bm, s->c.bn, s->c.mt, s->c.qs, s->c.wg, s->c.st,
-                      s->predicted_ms);
+                      first ? "" : ",", kind_name(s->c.kind), s->c.bm, s->c.bn, s->c.mt, s->c.qs,
+                      s->c.wg, s->c.st, s->predicted_ms);
         if (s->verdict)
             strbuf_printf(&b, ",\"ms\":%.6f,\"verdict\":\"%s\"", s->ms, s->verdict);
         strbuf_puts(&b, "}");
@@ -828,6 +832,11 @@ stof_status mha_plan_forced(stof_ctx *ctx, const stof_mha_desc *desc, const stof
         return STOF_ERR_INVALID_ARG;
     CTX_ARG(ctx, plan && c, "plan");
     *plan = NULL;
+    if (c->wg && (strcmp(ctx->arch, "sm_90a") != 0 || (desc && desc->head_dim % 64 != 0)))
+        return CTX_FAIL(ctx, STOF_ERR_UNSUPPORTED,
+                        "wgmma attention kernels need sm_90a and head_dim 64 or 128 (this context "
+                        "compiles for %s, head_dim %d)",
+                        ctx->arch, desc ? desc->head_dim : 0);
     stof_mha_plan *p;
     TRY(plan_new(ctx, desc, mask, &p));
     p->c = *c;
@@ -867,11 +876,12 @@ stof_status stof_mha_plan_describe(const stof_mha_plan *p, char *buf, size_t n)
     if (!p || !buf || n == 0)
         return STOF_ERR_INVALID_ARG;
     snprintf(buf, n,
-             "kernel=%s engine=%s block_m=%d block_n=%d m_tiles=%d q_in=%s stages=%d head_dim=%d %s "
-             "groups=%d smem=%d chosen_by=%s predicted_ms=%.4f measured_ms=%.4f candidates_timed=%d "
-             "mask=%.16s",
+             "kernel=%s engine=%s block_m=%d block_n=%d m_tiles=%d q_in=%s stages=%d head_dim=%d "
+             "%s groups=%d smem=%d chosen_by=%s predicted_ms=%.4f measured_ms=%.4f "
+             "candidates_timed=%d mask=%.16s",
              kind_name(p->c.kind), engine_name(&p->c), p->c.bm, p->c.bn, p->c.mt,
-             p->c.wg ? "smem" : p->c.qs ? "smem" : "regs", p->c.wg ? p->c.st : 2, p->d.head_dim, dtype_name(p->d.dtype),
+             p->c.wg || p->c.qs ? "smem" : "regs", p->c.wg ? p->c.st : 2, p->d.head_dim,
+             dtype_name(p->d.dtype),
              p->n_groups, p->smem, p->origin, p->predicted_ms, p->measured_ms, p->tried,
              p->mask_hash);
     return STOF_OK;

@@ -194,6 +194,33 @@ START_TEST(candidates_fit_the_device)
 }
 END_TEST
 
+/* A forced wgmma plan where there is no warpgroup MMA fails cleanly, before
+ * any device work. */
+START_TEST(wgmma_needs_sm90a)
+{
+    stof_ctx *ctx = open_ctx("sm_80");
+    stof_mask *m;
+    ck_assert_int_eq(stof_mask_parse(ctx, "causal", 256, 256, &m), STOF_OK);
+    stof_mha_desc d = {.batch = 1, .heads = 1, .seq_q = 256, .seq_k = 256, .head_dim = 64,
+                       .dtype = STOF_F16};
+    mha_candidate c = {ATTN_BLOCK, 128, 64, 1, 0, 1, 4};
+    stof_mha_plan *p = (stof_mha_plan *)1;
+    ck_assert_int_eq(mha_plan_forced(ctx, &d, m, &c, &p), STOF_ERR_UNSUPPORTED);
+    ck_assert_ptr_null(p);
+    ck_assert_ptr_nonnull(strstr(stof_last_error(ctx), "sm_90a"));
+    ck_assert_ptr_nonnull(strstr(stof_last_error(ctx), "sm_80"));
+    stof_mask_free(m);
+    stof_close(ctx);
+    ctx = open_ctx("sm_90a");
+    ck_assert_int_eq(stof_mask_parse(ctx, "causal", 256, 256, &m), STOF_OK);
+    d.head_dim = 96;
+    ck_assert_int_eq(mha_plan_forced(ctx, &d, m, &c, &p), STOF_ERR_UNSUPPORTED);
+    ck_assert_ptr_nonnull(strstr(stof_last_error(ctx), "head_dim 96"));
+    stof_mask_free(m);
+    stof_close(ctx);
+}
+END_TEST
+
 START_TEST(tuning_record_round_trip)
 {
     mha_tried t[3] = {{{ATTN_BLOCK, 64, 64, 1, 0, 0, 0}, 0.5, 0.61, "ok"},
@@ -385,6 +412,7 @@ Suite *suite_attn(void)
     tcase_add_test(t, model_scales_with_work);
     tcase_add_test(t, candidates_fit_the_device);
     tcase_add_test(t, tuning_record_round_trip);
+    tcase_add_test(t, wgmma_needs_sm90a);
     tcase_add_test(t, bad_arguments_before_the_device);
     suite_add_tcase(s, t);
     TCase *c = tcase_create("compile");
