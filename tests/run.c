@@ -10,6 +10,7 @@
 #include <time.h>
 #include <unistd.h>
 #include <ftw.h>
+#include <pthread.h>
 
 #include "stof.h"
 #include "testutil.h"
@@ -102,6 +103,18 @@ int test_run(const char *cmd, char **output)
     else
         free(buf);
     return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+}
+
+int test_on_threads(void *(*fn)(void *), void *arg)
+{
+    long cpus = sysconf(_SC_NPROCESSORS_ONLN);
+    int n = cpus < 1 ? 1 : cpus > 8 ? 8 : (int)cpus;
+    pthread_t th[8];
+    for (int i = 0; i < n; i++)
+        ck_assert_int_eq(pthread_create(&th[i], NULL, fn, arg), 0);
+    for (int i = 0; i < n; i++)
+        pthread_join(th[i], NULL);
+    return n;
 }
 
 char *test_slurp(const char *path, size_t *n)

@@ -387,13 +387,7 @@ START_TEST(every_variant_compiles)
                 j.dtype[j.n++] = dt;
             }
     }
-    long cpus = sysconf(_SC_NPROCESSORS_ONLN);
-    int nthreads = cpus < 1 ? 1 : cpus > 8 ? 8 : (int)cpus;
-    pthread_t th[8];
-    for (int i = 0; i < nthreads; i++)
-        ck_assert_int_eq(pthread_create(&th[i], NULL, compile_variants, &j), 0);
-    for (int i = 0; i < nthreads; i++)
-        pthread_join(th[i], NULL);
+    int nthreads = test_on_threads(compile_variants, &j);
     pthread_mutex_destroy(&j.lock);
     for (int i = 0; i < j.n; i++)
         ck_assert_msg(j.st[i] == STOF_OK, "%s d%d %s %dx%d mt%d qs%d: %s", j.arch, j.dim[i],

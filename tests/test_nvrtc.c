@@ -157,13 +157,7 @@ START_TEST(test_every_layernorm_variant)
     job j = {.arch = arch, .path = path};
     j.v = all_variants(&j.n);
     pthread_mutex_init(&j.lock, NULL);
-    long cpus = sysconf(_SC_NPROCESSORS_ONLN);
-    int nthreads = cpus < 1 ? 1 : cpus > 8 ? 8 : (int)cpus;
-    pthread_t th[8];
-    for (int i = 0; i < nthreads; i++)
-        ck_assert_int_eq(pthread_create(&th[i], NULL, compile_worker, &j), 0);
-    for (int i = 0; i < nthreads; i++)
-        pthread_join(th[i], NULL);
+    int nthreads = test_on_threads(compile_worker, &j);
     pthread_mutex_destroy(&j.lock);
     printf("test_nvrtc: %d LayerNorm variants compiled for %s on %d threads\n", j.n, arch, nthreads);
     for (int i = 0; i < j.n; i++)

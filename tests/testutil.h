@@ -33,6 +33,10 @@ int test_sh(char **out, const char *fmt, ...) __attribute__((format(printf, 2, 3
 /* Path of a built program: $STOF_BUILD/name (STOF_BUILD defaults to build). */
 const char *test_build_path(const char *name);
 
+/* Runs fn(arg) on as many threads as there are CPUs, at most 8, and waits
+ * for them; returns how many ran. fn shares out the work itself. */
+int test_on_threads(void *(*fn)(void *), void *arg);
+
 /* 1 when a GPU can be used (decided once by the runner). */
 int test_have_gpu(void);
 
