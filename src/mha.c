@@ -19,6 +19,7 @@ struct stof_mha_plan {
     mha_candidate c;
     CUfunction fn;
     int smem, n_groups;
+    int regs, spill;             /* the kernel's registers per thread, local-memory bytes */
     CUdeviceptr tiles;
     attn_tiles_layout lay;
     double predicted_ms, measured_ms;
@@ -720,6 +721,12 @@ static stof_status finish_plan(stof_ctx *ctx, stof_mha_plan *p, const stof_mask 
         p->smem = L.smem;
         p->n_groups = L.n_groups;
         p->tiles = L.tiles;
+        if ((st = jit_push(ctx)) == STOF_OK) {
+            st = CU(ctx, FuncGetAttribute(&p->regs, CU_FUNC_ATTRIBUTE_NUM_REGS, p->fn));
+            if (st == STOF_OK)
+                st = CU(ctx, FuncGetAttribute(&p->spill, CU_FUNC_ATTRIBUTE_LOCAL_SIZE_BYTES, p->fn));
+            jit_pop(ctx);
+        }
         p->lay = L.lay;
         memcpy(p->kernel_key, L.key, sizeof p->kernel_key);
     }
@@ -877,13 +884,13 @@ stof_status stof_mha_plan_describe(const stof_mha_plan *p, char *buf, size_t n)
         return STOF_ERR_INVALID_ARG;
     snprintf(buf, n,
              "kernel=%s engine=%s block_m=%d block_n=%d m_tiles=%d q_in=%s stages=%d head_dim=%d "
-             "%s groups=%d smem=%d chosen_by=%s predicted_ms=%.4f measured_ms=%.4f "
-             "candidates_timed=%d mask=%.16s",
+             "%s groups=%d regs=%d local=%d smem=%d chosen_by=%s predicted_ms=%.4f "
+             "measured_ms=%.4f candidates_timed=%d mask=%.16s",
              kind_name(p->c.kind), engine_name(&p->c), p->c.bm, p->c.bn, p->c.mt,
              p->c.wg || p->c.qs ? "smem" : "regs", p->c.wg ? p->c.st : 2, p->d.head_dim,
              dtype_name(p->d.dtype),
-             p->n_groups, p->smem, p->origin, p->predicted_ms, p->measured_ms, p->tried,
-             p->mask_hash);
+             p->n_groups, p->regs, p->spill, p->smem, p->origin, p->predicted_ms, p->measured_ms,
+             p->tried, p->mask_hash);
     return STOF_OK;
 }
 

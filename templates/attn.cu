@@ -95,8 +95,9 @@ stof_attn(const elem_t *__restrict__ q, const elem_t *__restrict__ k,
     int *Kix = reinterpret_cast<int *>(Vs + 2 * BN * LDS);  // 2 x BN key indices
 {{/if}}
 
-    const int group = group_order[blockIdx.x];
-    const int bh = blockIdx.y, b = bh / heads, h = bh % heads;
+    int group, bh;
+    stof_work_item(group_order, group, bh);
+    const int b = bh / heads, h = bh % heads;
     const int len = seq_lens ? seq_lens[b] : 0x7fffffff;
     const int qlim = min(lq, len), klim = min(lk, len);
     const elem_t *qb = q + b * q_sb + h * q_sh;

@@ -214,8 +214,9 @@ stof_attn(const elem_t *__restrict__ q, const elem_t *__restrict__ k,
     // warp done reading) barriers.
     const unsigned bar_full = Vs + STAGES * BN * D * 2, bar_empty = bar_full + STAGES * 8;
 
-    const int group = group_order[blockIdx.x];
-    const int bh = blockIdx.y, b = bh / heads, h = bh % heads;
+    int group, bh;
+    stof_work_item(group_order, group, bh);
+    const int b = bh / heads, h = bh % heads;
     const int len = seq_lens ? seq_lens[b] : 0x7fffffff;
     const int qlim = min(lq, len), klim = min(lk, len);
     const elem_t *qb = q + b * q_sb + h * q_sh;
