@@ -243,7 +243,8 @@ stof_attn(const elem_t *__restrict__ q, const elem_t *__restrict__ k,
 {{#if BLOCK_K}}
                 auto key_ok = [&](int c) { return kfirst + c < klim; };
 {{/if}}
-                stof_mask_scores<BN / 8, WPR>(s[mt], w0, w0 ? w0 + 8 * WPR : nullptr, t, key_ok);
+                stof_mask_scores<BN / 8, WPR>(s[mt], w0, w0 ? w0 + 8 * WPR : nullptr, t, edge,
+                                              key_ok);
             }
         }
 

@@ -176,18 +176,54 @@ __device__ __forceinline__ void mbar_wait(unsigned bar, int parity)
 
 // ---- the kernel ----------------------------------------------------------------
 
-// Loads R rows of D elements (row indices from rows(), -1 = zeros) into the
-// swizzled layout at shared address dst.
+// Tiles of R rows of D elements go to shared memory in the swizzled layout.
+// Thread x copies chunk c = x % CHUNKS of rows r0 + k * STEP, r0 = x / CHUNKS:
+// its chunk, and the chunk's swizzled place in a row, stay the same for
+// every k (STEP is a multiple of 8), so only the row moves.
+#define CHUNKS (D / 8)             // 16-byte chunks per row
+#define STEP (THREADS / CHUNKS)    // rows per pass of the CTA
+
+template <int R>
+__device__ __forceinline__ unsigned chunk_dst(unsigned dst)
+{
+    const int c = threadIdx.x % CHUNKS, r0 = threadIdx.x / CHUNKS;
+    return dst + (c / 8) * R * 128 + r0 * 128 + (((c % 8) ^ (r0 % 8)) << 4);
+}
+
+// Gathered rows: row r is rows(r) of base, -1 = zeros.
 template <int R, typename RowFn>
 __device__ __forceinline__ void load_rows(unsigned dst, const elem_t *base, long long stride, RowFn rows)
 {
-    constexpr int CHUNKS = D / 8;  // 16-byte chunks per row
-#pragma unroll 4
-    for (int i = threadIdx.x; i < R * CHUNKS; i += THREADS) {
-        const int r = i / CHUNKS, c = i % CHUNKS;
+    const int c = threadIdx.x % CHUNKS, r0 = threadIdx.x / CHUNKS;
+    const unsigned d0 = chunk_dst<R>(dst);
+#pragma unroll
+    for (int k = 0; k < (R + STEP - 1) / STEP; k++) {
+        const int r = r0 + k * STEP;
+        if (R % STEP != 0 && r >= R)
+            break;
         const int src = rows(r);
         const elem_t *p = base + (src >= 0 ? (long long)src * stride : 0) + c * 8;
-        stof_cp16(dst + (c / 8) * R * 128 + r * 128 + (((c % 8) ^ (r % 8)) << 4), p, src >= 0 ? 16 : 0);
+        stof_cp16(d0 + k * STEP * 128, p, src >= 0 ? 16 : 0);
+    }
+}
+
+// Consecutive rows first, first + 1, ... of base, those at or past lim as
+// zeros: one address product per tile, then a step per pass.
+template <int R>
+__device__ __forceinline__ void load_block(unsigned dst, const elem_t *base, long long stride,
+                                           int first, int lim)
+{
+    const int c = threadIdx.x % CHUNKS, r0 = threadIdx.x / CHUNKS;
+    const unsigned d0 = chunk_dst<R>(dst);
+    const elem_t *p = base + (long long)(first + r0) * stride + c * 8;
+#pragma unroll
+    for (int k = 0; k < (R + STEP - 1) / STEP; k++) {
+        const int r = r0 + k * STEP;
+        if (R % STEP != 0 && r >= R)
+            break;
+        const bool ok = first + r < lim;
+        stof_cp16(d0 + k * STEP * 128, ok ? p : base, ok ? 16 : 0);
+        p += STEP * stride;
     }
 }
 
@@ -247,13 +283,14 @@ stof_attn(const elem_t *__restrict__ q, const elem_t *__restrict__ k,
         // key is the tile's offset into kidx, in tiles.
         const int *ix = kidx + (long long)key * BN;
         auto row = [&](int r) -> int { const int i = ix[r]; return i >= 0 && i < lk ? i : -1; };
+        load_rows<BN>(Ks + stage * BN * D * 2, kb, k_sl, row);
+        load_rows<BN>(Vs + stage * BN * D * 2, vb, v_sl, row);
 {{/if}}
 {{#if BLOCK_K}}
         // key is the tile's first key.
-        auto row = [&](int r) -> int { const int i = key + r; return i < lk ? i : -1; };
+        load_block<BN>(Ks + stage * BN * D * 2, kb, k_sl, key, lk);
+        load_block<BN>(Vs + stage * BN * D * 2, vb, v_sl, key, lk);
 {{/if}}
-        load_rows<BN>(Ks + stage * BN * D * 2, kb, k_sl, row);
-        load_rows<BN>(Vs + stage * BN * D * 2, vb, v_sl, row);
     };
 
     if (threadIdx.x == 0) {
@@ -275,8 +312,14 @@ stof_attn(const elem_t *__restrict__ q, const elem_t *__restrict__ k,
         const int stage = j % STAGES;
         if (j >= STAGES)
             mbar_wait(bar_empty + 8 * stage, ((j / STAGES) - 1) & 1);
-        if (j == 0)
+        if (j == 0) {
+{{#if GATHER_Q}}
             load_rows<BM>(Qs, qb, q_sl, qrow);
+{{/if}}
+{{#if BLOCK_Q}}
+            load_block<BM>(Qs, qb, q_sl, group * BM, lq);
+{{/if}}
+        }
         load_tile(t0 + j, stage);
         cp_arrive_noinc(bar_full + 8 * stage);
     };
@@ -322,7 +365,7 @@ stof_attn(const elem_t *__restrict__ q, const elem_t *__restrict__ k,
 {{/if}}
         if (bm >= 0 || edge) {
             const unsigned *w0 = bm < 0 ? nullptr : bits + ((long long)bm * BM + wrow + g) * WPR;
-            stof_mask_scores<BN / 8, WPR>(s, w0, w0 ? w0 + 8 * WPR : nullptr, t, key_ok);
+            stof_mask_scores<BN / 8, WPR>(s, w0, w0 ? w0 + 8 * WPR : nullptr, t, edge, key_ok);
         }
         unsigned pf[BN / 16][4];
         stof_softmax_step<mma_tag>(s, o, m, l, pf, scale_log2);

@@ -101,29 +101,37 @@ struct stof_bf16_tag {
 
 // Scores of one m16 row tile as tensor-core accumulators: s[j] holds keys
 // 8j + 2t, 8j + 2t + 1 of row g (elements 0, 1) and of row g + 8 (2, 3).
-// Masks the keys a tile's bitmap rows w0, w1 (NULL: a full tile) or
-// key_ok(column) rule out.
+// Masks the keys a partial tile's bitmap rows w0p, w1p (NULL: a full tile)
+// leave out and, where edge is set, those key_ok(column) rules out. Each
+// word is shifted by 2t once, so a key's bit sits at a constant position.
 template <int NB, int WPR, typename KeyOk>
 __device__ __forceinline__ void stof_mask_scores(float (&s)[NB][4], const unsigned *w0p,
-                                                 const unsigned *w1p, int t, KeyOk key_ok)
+                                                 const unsigned *w1p, int t, bool edge,
+                                                 KeyOk key_ok)
 {
-    unsigned w0[WPR], w1[WPR];
+    if (w0p) {
+        unsigned w0[WPR], w1[WPR];
 #pragma unroll
-    for (int w = 0; w < WPR; w++) {
-        w0[w] = w0p ? w0p[w] : 0xffffffffu;
-        w1[w] = w1p ? w1p[w] : 0xffffffffu;
+        for (int w = 0; w < WPR; w++)
+            w0[w] = w0p[w] >> (2 * t), w1[w] = w1p[w] >> (2 * t);
+#pragma unroll
+        for (int j = 0; j < NB; j++)
+#pragma unroll
+            for (int e = 0; e < 2; e++) {
+                const unsigned bit = 1u << ((j % 4) * 8 + e);
+                if (!(w0[j / 4] & bit))
+                    s[j][e] = -STOF_INF;
+                if (!(w1[j / 4] & bit))
+                    s[j][2 + e] = -STOF_INF;
+            }
     }
+    if (edge) {
 #pragma unroll
-    for (int j = 0; j < NB; j++) {
+        for (int j = 0; j < NB; j++)
 #pragma unroll
-        for (int e = 0; e < 2; e++) {
-            const int c = j * 8 + 2 * t + e;
-            const bool kok = key_ok(c);
-            if (!kok || !((w0[c / 32] >> (c % 32)) & 1u))
-                s[j][e] = -STOF_INF;
-            if (!kok || !((w1[c / 32] >> (c % 32)) & 1u))
-                s[j][2 + e] = -STOF_INF;
-        }
+            for (int e = 0; e < 2; e++)
+                if (!key_ok(j * 8 + 2 * t + e))
+                    s[j][e] = s[j][2 + e] = -STOF_INF;
     }
 }
 
