@@ -72,7 +72,8 @@ int mha_candidates(int head_dim, int smem_max, int wgmma, mha_candidate *out, in
     /* Warpgroup MMA: 64 rows per warpgroup, whole 128-byte row halves;
      * rows, keys, stages. */
     static const int wg_sizes[][3] = {{128, 128, 3}, {128, 64, 4}, {192, 64, 4}, {192, 128, 3},
-                                      {64, 128, 4},  {64, 64, 4},  {128, 128, 4}, {128, 64, 3}};
+                                      {64, 128, 4},  {64, 64, 4},  {128, 128, 4}, {128, 64, 3},
+                                      {64, 64, 3},   {64, 64, 2}};
     int n = 0;
     for (int kind = 0; kind < 2; kind++) {
         for (size_t i = 0; i < sizeof sizes / sizeof sizes[0] && n < cap; i++) {
@@ -521,9 +522,10 @@ static int by_prediction(const void *a, const void *b)
 static stof_status rank_candidates(stof_ctx *ctx, const stof_mha_desc *d, const stof_mask *mask,
                                    cand_state *cs, int *n)
 {
-    mha_candidate c[32];
+    mha_candidate c[MHA_MAX_CANDIDATES];
     int smem_max = ctx->dev.ok ? ctx->dev.smem_optin : 227 * 1024;
-    int nc = mha_candidates(d->head_dim, smem_max, strcmp(ctx->arch, "sm_90a") == 0, c, 32);
+    int nc = mha_candidates(d->head_dim, smem_max, strcmp(ctx->arch, "sm_90a") == 0, c,
+                            MHA_MAX_CANDIDATES);
     stof_mask_info info;
     TRY(stof_mask_stats(ctx, mask, 64, 64, &info));
     int want_gather = info.block_efficiency < 0.75;
@@ -786,7 +788,7 @@ stof_status stof_mha_plan_create(stof_ctx *ctx, const stof_mha_desc *desc, const
             cache_tuning_free(&rec);
         }
     }
-    cand_state cs[32];
+    cand_state cs[MHA_MAX_CANDIDATES];
     int n = 0, winner = 0;
     if (st == STOF_OK)
         st = rank_candidates(ctx, &p->d, mask, cs, &n);
@@ -808,7 +810,7 @@ stof_status stof_mha_plan_create(stof_ctx *ctx, const stof_mha_desc *desc, const
         st = finish_plan(ctx, p, mask, &cs[winner].tiles);
     }
     if (st == STOF_OK && ctx->cache && level != STOF_TUNE_OFF) {
-        mha_tried tried[32];
+        mha_tried tried[MHA_MAX_CANDIDATES];
         for (int i = 0; i < n; i++)
             tried[i] = (mha_tried){cs[i].c, cs[i].predicted_ms, cs[i].ms, cs[i].verdict};
         char *record = mha_record_format(tried, n, winner, p->kernel_key,
@@ -910,7 +912,7 @@ stof_status stof_mha_prepare(stof_ctx *ctx, const stof_mha_desc *desc, const sto
     if (!ctx)
         return STOF_ERR_INVALID_ARG;
     TRY(check_desc(ctx, desc, mask));
-    cand_state cs[32];
+    cand_state cs[MHA_MAX_CANDIDATES];
     int n = 0;
     TRY(rank_candidates(ctx, desc, mask, cs, &n));
     /* The model's first three, and the default size of each kind, so a

@@ -32,6 +32,9 @@ void mha_make_request(const mha_candidate *c, int head_dim, stof_dtype dtype, mh
 int mha_smem_bytes(const mha_candidate *c, int head_dim);
 int mha_threads(const mha_candidate *c);
 
+/* At most this many candidates: both kinds, both engines, every size. */
+#define MHA_MAX_CANDIDATES 48
+
 /* Every candidate that fits the head size and the device limits (smem_max
  * bytes of shared memory per block; wgmma: the arch has warpgroup MMA);
  * returns how many were written. */

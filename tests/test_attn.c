@@ -168,6 +168,9 @@ START_TEST(candidates_fit_the_device)
         for (int j = 0; j < n; j++)
             ck_assert_int_eq(c[j].wg, 0);
         int nwg = mha_candidates(dims[i], 227 * 1024, 1, c, 64), wg = 0;
+        /* The planner's arrays hold every candidate: none is cut off. */
+        ck_assert_int_le(nwg, MHA_MAX_CANDIDATES);
+        ck_assert_int_lt(nwg, 64);
         for (int j = 0; j < nwg; j++) {
             wg += c[j].wg;
             if (c[j].wg) {
