@@ -9,6 +9,7 @@
 
 #include "stof.h"
 #include "drv.h"
+#include "model.h"
 
 struct cache;
 struct jit_module;
@@ -23,6 +24,8 @@ struct stof_ctx {
     char cache_note[2100];       /* why the cache is off, if it is */
     stof_stats stats;
     struct jit_module *modules;  /* loaded kernels, by cache key */
+    model_device model;          /* the device's figures for the model ... */
+    int model_known;             /* ... once read from the cache or measured */
 };
 
 stof_status ctx_fail(stof_ctx *ctx, stof_status st, const char *file, int line,

@@ -511,6 +511,137 @@ static double now_s(void)
     return t.tv_sec + t.tv_nsec * 1e-9;
 }
 
+/* ---- the model's device figures ----------------------------------------- */
+
+/* What an engine's tiles achieve on dense attention (fp16, b=4, h=16,
+ * l=2048, d=64), timed as the search times candidates, in TFLOP/s. */
+static stof_status measure_engine(stof_ctx *ctx, int wg, double *tflops)
+{
+    const int B = 4, H = 16, L = 2048, D = 64;
+    stof_mha_desc d = {.batch = B, .heads = H, .seq_q = L, .seq_k = L, .head_dim = D,
+                       .dtype = STOF_F16, .layout = STOF_LAYOUT_BHLD};
+    mha_candidate c = wg ? (mha_candidate){ATTN_BLOCK, 128, 64, 1, 0, 1, 4}
+                         : (mha_candidate){ATTN_BLOCK, 64, 64, 1, 0, 0, 0};
+    stof_mask *m = NULL;
+    TRY(stof_mask_parse(ctx, "dense", L, L, &m));
+    attn_tiles t;
+    stof_status st = attn_tiles_build(ctx, m, c.kind, c.bm, c.bn, &t);
+    stof_mask_free(m);
+    if (st != STOF_OK)
+        return st;
+    search_io io;
+    mha_launch launch_;
+    double ms = 0;
+    if ((st = io_alloc(ctx, &d, &io)) == STOF_OK) {
+        if ((st = load_candidate(ctx, &d, &c, &t, &launch_)) == STOF_OK) {
+            st = time_candidate(ctx, &d, &launch_, &io, &ms);
+            unload_candidate(ctx, &launch_);
+        }
+        io_free(ctx, &io);
+    }
+    attn_tiles_free(&t);
+    if (st == STOF_OK && !(ms > 0))
+        st = CTX_FAIL(ctx, STOF_ERR_INTERNAL, "timing the %s engine gave %g ms",
+                      wg ? "wgmma" : "mma.sync", ms);
+    if (st == STOF_OK)
+        *tflops = 4.0 * B * H * (double)L * L * D / (ms * 1e-3) / 1e12;
+    return st;
+}
+
+/* Device memory bandwidth, read + write, of a 256 MiB device-to-device copy
+ * (median of 5 after a warm-up), in GB/s. */
+static stof_status measure_bandwidth(stof_ctx *ctx, double *gbs)
+{
+    const size_t bytes = (size_t)256 << 20;
+    CUdeviceptr a = 0, b = 0;
+    CUevent e0 = NULL, e1 = NULL;
+    double t[5];
+    TRY(jit_push(ctx));
+    stof_status st = CU(ctx, MemAlloc(&a, bytes));
+    if (st == STOF_OK)
+        st = CU(ctx, MemAlloc(&b, bytes));
+    if (st == STOF_OK)
+        st = CU(ctx, EventCreate(&e0, CU_EVENT_DEFAULT));
+    if (st == STOF_OK)
+        st = CU(ctx, EventCreate(&e1, CU_EVENT_DEFAULT));
+    for (int rep = -1; st == STOF_OK && rep < 5; rep++) {
+        float ms = 0;
+        st = CU(ctx, EventRecord(e0, NULL));
+        if (st == STOF_OK)
+            st = CU(ctx, MemcpyDtoDAsync(b, a, bytes, NULL));
+        if (st == STOF_OK)
+            st = CU(ctx, EventRecord(e1, NULL));
+        if (st == STOF_OK)
+            st = CU(ctx, EventSynchronize(e1));
+        if (st == STOF_OK)
+            st = CU(ctx, EventElapsedTime(&ms, e0, e1));
+        if (rep >= 0)
+            t[rep] = ms;
+    }
+    if (e0) ctx->dev.api.EventDestroy(e0);
+    if (e1) ctx->dev.api.EventDestroy(e1);
+    if (a) ctx->dev.api.MemFree(a);
+    if (b) ctx->dev.api.MemFree(b);
+    jit_pop(ctx);
+    if (st != STOF_OK)
+        return st;
+    qsort(t, 5, sizeof t[0], cmp_double);
+    if (!(t[2] > 0))
+        return CTX_FAIL(ctx, STOF_ERR_INTERNAL, "timing a device copy gave %g ms", t[2]);
+    *gbs = 2.0 * (double)bytes / (t[2] * 1e-3) / 1e9;
+    return STOF_OK;
+}
+
+stof_status mha_device_figures(stof_ctx *ctx, model_device *md)
+{
+    *md = model_device_of(&ctx->dev, ctx->arch);
+    if (!ctx->dev.ok)
+        return STOF_OK;  /* compiling for a named arch: its defaults */
+    if (ctx->model_known) {
+        *md = ctx->model;
+        return STOF_OK;
+    }
+    /* Once per device and arch, in the cache next to the tuning records. */
+    if (ctx->cache) {
+        cache_tuning rec;
+        int found = 0;
+        TRY(cache_get_tuning(ctx, ctx->cache, "device", "-", ctx->dev.name, "-", ctx->arch, &rec,
+                             &found));
+        model_device got;
+        int ok = found && model_device_parse(rec.record, &got) && got.measured;
+        if (found)
+            cache_tuning_free(&rec);
+        if (ok) {
+            ctx->model = *md = got;
+            ctx->model_known = 1;
+            return STOF_OK;
+        }
+    }
+    int khz = 0;
+    TRY(CU(ctx, DeviceGetAttribute(&khz, CU_DEVICE_ATTRIBUTE_CLOCK_RATE, ctx->dev.dev)));
+    md->clock_mhz = khz / 1000;
+    TRY(measure_engine(ctx, 0, &md->mma_tflops));
+    if (strcmp(ctx->arch, "sm_90a") == 0)
+        TRY(measure_engine(ctx, 1, &md->wgmma_tflops));
+    TRY(measure_bandwidth(ctx, &md->mem_gbs));
+    md->measured = 1;
+    ctx->model = *md;
+    ctx->model_known = 1;
+    char *record = model_device_format(md, ctx->dev.name);
+    if (!record)
+        return CTX_FAIL(ctx, STOF_ERR_NO_MEMORY, "out of memory");
+    if (ctx->cache) {
+        /* A record that fails to store costs a later measurement, no more. */
+        char saved[sizeof ctx->err];
+        snprintf(saved, sizeof saved, "%s", ctx->err);
+        cache_tuning t = {"device", "-", ctx->dev.name, "-", ctx->arch, record, 0};
+        if (cache_put_tuning(ctx, ctx->cache, &t) == STOF_OK)
+            snprintf(ctx->err, sizeof ctx->err, "%s", saved);
+    }
+    free(record);
+    return STOF_OK;
+}
+
 static int by_prediction(const void *a, const void *b)
 {
     const cand_state *x = a, *y = b;
@@ -529,7 +660,8 @@ static stof_status rank_candidates(stof_ctx *ctx, const stof_mha_desc *d, const 
     stof_mask_info info;
     TRY(stof_mask_stats(ctx, mask, 64, 64, &info));
     int want_gather = info.block_efficiency < 0.75;
-    model_device md = model_device_of(&ctx->dev, ctx->arch);
+    model_device md;
+    TRY(mha_device_figures(ctx, &md));
     *n = 0;
     for (int i = 0; i < nc; i++) {
         if (c[i].kind == ATTN_GATHER && !want_gather)

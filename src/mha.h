@@ -10,6 +10,7 @@
 
 #include "attn_tiles.h"
 #include "jit.h"
+#include "model.h"
 
 typedef struct mha_candidate {
     attn_kind kind;
@@ -59,6 +60,11 @@ char *mha_record_format(const mha_tried *tried, int n, int winner, const char *k
                         const char *why);
 /* The winner of a record; 0 when the text is not a valid record. */
 int mha_record_parse(const char *record, mha_candidate *c, double *ms, double *predicted_ms);
+
+/* The model's figures for ctx's device: from the cache when this device
+ * and arch were measured before, else measured now (dense attention on each
+ * engine, a device copy) and stored; with no GPU, the arch's defaults. */
+stof_status mha_device_figures(stof_ctx *ctx, model_device *md);
 
 /* A plan for exactly candidate c, skipping the model and the search: for
  * tests of every kernel and for benchmarks. */

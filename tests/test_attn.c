@@ -132,6 +132,53 @@ START_TEST(gather_compacts_scattered_masks)
 }
 END_TEST
 
+/* The device's figures as a cache record: they come back as written, the
+ * model follows the measured rate of the engine it is asked about, and
+ * records that are not valid figures are refused. */
+START_TEST(model_device_record)
+{
+    model_device m = {132, 1980, 240.5, 401.2, 2950, 1}, back;
+    char *rec = model_device_format(&m, "GPU \"quoted\"\n");
+    ck_assert_ptr_nonnull(rec);
+    ck_assert_int_eq(model_device_parse(rec, &back), 1);
+    free(rec);
+    ck_assert_int_eq(back.sm_count, 132);
+    ck_assert_int_eq(back.clock_mhz, 1980);
+    ck_assert_double_eq_tol(back.mma_tflops, 240.5, 1e-9);
+    ck_assert_double_eq_tol(back.wgmma_tflops, 401.2, 1e-9);
+    ck_assert_double_eq_tol(back.mem_gbs, 2950, 1e-9);
+    ck_assert_int_eq(back.measured, 1);
+
+    stof_ctx *ctx = open_ctx("sm_90a");
+    stof_mask *mk;
+    ck_assert_int_eq(stof_mask_parse(ctx, "dense", 2048, 2048, &mk), STOF_OK);
+    attn_tiles t;
+    ck_assert_int_eq(attn_tiles_build(ctx, mk, ATTN_BLOCK, 128, 64, &t), STOF_OK);
+    double wg = model_attn_ms(&m, &t, 96, 64, 1, 1), mma = model_attn_ms(&m, &t, 96, 64, 1, 0);
+    model_device faster = m;
+    faster.wgmma_tflops *= 2;
+    double wg2 = model_attn_ms(&faster, &t, 96, 64, 1, 1);
+    ck_assert_msg(wg < mma && wg2 < 0.6 * wg, "wgmma %.4f, mma.sync %.4f, twice the rate %.4f",
+                  wg, mma, wg2);
+    attn_tiles_free(&t);
+    stof_mask_free(mk);
+    stof_close(ctx);
+
+    static const char *const bad[] = {
+        "", "not json", "[]", "{}",
+        "{\"sm_count\":132,\"clock_mhz\":1,\"mma_tflops\":100,\"wgmma_tflops\":0,\"mem_gbs\":1}",
+        "{\"sm_count\":0,\"clock_mhz\":1,\"mma_tflops\":100,\"wgmma_tflops\":0,\"mem_gbs\":1,"
+        "\"measured\":1}",
+        "{\"sm_count\":132,\"clock_mhz\":1,\"mma_tflops\":-5,\"wgmma_tflops\":0,\"mem_gbs\":1,"
+        "\"measured\":1}",
+        "{\"sm_count\":132,\"clock_mhz\":1,\"mma_tflops\":\"fast\",\"wgmma_tflops\":0,"
+        "\"mem_gbs\":1,\"measured\":1}"};
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++)
+        ck_assert_msg(!model_device_parse(bad[i], &back), "accepted: %s", bad[i]);
+    ck_assert(!model_device_parse(NULL, &back));
+}
+END_TEST
+
 START_TEST(model_scales_with_work)
 {
     stof_ctx *ctx = open_ctx("sm_90a");
@@ -407,6 +454,7 @@ Suite *suite_attn(void)
     tcase_add_loop_test(t, tiles_expand_to_the_mask, 0, (int)(sizeof SPECS / sizeof SPECS[0]));
     tcase_add_test(t, gather_compacts_scattered_masks);
     tcase_add_test(t, model_scales_with_work);
+    tcase_add_test(t, model_device_record);
     tcase_add_test(t, candidates_fit_the_device);
     tcase_add_test(t, tuning_record_round_trip);
     tcase_add_test(t, wgmma_needs_sm90a);

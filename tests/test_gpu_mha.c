@@ -234,6 +234,48 @@ START_TEST(planner_choice)
 }
 END_TEST
 
+/* The model's device figures: measured on this GPU the first time, stored in
+ * the cache, and read back by a second context with no compile and no
+ * timing. The rates are what a kernel library's users would recognise. */
+START_TEST(device_figures_once)
+{
+    char *dir = test_tmpdir(), path[1200];
+    ck_assert_ptr_nonnull(dir);
+    snprintf(path, sizeof path, "%s/c.db", dir);
+    stof_options o = {.cache_path = path};
+    stof_ctx *ctx;
+    ck_assert_int_eq(stof_open(&ctx, &o), STOF_OK);
+    model_device md;
+    ck_assert_msg(mha_device_figures(ctx, &md) == STOF_OK, "%s", stof_last_error(ctx));
+    printf("device figures: %d SMs at %d MHz, dense attention %.0f TFLOP/s on mma.sync, "
+           "%.0f on wgmma, memory %.0f GB/s\n", md.sm_count, md.clock_mhz, md.mma_tflops,
+           md.wgmma_tflops, md.mem_gbs);
+    ck_assert_int_eq(md.measured, 1);
+    ck_assert_int_eq(md.sm_count, ctx->dev.sm_count);
+    ck_assert(md.mma_tflops > 20 && md.mma_tflops < 3000);
+    ck_assert(md.mem_gbs > 200 && md.mem_gbs < 30000);
+    if (strcmp(ctx->arch, "sm_90a") == 0)
+        ck_assert(md.wgmma_tflops > md.mma_tflops && md.wgmma_tflops < 3000);
+    else
+        ck_assert(md.wgmma_tflops == 0);
+    stof_close(ctx);
+
+    ck_assert_int_eq(stof_open(&ctx, &o), STOF_OK);
+    model_device again;
+    ck_assert_int_eq(mha_device_figures(ctx, &again), STOF_OK);
+    stof_stats st;
+    stof_get_stats(ctx, &st);
+    ck_assert_int_eq(st.nvrtc_compiles, 0);
+    ck_assert_int_eq(st.timing_runs, 0);
+    ck_assert_int_eq(again.measured, 1);
+    ck_assert_double_eq_tol(again.mma_tflops, md.mma_tflops, 0.06);
+    ck_assert_double_eq_tol(again.mem_gbs, md.mem_gbs, 0.6);
+    stof_close(ctx);
+    test_rmtree(dir);
+    free(dir);
+}
+END_TEST
+
 Suite *suite_gpu_mha(void)
 {
     Suite *s = suite_create("gpu_mha");
@@ -244,6 +286,7 @@ Suite *suite_gpu_mha(void)
     tcase_add_loop_test(t, wgmma_tiles, 0, 2);
     tcase_add_loop_test(t, layouts_lens_packed, 0, 11);
     tcase_add_loop_test(t, planner_choice, 0, 3);
+    tcase_add_test(t, device_figures_once);
     suite_add_tcase(s, t);
     return s;
 }
