@@ -374,6 +374,18 @@ static int cmp_double(const void *a, const void *b)
 
 /* Median milliseconds of one run, timed in batches between two events;
  * the output left in io->out is input set 0's. */
+/* Records e1 behind the work enqueued since e0, waits for it, and gives the
+ * milliseconds between the two. */
+static stof_status elapsed_ms(stof_ctx *ctx, CUevent e0, CUevent e1, float *ms)
+{
+    stof_status st = CU(ctx, EventRecord(e1, NULL));
+    if (st == STOF_OK)
+        st = CU(ctx, EventSynchronize(e1));
+    if (st == STOF_OK)
+        st = CU(ctx, EventElapsedTime(ms, e0, e1));
+    return st;
+}
+
 static stof_status time_candidate(stof_ctx *ctx, const stof_mha_desc *d, const mha_launch *L,
                                   const search_io *io, double *ms)
 {
@@ -394,11 +406,7 @@ static stof_status time_candidate(stof_ctx *ctx, const stof_mha_desc *d, const m
         }
         float t = 0;
         if (st == STOF_OK)
-            st = CU(ctx, EventRecord(e1, NULL));
-        if (st == STOF_OK)
-            st = CU(ctx, EventSynchronize(e1));
-        if (st == STOF_OK)
-            st = CU(ctx, EventElapsedTime(&t, e0, e1));
+            st = elapsed_ms(ctx, e0, e1, &t);
         if (rep < 0) {
             /* The warm-up also sizes the batches to about 2 ms. */
             per_batch = t > 0 ? (int)(2.0 / t) : 50;
@@ -570,11 +578,7 @@ static stof_status measure_bandwidth(stof_ctx *ctx, double *gbs)
         if (st == STOF_OK)
             st = CU(ctx, MemcpyDtoDAsync(b, a, bytes, NULL));
         if (st == STOF_OK)
-            st = CU(ctx, EventRecord(e1, NULL));
-        if (st == STOF_OK)
-            st = CU(ctx, EventSynchronize(e1));
-        if (st == STOF_OK)
-            st = CU(ctx, EventElapsedTime(&ms, e0, e1));
+            st = elapsed_ms(ctx, e0, e1, &ms);
         if (rep >= 0)
             t[rep] = ms;
     }
