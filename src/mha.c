@@ -372,8 +372,6 @@ static int cmp_double(const void *a, const void *b)
     return x < y ? -1 : x > y;
 }
 
-/* Median milliseconds of one run, timed in batches between two events;
- * the output left in io->out is input set 0's. */
 /* Records e1 behind the work enqueued since e0, waits for it, and gives the
  * milliseconds between the two. */
 static stof_status elapsed_ms(stof_ctx *ctx, CUevent e0, CUevent e1, float *ms)
@@ -386,6 +384,8 @@ static stof_status elapsed_ms(stof_ctx *ctx, CUevent e0, CUevent e1, float *ms)
     return st;
 }
 
+/* Median milliseconds of one run, timed in batches between two events;
+ * the output left in io->out is input set 0's. */
 static stof_status time_candidate(stof_ctx *ctx, const stof_mha_desc *d, const mha_launch *L,
                                   const search_io *io, double *ms)
 {
@@ -538,12 +538,12 @@ static stof_status measure_engine(stof_ctx *ctx, int wg, double *tflops)
     if (st != STOF_OK)
         return st;
     search_io io;
-    mha_launch launch_;
+    mha_launch lc;
     double ms = 0;
     if ((st = io_alloc(ctx, &d, &io)) == STOF_OK) {
-        if ((st = load_candidate(ctx, &d, &c, &t, &launch_)) == STOF_OK) {
-            st = time_candidate(ctx, &d, &launch_, &io, &ms);
-            unload_candidate(ctx, &launch_);
+        if ((st = load_candidate(ctx, &d, &c, &t, &lc)) == STOF_OK) {
+            st = time_candidate(ctx, &d, &lc, &io, &ms);
+            unload_candidate(ctx, &lc);
         }
         io_free(ctx, &io);
     }
