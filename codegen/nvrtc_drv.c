@@ -9,9 +9,10 @@
 
 #include "ctx.h"
 
-/* -lineinfo keeps source lines in SASS for stof-dump and the profiler. */
-const char *const nvrtc_default_options = "-std=c++17 -lineinfo";
-static const char *const OPTS[] = {"-std=c++17", "-lineinfo"};
+/* -lineinfo keeps source lines in SASS for stof-dump and the profiler;
+ * ptxas -v puts each kernel's registers and spills in the compile log. */
+const char *const nvrtc_default_options = "-std=c++17 -lineinfo --ptxas-options=-v";
+static const char *const OPTS[] = {"-std=c++17", "-lineinfo", "--ptxas-options=-v"};
 #define NOPTS (int)(sizeof OPTS / sizeof OPTS[0])
 
 static double now_ms(void)
