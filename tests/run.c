@@ -117,6 +117,14 @@ int test_on_threads(void *(*fn)(void *), void *arg)
     return n;
 }
 
+int test_take(pthread_mutex_t *lock, int *next, int n)
+{
+    pthread_mutex_lock(lock);
+    int i = *next < n ? (*next)++ : -1;
+    pthread_mutex_unlock(lock);
+    return i;
+}
+
 char *test_slurp(const char *path, size_t *n)
 {
     FILE *f = fopen(path, "rb");

@@ -413,12 +413,7 @@ static void *compile_variants(void *arg)
     stof_ctx *ctx;
     stof_options o = {.cache_path = path, .arch = j->arch};
     ck_assert_int_eq(stof_open(&ctx, &o), STOF_OK);
-    for (;;) {
-        pthread_mutex_lock(&j->lock);
-        int i = j->next++;
-        pthread_mutex_unlock(&j->lock);
-        if (i >= j->n)
-            break;
+    for (int i; (i = test_take(&j->lock, &j->next, j->n)) >= 0;) {
         mha_request r;
         char key[65];
         mha_make_request(&j->c[i], j->dim[i], j->dtype[i] ? STOF_BF16 : STOF_F16, &r);

@@ -87,12 +87,7 @@ static void *compile_worker(void *arg)
     job *j = arg;
     stof_ctx *ctx = NULL;
     stof_status open_st = stof_open(&ctx, &(stof_options){.cache_path = j->path, .arch = j->arch});
-    for (;;) {
-        pthread_mutex_lock(&j->lock);
-        int i = j->next++;
-        pthread_mutex_unlock(&j->lock);
-        if (i >= j->n)
-            break;
+    for (int i; (i = test_take(&j->lock, &j->next, j->n)) >= 0;) {
         variant *v = &j->v[i];
         if (open_st != STOF_OK || !ctx->cache) {
             v->st = open_st != STOF_OK ? open_st : STOF_ERR_CACHE;

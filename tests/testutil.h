@@ -7,6 +7,7 @@
 #define STOF_TESTUTIL_H
 
 #include <check.h>
+#include <pthread.h>
 #include <stdint.h>
 #include <stdio.h>
 
@@ -36,6 +37,9 @@ const char *test_build_path(const char *name);
 /* Runs fn(arg) on as many threads as there are CPUs, at most 8, and waits
  * for them; returns how many ran. fn shares out the work itself. */
 int test_on_threads(void *(*fn)(void *), void *arg);
+/* The next of n work items for such a thread (*next counts them out under
+ * lock), or -1 when none is left. */
+int test_take(pthread_mutex_t *lock, int *next, int n);
 
 /* 1 when a GPU can be used (decided once by the runner). */
 int test_have_gpu(void);
