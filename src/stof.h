@@ -247,6 +247,91 @@ void stof_mha_plan_free(stof_mha_plan *plan);
 stof_status stof_mha_prepare(stof_ctx *ctx, const stof_mha_desc *desc,
                              const stof_mask *mask);
 
+/* ---- Encoder layer (src/layer.c) -----------------------------------------
+ * One Transformer encoder layer over x [batch, seq, hidden] (row-major, rows
+ * = batch * seq), attention restricted by a mask:
+ *   POST_LN (BERT):    h   = LN1(x + attn(x) Wo' + bo)
+ *                      out = LN2(h + act(h W1' + b1) W2' + b2)
+ *   PRE_LN (GPT, ViT): h   = x + attn(LN1(x)) Wo' + bo
+ *                      out = h + act(LN2(h) W1' + b1) W2' + b2
+ * where attn(a) is masked multi-head attention on q, k, v = a Wqkv' + bqkv.
+ * Weights follow torch.nn.Linear: a weight is [out_features, in_features],
+ * row-major, and y = a W' + b. qkv_w is [3*hidden, hidden]: rows 0 .. hidden-1
+ * make q, then k, then v; within each, head h owns rows h*head_dim ..
+ * (h+1)*head_dim - 1 (nn.MultiheadAttention's in_proj_weight). Every group of
+ * operators (QKV projection; output projection + bias + residual +
+ * LayerNorm; FFN1 + bias + activation; FFN2 + bias + residual + LayerNorm)
+ * runs the fusion scheme a two-stage search chose for this shape; the
+ * choice is kept in the cache. */
+typedef enum stof_activation {
+    STOF_ACT_GELU = 0,          /* x * Phi(x), the erf form (BERT, ViT) */
+    STOF_ACT_GELU_TANH,         /* the tanh approximation (GPT-2) */
+    STOF_ACT_RELU
+} stof_activation;
+
+typedef enum stof_norm {
+    STOF_POST_LN = 0,           /* residual, then LayerNorm (BERT) */
+    STOF_PRE_LN                 /* LayerNorm first, residual last (GPT, ViT) */
+} stof_norm;
+
+typedef struct stof_layer_desc {
+    int batch, seq;
+    int hidden, heads;          /* hidden / heads: a head_dim attention supports */
+    int ffn_hidden;             /* FFN width; 0 means 4 * hidden */
+    stof_activation activation;
+    stof_norm norm;
+    stof_dtype dtype;           /* STOF_F16 or STOF_BF16: weights, x and out */
+    float eps;                  /* LayerNorm epsilon; 0 means 1e-5 */
+    stof_tune tune;             /* as for attention */
+    int max_candidates;         /* search budget per group; 0: no cap */
+    double max_seconds;         /* search budget for the whole layer; 0: no cap */
+} stof_layer_desc;
+
+/* Device pointers in desc.dtype; they must stay valid while the plan lives
+ * and be 16-byte aligned. ln1 is the LayerNorm after attention (POST_LN) or
+ * before it (PRE_LN); ln2 the one after (POST_LN) or before (PRE_LN) the FFN. */
+typedef struct stof_layer_weights {
+    const void *qkv_w, *qkv_b;  /* [3*hidden, hidden], [3*hidden] */
+    const void *o_w, *o_b;      /* [hidden, hidden], [hidden] */
+    const void *ln1_g, *ln1_b;  /* [hidden] */
+    const void *ff1_w, *ff1_b;  /* [ffn_hidden, hidden], [ffn_hidden] */
+    const void *ff2_w, *ff2_b;  /* [hidden, ffn_hidden], [hidden] */
+    const void *ln2_g, *ln2_b;  /* [hidden] */
+} stof_layer_weights;
+
+typedef struct stof_layer_plan stof_layer_plan;
+
+/* Plans the layer: cache hit, or the model and the search (which times
+ * candidates on scratch buffers of its own, never on the weights' owner's
+ * data). mask is seq x seq. */
+stof_status stof_layer_plan_create(stof_ctx *ctx, const stof_layer_desc *desc,
+                                   const stof_mask *mask, const stof_layer_weights *w,
+                                   stof_layer_plan **plan);
+
+/* Bytes of device workspace stof_layer_run needs (a documented bound:
+ * batch * seq * (4 * hidden + ffn_hidden) elements, plus 256 bytes of
+ * alignment slack per buffer). */
+stof_status stof_layer_workspace_size(const stof_layer_plan *plan, size_t *bytes);
+
+/* out = layer(x). x and out are [batch, seq, hidden]; out must not alias x.
+ * seq_lens: NULL, or a device array of batch int32 valid lengths: keys at or
+ * past a sequence's length are masked out and its padded rows see a zero
+ * attention output (they stay finite, but carry no meaning). workspace:
+ * 256-byte aligned device memory of stof_layer_workspace_size bytes, used by
+ * one run at a time. */
+stof_status stof_layer_run(stof_layer_plan *plan, const void *x, void *out,
+                           const int *seq_lens, void *workspace, stof_stream stream);
+
+/* The chosen scheme and parameters per group, their timings, the attention
+ * plan and whether the layer runs as a CUDA Graph: a few lines of text. */
+stof_status stof_layer_plan_describe(const stof_layer_plan *plan, char *buf, size_t n);
+void stof_layer_plan_free(stof_layer_plan *plan);
+
+/* Compiles, with no GPU, the generated kernels this layer's schemes use
+ * (with default parameters) and its attention's, for the context's arch. */
+stof_status stof_layer_prepare(stof_ctx *ctx, const stof_layer_desc *desc,
+                               const stof_mask *mask);
+
 #ifdef __cplusplus
 }
 #endif
