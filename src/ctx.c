@@ -5,6 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "blas.h"
 #include "cache.h"
 #include "cache_admin.h"
 #include "jit.h"
@@ -135,6 +136,7 @@ void stof_close(stof_ctx *ctx)
 {
     if (!ctx)
         return;
+    blas_close(ctx);
     jit_unload_all(ctx);
     cache_close(ctx->cache);
     drv_close(&ctx->dev);

@@ -13,6 +13,7 @@
 
 struct cache;
 struct jit_module;
+struct blas_state;
 
 struct stof_ctx {
     stof_options opt;
@@ -26,6 +27,7 @@ struct stof_ctx {
     struct jit_module *modules;  /* loaded kernels, by cache key */
     model_device model;          /* the device's figures for the model ... */
     int model_known;             /* ... once read from the cache or measured */
+    struct blas_state *blas;     /* cuBLAS and cuBLASLt, opened on first use */
 };
 
 stof_status ctx_fail(stof_ctx *ctx, stof_status st, const char *file, int line,
