@@ -12,6 +12,7 @@
 #include "model.h"
 #include "reference.h"
 #include "strbuf.h"
+#include "timing.h"
 
 struct stof_mha_plan {
     stof_ctx *ctx;
@@ -372,65 +373,25 @@ static int cmp_double(const void *a, const void *b)
     return x < y ? -1 : x > y;
 }
 
-/* Records e1 behind the work enqueued since e0, waits for it, and gives the
- * milliseconds between the two. */
-static stof_status elapsed_ms(stof_ctx *ctx, CUevent e0, CUevent e1, float *ms)
+typedef struct timed_launch {
+    const stof_mha_desc *d;
+    const mha_launch *L;
+    const search_io *io;
+} timed_launch;
+
+static stof_status run_timed(stof_ctx *ctx, void *arg, int i)
 {
-    stof_status st = CU(ctx, EventRecord(e1, NULL));
-    if (st == STOF_OK)
-        st = CU(ctx, EventSynchronize(e1));
-    if (st == STOF_OK)
-        st = CU(ctx, EventElapsedTime(ms, e0, e1));
-    return st;
+    const timed_launch *t = arg;
+    const int s = i % t->io->nsets;
+    return launch(ctx, t->d, t->L, t->io->q[s], t->io->k[s], t->io->v[s], t->io->out, 0, NULL);
 }
 
-/* Median milliseconds of one run, timed in batches between two events;
- * the output left in io->out is input set 0's. */
+/* Median milliseconds of one run; the output left in io->out is input set 0's. */
 static stof_status time_candidate(stof_ctx *ctx, const stof_mha_desc *d, const mha_launch *L,
                                   const search_io *io, double *ms)
 {
-    CUevent e0 = NULL, e1 = NULL;
-    stof_status st = jit_push(ctx);
-    if (st != STOF_OK)
-        return st;
-    st = CU(ctx, EventCreate(&e0, CU_EVENT_DEFAULT));
-    if (st == STOF_OK)
-        st = CU(ctx, EventCreate(&e1, CU_EVENT_DEFAULT));
-    int per_batch = 1;
-    double samples[7];
-    for (int rep = -1; st == STOF_OK && rep < 7; rep++) {
-        st = CU(ctx, EventRecord(e0, NULL));
-        for (int i = 0; st == STOF_OK && i < per_batch; i++) {
-            int s = i % io->nsets;
-            st = launch(ctx, d, L, io->q[s], io->k[s], io->v[s], io->out, 0, NULL);
-        }
-        float t = 0;
-        if (st == STOF_OK)
-            st = elapsed_ms(ctx, e0, e1, &t);
-        if (rep < 0) {
-            /* The warm-up also sizes the batches to about 2 ms. */
-            per_batch = t > 0 ? (int)(2.0 / t) : 50;
-            per_batch = per_batch < 1 ? 1 : per_batch > 50 ? 50 : per_batch;
-        } else {
-            samples[rep] = t / per_batch;
-        }
-    }
-    /* Leave set 0's output behind for the checks. */
-    if (st == STOF_OK)
-        st = launch(ctx, d, L, io->q[0], io->k[0], io->v[0], io->out, 0, NULL);
-    if (st == STOF_OK)
-        st = CU(ctx, CtxSynchronize());
-    if (e0)
-        ctx->dev.api.EventDestroy(e0);
-    if (e1)
-        ctx->dev.api.EventDestroy(e1);
-    jit_pop(ctx);
-    if (st == STOF_OK) {
-        qsort(samples, 7, sizeof samples[0], cmp_double);
-        *ms = samples[3];
-        ctx->stats.timing_runs++;
-    }
-    return st;
+    timed_launch t = {d, L, io};
+    return timing_median(ctx, run_timed, &t, ms);
 }
 
 /* Output of the last launch, on the host. */
@@ -578,7 +539,7 @@ static stof_status measure_bandwidth(stof_ctx *ctx, double *gbs)
         if (st == STOF_OK)
             st = CU(ctx, MemcpyDtoDAsync(b, a, bytes, NULL));
         if (st == STOF_OK)
-            st = elapsed_ms(ctx, e0, e1, &ms);
+            st = timing_elapsed(ctx, e0, e1, &ms);
         if (rep >= 0)
             t[rep] = ms;
     }
