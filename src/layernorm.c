@@ -74,12 +74,12 @@ static const char *elem(stof_dtype t)
 /* The values live in `text`, which must outlive the request. */
 typedef struct ln_request {
     char text[5][16];
-    render_var vars[11];
+    render_var vars[12];
     jit_request req;
 } ln_request;
 
 static void make_request(const stof_ln_desc *d, const ln_config *c, int has_bias, int has_res,
-                         ln_request *r)
+                         int write_sum, ln_request *r)
 {
     const int nums[5] = {d->hidden, c->vec, c->threads_per_row, c->rows_per_cta, c->items};
     static const char *const names[5] = {"HIDDEN", "VEC", "THREADS_PER_ROW", "ROWS_PER_CTA", "ITEMS"};
@@ -92,31 +92,58 @@ static void make_request(const stof_ln_desc *d, const ln_config *c, int has_bias
     r->vars[7] = (render_var){"STORE", conv(d->dtype, 0)};
     r->vars[8] = (render_var){"HAS_BIAS", has_bias ? "1" : "0"};
     r->vars[9] = (render_var){"HAS_RESIDUAL", has_res ? "1" : "0"};
-    r->req = (jit_request){"layernorm", "layernorm.cu", "stof_layernorm", r->vars, 10};
+    r->vars[10] = (render_var){"WRITE_SUM", write_sum ? "1" : "0"};
+    r->req = (jit_request){"layernorm", "layernorm.cu", "stof_layernorm", r->vars, 11};
 }
 
 stof_status ln_prepare(stof_ctx *ctx, const stof_ln_desc *desc, int align_bytes, int has_bias,
-                       int has_residual, char *key)
+                       int has_residual, int write_sum, char *key)
 {
     if (!ctx)
         return STOF_ERR_INVALID_ARG;
     TRY(check(ctx, desc));
     ln_config c = ln_choose(desc->hidden, desc->dtype, align_bytes);
     ln_request r;
-    make_request(desc, &c, has_bias, has_residual, &r);
+    make_request(desc, &c, has_bias, has_residual, write_sum, &r);
     return jit_prepare(ctx, &r.req, key, NULL);
 }
 
 stof_status stof_bias_residual_layernorm_prepare(stof_ctx *ctx, const stof_ln_desc *desc)
 {
     /* Device allocations are 256-byte aligned: prepare for that case. */
-    return ln_prepare(ctx, desc, 16, 1, 1, NULL);
+    return ln_prepare(ctx, desc, 16, 1, 1, 0, NULL);
 }
 
-stof_status stof_bias_residual_layernorm(stof_ctx *ctx, const stof_ln_desc *desc, const void *x,
-                                         const void *bias, const void *residual,
-                                         const void *gamma, const void *beta, void *out,
-                                         stof_stream stream)
+stof_status ln_load(stof_ctx *ctx, const stof_ln_desc *desc, int align_bytes, int has_bias,
+                    int has_residual, int write_sum, ln_kernel *k)
+{
+    k->c = ln_choose(desc->hidden, desc->dtype, align_bytes);
+    k->rows = desc->rows;
+    k->eps = desc->eps > 0.f ? desc->eps : 1e-5f;
+    ln_request r;
+    make_request(desc, &k->c, has_bias, has_residual, write_sum, &r);
+    return jit_get(ctx, &r.req, &k->fn, NULL, NULL);
+}
+
+stof_status ln_launch(stof_ctx *ctx, const ln_kernel *k, const void *x, const void *bias,
+                      const void *residual, const void *gamma, const void *beta, void *out,
+                      void *sum_out, CUstream stream)
+{
+    int rows = k->rows;
+    float eps = k->eps;
+    void *args[] = {&x, &bias, &residual, &gamma, &beta, &out, &rows, &eps, &sum_out};
+    unsigned grid = (unsigned)((rows + k->c.rows_per_cta - 1) / k->c.rows_per_cta);
+    TRY(jit_push(ctx));
+    stof_status st =
+        CU(ctx, LaunchKernel(k->fn, grid, 1, 1, (unsigned)(k->c.threads_per_row * k->c.rows_per_cta),
+                             1, 1, 0, stream, args, NULL));
+    jit_pop(ctx);
+    return st;
+}
+
+stof_status ln_run(stof_ctx *ctx, const stof_ln_desc *desc, const void *x, const void *bias,
+                   const void *residual, const void *gamma, const void *beta, void *out,
+                   void *sum_out, stof_stream stream)
 {
     if (!ctx)
         return STOF_ERR_INVALID_ARG;
@@ -128,26 +155,23 @@ stof_status stof_bias_residual_layernorm(stof_ctx *ctx, const stof_ln_desc *desc
     TRY(check_ptr(ctx, gamma, "gamma", es, 0));
     TRY(check_ptr(ctx, beta, "beta", es, 0));
     TRY(check_ptr(ctx, out, "out", es, 0));
+    TRY(check_ptr(ctx, sum_out, "sum_out", es, 1));
     TRY(ctx_need_device(ctx));
 
     uintptr_t all = (uintptr_t)x | (uintptr_t)bias | (uintptr_t)residual | (uintptr_t)gamma |
-                    (uintptr_t)beta | (uintptr_t)out;
+                    (uintptr_t)beta | (uintptr_t)out | (uintptr_t)sum_out;
     int align = 16;
     while (align > es && all % (uintptr_t)align)
         align /= 2;
-    ln_config c = ln_choose(desc->hidden, desc->dtype, align);
-    ln_request r;
-    make_request(desc, &c, bias != NULL, residual != NULL, &r);
-    CUfunction fn;
-    TRY(jit_get(ctx, &r.req, &fn, NULL, NULL));
+    ln_kernel k;
+    TRY(ln_load(ctx, desc, align, bias != NULL, residual != NULL, sum_out != NULL, &k));
+    return ln_launch(ctx, &k, x, bias, residual, gamma, beta, out, sum_out, (CUstream)stream);
+}
 
-    int rows = desc->rows;
-    float eps = desc->eps > 0.f ? desc->eps : 1e-5f;
-    void *args[] = {&x, &bias, &residual, &gamma, &beta, &out, &rows, &eps};
-    unsigned grid = (unsigned)((rows + c.rows_per_cta - 1) / c.rows_per_cta);
-    TRY(jit_push(ctx));
-    stof_status st = CU(ctx, LaunchKernel(fn, grid, 1, 1, (unsigned)(c.threads_per_row * c.rows_per_cta),
-                                          1, 1, 0, (CUstream)stream, args, NULL));
-    jit_pop(ctx);
-    return st;
+stof_status stof_bias_residual_layernorm(stof_ctx *ctx, const stof_ln_desc *desc, const void *x,
+                                         const void *bias, const void *residual,
+                                         const void *gamma, const void *beta, void *out,
+                                         stof_stream stream)
+{
+    return ln_run(ctx, desc, x, bias, residual, gamma, beta, out, NULL, stream);
 }

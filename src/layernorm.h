@@ -6,6 +6,8 @@
 #ifndef STOF_LAYERNORM_H
 #define STOF_LAYERNORM_H
 
+#include <cuda.h>
+
 #include "stof.h"
 
 #define LN_MAX_HIDDEN 16384
@@ -21,10 +23,32 @@ typedef struct ln_config {
  * align_bytes (a power of two). */
 ln_config ln_choose(int hidden, stof_dtype dtype, int align_bytes);
 
-/* Compiles, with no GPU, the kernel stof_bias_residual_layernorm would use
- * for desc with every pointer aligned to align_bytes and bias / residual
- * given or not; key (65 bytes, may be NULL) receives its cache key. */
+/* Compiles, with no GPU, the kernel ln_run would use for desc with every
+ * pointer aligned to align_bytes and bias / residual / sum_out given or
+ * not; key (65 bytes, may be NULL) receives its cache key. */
 stof_status ln_prepare(stof_ctx *ctx, const stof_ln_desc *desc, int align_bytes, int has_bias,
-                       int has_residual, char *key);
+                       int has_residual, int write_sum, char *key);
+
+/* A loaded kernel and what its launch needs. */
+typedef struct ln_kernel {
+    CUfunction fn;
+    ln_config c;
+    int rows;
+    float eps;
+} ln_kernel;
+
+/* Loads (or compiles) the kernel for desc (already checked) once, so that
+ * launches pay no rendering; ln_launch enqueues it. */
+stof_status ln_load(stof_ctx *ctx, const stof_ln_desc *desc, int align_bytes, int has_bias,
+                    int has_residual, int write_sum, ln_kernel *k);
+stof_status ln_launch(stof_ctx *ctx, const ln_kernel *k, const void *x, const void *bias,
+                      const void *residual, const void *gamma, const void *beta, void *out,
+                      void *sum_out, CUstream stream);
+
+/* stof_bias_residual_layernorm that also stores x + bias + residual to
+ * sum_out (when not NULL). */
+stof_status ln_run(stof_ctx *ctx, const stof_ln_desc *desc, const void *x, const void *bias,
+                   const void *residual, const void *gamma, const void *beta, void *out,
+                   void *sum_out, stof_stream stream);
 
 #endif

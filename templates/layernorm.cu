@@ -17,6 +17,8 @@
 //   ITEMS            ceil(HIDDEN / (VEC * THREADS_PER_ROW))
 //   HAS_BIAS         section flag: add bias[HIDDEN]
 //   HAS_RESIDUAL     section flag: add residual[rows, HIDDEN]
+//   WRITE_SUM        section flag: also store x + bias + residual to sum_out
+//                    (a pre-LN layer keeps it as its residual stream)
 
 #define HIDDEN {{HIDDEN}}
 #define VEC {{VEC}}
@@ -57,7 +59,8 @@ __device__ __forceinline__ float row_sum(float v, float *scratch)
 extern "C" __global__ void __launch_bounds__(TPR * RPC)
 stof_layernorm(const elem_t *x, const elem_t *__restrict__ bias,
                const elem_t *residual, const elem_t *__restrict__ gamma,
-               const elem_t *__restrict__ beta, elem_t *out, int rows, float eps)
+               const elem_t *__restrict__ beta, elem_t *out, int rows, float eps,
+               elem_t *sum_out)
 {
     __shared__ float scratch[RPC * WARPS_PER_ROW];
     const int lane = threadIdx.x % TPR;
@@ -85,6 +88,13 @@ stof_layernorm(const elem_t *x, const elem_t *__restrict__ bias,
 #pragma unroll
             for (int j = 0; j < VEC; j++)
                 v[i][j] += b[j];
+{{/if}}
+{{#if WRITE_SUM}}
+            vec_t t;
+#pragma unroll
+            for (int j = 0; j < VEC; j++)
+                t.v[j] = {{STORE}}(v[i][j]);
+            *reinterpret_cast<vec_t *>(sum_out + base + col) = t;
 {{/if}}
 #pragma unroll
             for (int j = 0; j < VEC; j++)

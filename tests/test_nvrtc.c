@@ -27,7 +27,7 @@ static const stof_dtype TYPES[] = {STOF_F32, STOF_F16, STOF_BF16};
 
 typedef struct variant {
     stof_ln_desc d;
-    int align, bias, res;
+    int align, bias, res, sum;
     ln_config cfg;
     stof_status st;
     char key[65];
@@ -52,25 +52,26 @@ static int count_rows(const cache_kernel *k, void *arg)
 static int same_variant(const variant *a, const variant *b)
 {
     return a->d.dtype == b->d.dtype && a->d.hidden == b->d.hidden && a->bias == b->bias &&
-           a->res == b->res && memcmp(&a->cfg, &b->cfg, sizeof a->cfg) == 0;
+           a->res == b->res && a->sum == b->sum && memcmp(&a->cfg, &b->cfg, sizeof a->cfg) == 0;
 }
 
 /* Every distinct kernel: each dtype and hidden size, with and without bias
- * and residual, for 16-byte aligned pointers and for pointers aligned only
+ * and residual (and with both and the pre-norm sum stored), for 16-byte aligned pointers and for pointers aligned only
  * to one element (what a misaligned call gets). */
 static variant *all_variants(int *count)
 {
-    variant *v = calloc(3 * NHIDDEN * 4 * 2, sizeof *v);
+    variant *v = calloc(3 * NHIDDEN * 5 * 2, sizeof *v);
     ck_assert_ptr_nonnull(v);
     int n = 0;
     for (int t = 0; t < 3; t++)
         for (int h = 0; h < NHIDDEN; h++)
-            for (int flags = 0; flags < 4; flags++)
+            for (int flags = 0; flags < 5; flags++)  /* 4: bias, residual and sum_out */
                 for (int a = 0; a < 2; a++) {
                     variant x = {.d = {.rows = 1, .hidden = HIDDEN[h], .dtype = TYPES[t]},
                                  .align = a ? dtype_size(TYPES[t]) : 16,
-                                 .bias = flags & 1,
-                                 .res = flags >> 1};
+                                 .bias = (flags & 1) || flags == 4,
+                                 .res = (flags & 2) || flags == 4,
+                                 .sum = flags == 4};
                     x.cfg = ln_choose(x.d.hidden, x.d.dtype, x.align);
                     int dup = 0;
                     for (int i = 0; i < n && !dup; i++)
@@ -95,7 +96,7 @@ static void *compile_worker(void *arg)
                      ctx ? stof_last_error(ctx) : stof_last_error(NULL));
             continue;
         }
-        v->st = ln_prepare(ctx, &v->d, v->align, v->bias, v->res, v->key);
+        v->st = ln_prepare(ctx, &v->d, v->align, v->bias, v->res, v->sum, v->key);
         if (v->st != STOF_OK)
             snprintf(v->err, sizeof v->err, "%s", stof_last_error(ctx));
     }
