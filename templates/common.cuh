@@ -42,6 +42,15 @@ __device__ __forceinline__ float stof_group_sum(float v)
 // No math headers at run time: infinity by its bits.
 #define STOF_INF __int_as_float(0x7f800000)
 
+// The FFN's activations in fp32 (NVRTC's built-in erff and tanhf).
+__device__ __forceinline__ float stof_identity(float x) { return x; }
+__device__ __forceinline__ float stof_relu(float x) { return fmaxf(x, 0.f); }
+__device__ __forceinline__ float stof_gelu(float x) { return 0.5f * x * (1.f + erff(x * 0.70710678f)); }
+__device__ __forceinline__ float stof_gelu_tanh(float x)
+{
+    return 0.5f * x * (1.f + tanhf(0.79788456f * (x + 0.044715f * x * x * x)));
+}
+
 // ---- Shared by the attention templates -------------------------------------
 
 // The work item of this CTA: a query group and a batch * head. The grid is
