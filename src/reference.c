@@ -152,3 +152,129 @@ stof_status ref_attention(stof_ctx *ctx, const ref_attn_args *a, double *out)
     mask_rows_free(&rows);
     return st;
 }
+
+/* y[m, n] = round(act(sum_k a[m, k] w[n, k] + b[n])) into dtype storage. */
+static void ref_linear(stof_dtype t, int rows, int n, int k, const void *a, const void *w,
+                       const void *b, stof_activation act, int has_act, void *y)
+{
+    double *wd = malloc(sizeof(double) * (size_t)n * (size_t)k);
+    double *ad = malloc(sizeof(double) * (size_t)k);
+    for (size_t i = 0; wd && i < (size_t)n * (size_t)k; i++)
+        wd[i] = dtype_load(t, w, i);
+    for (int r = 0; wd && ad && r < rows; r++) {
+        for (int j = 0; j < k; j++)
+            ad[j] = dtype_load(t, a, (size_t)r * k + j);
+        for (int c = 0; c < n; c++) {
+            const double *wr = wd + (size_t)c * k;
+            double s = dtype_load(t, b, (size_t)c);
+            for (int j = 0; j < k; j++)
+                s += ad[j] * wr[j];
+            if (has_act)
+                s = act == STOF_ACT_RELU ? (s > 0 ? s : 0)
+                    : act == STOF_ACT_GELU_TANH
+                        ? 0.5 * s * (1 + tanh(sqrt(2 / M_PI) * (s + 0.044715 * s * s * s)))
+                        : 0.5 * s * (1 + erf(s / sqrt(2.0)));
+            dtype_store(t, y, (size_t)r * n + c, s);
+        }
+    }
+    free(wd);
+    free(ad);
+}
+
+/* out = LayerNorm(v) * g + b per row of v (doubles), stored as doubles. */
+static void ref_norm(stof_dtype t, int rows, int h, const double *v, const void *g,
+                     const void *b, double eps, double *out)
+{
+    for (int r = 0; r < rows; r++) {
+        const double *x = v + (size_t)r * h;
+        double mean = 0, var = 0;
+        for (int c = 0; c < h; c++)
+            mean += x[c];
+        mean /= h;
+        for (int c = 0; c < h; c++)
+            var += (x[c] - mean) * (x[c] - mean);
+        const double rstd = 1 / sqrt(var / h + eps);
+        for (int c = 0; c < h; c++)
+            out[(size_t)r * h + c] =
+                (x[c] - mean) * rstd * dtype_load(t, g, c) + dtype_load(t, b, c);
+    }
+}
+
+stof_status ref_layer(stof_ctx *ctx, const stof_layer_desc *d, const stof_mask *mask,
+                      const stof_layer_weights *w, const void *x, const int *seq_lens,
+                      double *out)
+{
+    CTX_ARG(ctx, d && w && x && out, "args");
+    const stof_dtype t = d->dtype;
+    const int rows = d->batch * d->seq, h = d->hidden, f = d->ffn_hidden ? d->ffn_hidden : 4 * h;
+    const int hd = h / d->heads;
+    const double eps = d->eps > 0 ? d->eps : 1e-5;
+    const size_t es = (size_t)dtype_size(t), rh = (size_t)rows * h;
+    unsigned char *a = malloc(rh * es), *qkv = malloc(3 * rh * es), *q = malloc(3 * rh * es);
+    unsigned char *att = malloc(rh * es), *hs = malloc(rh * es), *ff = malloc((size_t)rows * f * es);
+    double *v = calloc(rh, sizeof(double)), *ao = calloc(rh, sizeof(double));
+    stof_status st = STOF_OK;
+    if (!a || !qkv || !q || !att || !hs || !ff || !v || !ao) {
+        st = CTX_FAIL(ctx, STOF_ERR_NO_MEMORY, "out of memory for the reference layer");
+        goto done;
+    }
+    /* a: the attention's input (x, or LN1(x) before it). */
+    if (d->norm == STOF_PRE_LN) {
+        for (size_t i = 0; i < rh; i++)
+            v[i] = dtype_load(t, x, i);
+        ref_norm(t, rows, h, v, w->ln1_g, w->ln1_b, eps, v);
+        for (size_t i = 0; i < rh; i++)
+            dtype_store(t, a, i, v[i]);
+    } else {
+        memcpy(a, x, rh * es);
+    }
+    ref_linear(t, rows, 3 * h, h, a, w->qkv_w, w->qkv_b, 0, 0, qkv);
+    /* [rows, 3, heads, hd] into q, k, v of [rows, heads, hd] each. */
+    for (int r = 0; r < rows; r++)
+        for (int p = 0; p < 3; p++)
+            memcpy(q + ((size_t)p * rh + (size_t)r * h) * es, qkv + ((size_t)r * 3 + p) * h * es,
+                   h * es);
+    ref_attn_args aa = {.batch = d->batch, .heads = d->heads, .lq = d->seq, .lk = d->seq,
+                        .head_dim = hd, .dtype = t, .layout = STOF_LAYOUT_BLHD,
+                        .q = q, .k = q + rh * es, .v = q + 2 * rh * es, .mask = mask,
+                        .seq_lens = seq_lens};
+    st = ref_attention(ctx, &aa, ao);
+    if (st != STOF_OK)
+        goto done;
+    for (size_t i = 0; i < rh; i++)
+        dtype_store(t, att, i, ao[i]);
+    /* v = attention projected + bias + residual x. */
+    ref_linear(t, rows, h, h, att, w->o_w, w->o_b, 0, 0, a);
+    for (size_t i = 0; i < rh; i++)
+        v[i] = dtype_load(t, a, i) + dtype_load(t, x, i);
+    if (d->norm == STOF_POST_LN) {
+        ref_norm(t, rows, h, v, w->ln1_g, w->ln1_b, eps, v);
+        for (size_t i = 0; i < rh; i++)
+            dtype_store(t, hs, i, v[i]);           /* h: the FFN's input and residual */
+        memcpy(a, hs, rh * es);
+    } else {
+        for (size_t i = 0; i < rh; i++)
+            dtype_store(t, hs, i, v[i]);           /* h: the residual stream */
+        ref_norm(t, rows, h, v, w->ln2_g, w->ln2_b, eps, v);
+        for (size_t i = 0; i < rh; i++)
+            dtype_store(t, a, i, v[i]);            /* LN2(h): the FFN's input */
+    }
+    ref_linear(t, rows, f, h, a, w->ff1_w, w->ff1_b, d->activation, 1, ff);
+    ref_linear(t, rows, h, f, ff, w->ff2_w, w->ff2_b, 0, 0, a);
+    for (size_t i = 0; i < rh; i++)
+        v[i] = dtype_load(t, a, i) + dtype_load(t, hs, i);
+    if (d->norm == STOF_POST_LN)
+        ref_norm(t, rows, h, v, w->ln2_g, w->ln2_b, eps, out);
+    else
+        memcpy(out, v, rh * sizeof(double));
+done:
+    free(a);
+    free(qkv);
+    free(q);
+    free(att);
+    free(hs);
+    free(ff);
+    free(v);
+    free(ao);
+    return st;
+}

@@ -31,4 +31,15 @@ typedef struct ref_attn_args {
 
 stof_status ref_attention(stof_ctx *ctx, const ref_attn_args *a, double *out);
 
+/* One encoder layer as src/stof.h defines it, on the host: x and the
+ * weights (w's pointers are host memory here) in d->dtype, products, softmax
+ * and LayerNorm in double. Each group's output is rounded to d->dtype where
+ * the GPU stores it (q/k/v, the attention output, the residual stream
+ * between the halves, the FFN's inner activation), so the GPU is compared
+ * with its own storage precision and nothing else. seq_lens (host, NULL:
+ * full) as for attention. out: batch * seq * hidden doubles. */
+stof_status ref_layer(stof_ctx *ctx, const stof_layer_desc *d, const stof_mask *mask,
+                      const stof_layer_weights *w, const void *x, const int *seq_lens,
+                      double *out);
+
 #endif

@@ -397,6 +397,87 @@ START_TEST(sparse_rows_are_cheap)
 }
 END_TEST
 
+/* A layer whose products are all zero reduces to its LayerNorms and
+ * biases: post-LN gives LN2(LN1(x + bo) + b2) (attention of constant
+ * values is that value, projected by a zero weight to bo), pre-LN gives
+ * x + bo + b2. Built here independently, in double, with the rounding to
+ * storage where the reference promises it. */
+START_TEST(layer_with_zero_weights)
+{
+    stof_ctx *ctx;
+    ck_assert_int_eq(stof_open(&ctx, &(stof_options){.no_cache = 1}), STOF_OK);
+    const int B = 2, L = 16, H = 32, F = 64, rows = B * L;
+    const stof_dtype t = _i ? STOF_BF16 : STOF_F16;
+    test_rng r = test_rng_make(0x1a1e + (uint64_t)_i);
+    uint16_t *x = calloc((size_t)rows * H, 2), *zero = calloc((size_t)4 * F * H, 2);
+    uint16_t *v[8];   /* qkv_b, o_b, ln1_g, ln1_b, ff1_b, ff2_b, ln2_g, ln2_b */
+    for (int i = 0; i < 8; i++) {
+        v[i] = calloc((size_t)3 * F, 2);
+        for (int j = 0; j < 3 * F; j++)
+            dtype_store(t, v[i], j, (i == 2 || i == 6 ? 1 : 0) + 0.5 * (test_rng_uniform(&r) - 0.5));
+    }
+    for (int i = 0; i < rows * H; i++)
+        dtype_store(t, x, i, test_rng_uniform(&r) * 4 - 2);
+    stof_layer_weights w = {zero, v[0], zero, v[1], v[2], v[3], zero, v[4], zero, v[5], v[6], v[7]};
+    stof_mask *m;
+    ck_assert_int_eq(stof_mask_parse(ctx, "window:4", L, L, &m), STOF_OK);
+    double *out = malloc(sizeof(double) * rows * H), *want = malloc(sizeof(double) * rows * H);
+    for (int norm = 0; norm < 2; norm++) {
+        stof_layer_desc d = {.batch = B, .seq = L, .hidden = H, .heads = 4, .ffn_hidden = F,
+                             .activation = STOF_ACT_GELU, .norm = (stof_norm)norm, .dtype = t};
+        ck_assert_int_eq(ref_layer(ctx, &d, m, &w, x, NULL, out), STOF_OK);
+        for (int row = 0; row < rows; row++) {
+            double s[64], mean = 0, var = 0;
+            for (int c = 0; c < H; c++) {
+                /* o = round(bo); h = x + o. */
+                double o = dtype_load(t, v[1], c);
+                s[c] = dtype_load(t, x, (size_t)row * H + c) + o;
+            }
+            if (norm == 0) {
+                for (int pass = 0; pass < 2; pass++) {
+                    const uint16_t *g = v[pass ? 6 : 2], *b = v[pass ? 7 : 3];
+                    mean = var = 0;
+                    for (int c = 0; c < H; c++)
+                        mean += s[c] / H;
+                    for (int c = 0; c < H; c++)
+                        var += (s[c] - mean) * (s[c] - mean) / H;
+                    for (int c = 0; c < H; c++) {
+                        double y = (s[c] - mean) / sqrt(var + 1e-5) * dtype_load(t, g, c) +
+                                   dtype_load(t, b, c);
+                        if (!pass) {
+                            /* h is stored, then the FFN adds round(b2). */
+                            uint16_t hq;
+                            dtype_store(t, &hq, 0, y);
+                            y = dtype_load(t, &hq, 0) + dtype_load(t, v[5], c);
+                        }
+                        s[c] = y;
+                    }
+                }
+            } else {
+                for (int c = 0; c < H; c++) {
+                    uint16_t hq;
+                    dtype_store(t, &hq, 0, s[c]);
+                    s[c] = dtype_load(t, &hq, 0) + dtype_load(t, v[5], c);
+                }
+            }
+            for (int c = 0; c < H; c++)
+                want[(size_t)row * H + c] = s[c];
+        }
+        for (int i = 0; i < rows * H; i++)
+            ck_assert_msg(fabs(out[i] - want[i]) <= 1e-9 * (1 + fabs(want[i])),
+                          "norm %d element %d: %.12g, want %.12g", norm, i, out[i], want[i]);
+    }
+    stof_layer_desc d = {.batch = B, .seq = L, .hidden = H, .heads = 4, .ffn_hidden = F,
+                         .dtype = t};
+    ck_assert_int_eq(ref_layer(ctx, &d, m, NULL, x, NULL, out), STOF_ERR_INVALID_ARG);
+    free(out), free(want), free(x), free(zero);
+    for (int i = 0; i < 8; i++)
+        free(v[i]);
+    stof_mask_free(m);
+    stof_close(ctx);
+}
+END_TEST
+
 Suite *suite_reference(void)
 {
     Suite *s = suite_create("reference");
@@ -408,6 +489,7 @@ Suite *suite_reference(void)
     tcase_add_test(t, layouts_agree);
     tcase_add_test(t, bad_arguments);
     tcase_add_test(t, sparse_rows_are_cheap);
+    tcase_add_loop_test(t, layer_with_zero_weights, 0, 2);
     suite_add_tcase(s, t);
     return s;
 }
