@@ -220,7 +220,11 @@ def run_stof(args, cases, out_dir):
     p.stdin.close()
     stof = {}
     for line in p.stdout:
-        r = json.loads(line)
+        try:
+            r = json.loads(line)
+        except ValueError:  # a line cut short by a crash
+            log("bench_layer printed: %s" % line.rstrip()[:200])
+            continue
         stof[r["name"]] = r
         log("stof %s: %s" % (r["name"], r["error"] if "error" in r else "%.4f ms" % r["ms"]))
     if p.wait() != 0:
