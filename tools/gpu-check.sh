@@ -11,12 +11,16 @@
 #   bash tools/gpu-check.sh bench [ARG]  benchmarks only (make bench); ARGs go to
 #                                        bench/peers_mha.py, e.g. --suite bert-heads --seq 2048
 #
-# The attention benchmark (build/bench_mha) runs through bench/peers_mha.py,
-# which times the PyTorch peers in the same run. Warm and bench share the
+# The attention benchmark (build/bench_mha) runs through bench/peers_mha.py
+# and the encoder-layer one (build/bench_layer) through bench/peers_layer.py,
+# each timing its PyTorch peers in the same run. $STOF_LAYER_ARGS goes to
+# peers_layer.py, e.g. STOF_LAYER_ARGS="--model bert-base --seq 2048
+# --peers eager,sdpa,c-flex": its torch.compile peers compile once per case
+# and make it the slowest benchmark. Warm and bench share the
 # cache $STOF_BENCH_CACHE (default $STOF_BUILD/bench-cache.db), so a bench
 # after a warm shows zero NVRTC compiles and zero timing runs; on a lent
 # machine, run both in one call so that the cache is still there.
-# CK_RUN_SUITE=gpu_mha (any suite) limits the tests; the whole run takes
+# CK_RUN_SUITE=gpu_mha (any suite) limits the tests; tests and demo take
 # 6 to 9 minutes on an H100, most of it the GPU LayerNorm and attention suites.
 # A benchmark's summary is its lines starting "summary:", else its last line.
 # Exit status: 0 when everything that ran passed.
@@ -27,7 +31,7 @@ mode=${1:-all}
 case $mode in
 all | tests | warm | bench) ;;
 -h | --help)
-    sed -n '2,24s/^# \{0,1\}//p' "$0"
+    sed -n '2,/^set /s/^# \{0,1\}//p' "$0"
     exit 0
     ;;
 *)
@@ -109,6 +113,12 @@ for b in "$build"/bench_*; do
             > "$logs/$name.log" 2>&1
         rc=$?
         summary=$(grep -E '^(geomean|planning|first plans)' "$logs/$name.log")
+    elif [[ $name == bench_layer ]]; then
+        # shellcheck disable=SC2086 # STOF_LAYER_ARGS is a list of words
+        PYTHONUNBUFFERED=1 python3 bench/peers_layer.py --stof "$b" --cache "$bench_cache" \
+            ${STOF_LAYER_ARGS:-} > "$logs/$name.log" 2>&1
+        rc=$?
+        summary=$(grep '^summary:' "$logs/$name.log")
     else
         "$b" > "$logs/$name.log" 2>&1
         rc=$?

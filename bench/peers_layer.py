@@ -1,0 +1,390 @@
+#!/usr/bin/env python3
+"""The encoder-layer benchmark, both sides in one command.
+
+Runs build/bench_layer (stof) on every case of bench/workloads/layers.json,
+then times PyTorch peers of the same layer (src/stof.h's POST_LN and PRE_LN
+orders) on identical weights and inputs:
+  eager    eager, attention written out (matmul, additive mask, softmax, matmul)
+  sdpa     eager, F.scaled_dot_product_attention with an additive float mask
+  c-sdpa   torch.compile, SDPA with the same mask
+  c-flex   torch.compile, FlexAttention (block mask built once per case)
+  cg-flex  torch.compile(mode="reduce-overhead"), FlexAttention: CUDA graphs
+Peers are timed with triton.testing.do_bench (median; it clears the L2 before
+each call), stof with CUDA events over 2 to 4 rotated inputs. stof's output
+for input set 0 is checked against an fp32 eager layer (relative L2; above
+2e-2 is a mismatch), and so is every peer's. Prints one table with the ratio
+best peer / stof, stof's plan per case, and "summary:" lines; writes it under
+bench/results/ (and $OUT when set). Exits 1 when stof failed or mismatched
+on any case (peers that fail are only reported).
+
+Inputs (bench/bench_layer.c's head comment says the same): tensor T drawn
+with seed S holds offset + scale * u_i, u_i being bench_mha's number i for S
+(peers_mha.random_tensor, uniform in [-1, 1)), computed in float32 and then
+rounded to the dtype. x: S=1, scale 1; qkv_w, o_w, ff1_w, ff2_w: S=11, 13, 17,
+19, scale 1/sqrt(in_features); qkv_b, o_b, ff1_b, ff2_b: S=12, 14, 18, 20,
+scale 0.1; ln1_g, ln2_g: S=15, 21, offset 1, scale 0.1; ln1_b, ln2_b: S=16,
+22, scale 0.1. Weights are nn.Linear's [out_features, in_features].
+
+    python3 bench/peers_layer.py [--model M] [--seq N] [--mask SPEC] [--peers eager,c-flex]
+"""
+import argparse
+import datetime
+import json
+import math
+import os
+import re
+import subprocess
+import sys
+import tempfile
+import time
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+import triton.testing
+
+from peers_mha import random_tensor, spec_fn
+
+PEERS = ["eager", "sdpa", "c-sdpa", "c-flex", "cg-flex"]
+GATES = [("bert-base", 8, 2048, 1.4), ("bert-base", 8, 512, 1.5)]
+MISMATCH = 2e-2
+EPS = 1e-5
+ACTS = {"gelu": F.gelu, "gelu_tanh": lambda t: F.gelu(t, approximate="tanh"), "relu": F.relu}
+# (name, seed, offset, scale: None means 1/sqrt(in_features)), in the argument order of layer().
+TENSORS = [("qkv_w", 11, 0, None), ("qkv_b", 12, 0, 0.1), ("o_w", 13, 0, None), ("o_b", 14, 0, 0.1),
+           ("ln1_g", 15, 1, 0.1), ("ln1_b", 16, 0, 0.1), ("ff1_w", 17, 0, None), ("ff1_b", 18, 0, 0.1),
+           ("ff2_w", 19, 0, None), ("ff2_b", 20, 0, 0.1), ("ln2_g", 21, 1, 0.1), ("ln2_b", 22, 0, 0.1)]
+
+
+def log(msg):
+    sys.stderr.write("peers_layer: %s\n" % msg)
+    sys.stderr.flush()
+
+
+def draw(shape, seed, dt, offset=0.0, scale=1.0):
+    """offset + scale * u_i in float32, then rounded to dt (as bench_layer's fill())."""
+    u = random_tensor(math.prod(shape), seed, torch.float32).numpy()
+    v = u * np.float32(scale) + np.float32(offset)
+    return torch.from_numpy(v).to(dt).view(shape)
+
+
+def weights(c, dt, dev):
+    h, f = c["hidden"], c["ffn_hidden"]
+    shapes = {"qkv_w": (3 * h, h), "qkv_b": (3 * h,), "o_w": (h, h), "ff1_w": (f, h), "ff1_b": (f,),
+              "ff2_w": (h, f)}
+    out = []
+    for name, seed, offset, scale in TENSORS:
+        shape = shapes.get(name, (h,))
+        out.append(draw(shape, seed, dt, offset, scale or 1 / math.sqrt(shape[1])).to(dev))
+    return out
+
+
+def attend_explicit(q, k, v, bias):
+    s = torch.matmul(q, k.transpose(-2, -1)) * q.shape[-1] ** -0.5 + bias
+    return torch.matmul(torch.softmax(s, dim=-1), v)
+
+
+def attend_sdpa(q, k, v, bias):
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=bias)
+
+
+def attend_flex(q, k, v, block_mask):
+    return flex_attention(q, k, v, block_mask=block_mask)
+
+
+def make_layer(c, attend):
+    """src/stof.h's layer; attend(q, k, v, mask) on [B, H, L, D]."""
+    heads, act = c["heads"], ACTS[c["activation"]]
+    post = c["norm"] == "post_ln"
+
+    def layer(x, mask, qkv_w, qkv_b, o_w, o_b, ln1_g, ln1_b, ff1_w, ff1_b, ff2_w, ff2_b, ln2_g, ln2_b):
+        b, l, e = x.shape
+
+        def attn(a):
+            qkv = F.linear(a, qkv_w, qkv_b).view(b, l, 3, heads, e // heads)
+            q, k, v = qkv.permute(2, 0, 3, 1, 4).unbind(0)
+            return attend(q, k, v, mask).transpose(1, 2).reshape(b, l, e)
+
+        def ffn(t):
+            return F.linear(act(F.linear(t, ff1_w, ff1_b)), ff2_w, ff2_b)
+
+        def ln(t, g, beta):
+            return F.layer_norm(t, (e,), g, beta, EPS)
+        if post:
+            h = ln(x + F.linear(attn(x), o_w, o_b), ln1_g, ln1_b)
+            return ln(h + ffn(h), ln2_g, ln2_b)
+        h = x + F.linear(attn(ln(x, ln1_g, ln1_b)), o_w, o_b)
+        return h + ffn(ln(h, ln2_g, ln2_b))
+    return layer
+
+
+ATTEND = {"eager": attend_explicit, "sdpa": attend_sdpa, "c-sdpa": attend_sdpa, "c-flex": attend_flex,
+          "cg-flex": attend_flex}
+COMPILED = {}
+
+
+def peer_fn(c, peer):
+    """One function per (model config, peer): later shapes and masks recompile it."""
+    if not peer.startswith(("c-", "cg-")):
+        return make_layer(c, ATTEND[peer])
+    key = (c["hidden"], c["heads"], c["ffn_hidden"], c["activation"], c["norm"], peer)
+    if key not in COMPILED:
+        mode = "reduce-overhead" if peer.startswith("cg-") else None
+        COMPILED[key] = torch.compile(make_layer(c, ATTEND[peer]), dynamic=False, mode=mode)
+    return COMPILED[key]
+
+
+def bench(fn):
+    # rep long enough for about 20 calls of a 20 ms layer
+    return triton.testing.do_bench(fn, warmup=50, rep=400, return_mode="median")
+
+
+def rel_l2(out, ref):
+    out = out.float()
+    return (torch.linalg.vector_norm(out - ref) / torch.linalg.vector_norm(ref)).item()
+
+
+def peers(c, wanted, stof_out, dev):
+    dt = torch.float16 if c["dtype"] == "fp16" else torch.bfloat16
+    b, l = c["b"], c["l"]
+    w = weights(c, dt, dev)
+    x = draw((b, l, c["hidden"]), 1, dt).to(dev)
+    f = spec_fn(c["spec"], l, l, dev)
+    idx = torch.arange(l, device=dev)
+    allowed = f(idx[:, None], idx[None, :])
+    bias = torch.zeros(l, l, dtype=dt, device=dev).masked_fill(~allowed, float("-inf"))
+    del allowed
+    block_mask = create_block_mask(lambda bi, hi, qi, ki: f(qi, ki), None, None, l, l, device=dev)
+    res = {"ms": {}, "err": {}, "fail": {}}
+    with torch.no_grad():
+        try:
+            ref = make_layer(c, attend_explicit)(x.float(), bias.float(), *(t.float() for t in w))
+        except torch.OutOfMemoryError:
+            ref = None  # no check, but still the timings
+            log("  the fp32 reference layer ran out of memory: no output check")
+            torch.cuda.empty_cache()
+        if stof_out is not None and ref is not None:
+            res["stof_err"] = rel_l2(stof_out.to(dev).view(ref.shape), ref)
+        for p in wanted:
+            t0 = time.time()
+            try:
+                fn = peer_fn(c, p)
+                mask = block_mask if p.endswith("flex") else bias
+                if p.startswith("cg-"):
+                    for t in w:  # weights stay put: CUDA graphs need not copy them per call
+                        torch._dynamo.mark_static_address(t)
+                out = fn(x, mask, *w)  # compiles, where it does
+                if ref is not None:
+                    res["err"][p] = rel_l2(out, ref)
+                del out
+                res["ms"][p] = bench(lambda: fn(x, mask, *w))
+            except Exception as e:  # a peer that cannot run (OOM, compile error) is a cell, not a crash
+                res["fail"][p] = ("OOM" if isinstance(e, torch.OutOfMemoryError) else repr(e))[:300]
+            got = "%.4f ms" % res["ms"][p] if p in res["ms"] else "fail: " + res["fail"][p][:120]
+            log("  %-8s %s (%.0f s, compiling included)" % (p, got, time.time() - t0))
+            torch.cuda.empty_cache()
+    del ref, bias, block_mask, w, x
+    torch.cuda.empty_cache()
+    return res
+
+
+def cases_of(workload, models, seqs, masks):
+    out = []
+    for k in workload["cases"]:
+        m = workload["models"][k["model"]]
+        if models and k["model"] not in models:
+            continue
+        for l in k["seq"]:
+            if seqs and l not in seqs:
+                continue
+            for spec in k["masks"]:
+                if masks and spec not in masks:
+                    continue
+                h = m["hidden"]
+                out.append(dict(name="%s/l=%d/%s" % (k["model"], l, spec), model=k["model"], spec=spec,
+                                b=k["batch"], l=l, hidden=h, heads=m["heads"],
+                                ffn_hidden=int(round(m["ffn"] * h)), activation=m["activation"],
+                                norm=m["norm"], dtype=k["dtype"]))
+    return out
+
+
+def run_stof(args, cases, out_dir):
+    """bench_layer's JSON lines by case name, echoing progress as they come."""
+    lines = "".join("%s %d %d %d %d %d %s %s %s %s\n" % (
+        c["name"], c["b"], c["l"], c["hidden"], c["heads"], c["ffn_hidden"], c["activation"], c["norm"],
+        c["dtype"], c["spec"]) for c in cases)
+    p = subprocess.Popen([args.stof, "--cache", args.cache, "--out-dir", out_dir], stdin=subprocess.PIPE,
+                         stdout=subprocess.PIPE, text=True)
+    p.stdin.write(lines)
+    p.stdin.close()
+    stof = {}
+    for line in p.stdout:
+        try:
+            r = json.loads(line)
+        except ValueError:  # a line cut short by a crash
+            log("bench_layer printed: %s" % line.rstrip()[:200])
+            continue
+        stof[r["name"]] = r
+        log("stof %s: %s" % (r["name"], r["error"] if "error" in r else "%.4f ms" % r["ms"]))
+    if p.wait() != 0:
+        log("bench_layer exited with status %d" % p.returncode)
+    return stof
+
+
+def load_out(s, dt):
+    """stof's output for input set 0 (raw 16-bit values), the file then removed."""
+    if not s.get("out"):
+        return None
+    raw = np.fromfile(s["out"], dtype=np.int16)
+    os.remove(s["out"])
+    return torch.from_numpy(raw).view(dt)
+
+
+def describe_split(text):
+    """(group, ms) for describe lines that begin with a name and carry an 'N ms' figure."""
+    out = []
+    for line in text.splitlines():
+        m = re.match(r"\s*([A-Za-z][\w+./-]*).*?(\d+(?:\.\d+)?)\s*ms\b", line)
+        if m:
+            out.append((m.group(1), float(m.group(2))))
+    return out if len(out) >= 2 else []
+
+
+def geomean(xs):
+    return math.exp(sum(math.log(x) for x in xs) / len(xs))
+
+
+def report(rows, wanted, gpu):
+    out = ["# stof vs PyTorch peers, encoder layer, %s, %s" % (gpu, datetime.datetime.now().strftime("%Y-%m-%d %H:%M")),
+           "# ms: median per layer; ratio = best peer ms / stof ms (>1: stof faster); TF/s = (GEMM + allowed-entry "
+           "attention FLOPs) / stof time; err: stof's rel L2 to an fp32 eager layer",
+           "%-50s %9s %6s " % ("case", "stof ms", "TF/s") + " ".join("%8s" % p for p in wanted) +
+           " %6s %8s %5s" % ("ratio", "err", "check")]
+    ratios, worst, checks, fails = {}, None, [0, 0], {}
+    for c, s, pr in rows:
+        times = [pr["ms"][p] for p in wanted if p in pr.get("ms", {})]
+        ratio = min(times) / s["ms"] if times and "ms" in s else None
+        cells = []
+        for p in wanted:
+            if p in pr.get("ms", {}):
+                cells.append("%8.3f" % pr["ms"][p])
+            else:
+                cells.append("%8s" % ("fail" if p in pr.get("fail", {}) else "-"))
+                if p in pr.get("fail", {}):
+                    fails.setdefault(p, []).append(c["name"])
+        err = pr.get("stof_err") if "ms" in s else None
+        ok = "-" if err is None else "ok" if err <= MISMATCH and not s["nonfinite"] else "MISMATCH"
+        if err is not None:
+            checks[ok != "ok"] += 1
+        out.append("%-50s %s %s %6s %8s %5s" % (
+            c["name"], "%9.4f %6.1f" % (s["ms"], s["tflops"]) if "ms" in s else "%9s %6s" % ("fail", "-"),
+            " ".join(cells), "%.2f" % ratio if ratio else "-", "%.1e" % err if err is not None else "-", ok))
+        if "error" in pr:
+            out.append("    peers error: " + pr["error"])
+        if "ms" not in s:
+            out.append("    stof failed: " + s.get("error", "no result"))
+            continue
+        out.append("    plan: first %.0f ms (%d NVRTC compiles, %d timing runs), cached %.1f ms (%d, %d); "
+                   "workspace %.0f MiB" % (s["plan_first_ms"], s["plan_first_compiles"], s["plan_first_timings"],
+                                           s["plan_cached_ms"], s["plan_cached_compiles"],
+                                           s["plan_cached_timings"], s["workspace_bytes"] / 2 ** 20))
+        for line in s["describe"].splitlines():
+            out.append("    | " + line)
+        split = describe_split(s["describe"])
+        if split:
+            total = sum(ms for _, ms in split)
+            out.append("    split: " + ", ".join("%s %.3f ms (%.0f%%)" % (g, ms, 100 * ms / total) for g, ms in split))
+        bad = ["%s %.1e" % (p, e) for p, e in pr.get("err", {}).items() if e > MISMATCH]
+        if bad:
+            out.append("    peers off the fp32 layer too (the Python layer, not stof, may be wrong): " + ", ".join(bad))
+        if ratio:
+            worst = (ratio, c["name"]) if worst is None or ratio < worst[0] else worst
+            ratios.setdefault((c["model"], c["b"], c["l"]), []).append(ratio)
+    out.append("")
+    for (model, b, l), rs in sorted(ratios.items()):
+        out.append("summary: geomean ratio %s b%d seq %d: %.2fx over %d mask%s" % (
+            model, b, l, geomean(rs), len(rs), "" if len(rs) == 1 else "s"))
+    if worst:
+        out.append("summary: worst ratio %.2fx (%s)" % worst)
+    for model, b, l, gate in GATES:
+        rs = ratios.get((model, b, l))
+        out.append("summary: %s b%d seq %d: %s (gate %.1fx)" % (model, b, l, "%.2fx" % geomean(rs) if rs else "n/a",
+                                                               gate))
+    out.append("summary: check: %d ok, %d mismatches (stof's rel L2 to the fp32 layer > %g)" % (
+        checks[0], checks[1], MISMATCH))
+    plans = [s for _, s, _ in rows if "plan_first_ms" in s]
+    if plans:
+        med = lambda k: sorted(p[k] for p in plans)[len(plans) // 2]  # noqa: E731
+        out.append("summary: planning: first plan median %.0f ms (max %.0f; %d NVRTC compiles, %d timing runs in "
+                   "all), cached plan median %.1f ms (%d compiles, %d timing runs in all)" % (
+                       med("plan_first_ms"), max(p["plan_first_ms"] for p in plans),
+                       sum(p["plan_first_compiles"] for p in plans), sum(p["plan_first_timings"] for p in plans),
+                       med("plan_cached_ms"), sum(p["plan_cached_compiles"] for p in plans),
+                       sum(p["plan_cached_timings"] for p in plans)))
+    for p, names in fails.items():
+        out.append("summary: peer %s failed on %d case%s (first: %s)" % (p, len(names), "" if len(names) == 1 else "s",
+                                                                         names[0]))
+    return "\n".join(out) + "\n"
+
+
+def main():
+    ap = argparse.ArgumentParser(description="stof's encoder layer vs PyTorch peers")
+    ap.add_argument("--workload", default="bench/workloads/layers.json")
+    ap.add_argument("--model", action="append", help="only this model (repeatable)")
+    ap.add_argument("--seq", action="append", type=int, help="only this sequence length (repeatable)")
+    ap.add_argument("--mask", action="append", help="only this mask spec, as written in the workload (repeatable)")
+    ap.add_argument("--peers", default=",".join(PEERS), help="comma-separated subset of " + ",".join(PEERS))
+    ap.add_argument("--stof", default="build/bench_layer")
+    ap.add_argument("--cache", default=os.environ.get("STOF_CACHE", "build/bench-cache.db"))
+    ap.add_argument("--tag", default="")
+    args = ap.parse_args()
+    wanted = [p for p in args.peers.split(",") if p]
+    unknown = [p for p in wanted if p not in PEERS]
+    if unknown:
+        ap.error("unknown peers %s (known: %s)" % (",".join(unknown), ",".join(PEERS)))
+    for knob in ("cache_size_limit", "recompile_limit", "accumulated_cache_size_limit"):
+        if hasattr(torch._dynamo.config, knob):
+            setattr(torch._dynamo.config, knob, max(256, getattr(torch._dynamo.config, knob)))
+    dev = "cuda"
+    gpu = torch.cuda.get_device_name(0)
+    cases = cases_of(json.load(open(args.workload)), args.model, args.seq, args.mask)
+    if not cases:
+        ap.error("no case matches the filters")
+    out_dir = tempfile.mkdtemp(prefix="stof-layer-")
+    print("stof side: %d cases ..." % len(cases), flush=True)
+    stof = run_stof(args, cases, out_dir)
+    rows = []
+    for i, c in enumerate(cases):
+        s = stof.get(c["name"], {})
+        dt = torch.float16 if c["dtype"] == "fp16" else torch.bfloat16
+        log("[%d/%d] %s" % (i + 1, len(cases), c["name"]))
+        try:
+            pr = peers(c, wanted, load_out(s, dt), dev)
+        except Exception as e:  # e.g. the fp32 reference itself out of memory
+            pr = {"error": repr(e)[:300]}
+            torch.cuda.empty_cache()
+        rows.append((c, s, pr))
+    for name in os.listdir(out_dir):
+        os.remove(os.path.join(out_dir, name))
+    os.rmdir(out_dir)
+
+    text = report(rows, wanted, gpu)
+    print(text)
+    stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
+    devname = gpu.replace(" ", "-")
+    for d in ["bench/results", os.environ.get("OUT", "")]:
+        if d:
+            os.makedirs(d, exist_ok=True)
+            base = os.path.join(d, "layer-%s-%s%s" % (devname, stamp, args.tag))
+            open(base + ".txt", "w").write(text)
+            json.dump([{"case": c, "stof": s, "peers": pr} for c, s, pr in rows], open(base + ".json", "w"), indent=1)
+    broken = [c["name"] for c, s, pr in rows
+              if "ms" not in s or s["nonfinite"] or pr.get("stof_err", 0) > MISMATCH]
+    if broken:
+        log("stof failed or mismatched on %d case(s): %s" % (len(broken), ", ".join(broken)))
+    return 1 if broken else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
