@@ -35,7 +35,7 @@ int gemm_smem_bytes(const gemm_config *c, const gemm_shape *s, const gemm_epilog
 {
     (void)s;
     const int pipe = c->stages * (c->bm + c->bn) * (c->bk + 8) * 2;
-    const int staged = e && e->ln ? c->bm * (c->bn + 4) * 4 : c->bm * (c->bn + 8) * 2;
+    const int staged = e && e->ln ? c->bm * (c->bn + 8) * 4 : c->bm * (c->bn + 8) * 2;
     return pipe > staged ? pipe : staged;
 }
 

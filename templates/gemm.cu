@@ -54,7 +54,8 @@ constexpr int NI = WTN / 8;              // its n8 tiles
 constexpr int LDS = BK + 8;              // smem row stride in elements: 16 B of padding
                                          // puts ldmatrix's eight rows on distinct banks
 constexpr int LDC = BN + 8;              // staged output tile, elements
-constexpr int LDF = BN + 4;              // staged LN rows, floats
+constexpr int LDF = BN + 8;              // staged LN rows, floats: a half-warp's
+                                         // float2 stores of rows g, g + 1 ... on distinct banks
 constexpr int KT = (K + BK - 1) / BK;    // pipeline steps
 
 typedef unsigned short elem_t;
