@@ -25,7 +25,7 @@ static const gemm_config TILES[] = {
 };
 
 /* LayerNorm tiles own whole rows: bm rows, warps splitting the columns. */
-static const int LN_TILES[][3] = {{16, 1, 8}, {32, 2, 4}, {32, 1, 8}, {16, 1, 4}};
+static const int LN_TILES[][3] = {{16, 1, 8}, {32, 2, 4}, {32, 1, 8}, {32, 2, 8}};
 
 static int round_up(int v, int to) { return (v + to - 1) / to * to; }
 
