@@ -1,0 +1,275 @@
+#include "gemm.h"
+
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+
+/* ---- candidates --------------------------------------------------------- */
+
+/* The ranking assumes an H100's 132 SMs: only the order depends on it, and
+ * a search times the real device. */
+#define GEMM_SMS 132
+
+/* Accumulators per thread above this spill or starve the pipeline. */
+#define GEMM_MAX_ACC 128
+
+/* The tiles tried for a plain epilogue, roughly best first for BERT sizes:
+ * 8-warp 128-wide tiles with 64x32 or 64x64 warp tiles for large products,
+ * 4-warp tiles for products too small to fill the GPU, and a 2-stage
+ * 128x128 that fits 48 KiB. */
+static const gemm_config TILES[] = {
+    {128, 128, 32, 2, 4, 4}, {128, 256, 32, 2, 4, 3}, {256, 128, 32, 4, 2, 3},
+    {128, 128, 64, 2, 4, 3}, {128, 128, 32, 2, 4, 3}, {128, 128, 32, 2, 4, 2},
+    {64, 128, 32, 2, 2, 4},  {128, 64, 32, 2, 2, 4},  {64, 64, 32, 2, 2, 4},
+    {64, 64, 64, 2, 2, 3},
+};
+
+/* LayerNorm tiles own whole rows: bm rows, warps splitting the columns. */
+static const int LN_TILES[][3] = {{16, 1, 8}, {32, 2, 4}, {32, 1, 8}, {32, 2, 8}};
+
+static int round_up(int v, int to) { return (v + to - 1) / to * to; }
+
+int gemm_threads(const gemm_config *c) { return c->wm * c->wn * 32; }
+
+int gemm_smem_bytes(const gemm_config *c, const gemm_shape *s, const gemm_epilogue *e)
+{
+    (void)s;
+    const int pipe = c->stages * (c->bm + c->bn) * (c->bk + 8) * 2;
+    const int staged = e && e->ln ? c->bm * (c->bn + 8) * 4 : c->bm * (c->bn + 8) * 2;
+    return pipe > staged ? pipe : staged;
+}
+
+static int acc_per_thread(const gemm_config *c) { return c->bm / c->wm * (c->bn / c->wn) / 32; }
+
+/* Estimated time in arbitrary units: the busiest SM's tiles (one wave is
+ * GEMM_SMS tiles) times a tile's cost, which grows as the tile reuses its
+ * operands less than a 128 x 128 tile with 64 x 32 warp tiles does: loaded
+ * elements per product from L2 (bm * bn / (bm + bn)) and ldmatrix per
+ * mma.sync within a warp. Occupancy is left to the search's timings. */
+static double estimate(const gemm_config *c, const gemm_shape *s)
+{
+    const long long tiles = (long long)((s->m + c->bm - 1) / c->bm) * ((s->n + c->bn - 1) / c->bn);
+    const double waves = (double)((tiles + GEMM_SMS - 1) / GEMM_SMS);
+    const int mi = c->bm / c->wm / 16, ni = c->bn / c->wn / 8;
+    double l2 = (double)c->bm * c->bn / (c->bm + c->bn) / 64.0;
+    double smem = (double)(mi * ni) / (mi + ni / 2) / (16.0 / 6.0);
+    if (l2 > 1)
+        l2 = 1;
+    if (smem > 1)
+        smem = 1;
+    return waves * c->bm * c->bn / (l2 * smem);
+}
+
+static int fits(const gemm_config *c, const gemm_shape *s, const gemm_epilogue *e, int smem_max)
+{
+    return gemm_smem_bytes(c, s, e) <= smem_max && acc_per_thread(c) <= GEMM_MAX_ACC;
+}
+
+int gemm_candidates(const gemm_shape *s, const gemm_epilogue *e, int smem_max, gemm_config *out,
+                    int cap)
+{
+    gemm_config c[GEMM_MAX_CANDIDATES];
+    int n = 0;
+    if (e->ln) {
+        for (size_t i = 0; i < sizeof LN_TILES / sizeof LN_TILES[0]; i++) {
+            gemm_config t = {LN_TILES[i][0], round_up(s->n, 16 * LN_TILES[i][2]), 32,
+                             LN_TILES[i][1], LN_TILES[i][2], 4};
+            /* The deepest pipeline that fits. */
+            while (t.stages > 2 && !fits(&t, s, e, smem_max))
+                t.stages--;
+            if (fits(&t, s, e, smem_max))
+                c[n++] = t;
+        }
+    } else {
+        for (size_t i = 0; i < sizeof TILES / sizeof TILES[0]; i++) {
+            const gemm_config *t = &TILES[i];
+            /* Tiles wider than the whole output only add masked work; columns
+             * that do not divide N are allowed only if nothing else fits. */
+            if (t->bn > round_up(s->n, 64) || !fits(t, s, e, smem_max))
+                continue;
+            c[n++] = *t;
+        }
+    }
+    /* Stable insertion sort by the estimate; ties keep the tables' order.
+     * Among non-LN tiles, those whose bn divides N come first. */
+    double key[GEMM_MAX_CANDIDATES];
+    for (int i = 0; i < n; i++)
+        key[i] = estimate(&c[i], s) * (!e->ln && s->n % c[i].bn ? 4.0 : 1.0);
+    for (int i = 1; i < n; i++)
+        for (int j = i; j > 0 && key[j] < key[j - 1]; j--) {
+            gemm_config tc = c[j];
+            c[j] = c[j - 1];
+            c[j - 1] = tc;
+            double tk = key[j];
+            key[j] = key[j - 1];
+            key[j - 1] = tk;
+        }
+    if (n > cap)
+        n = cap;
+    for (int i = 0; i < n; i++)
+        out[i] = c[i];
+    return n;
+}
+
+void gemm_config_str(const gemm_config *c, char *buf, size_t n)
+{
+    snprintf(buf, n, "%dx%dx%d w%dx%d s%d", c->bm, c->bn, c->bk, c->wm, c->wn, c->stages);
+}
+
+/* ---- checks ------------------------------------------------------------- */
+
+stof_status gemm_check(stof_ctx *ctx, const gemm_shape *s, const gemm_epilogue *e,
+                       const gemm_config *c)
+{
+    if (!s)
+        return CTX_FAIL(ctx, STOF_ERR_INVALID_ARG, "gemm: argument 'shape' is NULL");
+    if (!e)
+        return CTX_FAIL(ctx, STOF_ERR_INVALID_ARG, "gemm: argument 'epilogue' is NULL");
+    if (s->m <= 0 || s->n <= 0 || s->k <= 0)
+        return CTX_FAIL(ctx, STOF_ERR_INVALID_ARG, "gemm: m, n and k must be positive (got %d, %d, %d)",
+                        s->m, s->n, s->k);
+    if (s->n % 8 || s->k % 8)
+        return CTX_FAIL(ctx, STOF_ERR_UNSUPPORTED,
+                        "gemm: n (%d) and k (%d) must be multiples of 8 (16-byte rows)", s->n, s->k);
+    if (s->dtype != STOF_F16 && s->dtype != STOF_BF16)
+        return CTX_FAIL(ctx, STOF_ERR_UNSUPPORTED, "gemm: dtype %s is not fp16 or bf16",
+                        dtype_name(s->dtype));
+    if ((int)e->act < GEMM_ACT_NONE || (int)e->act > GEMM_ACT_RELU)
+        return CTX_FAIL(ctx, STOF_ERR_INVALID_ARG, "gemm: activation %d is not a gemm_act", (int)e->act);
+    if (e->ln_sum && !e->ln)
+        return CTX_FAIL(ctx, STOF_ERR_INVALID_ARG, "gemm: ln_sum needs ln");
+    if (!c)
+        return STOF_OK;
+    char name[48];
+    gemm_config_str(c, name, sizeof name);
+    if (c->wm <= 0 || c->wn <= 0 || c->wm * c->wn > 16)
+        return CTX_FAIL(ctx, STOF_ERR_INVALID_ARG, "gemm: config %s: 1 to 16 warps", name);
+    if (c->bm <= 0 || c->bn <= 0 || c->bm % (16 * c->wm) || c->bn % (16 * c->wn))
+        return CTX_FAIL(ctx, STOF_ERR_INVALID_ARG,
+                        "gemm: config %s: bm must be a multiple of 16 * wm and bn of 16 * wn", name);
+    if (c->bk != 32 && c->bk != 64)
+        return CTX_FAIL(ctx, STOF_ERR_INVALID_ARG, "gemm: config %s: bk must be 32 or 64", name);
+    if (c->stages < 2 || c->stages > 4)
+        return CTX_FAIL(ctx, STOF_ERR_INVALID_ARG, "gemm: config %s: stages must be 2 to 4", name);
+    if (e->ln && c->bn < s->n)
+        return CTX_FAIL(ctx, STOF_ERR_INVALID_ARG,
+                        "gemm: config %s: ln needs one CTA per whole row, bn >= n (%d)", name, s->n);
+    if ((s->m + c->bm - 1) / c->bm > 65535)
+        return CTX_FAIL(ctx, STOF_ERR_UNSUPPORTED, "gemm: m %d needs more than 65535 row tiles of %d",
+                        s->m, c->bm);
+    return STOF_OK;
+}
+
+/* ---- requests, loading, launch ------------------------------------------ */
+
+void gemm_make_request(const gemm_config *c, const gemm_shape *s, const gemm_epilogue *e,
+                       gemm_request *r)
+{
+    static const char *const acts[] = {"0", "1", "2", "3"};
+    const int nums[8] = {s->n, s->k, c->bm, c->bn, c->bk, c->wm, c->wn, c->stages};
+    static const char *const names[8] = {"N",       "K",       "BLOCK_M", "BLOCK_N",
+                                         "BLOCK_K", "WARPS_M", "WARPS_N", "STAGES"};
+    int n = 0;
+    for (int i = 0; i < 8; i++) {
+        snprintf(r->text[i], sizeof r->text[i], "%d", nums[i]);
+        r->vars[n++] = (render_var){names[i], r->text[i]};
+    }
+    const int act = (int)e->act >= 0 && (int)e->act <= 3 ? (int)e->act : 0;
+    r->vars[n++] = (render_var){"MMA_TYPE", s->dtype == STOF_BF16 ? "bf16" : "f16"};
+    r->vars[n++] = (render_var){"BIAS", e->bias ? "1" : "0"};
+    r->vars[n++] = (render_var){"ACT", acts[act]};
+    r->vars[n++] = (render_var){"RESIDUAL", e->residual ? "1" : "0"};
+    r->vars[n++] = (render_var){"LN", e->ln ? "1" : "0"};
+    r->vars[n++] = (render_var){"LN_SUM", e->ln && e->ln_sum ? "1" : "0"};
+    r->req = (jit_request){"gemm", "gemm.cu", "stof_gemm", r->vars, n};
+}
+
+stof_status gemm_prepare(stof_ctx *ctx, const gemm_config *c, const gemm_shape *s,
+                         const gemm_epilogue *e, char *key)
+{
+    if (!ctx)
+        return STOF_ERR_INVALID_ARG;
+    if (!c)
+        return CTX_FAIL(ctx, STOF_ERR_INVALID_ARG, "gemm: argument 'config' is NULL");
+    TRY(gemm_check(ctx, s, e, c));
+    gemm_request r;
+    gemm_make_request(c, s, e, &r);
+    return jit_prepare(ctx, &r.req, key, NULL);
+}
+
+stof_status gemm_load(stof_ctx *ctx, const gemm_config *c, const gemm_shape *s,
+                      const gemm_epilogue *e, CUfunction *fn, char *key)
+{
+    if (!ctx)
+        return STOF_ERR_INVALID_ARG;
+    if (!c || !fn)
+        return CTX_FAIL(ctx, STOF_ERR_INVALID_ARG, "gemm: argument '%s' is NULL", c ? "fn" : "config");
+    TRY(gemm_check(ctx, s, e, c));
+    TRY(ctx_need_device(ctx));
+    const int smem = gemm_smem_bytes(c, s, e);
+    if (smem > ctx->dev.smem_optin)
+        return CTX_FAIL(ctx, STOF_ERR_UNSUPPORTED,
+                        "gemm: config needs %d bytes of shared memory, the device allows %d", smem,
+                        ctx->dev.smem_optin);
+    gemm_request r;
+    gemm_make_request(c, s, e, &r);
+    CUfunction f;
+    TRY(jit_get(ctx, &r.req, &f, NULL, key));
+    /* Set even below the 48 KiB default: gemm_launch, which is not told the
+     * epilogue, reads the size back from the function. */
+    TRY(jit_push(ctx));
+    stof_status st = CU(ctx, FuncSetAttribute(f, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, smem));
+    jit_pop(ctx);
+    TRY(st);
+    *fn = f;
+    return STOF_OK;
+}
+
+static stof_status check_ptr(stof_ctx *ctx, const void *p, const char *name, int needed)
+{
+    if (!p && needed)
+        return CTX_FAIL(ctx, STOF_ERR_INVALID_ARG, "gemm: argument '%s' is NULL", name);
+    if ((uintptr_t)p % 16)
+        return CTX_FAIL(ctx, STOF_ERR_INVALID_ARG, "gemm: argument '%s' (%p) is not 16-byte aligned",
+                        name, p);
+    return STOF_OK;
+}
+
+stof_status gemm_launch(stof_ctx *ctx, CUfunction fn, const gemm_config *c, const gemm_shape *s,
+                        const gemm_args *a, CUstream stream)
+{
+    if (!ctx)
+        return STOF_ERR_INVALID_ARG;
+    if (!fn || !c || !a)
+        return CTX_FAIL(ctx, STOF_ERR_INVALID_ARG, "gemm: argument '%s' is NULL",
+                        !fn ? "fn" : !c ? "config" : "args");
+    /* The function was built for some epilogue; only the layout matters here. */
+    const gemm_epilogue none = {0};
+    TRY(gemm_check(ctx, s, &none, c));
+    TRY(check_ptr(ctx, a->x, "x", 1));
+    TRY(check_ptr(ctx, a->w, "w", 1));
+    TRY(check_ptr(ctx, a->out, "out", 1));
+    TRY(check_ptr(ctx, a->bias, "bias", 0));
+    TRY(check_ptr(ctx, a->residual, "residual", 0));
+    TRY(check_ptr(ctx, a->gamma, "gamma", 0));
+    TRY(check_ptr(ctx, a->beta, "beta", 0));
+    TRY(check_ptr(ctx, a->sum_out, "sum_out", 0));
+    TRY(ctx_need_device(ctx));
+
+    const void *x = a->x, *w = a->w, *bias = a->bias, *res = a->residual, *gamma = a->gamma,
+               *beta = a->beta;
+    void *out = a->out, *sum_out = a->sum_out;
+    int m = s->m;
+    float eps = a->eps > 0.f ? a->eps : 1e-5f;
+    void *args[] = {&x, &w, &bias, &res, &gamma, &beta, &out, &sum_out, &m, &eps};
+    TRY(jit_push(ctx));
+    int smem = 0;
+    stof_status st = CU(ctx, FuncGetAttribute(&smem, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, fn));
+    if (st == STOF_OK)
+        st = CU(ctx, LaunchKernel(fn, (unsigned)((s->n + c->bn - 1) / c->bn),
+                                  (unsigned)((s->m + c->bm - 1) / c->bm), 1,
+                                  (unsigned)gemm_threads(c), 1, 1, (unsigned)smem, stream, args,
+                                  NULL));
+    jit_pop(ctx);
+    return st;
+}
