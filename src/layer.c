@@ -1132,7 +1132,7 @@ stof_status stof_layer_run(stof_layer_plan *p, const void *x, void *out, const i
                                  (CUdeviceptr)workspace);
         if (st == STOF_ERR_CUDA) {
             /* A layer that cannot be captured still runs, launch by launch. */
-            snprintf(p->graph_note, sizeof p->graph_note, "%s", ctx->err);
+            snprintf(p->graph_note, sizeof p->graph_note, "%.280s", ctx->err);
             p->rec.graph = 0;
             ctx->err[0] = 0;
             return forward(p, &p->w, (CUdeviceptr)x, (CUdeviceptr)out, seq_lens,
