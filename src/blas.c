@@ -85,7 +85,7 @@ static const struct { int lt; const char *name; size_t off; } SYMS[] = {
 static void open_libs(stof_ctx *ctx, struct blas_state *b)
 {
     if (!ctx->dev.ok) {
-        snprintf(b->why, sizeof b->why, "no GPU: %s", ctx->dev.why);
+        snprintf(b->why, sizeof b->why, "no GPU: %.480s", ctx->dev.why);
         return;
     }
     b->lib = dlopen(CUBLAS_SONAME, RTLD_NOW | RTLD_LOCAL);
@@ -106,7 +106,7 @@ static void open_libs(stof_ctx *ctx, struct blas_state *b)
     }
     /* The handles bind to the current context: the device's primary one. */
     if (jit_push(ctx) != STOF_OK) {
-        snprintf(b->why, sizeof b->why, "cannot make the device current: %s", ctx->err);
+        snprintf(b->why, sizeof b->why, "cannot make the device current: %.460s", ctx->err);
         return;
     }
     cublasStatus_t r = b->api.Create(&b->h);

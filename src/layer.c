@@ -995,16 +995,13 @@ static stof_status check_weights(stof_ctx *ctx, const stof_layer_weights *w)
     return STOF_OK;
 }
 
-stof_status stof_layer_plan_create(stof_ctx *ctx, const stof_layer_desc *desc,
-                                   const stof_mask *mask, const stof_layer_weights *w,
-                                   stof_layer_plan **plan)
+/* A plan; w NULL: one that only fills the cache and never runs. */
+static stof_status plan_make(stof_ctx *ctx, const stof_layer_desc *desc, const stof_mask *mask,
+                             const stof_layer_weights *w, stof_layer_plan **plan)
 {
-    if (!ctx)
-        return STOF_ERR_INVALID_ARG;
-    CTX_ARG(ctx, plan, "plan");
-    *plan = NULL;
     TRY(check_desc(ctx, desc, mask));
-    TRY(check_weights(ctx, w));
+    if (w)
+        TRY(check_weights(ctx, w));
     TRY(ctx_need_device(ctx));
     const double t0 = now_s();
     stof_layer_plan *p = calloc(1, sizeof *p);
@@ -1012,7 +1009,8 @@ stof_status stof_layer_plan_create(stof_ctx *ctx, const stof_layer_desc *desc,
         return CTX_FAIL(ctx, STOF_ERR_NO_MEMORY, "out of memory");
     p->ctx = ctx;
     p->d = *desc;
-    p->w = *w;
+    if (w)
+        p->w = *w;
     layer_groups(desc, p->g);
     stof_mha_desc md_ = mha_desc_of(desc);
     stof_status st = stof_mha_plan_create(ctx, &md_, mask, &p->mha);
@@ -1100,6 +1098,28 @@ stof_status stof_layer_plan_create(stof_ctx *ctx, const stof_layer_desc *desc,
     return STOF_OK;
 }
 
+stof_status stof_layer_plan_create(stof_ctx *ctx, const stof_layer_desc *desc,
+                                   const stof_mask *mask, const stof_layer_weights *w,
+                                   stof_layer_plan **plan)
+{
+    if (!ctx)
+        return STOF_ERR_INVALID_ARG;
+    CTX_ARG(ctx, plan, "plan");
+    *plan = NULL;
+    CTX_ARG(ctx, w, "weights");
+    return plan_make(ctx, desc, mask, w, plan);
+}
+
+stof_status stof_layer_tune(stof_ctx *ctx, const stof_layer_desc *desc, const stof_mask *mask)
+{
+    if (!ctx)
+        return STOF_ERR_INVALID_ARG;
+    stof_layer_plan *p = NULL;
+    stof_status st = plan_make(ctx, desc, mask, NULL, &p);
+    stof_layer_plan_free(p);
+    return st;
+}
+
 stof_status stof_layer_workspace_size(const stof_layer_plan *p, size_t *bytes)
 {
     if (!p || !bytes)
@@ -1115,6 +1135,8 @@ stof_status stof_layer_run(stof_layer_plan *p, const void *x, void *out, const i
     if (!p)
         return STOF_ERR_INVALID_ARG;
     stof_ctx *ctx = p->ctx;
+    if (!p->w.qkv_w)
+        return CTX_FAIL(ctx, STOF_ERR_INVALID_ARG, "this plan was made without weights");
     CTX_ARG(ctx, x, "x");
     CTX_ARG(ctx, out, "out");
     CTX_ARG(ctx, workspace, "workspace");

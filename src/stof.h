@@ -327,6 +327,11 @@ stof_status stof_layer_run(stof_layer_plan *plan, const void *x, void *out,
 stof_status stof_layer_plan_describe(const stof_layer_plan *plan, char *buf, size_t n);
 void stof_layer_plan_free(stof_layer_plan *plan);
 
+/* Plans the layer as stof_layer_plan_create would, without weights, so
+ * that its record (and its attention's) lands in the cache: what a warm-up
+ * tool needs. The search runs on scratch buffers of its own. */
+stof_status stof_layer_tune(stof_ctx *ctx, const stof_layer_desc *desc, const stof_mask *mask);
+
 /* Compiles, with no GPU, the generated kernels this layer's schemes use
  * (with default parameters) and its attention's, for the context's arch. */
 stof_status stof_layer_prepare(stof_ctx *ctx, const stof_layer_desc *desc,

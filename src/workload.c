@@ -2,6 +2,7 @@
 
 #include <errno.h>
 #include <stdarg.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -760,4 +761,20 @@ void workload_ln_desc(const workload_case *c, stof_ln_desc *d)
     d->rows = c->rows;
     d->hidden = c->hidden;
     d->dtype = c->dtype;
+}
+
+void workload_layer_desc(const workload_case *c, stof_tune tune, stof_layer_desc *d)
+{
+    memset(d, 0, sizeof *d);
+    d->batch = c->batch;
+    d->seq = c->seq_q;
+    d->hidden = c->hidden;
+    d->heads = c->heads;
+    d->ffn_hidden = (int)lround(c->ffn * c->hidden);
+    d->activation = !strcmp(c->activation, "relu")        ? STOF_ACT_RELU
+                    : !strcmp(c->activation, "gelu_tanh") ? STOF_ACT_GELU_TANH
+                                                          : STOF_ACT_GELU;
+    d->norm = !strcmp(c->norm, "pre_ln") ? STOF_PRE_LN : STOF_POST_LN;
+    d->dtype = c->dtype;
+    d->tune = tune;
 }

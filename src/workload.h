@@ -65,5 +65,6 @@ stof_status workload_check(stof_ctx *ctx, const workload *w, char *err, size_t e
  * rows = batch * seq by hidden. */
 void workload_mha_desc(const workload_case *c, stof_tune tune, stof_mha_desc *d);
 void workload_ln_desc(const workload_case *c, stof_ln_desc *d);
+void workload_layer_desc(const workload_case *c, stof_tune tune, stof_layer_desc *d);
 
 #endif

@@ -407,13 +407,27 @@ static stof_status run_mha(stof_ctx *ctx, const workload_case *c, stof_tune tune
     return st;
 }
 
-/* A layer case warms, for now, the LayerNorm kernels of that layer; a
- * layer plan (stof_layer_plan_create) will take over when it exists. */
+static stof_status run_layer(stof_ctx *ctx, const workload_case *c, stof_tune tune,
+                             int compile_only)
+{
+    stof_mask *m = NULL;
+    stof_status st = stof_mask_parse(ctx, c->mask, c->seq_q, c->seq_k, &m);
+    if (st != STOF_OK)
+        return st;
+    stof_layer_desc d;
+    workload_layer_desc(c, tune, &d);
+    st = compile_only ? stof_layer_prepare(ctx, &d, m) : stof_layer_tune(ctx, &d, m);
+    stof_mask_free(m);
+    return st;
+}
+
 static stof_status run_case(stof_ctx *ctx, const workload_case *c, stof_tune tune,
                             int compile_only)
 {
     if (c->op == WORKLOAD_MHA)
         return run_mha(ctx, c, tune, compile_only);
+    if (c->op == WORKLOAD_LAYER)
+        return run_layer(ctx, c, tune, compile_only);
     stof_ln_desc d;
     workload_ln_desc(c, &d);
     return stof_bias_residual_layernorm_prepare(ctx, &d);
@@ -741,10 +755,8 @@ static void print_failures(const run_state *r)
 
 static int summary(const run_state *r, const preflight *p)
 {
-    int n[7], layers = 0;
+    int n[7];
     count(r, n);
-    for (int i = 0; i < r->total; i++)
-        layers += r->o->w.cases[i].op == WORKLOAD_LAYER;
     char t[32];
     if (r->tty && !r->o->quiet)
         fprintf(stderr, "\r\033[K");
@@ -758,9 +770,6 @@ static int summary(const run_state *r, const preflight *p)
            p->compile_only ? "compiled only, for" : "planned on", p->compile_only ? p->arch : p->device,
            r->o->cache_path);
     print_failures(r);
-    if (layers)
-        printf("  note: the %d layer case%s warmed only their LayerNorm kernels: layer plans are "
-               "not yet available\n", layers, layers == 1 ? "" : "s");
     if (g_interrupts) {
         printf("  interrupted: %d case%s not run; run the same command again to resume "
                "(finished cases are cache hits)\n", n[OUT_NOT_RUN], n[OUT_NOT_RUN] == 1 ? "" : "s");
