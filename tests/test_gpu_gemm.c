@@ -1,6 +1,8 @@
 /*
- * test_gpu_gemm — GPU suite: every GEMM candidate of a few encoder shapes,
- * with every epilogue of the encoder layer, in fp16 and bf16, against a
+ * test_gpu_gemm — GPU suite: the default GEMM config of a few encoder shapes
+ * with every epilogue of the encoder layer, and every config of the first
+ * shape with the FFN's and the fused LayerNorm's, in fp16 and bf16 (the
+ * layer suite runs every config on its groups), against a
  * double-precision CPU reference computed from the very values stored on
  * the device. Outputs start poisoned (0xFF, a NaN in both dtypes) and are
  * followed by a poisoned row, so an element left unwritten or written past
@@ -208,6 +210,11 @@ START_TEST(every_config_and_epilogue)
             int n = gemm_candidates(&s, &EPILOGUES[ei], ctx->dev.smem_optin, c, GEMM_MAX_CANDIDATES);
             ck_assert_msg(n >= 1, "no candidate for m%d n%d k%d epilogue %d", s.m, s.n, s.k, ei);
             for (int k = 0; k < n; k++) {
+                /* Every config on the first shape with the FFN's and the fused
+                 * LayerNorm's epilogues; elsewhere the default (the compile
+                 * time of all of them overruns the suite's budget). */
+                if (k > 0 && !(si == 0 && (ei == 2 || ei == 7)))
+                    continue;
                 ck_assert_int_lt(j.n, MAX_JOBS);
                 j.c[j.n] = c[k];
                 j.s[j.n] = s;
