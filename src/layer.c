@@ -794,21 +794,31 @@ static void drop_graph(stof_layer_plan *p)
 }
 
 /* Captures the layer on these buffers into p->graph. A new capture stream
- * runs the layer once first, uncaptured: libraries set themselves up per
- * stream on first use, which a capture does not allow. */
+ * runs the layer once first, uncaptured, after the work already queued on
+ * `after` (the caller's stream): libraries set themselves up per stream on
+ * first use, which a capture does not allow. */
 static stof_status capture(stof_layer_plan *p, const stof_layer_weights *w, CUdeviceptr x,
-                           CUdeviceptr out, const int *lens, CUdeviceptr ws)
+                           CUdeviceptr out, const int *lens, CUdeviceptr ws, CUstream after)
 {
     stof_ctx *ctx = p->ctx;
     drop_graph(p);
     TRY(jit_push(ctx));
     stof_status st = STOF_OK;
     if (!p->cap_stream) {
+        CUevent ev = NULL;
         st = CU(ctx, StreamCreate(&p->cap_stream, CU_STREAM_NON_BLOCKING));
+        if (st == STOF_OK)
+            st = CU(ctx, EventCreate(&ev, CU_EVENT_DISABLE_TIMING));
+        if (st == STOF_OK)
+            st = CU(ctx, EventRecord(ev, after));
+        if (st == STOF_OK)
+            st = CU(ctx, StreamWaitEvent(p->cap_stream, ev, 0));
         if (st == STOF_OK)
             st = forward(p, w, x, out, lens, ws, p->cap_stream);
         if (st == STOF_OK)
             st = CU(ctx, StreamSynchronize(p->cap_stream));
+        if (ev)
+            ctx->dev.api.EventDestroy(ev);
     }
     if (st == STOF_OK)
         st = CU(ctx, StreamBeginCapture(p->cap_stream, CU_STREAM_CAPTURE_MODE_THREAD_LOCAL));
@@ -908,7 +918,7 @@ static stof_status choose_graph(stof_layer_plan *p)
     timed_layer t = {p, &s};
     stof_status st = timing_median(p->ctx, run_plain, &t, &p->rec.plain_ms);
     if (st == STOF_OK) {
-        st = capture(p, &s.w, s.x[0], s.out, NULL, s.ws);
+        st = capture(p, &s.w, s.x[0], s.out, NULL, s.ws, NULL);
         if (st == STOF_OK)
             st = timing_median(p->ctx, run_graph, &t, &p->rec.graph_ms);
         drop_graph(p);
@@ -1151,7 +1161,7 @@ stof_status stof_layer_run(stof_layer_plan *p, const void *x, void *out, const i
     if (!p->graph || p->g_x != x || p->g_out != out || p->g_lens != seq_lens ||
         p->g_ws != workspace) {
         stof_status st = capture(p, &p->w, (CUdeviceptr)x, (CUdeviceptr)out, seq_lens,
-                                 (CUdeviceptr)workspace);
+                                 (CUdeviceptr)workspace, (CUstream)stream);
         if (st == STOF_ERR_CUDA) {
             /* A layer that cannot be captured still runs, launch by launch. */
             snprintf(p->graph_note, sizeof p->graph_note, "%.280s", ctx->err);
