@@ -181,7 +181,7 @@ void gemm_make_request(const gemm_config *c, const gemm_shape *s, const gemm_epi
     r->vars[n++] = (render_var){"RESIDUAL", e->residual ? "1" : "0"};
     r->vars[n++] = (render_var){"LN", e->ln ? "1" : "0"};
     r->vars[n++] = (render_var){"LN_SUM", e->ln && e->ln_sum ? "1" : "0"};
-    r->req = (jit_request){"gemm", "gemm.cu", "stof_gemm", r->vars, n};
+    r->req = (jit_request){"gemm", "gemm.cu", "stof_gemm", r->vars, n, NULL};
 }
 
 stof_status gemm_prepare(stof_ctx *ctx, const gemm_config *c, const gemm_shape *s,
