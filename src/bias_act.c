@@ -27,7 +27,7 @@ static void make_request(int cols, stof_dtype t, gemm_act act, int has_bias, int
     r->vars[5] = (render_var){"ACT", acts[act]};
     r->vars[6] = (render_var){"HAS_BIAS", has_bias ? "1" : "0"};
     r->vars[7] = (render_var){"HAS_RESIDUAL", has_res ? "1" : "0"};
-    r->req = (jit_request){"bias_act", "bias_act.cu", "stof_bias_act", r->vars, 8};
+    r->req = (jit_request){"bias_act", "bias_act.cu", "stof_bias_act", r->vars, 8, NULL};
 }
 
 stof_status ba_load(stof_ctx *ctx, int cols, stof_dtype t, gemm_act act, int has_bias,

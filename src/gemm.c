@@ -3,6 +3,7 @@
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 /* ---- candidates --------------------------------------------------------- */
 
@@ -18,10 +19,20 @@
  * 4-warp tiles for products too small to fill the GPU, and a 2-stage
  * 128x128 that fits 48 KiB. */
 static const gemm_config TILES[] = {
-    {128, 128, 32, 2, 4, 4}, {128, 256, 32, 2, 4, 3}, {256, 128, 32, 4, 2, 3},
-    {128, 128, 64, 2, 4, 3}, {128, 128, 32, 2, 4, 3}, {128, 128, 32, 2, 4, 2},
-    {64, 128, 32, 2, 2, 4},  {128, 64, 32, 2, 2, 4},  {64, 64, 32, 2, 2, 4},
-    {64, 64, 64, 2, 2, 3},
+    {128, 128, 32, 2, 4, 4, 0}, {128, 256, 32, 2, 4, 3, 0}, {256, 128, 32, 4, 2, 3, 0},
+    {128, 128, 64, 2, 4, 3, 0}, {128, 128, 32, 2, 4, 3, 0}, {128, 128, 32, 2, 4, 2, 0},
+    {64, 128, 32, 2, 2, 4, 0},  {128, 64, 32, 2, 2, 4, 0},  {64, 64, 32, 2, 2, 4, 0},
+    {64, 64, 64, 2, 2, 3, 0},
+};
+
+/* Warpgroup-MMA tiles (sm_90a), 64 rows per warpgroup. Large tiles first:
+ * cp.async reads every operand from L2, and at 500 TFLOP/s a 128 x 128
+ * tile needs about 7.8 TB/s of it, 128 x 256 or 256 x 128 about 5.9. Then
+ * 128 x 128 at four stages and at three (two CTAs per SM), and one
+ * warpgroup for products too small to fill the GPU. */
+static const gemm_config WG_TILES[] = {
+    {128, 256, 64, 2, 1, 4, 1}, {256, 128, 64, 4, 1, 4, 1}, {128, 256, 64, 2, 1, 3, 1},
+    {128, 128, 64, 2, 1, 4, 1}, {128, 128, 64, 2, 1, 3, 1}, {64, 128, 64, 1, 1, 4, 1},
 };
 
 /* LayerNorm tiles own whole rows: bm rows, warps splitting the columns. */
@@ -29,30 +40,42 @@ static const int LN_TILES[][3] = {{16, 1, 8}, {32, 2, 4}, {32, 1, 8}, {32, 2, 8}
 
 static int round_up(int v, int to) { return (v + to - 1) / to * to; }
 
-int gemm_threads(const gemm_config *c) { return c->wm * c->wn * 32; }
+int gemm_threads(const gemm_config *c) { return c->wg ? c->wm * 128 : c->wm * c->wn * 32; }
 
 int gemm_smem_bytes(const gemm_config *c, const gemm_shape *s, const gemm_epilogue *e)
 {
     (void)s;
+    if (c->wg) {
+        /* Swizzled 128-byte rows of X and W per stage, a full and an empty
+         * barrier per stage, 1 KiB of alignment slack; the staged output
+         * tile reuses the stages. */
+        const int pipe = c->stages * (c->bm + c->bn) * 128 + 16 * c->stages;
+        const int staged = c->bm * (c->bn + 8) * 2;
+        return (pipe > staged ? pipe : staged) + 1024;
+    }
     const int pipe = c->stages * (c->bm + c->bn) * (c->bk + 8) * 2;
     const int staged = e && e->ln ? c->bm * (c->bn + 8) * 4 : c->bm * (c->bn + 8) * 2;
     return pipe > staged ? pipe : staged;
 }
 
-static int acc_per_thread(const gemm_config *c) { return c->bm / c->wm * (c->bn / c->wn) / 32; }
+static int acc_per_thread(const gemm_config *c)
+{
+    return c->wg ? c->bn / 2 : c->bm / c->wm * (c->bn / c->wn) / 32;
+}
 
 /* Estimated time in arbitrary units: the busiest SM's tiles (one wave is
  * GEMM_SMS tiles) times a tile's cost, which grows as the tile reuses its
  * operands less than a 128 x 128 tile with 64 x 32 warp tiles does: loaded
  * elements per product from L2 (bm * bn / (bm + bn)) and ldmatrix per
- * mma.sync within a warp. Occupancy is left to the search's timings. */
+ * mma.sync within a warp (wgmma reads shared memory itself: no such cost).
+ * Occupancy is left to the search's timings. */
 static double estimate(const gemm_config *c, const gemm_shape *s)
 {
     const long long tiles = (long long)((s->m + c->bm - 1) / c->bm) * ((s->n + c->bn - 1) / c->bn);
     const double waves = (double)((tiles + GEMM_SMS - 1) / GEMM_SMS);
     const int mi = c->bm / c->wm / 16, ni = c->bn / c->wn / 8;
     double l2 = (double)c->bm * c->bn / (c->bm + c->bn) / 64.0;
-    double smem = (double)(mi * ni) / (mi + ni / 2) / (16.0 / 6.0);
+    double smem = c->wg ? 1 : (double)(mi * ni) / (mi + ni / 2) / (16.0 / 6.0);
     if (l2 > 1)
         l2 = 1;
     if (smem > 1)
@@ -65,33 +88,10 @@ static int fits(const gemm_config *c, const gemm_shape *s, const gemm_epilogue *
     return gemm_smem_bytes(c, s, e) <= smem_max && acc_per_thread(c) <= GEMM_MAX_ACC;
 }
 
-int gemm_candidates(const gemm_shape *s, const gemm_epilogue *e, int smem_max, gemm_config *out,
-                    int cap)
+/* Sorts c[0..n) by the estimate, stably (ties keep the tables' order);
+ * among non-LN tiles, those whose bn divides N come first. */
+static void sort_by_estimate(gemm_config *c, int n, const gemm_shape *s, const gemm_epilogue *e)
 {
-    gemm_config c[GEMM_MAX_CANDIDATES];
-    int n = 0;
-    if (e->ln) {
-        for (size_t i = 0; i < sizeof LN_TILES / sizeof LN_TILES[0]; i++) {
-            gemm_config t = {LN_TILES[i][0], round_up(s->n, 16 * LN_TILES[i][2]), 32,
-                             LN_TILES[i][1], LN_TILES[i][2], 4};
-            /* The deepest pipeline that fits. */
-            while (t.stages > 2 && !fits(&t, s, e, smem_max))
-                t.stages--;
-            if (fits(&t, s, e, smem_max))
-                c[n++] = t;
-        }
-    } else {
-        for (size_t i = 0; i < sizeof TILES / sizeof TILES[0]; i++) {
-            const gemm_config *t = &TILES[i];
-            /* Tiles wider than the whole output only add masked work; columns
-             * that do not divide N are allowed only if nothing else fits. */
-            if (t->bn > round_up(s->n, 64) || !fits(t, s, e, smem_max))
-                continue;
-            c[n++] = *t;
-        }
-    }
-    /* Stable insertion sort by the estimate; ties keep the tables' order.
-     * Among non-LN tiles, those whose bn divides N come first. */
     double key[GEMM_MAX_CANDIDATES];
     for (int i = 0; i < n; i++)
         key[i] = estimate(&c[i], s) * (!e->ln && s->n % c[i].bn ? 4.0 : 1.0);
@@ -104,6 +104,45 @@ int gemm_candidates(const gemm_shape *s, const gemm_epilogue *e, int smem_max, g
             key[j] = key[j - 1];
             key[j - 1] = tk;
         }
+}
+
+int gemm_candidates(const gemm_shape *s, const gemm_epilogue *e, int smem_max, int wgmma,
+                    gemm_config *out, int cap)
+{
+    gemm_config c[GEMM_MAX_CANDIDATES];
+    int n = 0, nwg = 0;
+    if (e->ln) {
+        for (size_t i = 0; i < sizeof LN_TILES / sizeof LN_TILES[0]; i++) {
+            gemm_config t = {LN_TILES[i][0], round_up(s->n, 16 * LN_TILES[i][2]), 32,
+                             LN_TILES[i][1], LN_TILES[i][2], 4, 0};
+            /* The deepest pipeline that fits. */
+            while (t.stages > 2 && !fits(&t, s, e, smem_max))
+                t.stages--;
+            if (fits(&t, s, e, smem_max))
+                c[n++] = t;
+        }
+    } else {
+        /* Warpgroup MMA first where it applies: mma.sync reaches about 265
+         * TFLOP/s on BERT-base's FFN1 on an H100, about 40% of cuBLASLt.
+         * The search times both engines. */
+        for (size_t i = 0; wgmma && s->k % 64 == 0 && i < sizeof WG_TILES / sizeof WG_TILES[0]; i++) {
+            const gemm_config *t = &WG_TILES[i];
+            if (t->bn > round_up(s->n, 64) || !fits(t, s, e, smem_max) || n == GEMM_MAX_CANDIDATES)
+                continue;
+            c[n++] = *t;
+        }
+        nwg = n;
+        for (size_t i = 0; i < sizeof TILES / sizeof TILES[0]; i++) {
+            const gemm_config *t = &TILES[i];
+            /* Tiles wider than the whole output only add masked work; columns
+             * that do not divide N are allowed only if nothing else fits. */
+            if (t->bn > round_up(s->n, 64) || !fits(t, s, e, smem_max) || n == GEMM_MAX_CANDIDATES)
+                continue;
+            c[n++] = *t;
+        }
+    }
+    sort_by_estimate(c, nwg, s, e);
+    sort_by_estimate(c + nwg, n - nwg, s, e);
     if (n > cap)
         n = cap;
     for (int i = 0; i < n; i++)
@@ -113,10 +152,42 @@ int gemm_candidates(const gemm_shape *s, const gemm_epilogue *e, int smem_max, g
 
 void gemm_config_str(const gemm_config *c, char *buf, size_t n)
 {
-    snprintf(buf, n, "%dx%dx%d w%dx%d s%d", c->bm, c->bn, c->bk, c->wm, c->wn, c->stages);
+    if (c->wg)
+        snprintf(buf, n, "wg %dx%dx%d s%d", c->bm, c->bn, c->bk, c->stages);
+    else
+        snprintf(buf, n, "%dx%dx%d w%dx%d s%d", c->bm, c->bn, c->bk, c->wm, c->wn, c->stages);
 }
 
 /* ---- checks ------------------------------------------------------------- */
+
+static stof_status check_wg(stof_ctx *ctx, const gemm_shape *s, const gemm_epilogue *e,
+                            const gemm_config *c, const char *name)
+{
+    if (strcmp(ctx->arch, "sm_90a") != 0)
+        return CTX_FAIL(ctx, STOF_ERR_UNSUPPORTED,
+                        "gemm: config %s needs warpgroup MMA (sm_90a), the context compiles for %s",
+                        name, ctx->arch[0] ? ctx->arch : "no architecture");
+    if (e->ln)
+        return CTX_FAIL(ctx, STOF_ERR_INVALID_ARG,
+                        "gemm: config %s has no LayerNorm epilogue (a wg config with ln)", name);
+    if (s->k % 64)
+        return CTX_FAIL(ctx, STOF_ERR_UNSUPPORTED,
+                        "gemm: config %s needs k (%d) to be a multiple of 64", name, s->k);
+    if (c->wm < 1 || c->wm > 4 || c->wn != 1 || c->bm != 64 * c->wm)
+        return CTX_FAIL(ctx, STOF_ERR_INVALID_ARG,
+                        "gemm: config %s: 1 to 4 warpgroups along rows (wm), bm = 64 * wm, wn = 1",
+                        name);
+    if (c->bn != 64 && c->bn != 128 && c->bn != 256)
+        return CTX_FAIL(ctx, STOF_ERR_INVALID_ARG, "gemm: config %s: bn must be 64, 128 or 256", name);
+    if (c->bk != 64)
+        return CTX_FAIL(ctx, STOF_ERR_INVALID_ARG, "gemm: config %s: bk must be 64", name);
+    if (c->stages < 2 || c->stages > 5)
+        return CTX_FAIL(ctx, STOF_ERR_INVALID_ARG, "gemm: config %s: stages must be 2 to 5", name);
+    if ((s->m + c->bm - 1) / c->bm > 65535)
+        return CTX_FAIL(ctx, STOF_ERR_UNSUPPORTED, "gemm: m %d needs more than 65535 row tiles of %d",
+                        s->m, c->bm);
+    return STOF_OK;
+}
 
 stof_status gemm_check(stof_ctx *ctx, const gemm_shape *s, const gemm_epilogue *e,
                        const gemm_config *c)
@@ -142,6 +213,8 @@ stof_status gemm_check(stof_ctx *ctx, const gemm_shape *s, const gemm_epilogue *
         return STOF_OK;
     char name[48];
     gemm_config_str(c, name, sizeof name);
+    if (c->wg)
+        return check_wg(ctx, s, e, c, name);
     if (c->wm <= 0 || c->wn <= 0 || c->wm * c->wn > 16)
         return CTX_FAIL(ctx, STOF_ERR_INVALID_ARG, "gemm: config %s: 1 to 16 warps", name);
     if (c->bm <= 0 || c->bn <= 0 || c->bm % (16 * c->wm) || c->bn % (16 * c->wn))
@@ -171,6 +244,9 @@ void gemm_make_request(const gemm_config *c, const gemm_shape *s, const gemm_epi
                                          "BLOCK_K", "WARPS_M", "WARPS_N", "STAGES"};
     int n = 0;
     for (int i = 0; i < 8; i++) {
+        /* gemm_wg.cu's tiling is bm, bn and stages: bk is 64, warps follow bm. */
+        if (c->wg && i >= 4 && i < 7)
+            continue;
         snprintf(r->text[i], sizeof r->text[i], "%d", nums[i]);
         r->vars[n++] = (render_var){names[i], r->text[i]};
     }
@@ -179,9 +255,13 @@ void gemm_make_request(const gemm_config *c, const gemm_shape *s, const gemm_epi
     r->vars[n++] = (render_var){"BIAS", e->bias ? "1" : "0"};
     r->vars[n++] = (render_var){"ACT", acts[act]};
     r->vars[n++] = (render_var){"RESIDUAL", e->residual ? "1" : "0"};
+    if (c->wg) {
+        r->req = (jit_request){"gemm", "gemm_wg.cu", "stof_gemm_wg", r->vars, n, "wgmma.cuh"};
+        return;
+    }
     r->vars[n++] = (render_var){"LN", e->ln ? "1" : "0"};
     r->vars[n++] = (render_var){"LN_SUM", e->ln && e->ln_sum ? "1" : "0"};
-    r->req = (jit_request){"gemm", "gemm.cu", "stof_gemm", r->vars, n};
+    r->req = (jit_request){"gemm", "gemm.cu", "stof_gemm", r->vars, n, NULL};
 }
 
 stof_status gemm_prepare(stof_ctx *ctx, const gemm_config *c, const gemm_shape *s,

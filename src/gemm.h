@@ -2,7 +2,9 @@
  * gemm — the generated tensor-core GEMM of the encoder layer's projections,
  * out = epilogue(X · Wᵀ) (nn.Linear, row-major) with bias, activation,
  * residual and LayerNorm fused: its tile candidates, argument checks, kernel
- * requests (templates/gemm.cu), loading and launch.
+ * requests, loading and launch. Two engines: mma.sync (templates/gemm.cu,
+ * any epilogue) and, on sm_90a, warpgroup MMA (templates/gemm_wg.cu, every
+ * epilogue but LayerNorm).
  */
 #ifndef STOF_GEMM_H
 #define STOF_GEMM_H
@@ -19,7 +21,9 @@ typedef struct gemm_epilogue {
     int ln_sum;          /* with ln: also store the pre-norm row to sum_out */
 } gemm_epilogue;
 
-typedef struct gemm_config { int bm, bn, bk, wm, wn, stages; } gemm_config;  /* wm x wn warps */
+/* mma.sync: wm x wn warps. wg (warpgroup MMA, sm_90a): wm warpgroups of 64
+ * rows (bm = 64 wm), wn = 1, bk = 64. */
+typedef struct gemm_config { int bm, bn, bk, wm, wn, stages, wg; } gemm_config;
 
 typedef struct gemm_shape { int m, n, k; stof_dtype dtype; } gemm_shape;
 
@@ -28,14 +32,17 @@ typedef struct gemm_shape { int m, n, k; stof_dtype dtype; } gemm_shape;
 
 /* Every config that fits (shared memory smem_max bytes per block, the
  * epilogue's needs: ln needs bn >= n, registers) best first by a simple
- * heuristic; returns how many written (<= cap). The first is the default. */
-int gemm_candidates(const gemm_shape *s, const gemm_epilogue *e, int smem_max, gemm_config *out,
-                    int cap);
+ * heuristic; returns how many written (<= cap). The first is the default.
+ * wgmma nonzero (the arch is sm_90a): warpgroup-MMA configs first, where
+ * the epilogue has no ln and K is a multiple of 64. */
+int gemm_candidates(const gemm_shape *s, const gemm_epilogue *e, int smem_max, int wgmma,
+                    gemm_config *out, int cap);
 int gemm_smem_bytes(const gemm_config *c, const gemm_shape *s, const gemm_epilogue *e);
 int gemm_threads(const gemm_config *c);
 
-/* Checks the shape and epilogue (K % 8, N % 8, ln only with bn >= n ...); a
- * clear CTX_FAIL message on failure. c may be NULL: the shape and epilogue only. */
+/* Checks the shape and epilogue (K % 8, N % 8, ln only with bn >= n; wg
+ * configs only for sm_90a, without ln, with K % 64 ...); a clear CTX_FAIL
+ * message on failure. c may be NULL: the shape and epilogue only. */
 stof_status gemm_check(stof_ctx *ctx, const gemm_shape *s, const gemm_epilogue *e,
                        const gemm_config *c);
 
@@ -71,7 +78,7 @@ stof_status gemm_launch(stof_ctx *ctx, CUfunction fn, const gemm_config *c, cons
 stof_status gemm_prepare(stof_ctx *ctx, const gemm_config *c, const gemm_shape *s,
                          const gemm_epilogue *e, char *key);
 
-/* "128x128x32 w2x4 s3" */
+/* "128x128x32 w2x4 s3", "wg 128x128x64 s4" */
 void gemm_config_str(const gemm_config *c, char *buf, size_t n);
 
 #endif

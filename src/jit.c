@@ -42,7 +42,7 @@ void jit_pop(stof_ctx *ctx)
 static char *signature(const jit_request *req)
 {
     strbuf b = {0};
-    strbuf_printf(&b, "%s|%s|%s", req->op, req->tmpl, req->entry);
+    strbuf_printf(&b, "%s|%s|%s|%s", req->op, req->part ? req->part : "", req->tmpl, req->entry);
     for (int i = 0; i < req->nvars; i++)
         strbuf_printf(&b, "|%s=%s", req->vars[i].name, req->vars[i].value);
     return strbuf_take(&b);
@@ -56,22 +56,38 @@ static char *params_string(const jit_request *req)
     return strbuf_take(&b);
 }
 
-/* The full source: the common prelude, then the rendered template. */
+/* The full source: the common prelude, then the part and the template,
+ * rendered as one text so that a value either uses counts as used. */
 static stof_status full_source(stof_ctx *ctx, const jit_request *req, char **out)
 {
-    char *prelude = NULL, *body = NULL;
+    char *prelude = NULL, *part = NULL, *tmpl = NULL, *body = NULL;
     *out = NULL;
     TRY(render_template(ctx, "common.cuh", NULL, 0, &prelude));
-    stof_status st = render_template(ctx, req->tmpl, req->vars, req->nvars, &body);
+    stof_status st = req->part ? render_load(ctx, req->part, &part) : STOF_OK;
+    if (st == STOF_OK)
+        st = render_load(ctx, req->tmpl, &tmpl);
+    if (st == STOF_OK) {
+        strbuf t = {0}, name = {0};
+        strbuf_printf(&t, "%s%s", part ? part : "", tmpl);
+        strbuf_printf(&name, "%s%s%s", part ? req->part : "", part ? " + " : "", req->tmpl);
+        char *text = strbuf_take(&t), *nm = strbuf_take(&name);
+        st = text && nm ? render_text(ctx, nm, text, req->vars, req->nvars, &body)
+                        : CTX_FAIL(ctx, STOF_ERR_NO_MEMORY, "out of memory rendering %s", req->tmpl);
+        free(text);
+        free(nm);
+    }
     if (st == STOF_OK) {
         strbuf b = {0};
-        strbuf_printf(&b, "// stof %s: %s, entry %s\n", stof_version(), req->tmpl, req->entry);
+        strbuf_printf(&b, "// stof %s: %s%s%s, entry %s\n", stof_version(), part ? req->part : "",
+                      part ? " + " : "", req->tmpl, req->entry);
         strbuf_puts(&b, prelude);
         strbuf_puts(&b, body);
         if (!(*out = strbuf_take(&b)))
             st = CTX_FAIL(ctx, STOF_ERR_NO_MEMORY, "out of memory rendering %s", req->tmpl);
     }
     free(prelude);
+    free(part);
+    free(tmpl);
     free(body);
     return st;
 }

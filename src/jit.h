@@ -16,6 +16,9 @@ typedef struct jit_request {
     const char *entry;       /* __global__ function name */
     const render_var *vars;
     int nvars;
+    const char *part;        /* NULL, or a template ("wgmma.cuh") placed between the
+                                prelude and tmpl and rendered with tmpl: every value
+                                must be used by one of the two */
 } jit_request;
 
 /* Where a kernel came from, for counters and describe(). */

@@ -165,7 +165,8 @@ int layer_rank_schemes(const layer_group *g, int blas, int smem_max, const model
             gemm_shape sh = shape_of(g);
             gemm_epilogue e = gen_epilogue(g, s);
             gemm_config c;
-            if (gemm_candidates(&sh, &e, smem_max, &c, 1) < 1)
+            /* Whether any config fits: mma.sync ones do wherever wg ones do. */
+            if (gemm_candidates(&sh, &e, smem_max, 0, &c, 1) < 1)
                 continue;
         }
         out[n] = s;
@@ -560,7 +561,7 @@ static int scheme_params(stof_ctx *ctx, const layer_group *g, layer_scheme s, in
     gemm_shape sh = shape_of(g);
     gemm_epilogue e = gen_epilogue(g, s);
     gemm_config cfg[16];
-    int n = gemm_candidates(&sh, &e, smem_max, cfg, cap < 16 ? cap : 16);
+    int n = gemm_candidates(&sh, &e, smem_max, !strcmp(ctx->arch, "sm_90a"), cfg, cap < 16 ? cap : 16);
     for (int i = 0; i < n; i++)
         out[i] = (layer_choice){s, 0, cfg[i]};
     return n;
@@ -644,9 +645,9 @@ static stof_status search_group(stof_ctx *ctx, int gi, const layer_group *g, int
 
 static void choice_json(strbuf *b, const layer_choice *c)
 {
-    strbuf_printf(b, "\"scheme\":\"%s\",\"algo\":%d,\"cfg\":[%d,%d,%d,%d,%d,%d]",
+    strbuf_printf(b, "\"scheme\":\"%s\",\"algo\":%d,\"cfg\":[%d,%d,%d,%d,%d,%d,%d]",
                   layer_scheme_name(c->scheme), c->algo, c->cfg.bm, c->cfg.bn, c->cfg.bk,
-                  c->cfg.wm, c->cfg.wn, c->cfg.stages);
+                  c->cfg.wm, c->cfg.wn, c->cfg.stages, c->cfg.wg);
 }
 
 char *layer_record_format(const layer_record *r, const layer_tried *tried, int n, const char *how)
@@ -697,20 +698,20 @@ int layer_record_parse(const char *text, layer_record *r)
         double algo = -1;
         ok = sc && sc->type == JSON_STRING && name && name->type == JSON_STRING &&
              !strcmp(name->str, GROUP_NAMES[g]) && num_of(o, "algo", &algo) &&
-             num_of(o, "ms", &r->ms[g]) && cfg && cfg->type == JSON_ARRAY && cfg->n == 6 &&
+             num_of(o, "ms", &r->ms[g]) && cfg && cfg->type == JSON_ARRAY && cfg->n == 7 &&
              algo >= 0 && algo < BLAS_MAX_ALGOS;
         int s = 0;
         while (ok && s < LS_COUNT && strcmp(sc->str, SCHEME_NAMES[s]))
             s++;
         ok = ok && s < LS_COUNT;
-        int v[6];
-        for (int i = 0; ok && i < 6; i++) {
+        int v[7];
+        for (int i = 0; ok && i < 7; i++) {
             long long x;
             ok = json_int(cfg->items[i], 0, 4096, &x);
             v[i] = (int)x;
         }
         if (ok)
-            r->c[g] = (layer_choice){(layer_scheme)s, (int)algo, {v[0], v[1], v[2], v[3], v[4], v[5]}};
+            r->c[g] = (layer_choice){(layer_scheme)s, (int)algo, {v[0], v[1], v[2], v[3], v[4], v[5], v[6]}};
     }
     json_free(root);
     return ok;
@@ -1265,7 +1266,7 @@ stof_status stof_layer_prepare(stof_ctx *ctx, const stof_layer_desc *desc, const
             gemm_shape sh = shape_of(&g[i]);
             gemm_epilogue ge = gen_epilogue(&g[i], s);
             gemm_config c;
-            if (gemm_candidates(&sh, &ge, smem_max, &c, 1) == 1)
+            if (gemm_candidates(&sh, &ge, smem_max, !strcmp(ctx->arch, "sm_90a"), &c, 1) == 1)
                 TRY(gemm_prepare(ctx, &c, &sh, &ge, NULL));
         }
     }

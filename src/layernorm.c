@@ -93,7 +93,7 @@ static void make_request(const stof_ln_desc *d, const ln_config *c, int has_bias
     r->vars[8] = (render_var){"HAS_BIAS", has_bias ? "1" : "0"};
     r->vars[9] = (render_var){"HAS_RESIDUAL", has_res ? "1" : "0"};
     r->vars[10] = (render_var){"WRITE_SUM", write_sum ? "1" : "0"};
-    r->req = (jit_request){"layernorm", "layernorm.cu", "stof_layernorm", r->vars, 11};
+    r->req = (jit_request){"layernorm", "layernorm.cu", "stof_layernorm", r->vars, 11, NULL};
 }
 
 stof_status ln_prepare(stof_ctx *ctx, const stof_ln_desc *desc, int align_bytes, int has_bias,

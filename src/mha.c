@@ -52,7 +52,8 @@ void mha_make_request(const mha_candidate *c, int head_dim, stof_dtype dtype, mh
         r->vars[n++] = (render_var){"Q_IN_REGS", c->qs ? "0" : "1"};
         r->vars[n++] = (render_var){"Q_IN_SMEM", c->qs ? "1" : "0"};
     }
-    r->req = (jit_request){"mha", c->wg ? "attn_wg.cu" : "attn.cu", "stof_attn", r->vars, n};
+    r->req = (jit_request){"mha", c->wg ? "attn_wg.cu" : "attn.cu", "stof_attn", r->vars, n,
+                           c->wg ? "wgmma.cuh" : NULL};
 }
 
 int mha_smem_bytes(const mha_candidate *c, int head_dim)

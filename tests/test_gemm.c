@@ -46,13 +46,14 @@ START_TEST(candidates_fit_the_limits)
 {
     static const int limits[] = {48 * 1024, 99 * 1024, 227 * 1024};
     stof_ctx *ctx = open_ctx("sm_90a");
+    for (int wgmma = 0; wgmma < 2; wgmma++)
     for (int l = 0; l < 3; l++)
         for (int i = 0; i < NSHAPES; i++)
             for (int ei = 0; ei < NEPI; ei++) {
                 const gemm_epilogue *e = &EPILOGUES[ei];
                 gemm_shape s = {4096, SHAPES[i][0], SHAPES[i][1], STOF_F16};
                 gemm_config c[GEMM_MAX_CANDIDATES];
-                int n = gemm_candidates(&s, e, limits[l], c, GEMM_MAX_CANDIDATES);
+                int n = gemm_candidates(&s, e, limits[l], wgmma, c, GEMM_MAX_CANDIDATES);
                 if (e->ln && (limits[l] < 227 * 1024 || s.n > 1024)) {
                     /* Two stages of all N rows of W (and 16 of X) at
                      * BLOCK_K 32 need 125 KB for N = 768, 371 KB for 2304. */
@@ -61,45 +62,77 @@ START_TEST(candidates_fit_the_limits)
                 }
                 ck_assert_msg(n >= (e->ln ? 2 : l == 0 ? 2 : 6), "n %d k %d ln %d limit %d: %d",
                               s.n, s.k, e->ln, limits[l], n);
-                ck_assert_int_le(n, e->ln ? 4 : 12);
-                int divides = 1;
+                ck_assert_int_le(n, e->ln ? 4 : wgmma ? GEMM_MAX_CANDIDATES : 12);
+                int divides = 1, nwg = 0;
                 for (int j = 0; j < n; j++) {
                     char name[48];
                     gemm_config_str(&c[j], name, sizeof name);
                     ck_assert_msg(gemm_check(ctx, &s, e, &c[j]) == STOF_OK, "%s: %s", name,
                                   stof_last_error(ctx));
                     ck_assert_int_le(gemm_smem_bytes(&c[j], &s, e), limits[l]);
-                    ck_assert_int_eq(c[j].bm % (16 * c[j].wm), 0);
-                    ck_assert_int_eq(c[j].bn % (16 * c[j].wn), 0);
-                    ck_assert(c[j].bk == 32 || c[j].bk == 64);
-                    ck_assert(c[j].stages >= 2 && c[j].stages <= 4);
                     ck_assert_int_le(gemm_threads(&c[j]), 512);
+                    if (c[j].wg) {
+                        /* Only where asked for, never with ln, all before mma.sync. */
+                        ck_assert(wgmma && !e->ln && nwg == j);
+                        nwg++;
+                        ck_assert_int_eq(c[j].bm, 64 * c[j].wm);
+                        ck_assert_int_eq(c[j].wn, 1);
+                        ck_assert_int_eq(c[j].bk, 64);
+                        ck_assert(c[j].bn == 64 || c[j].bn == 128 || c[j].bn == 256);
+                        ck_assert(c[j].stages >= 2 && c[j].stages <= 5);
+                    } else {
+                        ck_assert_int_eq(c[j].bm % (16 * c[j].wm), 0);
+                        ck_assert_int_eq(c[j].bn % (16 * c[j].wn), 0);
+                        ck_assert(c[j].bk == 32 || c[j].bk == 64);
+                        ck_assert(c[j].stages >= 2 && c[j].stages <= 4);
+                    }
                     if (e->ln) {
                         ck_assert_int_ge(c[j].bn, s.n);
                         ck_assert_int_lt(c[j].bn, s.n + 16 * c[j].wn);
                     } else {
-                        /* Tiles that divide N come before any that do not. */
+                        /* Within an engine, tiles that divide N come before any that do not. */
+                        if (j == nwg && !c[j].wg)
+                            divides = 1;
                         ck_assert(divides || s.n % c[j].bn);
                         divides = s.n % c[j].bn == 0;
                     }
                 }
+                /* Every BERT product has wg tiles: all of them with an H100's
+                 * shared memory, the two small ones within 99 KiB. */
+                if (wgmma && !e->ln && limits[l] >= 99 * 1024)
+                    ck_assert_int_ge(nwg, limits[l] == 227 * 1024 ? 6 : 2);
                 /* A smaller cap takes the best ones, in order. */
                 gemm_config first[2];
-                ck_assert_int_eq(gemm_candidates(&s, e, limits[l], first, 2), 2);
+                ck_assert_int_eq(gemm_candidates(&s, e, limits[l], wgmma, first, 2), 2);
                 ck_assert_mem_eq(first, c, sizeof first);
             }
     /* The default for a large BERT product is a large tile. */
     gemm_shape big = {16384, 3072, 768, STOF_BF16};
     gemm_config c[GEMM_MAX_CANDIDATES];
-    ck_assert_int_ge(gemm_candidates(&big, &EPILOGUES[2], 227 * 1024, c, GEMM_MAX_CANDIDATES), 6);
+    ck_assert_int_ge(gemm_candidates(&big, &EPILOGUES[2], 227 * 1024, 0, c, GEMM_MAX_CANDIDATES), 6);
     ck_assert_int_ge(c[0].bm * c[0].bn, 128 * 128);
     /* A small one prefers tiles that fill more SMs. */
     gemm_shape small = {256, 768, 768, STOF_F16};
-    ck_assert_int_ge(gemm_candidates(&small, &EPILOGUES[0], 227 * 1024, c, GEMM_MAX_CANDIDATES), 6);
+    ck_assert_int_ge(gemm_candidates(&small, &EPILOGUES[0], 227 * 1024, 0, c, GEMM_MAX_CANDIDATES), 6);
     ck_assert_int_le(c[0].bm * c[0].bn, 64 * 128);
+    /* The same with warpgroup MMA, which comes first. */
+    ck_assert_int_ge(gemm_candidates(&big, &EPILOGUES[2], 227 * 1024, 1, c, GEMM_MAX_CANDIDATES), 10);
+    ck_assert(c[0].wg);
+    ck_assert_int_ge(c[0].bm * c[0].bn, 128 * 128);
+    ck_assert_int_ge(gemm_candidates(&small, &EPILOGUES[0], 227 * 1024, 1, c, GEMM_MAX_CANDIDATES), 10);
+    ck_assert(c[0].wg);
+    ck_assert_int_le(c[0].bm * c[0].bn, 64 * 128);
+    /* No wg tile where K leaves a partial 64-column step. */
+    gemm_shape odd = {4096, 768, 800, STOF_F16};
+    int n = gemm_candidates(&odd, &EPILOGUES[0], 227 * 1024, 1, c, GEMM_MAX_CANDIDATES);
+    ck_assert_int_ge(n, 6);
+    for (int j = 0; j < n; j++)
+        ck_assert(!c[j].wg);
     char buf[48];
-    gemm_config_str(&(gemm_config){128, 128, 32, 2, 4, 3}, buf, sizeof buf);
+    gemm_config_str(&(gemm_config){128, 128, 32, 2, 4, 3, 0}, buf, sizeof buf);
     ck_assert_str_eq(buf, "128x128x32 w2x4 s3");
+    gemm_config_str(&(gemm_config){128, 256, 64, 2, 1, 3, 1}, buf, sizeof buf);
+    ck_assert_str_eq(buf, "wg 128x256x64 s3");
     stof_close(ctx);
 }
 END_TEST
@@ -107,7 +140,7 @@ END_TEST
 START_TEST(bad_shapes_are_named)
 {
     stof_ctx *ctx = open_ctx("sm_90a");
-    const gemm_config ok = {128, 128, 32, 2, 4, 3};
+    const gemm_config ok = {128, 128, 32, 2, 4, 3, 0}, wg = {128, 128, 64, 2, 1, 4, 1};
     const gemm_epilogue plain = {1, GEMM_ACT_GELU, 0, 0, 0}, ln = {1, GEMM_ACT_NONE, 1, 1, 1};
     struct {
         gemm_shape s;
@@ -125,11 +158,25 @@ START_TEST(bad_shapes_are_named)
         {{4096, 768, 768, STOF_F16}, {1, GEMM_ACT_NONE, 1, 0, 1}, ok, STOF_ERR_INVALID_ARG,
          "ln_sum needs ln"},
         {{4096, 768, 768, STOF_F16}, ln, ok, STOF_ERR_INVALID_ARG, "bn >= n (768)"},
-        {{4096, 768, 768, STOF_F16}, plain, {128, 128, 48, 2, 4, 3}, STOF_ERR_INVALID_ARG, "bk"},
-        {{4096, 768, 768, STOF_F16}, plain, {128, 128, 32, 2, 4, 5}, STOF_ERR_INVALID_ARG, "stages"},
-        {{4096, 768, 768, STOF_F16}, plain, {96, 128, 32, 4, 4, 3}, STOF_ERR_INVALID_ARG,
+        {{4096, 768, 768, STOF_F16}, plain, {128, 128, 48, 2, 4, 3, 0}, STOF_ERR_INVALID_ARG, "bk"},
+        {{4096, 768, 768, STOF_F16}, plain, {128, 128, 32, 2, 4, 5, 0}, STOF_ERR_INVALID_ARG, "stages"},
+        {{4096, 768, 768, STOF_F16}, plain, {96, 128, 32, 4, 4, 3, 0}, STOF_ERR_INVALID_ARG,
          "16 * wm"},
-        {{4096, 768, 768, STOF_F16}, plain, {128, 128, 32, 8, 4, 3}, STOF_ERR_INVALID_ARG, "warps"},
+        {{4096, 768, 768, STOF_F16}, plain, {128, 128, 32, 8, 4, 3, 0}, STOF_ERR_INVALID_ARG, "warps"},
+        /* Warpgroup MMA: no LayerNorm, whole 64-column K steps, its own tiling. */
+        {{4096, 768, 768, STOF_F16}, ln, {128, 768, 64, 2, 1, 3, 1}, STOF_ERR_INVALID_ARG,
+         "no LayerNorm"},
+        {{4096, 768, 800, STOF_F16}, plain, wg, STOF_ERR_UNSUPPORTED, "multiple of 64"},
+        {{4096, 768, 768, STOF_F16}, plain, {128, 128, 64, 1, 1, 4, 1}, STOF_ERR_INVALID_ARG,
+         "bm = 64 * wm"},
+        {{4096, 768, 768, STOF_F16}, plain, {128, 128, 64, 2, 2, 4, 1}, STOF_ERR_INVALID_ARG,
+         "wn = 1"},
+        {{4096, 768, 768, STOF_F16}, plain, {128, 192, 64, 2, 1, 4, 1}, STOF_ERR_INVALID_ARG,
+         "bn must be 64, 128 or 256"},
+        {{4096, 768, 768, STOF_F16}, plain, {128, 128, 32, 2, 1, 4, 1}, STOF_ERR_INVALID_ARG,
+         "bk must be 64"},
+        {{4096, 768, 768, STOF_F16}, plain, {128, 128, 64, 2, 1, 6, 1}, STOF_ERR_INVALID_ARG,
+         "stages must be 2 to 5"},
     };
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
         ck_assert_int_eq(gemm_check(ctx, &bad[i].s, &bad[i].e, &bad[i].c), bad[i].want);
@@ -138,7 +185,17 @@ START_TEST(bad_shapes_are_named)
         /* Nothing is compiled for a refused request. */
         ck_assert_int_eq(gemm_prepare(ctx, &bad[i].c, &bad[i].s, &bad[i].e, NULL), bad[i].want);
     }
+    /* A wg config is for sm_90a only. */
+    stof_ctx *ampere = open_ctx("sm_80");
+    const gemm_shape bert = {4096, 768, 768, STOF_F16};
+    ck_assert_int_eq(gemm_check(ampere, &bert, &plain, &wg), STOF_ERR_UNSUPPORTED);
+    ck_assert_ptr_nonnull(strstr(stof_last_error(ampere), "sm_90a"));
+    ck_assert_int_eq(gemm_prepare(ampere, &wg, &bert, &plain, NULL), STOF_ERR_UNSUPPORTED);
+    ck_assert_int_eq(gemm_check(ctx, &bert, &plain, &wg), STOF_OK);
     stof_stats st;
+    stof_get_stats(ampere, &st);
+    ck_assert_int_eq(st.nvrtc_compiles, 0);
+    stof_close(ampere);
     stof_get_stats(ctx, &st);
     ck_assert_int_eq(st.nvrtc_compiles, 0);
 
@@ -165,32 +222,57 @@ START_TEST(bad_shapes_are_named)
 }
 END_TEST
 
+/* A request's template as jit renders it: its part first, one text. */
+static char *render_request(stof_ctx *ctx, const jit_request *req)
+{
+    char *part = NULL, *tmpl = NULL, *src = NULL;
+    if (req->part)
+        ck_assert_int_eq(render_load(ctx, req->part, &part), STOF_OK);
+    ck_assert_int_eq(render_load(ctx, req->tmpl, &tmpl), STOF_OK);
+    char *text = malloc(strlen(part ? part : "") + strlen(tmpl) + 1);
+    ck_assert_ptr_nonnull(text);
+    strcpy(text, part ? part : "");
+    strcat(text, tmpl);
+    ck_assert_msg(render_text(ctx, req->tmpl, text, req->vars, req->nvars, &src) == STOF_OK, "%s",
+                  stof_last_error(ctx));
+    free(part);
+    free(tmpl);
+    free(text);
+    return src;
+}
+
 START_TEST(template_renders_completely)
 {
     stof_ctx *ctx = open_ctx("sm_90a");
-    for (int ei = 0; ei < NEPI; ei++) {
-        gemm_shape s = {333, 768, 3072, ei % 2 ? STOF_BF16 : STOF_F16};
-        gemm_config c[GEMM_MAX_CANDIDATES];
-        ck_assert_int_ge(gemm_candidates(&s, &EPILOGUES[ei], 227 * 1024, c, GEMM_MAX_CANDIDATES), 1);
-        gemm_request r;
-        gemm_make_request(&c[0], &s, &EPILOGUES[ei], &r);
-        char *src = NULL;
-        ck_assert_msg(render_template(ctx, r.req.tmpl, r.req.vars, r.req.nvars, &src) == STOF_OK,
-                      "%s", stof_last_error(ctx));
-        ck_assert_ptr_null(strstr(src, "{{"));
-        ck_assert_ptr_null(strstr(src, "}}"));
-        ck_assert_ptr_nonnull(strstr(src, "stof_gemm("));
-        ck_assert_ptr_nonnull(strstr(src, "constexpr int K = 3072;"));
-        ck_assert_ptr_nonnull(strstr(src, s.dtype == STOF_BF16 ? ".bf16.bf16" : ".f16.f16"));
-        free(src);
-    }
+    for (int wgmma = 0; wgmma < 2; wgmma++)
+        for (int ei = 0; ei < NEPI; ei++) {
+            gemm_shape s = {333, 768, 3072, ei % 2 ? STOF_BF16 : STOF_F16};
+            gemm_config c[GEMM_MAX_CANDIDATES];
+            ck_assert_int_ge(
+                gemm_candidates(&s, &EPILOGUES[ei], 227 * 1024, wgmma, c, GEMM_MAX_CANDIDATES), 1);
+            ck_assert_int_eq(c[0].wg, wgmma && !EPILOGUES[ei].ln);
+            gemm_request r;
+            gemm_make_request(&c[0], &s, &EPILOGUES[ei], &r);
+            ck_assert(c[0].wg ? r.req.part && !strcmp(r.req.part, "wgmma.cuh") : !r.req.part);
+            char *src = render_request(ctx, &r.req);
+            ck_assert_ptr_null(strstr(src, "{{"));
+            ck_assert_ptr_null(strstr(src, "}}"));
+            ck_assert_ptr_nonnull(strstr(src, c[0].wg ? "stof_gemm_wg(" : "stof_gemm("));
+            ck_assert_str_eq(r.req.entry, c[0].wg ? "stof_gemm_wg" : "stof_gemm");
+            ck_assert_ptr_nonnull(strstr(src, "constexpr int K = 3072;"));
+            ck_assert_ptr_nonnull(strstr(src, s.dtype == STOF_BF16 ? ".bf16.bf16" : ".f16.f16"));
+            free(src);
+        }
     stof_close(ctx);
 }
 END_TEST
 
 /* Every candidate of every covered shape and epilogue, both dtypes taking
  * turns, compiled on several threads into per-thread caches, where the
- * compile log (ptxas -v) gives registers and spills. */
+ * compile log (ptxas -v) gives registers and spills. For sm_90a, where wg
+ * configs come first for every epilogue without ln, the mma.sync ones are
+ * compiled only as each list's first mma.sync config and with ln: all of
+ * them would put the suite past its time, and sm_80 compiles every one. */
 #define MAX_VARIANTS 800
 typedef struct variant_job {
     const char *arch;
@@ -248,9 +330,12 @@ START_TEST(every_variant_compiles)
                 continue;
             gemm_shape s = {4096, SHAPES[i][0], SHAPES[i][1], STOF_F16};
             gemm_config c[GEMM_MAX_CANDIDATES];
-            int n = gemm_candidates(&s, &EPILOGUES[ei], 227 * 1024, c, GEMM_MAX_CANDIDATES);
+            int n = gemm_candidates(&s, &EPILOGUES[ei], 227 * 1024, !_i, c, GEMM_MAX_CANDIDATES);
             ck_assert_int_ge(n, 1);
-            for (int k = 0; k < n; k++) {
+            for (int k = 0, mma = 0; k < n; k++) {
+                ck_assert(!c[k].wg || !_i);
+                if (!_i && !c[k].wg && !EPILOGUES[ei].ln && mma++ > 0)
+                    continue;
                 ck_assert_int_lt(j.n, MAX_VARIANTS);
                 s.dtype = (j.n % 2) ? STOF_BF16 : STOF_F16;
                 j.c[j.n] = c[k];
@@ -259,8 +344,10 @@ START_TEST(every_variant_compiles)
                 j.is_default[j.n++] = k == 0;
             }
         }
-    int nthreads = test_on_threads(compile_variants, &j), maxregs = 0;
+    int nthreads = test_on_threads(compile_variants, &j), maxregs = 0, nwg = 0;
     pthread_mutex_destroy(&j.lock);
+    /* Registers of each wg config over its shapes and epilogues. */
+    struct wg_regs { gemm_config c; int lo, hi, n; } wg[16];
     for (int i = 0; i < j.n; i++) {
         char name[48];
         gemm_config_str(&j.c[i], name, sizeof name);
@@ -272,13 +359,34 @@ START_TEST(every_variant_compiles)
         ck_assert_int_gt(j.regs[i], 0);
         if (j.regs[i] > maxregs)
             maxregs = j.regs[i];
+        if (j.c[i].wg) {
+            int w = 0;
+            while (w < nwg && memcmp(&wg[w].c, &j.c[i], sizeof j.c[i]))
+                w++;
+            if (w == nwg) {
+                ck_assert_int_lt(nwg, 16);
+                wg[nwg++] = (struct wg_regs){j.c[i], j.regs[i], j.regs[i], 0};
+            }
+            wg[w].lo = j.regs[i] < wg[w].lo ? j.regs[i] : wg[w].lo;
+            wg[w].hi = j.regs[i] > wg[w].hi ? j.regs[i] : wg[w].hi;
+            wg[w].n++;
+        }
         if (j.is_default[i] && (j.epi[i] == 2 || e->ln_sum))
             printf("test_gemm: %s default for n%d k%d %s: %s, %d registers\n", j.arch, j.s[i].n,
                    j.s[i].k, e->ln ? "ln+sum" : "bias+gelu", name, j.regs[i]);
     }
+    for (int w = 0; w < nwg; w++) {
+        char name[48];
+        gemm_config_str(&wg[w].c, name, sizeof name);
+        printf("test_gemm: %s: %d variants, %d to %d registers, no spills\n", name, wg[w].n,
+               wg[w].lo, wg[w].hi);
+    }
     printf("test_gemm: %d GEMM variants compiled for %s on %d threads; none spills; at most %d "
            "registers\n", j.n, j.arch, nthreads, maxregs);
     ck_assert_int_ge(j.n, 100);
+    /* Every wg tile with every non-LN epilogue of the four BERT products. */
+    if (!_i)
+        ck_assert_int_ge(nwg, 6);
 }
 END_TEST
 

@@ -4,11 +4,14 @@
  * shape with the FFN's and the fused LayerNorm's, in fp16 and bf16 (the
  * layer suite runs every config on its groups), against a
  * double-precision CPU reference computed from the very values stored on
- * the device. Outputs start poisoned (0xFF, a NaN in both dtypes) and are
- * followed by a poisoned row, so an element left unwritten or written past
- * the last row fails. Row counts are no multiple of any tile; one shape has
- * N and K that no tile divides. The runner adds this suite only where a GPU
- * is usable.
+ * the device. On sm_90a also the first mma.sync config wherever wg configs
+ * come first, every wg config with every epilogue on the first and third
+ * shapes, and with the FFN's elsewhere. Outputs start poisoned (0xFF, a NaN
+ * in both dtypes) and are followed by a poisoned row, so an element left
+ * unwritten or written past the last row fails. Row counts are no multiple
+ * of any tile; the last two shapes have N that no tile divides, one of them
+ * K too (no wg config takes it), the other K in whole 64-column steps. The
+ * runner adds this suite only where a GPU is usable.
  */
 #include <math.h>
 #include <pthread.h>
@@ -25,7 +28,7 @@
 /* (m, n, k): BERT-base projections at awkward row counts, and a small shape
  * whose columns and K leave partial tiles. */
 static const int SHAPES[][3] = {{1000, 768, 768}, {333, 2304, 768}, {333, 3072, 768},
-                                {333, 768, 3072}, {77, 264, 200}};
+                                {333, 768, 3072}, {77, 264, 200},    {77, 264, 192}};
 #define NSHAPES (int)(sizeof SHAPES / sizeof SHAPES[0])
 
 static const gemm_epilogue EPILOGUES[] = {
@@ -207,13 +210,19 @@ START_TEST(every_config_and_epilogue)
             if (!covered(s.n, &EPILOGUES[ei]))
                 continue;
             gemm_config c[GEMM_MAX_CANDIDATES];
-            int n = gemm_candidates(&s, &EPILOGUES[ei], ctx->dev.smem_optin, c, GEMM_MAX_CANDIDATES);
+            int n = gemm_candidates(&s, &EPILOGUES[ei], ctx->dev.smem_optin,
+                                    !strcmp(ctx->arch, "sm_90a"), c, GEMM_MAX_CANDIDATES);
             ck_assert_msg(n >= 1, "no candidate for m%d n%d k%d epilogue %d", s.m, s.n, s.k, ei);
+            int first_mma = 0;
+            while (first_mma < n && c[first_mma].wg)
+                first_mma++;
             for (int k = 0; k < n; k++) {
                 /* Every config on the first shape with the FFN's and the fused
-                 * LayerNorm's epilogues; elsewhere the default (the compile
+                 * LayerNorm's epilogues; elsewhere the default and the first
+                 * mma.sync config; wg configs as the head says (the compile
                  * time of all of them overruns the suite's budget). */
-                if (k > 0 && !(si == 0 && (ei == 2 || ei == 7)))
+                const int wg_run = c[k].wg && (si == 0 || si == 2 || ei == 2);
+                if (k > 0 && k != first_mma && !wg_run && !(si == 0 && (ei == 2 || ei == 7)))
                     continue;
                 ck_assert_int_lt(j.n, MAX_JOBS);
                 j.c[j.n] = c[k];
@@ -229,7 +238,8 @@ START_TEST(every_config_and_epilogue)
     test_rng rng = test_rng_make(0x6e33 + (uint64_t)_i);
     double worst = 0;
     char worst_at[160] = "";
-    int runs = 0, i = 0;
+    int runs = 0, i = 0, wg_runs = 0;
+    double wg_worst = 0;
     for (int si = 0; si < NSHAPES; si++) {
         const int M = SHAPES[si][0], N = SHAPES[si][1], K = SHAPES[si][2];
         const size_t nx = (size_t)M * K, nw = (size_t)N * K, nmn = (size_t)M * N;
@@ -271,7 +281,8 @@ START_TEST(every_config_and_epilogue)
             if (!covered(N, e))
                 continue;
             ref_epilogue(e, M, N, acc, bias, res, gamma, beta, ref, rsum);
-            for (; i < j.n && j.s[i].n == N && j.s[i].m == M && j.epi[i] == ei; i++) {
+            for (; i < j.n && j.s[i].n == N && j.s[i].m == M && j.s[i].k == K && j.epi[i] == ei;
+                 i++) {
                 char name[48], what[160];
                 gemm_config_str(&j.c[i], name, sizeof name);
                 snprintf(what, sizeof what, "%s m%d n%d k%d %s epilogue %d", dtype_name(t), M, N,
@@ -299,6 +310,9 @@ START_TEST(every_config_and_epilogue)
                     snprintf(worst_at, sizeof worst_at, "%s", what);
                 }
                 runs++;
+                wg_runs += j.c[i].wg;
+                if (j.c[i].wg && err > wg_worst)
+                    wg_worst = err;
             }
         }
         CUdeviceptr all[] = {dx, dw, dres, db, dg, dbe, dout, dsum};
@@ -309,8 +323,12 @@ START_TEST(every_config_and_epilogue)
         free(acc); free(ref); free(rsum);
     }
     ck_assert_int_eq(runs, j.n);
+    /* sm_90a: 6 wg tiles x (6 epilogues x 2 shapes + the FFN's on 4 more). */
+    if (!strcmp(ctx->arch, "sm_90a"))
+        ck_assert_int_ge(wg_runs, 6 * (12 + 4));
     printf("gpu_gemm: %s: %d kernels (%d compiled on %d threads) right; worst relative L2 %.3g "
-           "(%s; limit %.1g)\n", dtype_name(t), runs, j.n, threads, worst, worst_at, limit);
+           "(%s; limit %.1g); %d of them wg, worst %.3g\n", dtype_name(t), runs, j.n, threads,
+           worst, worst_at, limit, wg_runs, wg_worst);
     stof_close(ctx);
     test_rmtree(dir);
     free(dir);

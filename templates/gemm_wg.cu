@@ -1,0 +1,234 @@
+// gemm_wg.cu — out = epilogue(X · Wᵀ) on Hopper's warpgroup MMA (sm_90a):
+// gemm.cu's product and epilogue (bias, activation, residual; no LayerNorm)
+// with the products on wgmma.
+//
+// Tiling: a CTA owns BLOCK_M rows x BLOCK_N columns of out; each warpgroup
+// (4 warps) owns 64 of the rows and all BLOCK_N columns as fp32
+// accumulators, one m64n128 (or m64n64) product per 128 (64) columns. K is
+// walked 64 at a time: a stage holds the 64-column slice of the CTA's rows
+// of X and of W, one 128-byte swizzled row per operand row (wgmma.cuh), and
+// both operands are K-major, as S = Q·Kᵀ is in attn_wg.cu. Every thread
+// copies its share of a stage with cp.async and arms the stage's "full"
+// barrier; each warp releases a stage through its "empty" barrier once the
+// products that read it are done. Tile j's four k16 products are committed
+// as one group and left in flight while tile j - 1's group is waited for,
+// its stage released and tile j + STAGES - 1 loaded into it.
+// Epilogue: bias, activation and residual in fp32 on the accumulators, then
+// the tile is staged in shared memory (as elements) for 16-byte row stores.
+//
+// X is [m, K] and W [N, K], out and residual [m, N], all row-major; bias [N].
+// Rows at or past m, and W's rows (out's columns) at or past N, are zero-
+// filled on load and never stored. out may alias residual (a CTA reads its
+// residual tile before it stores), not x. gamma, beta, sum_out and eps are
+// in the signature only to match stof_gemm and are not read.
+//
+// Parameters:
+//   N, K       out columns (a multiple of 8) and reduction length (of 64)
+//   BLOCK_M    rows per CTA: 64 per warpgroup (64, 128, 192 or 256)
+//   BLOCK_N    columns per CTA: 64, 128 or 256
+//   STAGES     K tiles in shared memory, 2 to 5; loads run STAGES - 1 ahead
+//   MMA_TYPE   f16 or bf16: operand type of wgmma and of storage
+//   BIAS       1: add bias[n]
+//   ACT        after the bias: 0 none, 1 GELU (erf), 2 GELU (tanh), 3 ReLU
+//   RESIDUAL   1: add residual[m, n] after the activation
+
+constexpr int N = {{N}};
+constexpr int K = {{K}};
+constexpr int BM = {{BLOCK_M}};
+constexpr int BN = {{BLOCK_N}};
+constexpr int STAGES = {{STAGES}};
+constexpr bool HAS_BIAS = {{BIAS}};
+constexpr int ACT = {{ACT}};
+constexpr bool HAS_RESIDUAL = {{RESIDUAL}};
+
+constexpr int BK = 64;                   // one 128-byte swizzled row per operand row
+constexpr int THREADS = BM * 2;          // a warpgroup (128 threads) per 64 rows
+constexpr int WN = BN < 128 ? BN : 128;  // columns of one product
+constexpr int NB = BN / WN;              // products per k16 step
+constexpr int KT = K / BK;               // pipeline steps
+constexpr int A_BYTES = BM * 128;        // a stage's X rows
+constexpr int B_BYTES = BN * 128;        // a stage's W rows
+constexpr int STAGE_BYTES = A_BYTES + B_BYTES;
+constexpr int LDC = BN + 8;              // staged output row, elements: 16 B of padding
+                                         // put a warp's pair stores on distinct banks
+constexpr int CHUNKS = BK / 8;           // 16-byte chunks per row
+constexpr int STEP = THREADS / CHUNKS;   // rows per pass of the CTA
+
+typedef unsigned short elem_t;
+typedef stof_{{MMA_TYPE}}_tag mma_tag;
+
+static_assert(BM % 64 == 0 && BM <= 256, "64 rows per warpgroup, at most four");
+static_assert(BN == 64 || BN == 128 || BN == 256, "whole m64n64 or m64n128 products");
+static_assert(K % BK == 0 && N % 8 == 0, "whole 128-byte K rows, 16-byte output chunks");
+static_assert(STAGES >= 2 && STAGES <= 5, "2 to 5 stages");
+static_assert(STEP % 8 == 0, "a thread's chunk keeps its swizzled place from pass to pass");
+static_assert(BM * LDC * 2 <= STAGES * STAGE_BYTES, "the staged tile fits the pipeline's memory");
+
+__device__ __forceinline__ float to_f32(elem_t v) { return stof_{{MMA_TYPE}}_to_f32(v); }
+
+__device__ __forceinline__ float act(float v)
+{
+    if (ACT == 1)
+        return stof_gelu(v);
+    if (ACT == 2)
+        return stof_gelu_tanh(v);
+    if (ACT == 3)
+        return stof_relu(v);
+    return v;
+}
+
+// ROWS x 64 elements of src (row stride K) from (row0, k0) into the swizzled
+// tile at dst; rows at or past lim become zeros. Thread x copies chunk
+// c = x % CHUNKS of rows r0 + i * STEP, r0 = x / CHUNKS: STEP is a multiple of
+// 8, so the chunk's swizzled place is the same in every pass.
+template <int ROWS>
+__device__ __forceinline__ void load_tile(unsigned dst, const elem_t *src, int row0, int lim, int k0)
+{
+    const int c = threadIdx.x % CHUNKS, r0 = threadIdx.x / CHUNKS;
+    const unsigned d = dst + r0 * 128 + ((c ^ (r0 % 8)) << 4);
+    const elem_t *p = src + (long long)(row0 + r0) * K + k0 + c * 8;
+#pragma unroll
+    for (int i = 0; i < (ROWS + STEP - 1) / STEP; i++) {
+        const int r = r0 + i * STEP;
+        if (ROWS % STEP != 0 && r >= ROWS)
+            break;
+        const bool ok = row0 + r < lim;
+        stof_cp16(d + i * STEP * 128, ok ? p : src, ok ? 16 : 0);
+        p += (long long)STEP * K;
+    }
+}
+
+extern "C" __global__ void __launch_bounds__(THREADS)
+stof_gemm_wg(const elem_t *x, const elem_t *w, const elem_t *bias, const elem_t *residual,
+             const elem_t *gamma, const elem_t *beta, elem_t *out, elem_t *sum_out, int m, float eps)
+{
+    // The launch gives 1 KiB of slack to align the swizzled tiles.
+    extern __shared__ __align__(1024) unsigned char smem_raw[];
+    const unsigned base = (stof_smem_u32(smem_raw) + 1023) & ~1023u;
+    // Per stage: X's rows, then W's; both sizes are multiples of 1024.
+    const unsigned bar_full = base + STAGES * STAGE_BYTES, bar_empty = bar_full + STAGES * 8;
+
+    const int m0 = blockIdx.y * BM, n0 = blockIdx.x * BN;
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    const int g = lane / 4, t = lane % 4;
+    const int wg = warp / 4;  // warpgroup: rows 64 wg .. 64 wg + 63 of the tile
+
+    if (threadIdx.x == 0) {
+        for (int i = 0; i < STAGES; i++) {
+            mbar_init(bar_full + 8 * i, THREADS);
+            mbar_init(bar_empty + 8 * i, THREADS / 32);
+        }
+    }
+    __syncthreads();
+
+    // Tile j lives in stage j % STAGES. Every thread copies its share and
+    // arms the full barrier to fire when its copies land; a stage is
+    // refilled only once every warp has released the tile before.
+    auto issue = [&](int j) {
+        const int s = j % STAGES;
+        if (j >= STAGES)
+            mbar_wait(bar_empty + 8 * s, ((j / STAGES) - 1) & 1);
+        const unsigned st = base + s * STAGE_BYTES;
+        load_tile<BM>(st, x, m0, m, j * BK);
+        load_tile<BN>(st + A_BYTES, w, n0, N, j * BK);
+        cp_arrive_noinc(bar_full + 8 * s);
+    };
+#pragma unroll
+    for (int j = 0; j < STAGES - 1; j++)
+        if (j < KT)
+            issue(j);
+
+    float acc[NB][WN / 8][4];
+#pragma unroll
+    for (int b = 0; b < NB; b++)
+#pragma unroll
+        for (int i = 0; i < WN / 8; i++)
+            acc[b][i][0] = acc[b][i][1] = acc[b][i][2] = acc[b][i][3] = 0.f;
+#pragma unroll
+    for (int b = 0; b < NB; b++)
+        wg_hold(acc[b]);  // the zeros are written before the first fence
+
+    for (int j = 0; j < KT; j++) {
+        const int s = j % STAGES;
+        mbar_wait(bar_full + 8 * s, (j / STAGES) & 1);
+        // cp.async wrote through the generic proxy; wgmma reads through the async one.
+        asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+        const unsigned a_t = base + s * STAGE_BYTES + wg * 64 * 128, b_t = base + s * STAGE_BYTES + A_BYTES;
+        wg_fence();
+#pragma unroll
+        for (int kk = 0; kk < BK / 16; kk++)
+#pragma unroll
+            for (int b = 0; b < NB; b++)
+                wg_ss(acc[b], wg_desc(a_t + kk * 32, 16, 1024),
+                      wg_desc(b_t + b * WN * 128 + kk * 32, 16, 1024), 1);
+        wg_commit();
+        // Tile j - 1's products are done: release its stage, which tile
+        // j + STAGES - 1 refills.
+        wg_wait1();
+        if (j > 0) {
+            __syncwarp();
+            if (lane == 0)
+                mbar_arrive(bar_empty + 8 * ((j - 1) % STAGES));
+        }
+        if (j + STAGES - 1 < KT)
+            issue(j + STAGES - 1);
+    }
+    wg_wait0();
+#pragma unroll
+    for (int b = 0; b < NB; b++)
+        wg_hold(acc[b]);
+
+    // Bias, activation, residual in fp32. Of each n8 block i of a product,
+    // thread (g, t) of warp w holds columns 8i + 2t, 8i + 2t + 1 of rows
+    // 16 (w % 4) + g (elements 0, 1) and + 8 (elements 2, 3).
+    const int row0 = warp * 16 + g;  // in the tile; the warpgroup's 64 rows included
+#pragma unroll
+    for (int b = 0; b < NB; b++)
+#pragma unroll
+        for (int i = 0; i < WN / 8; i++) {
+            const int col = n0 + b * WN + i * 8 + 2 * t;
+            const bool col_ok = N % BN == 0 || col < N;
+            float b0 = 0.f, b1 = 0.f;
+            if (HAS_BIAS && col_ok) {
+                const unsigned bb = *reinterpret_cast<const unsigned *>(bias + col);
+                b0 = to_f32((elem_t)(bb & 0xffff));
+                b1 = to_f32((elem_t)(bb >> 16));
+            }
+#pragma unroll
+            for (int h = 0; h < 2; h++) {
+                float v0 = act(acc[b][i][2 * h] + b0), v1 = act(acc[b][i][2 * h + 1] + b1);
+                const int row = m0 + row0 + 8 * h;
+                if (HAS_RESIDUAL && col_ok && row < m) {
+                    const unsigned rr =
+                        *reinterpret_cast<const unsigned *>(residual + (long long)row * N + col);
+                    v0 += to_f32((elem_t)(rr & 0xffff));
+                    v1 += to_f32((elem_t)(rr >> 16));
+                }
+                acc[b][i][2 * h] = v0;
+                acc[b][i][2 * h + 1] = v1;
+            }
+        }
+
+    // Every warpgroup's products are done before the pipeline's memory holds
+    // the output tile; then whole 16-byte row chunks go out.
+    __syncthreads();
+    elem_t *Cs = reinterpret_cast<elem_t *>(smem_raw + (base - stof_smem_u32(smem_raw)));
+#pragma unroll
+    for (int b = 0; b < NB; b++)
+#pragma unroll
+        for (int i = 0; i < WN / 8; i++)
+#pragma unroll
+            for (int h = 0; h < 2; h++)
+                *reinterpret_cast<unsigned *>(Cs + (row0 + 8 * h) * LDC + b * WN + i * 8 + 2 * t) =
+                    mma_tag::pack2(acc[b][i][2 * h], acc[b][i][2 * h + 1]);
+    __syncthreads();
+    constexpr int CH = BN / 8;
+#pragma unroll 4
+    for (int i = threadIdx.x; i < BM * CH; i += THREADS) {
+        const int r = i / CH, c = i % CH;
+        const int row = m0 + r, col = n0 + c * 8;
+        if (row < m && (N % BN == 0 || col < N))
+            *reinterpret_cast<uint4 *>(out + (long long)row * N + col) =
+                *reinterpret_cast<const uint4 *>(Cs + r * LDC + c * 8);
+    }
+}
