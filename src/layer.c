@@ -215,6 +215,19 @@ static void gexec_free(stof_ctx *ctx, gexec *e)
     memset(e, 0, sizeof *e);
 }
 
+/* The cuBLASLt product of g's scheme LS_LT, for blas_lt_make (which reads
+ * only the shape, the epilogue and whether a residual is added): the bias
+ * with ReLU or the tanh GELU folded in; the erf GELU stays behind. */
+static blas_gemm lt_gemm_of(const layer_group *g)
+{
+    static const blas_epilogue epis[] = {BLAS_EPI_BIAS, BLAS_EPI_BIAS, BLAS_EPI_GELU_TANH_BIAS,
+                                         BLAS_EPI_RELU_BIAS};
+    static const char residual_marker;
+    return (blas_gemm){g->m, g->n, g->k, g->dtype, NULL, NULL, NULL,
+                       g->epi.residual ? &residual_marker : NULL, NULL,
+                       g->epi.bias ? epis[g->epi.act] : BLAS_EPI_NONE, NULL};
+}
+
 static stof_status gexec_load(stof_ctx *ctx, const layer_group *g, const layer_choice *c, gexec *e)
 {
     memset(e, 0, sizeof *e);
@@ -234,11 +247,7 @@ static stof_status gexec_load(stof_ctx *ctx, const layer_group *g, const layer_c
         }
         break;
     case LS_LT: {
-        static const blas_epilogue epis[] = {BLAS_EPI_BIAS, BLAS_EPI_BIAS, BLAS_EPI_GELU_TANH_BIAS,
-                                             BLAS_EPI_RELU_BIAS};
-        blas_gemm bg = {g->m, g->n, g->k, g->dtype, NULL, NULL, NULL,
-                        p->residual ? (void *)16 : NULL, NULL,
-                        p->bias ? epis[p->act] : BLAS_EPI_NONE, NULL};
+        blas_gemm bg = lt_gemm_of(g);
         st = blas_lt_make(ctx, &bg, c->algo, &e->lt, NULL);
         if (st == STOF_OK && p->ln) {
             e->has_ln = 1;
@@ -546,10 +555,7 @@ static int scheme_params(stof_ctx *ctx, const layer_group *g, layer_scheme s, in
         return 1;
     }
     if (s == LS_LT) {
-        static const blas_epilogue epis[] = {BLAS_EPI_BIAS, BLAS_EPI_BIAS,
-                                             BLAS_EPI_GELU_TANH_BIAS, BLAS_EPI_RELU_BIAS};
-        blas_gemm bg = {g->m, g->n, g->k, g->dtype, NULL, NULL, NULL,
-                        g->epi.residual ? (void *)16 : NULL, NULL, epis[g->epi.act], NULL};
+        blas_gemm bg = lt_gemm_of(g);
         blas_lt_op op;
         int count = 0;
         char saved[sizeof ctx->err];
