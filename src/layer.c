@@ -636,6 +636,15 @@ static stof_status search_group(stof_ctx *ctx, int gi, const layer_group *g, int
         }
     }
     gscratch_free(ctx, &s);
+    if (st == STOF_OK && best < 0 && timed == 0) {
+        /* Out of budget before the first timing: the model's choice, as with tune off. */
+        for (int i = 0; i < ns; i++)
+            if (scheme_params(ctx, g, rank[i], smem_max, params, 1) == 1) {
+                *win = params[0];
+                *win_ms = pred[i];
+                return STOF_OK;
+            }
+    }
     if (st == STOF_OK && best < 0) {
         for (int i = first; i < ss->n; i++)
             if (ss->tried[i].verdict && strcmp(ss->tried[i].verdict, "failed"))
