@@ -595,6 +595,22 @@ static int out_of_budget(const search_state *ss, int timed)
            (ss->deadline > 0 && now_s() > ss->deadline);
 }
 
+/* The model's first scheme that has parameters, with its defaults and its
+ * predicted ms; 0 when no scheme can run g. */
+static int model_pick(stof_ctx *ctx, const layer_group *g, int smem_max, const model_device *md,
+                      layer_choice *c, double *ms)
+{
+    layer_scheme rank[LS_COUNT];
+    double pred[LS_COUNT];
+    int ns = layer_rank_schemes(g, blas_available(ctx, NULL), smem_max, md, rank, pred);
+    for (int i = 0; i < ns; i++)
+        if (scheme_params(ctx, g, rank[i], smem_max, c, 1) == 1) {
+            *ms = pred[i];
+            return 1;
+        }
+    return 0;
+}
+
 /* Stage 1 over the ranked schemes, stage 2 over the winner's parameters. */
 static stof_status search_group(stof_ctx *ctx, int gi, const layer_group *g, int smem_max,
                                 const model_device *md, search_state *ss, layer_choice *win,
@@ -636,15 +652,9 @@ static stof_status search_group(stof_ctx *ctx, int gi, const layer_group *g, int
         }
     }
     gscratch_free(ctx, &s);
-    if (st == STOF_OK && best < 0 && timed == 0) {
-        /* Out of budget before the first timing: the model's choice, as with tune off. */
-        for (int i = 0; i < ns; i++)
-            if (scheme_params(ctx, g, rank[i], smem_max, params, 1) == 1) {
-                *win = params[0];
-                *win_ms = pred[i];
-                return STOF_OK;
-            }
-    }
+    /* Out of budget before the first timing: the model's choice, as with tune off. */
+    if (st == STOF_OK && best < 0 && timed == 0 && model_pick(ctx, g, smem_max, md, win, win_ms))
+        return STOF_OK;
     if (st == STOF_OK && best < 0) {
         for (int i = first; i < ss->n; i++)
             if (ss->tried[i].verdict && strcmp(ss->tried[i].verdict, "failed"))
@@ -984,23 +994,17 @@ static stof_tune tune_level(const stof_layer_desc *d)
 
 /* The model's choice per group with default parameters; the graph for
  * layers the model puts under a millisecond, where launch gaps count. */
-static void model_choice(stof_layer_plan *p, const model_device *md, int smem_max)
+static stof_status model_choice(stof_layer_plan *p, const model_device *md, int smem_max)
 {
     double total = 0;
     for (int g = 0; g < LG_COUNT; g++) {
-        layer_scheme rank[LS_COUNT];
-        double pred[LS_COUNT];
-        int ns = layer_rank_schemes(&p->g[g], blas_available(p->ctx, NULL), smem_max, md, rank, pred);
-        layer_choice c[1] = {{LS_GEN, 0, {0}}};
-        for (int i = 0; i < ns; i++)
-            if (scheme_params(p->ctx, &p->g[g], rank[i], smem_max, c, 1) == 1) {
-                p->rec.ms[g] = pred[i];
-                break;
-            }
-        p->rec.c[g] = c[0];
+        if (!model_pick(p->ctx, &p->g[g], smem_max, md, &p->rec.c[g], &p->rec.ms[g]))
+            return CTX_FAIL(p->ctx, STOF_ERR_UNSUPPORTED, "no scheme can run the layer's %s group",
+                            GROUP_NAMES[g]);
         total += p->rec.ms[g];
     }
     p->rec.graph = total < 1.0;
+    return STOF_OK;
 }
 
 static stof_mha_desc mha_desc_of(const stof_layer_desc *d)
@@ -1087,9 +1091,10 @@ static stof_status plan_make(stof_ctx *ctx, const stof_layer_desc *desc, const s
     if (st == STOF_OK && !have)
         st = mha_device_figures(ctx, &md);
     if (st == STOF_OK && !have && level == STOF_TUNE_OFF) {
-        model_choice(p, &md, smem_max);
+        st = model_choice(p, &md, smem_max);
         p->origin = "model";
-        st = load_all(p);
+        if (st == STOF_OK)
+            st = load_all(p);
     } else if (st == STOF_OK && !have) {
         search_state *ss = calloc(1, sizeof *ss);
         if (!ss)
