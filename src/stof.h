@@ -320,7 +320,8 @@ stof_status stof_layer_workspace_size(const stof_layer_plan *plan, size_t *bytes
  * past a sequence's length are masked out and its padded rows see a zero
  * attention output (they stay finite, but carry no meaning). workspace:
  * 256-byte aligned device memory of stof_layer_workspace_size bytes, used by
- * one run at a time. */
+ * one run at a time. A plan, too, runs on one stream at a time: it keeps a
+ * cuBLAS workspace and a captured CUDA Graph of its own. */
 stof_status stof_layer_run(stof_layer_plan *plan, const void *x, void *out,
                            const int *seq_lens, void *workspace, stof_stream stream);
 
