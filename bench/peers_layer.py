@@ -45,7 +45,7 @@ import torch
 import torch.nn.functional as F
 from torch.nn.attention.flex_attention import create_block_mask, flex_attention
 
-from peers_mha import random_tensor, spec_fn
+from peers_mha import random_tensor, save_results, spec_fn
 
 PEERS = ["eager", "sdpa", "c-sdpa", "c-flex", "cg-flex"]
 GATES = [("bert-base", 8, 2048, 1.4), ("bert-base", 8, 512, 1.5)]
@@ -387,14 +387,7 @@ def main():
 
     text = report(rows, wanted, gpu)
     print(text)
-    stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
-    devname = gpu.replace(" ", "-")
-    for d in ["bench/results", os.environ.get("OUT", "")]:
-        if d:
-            os.makedirs(d, exist_ok=True)
-            base = os.path.join(d, "layer-%s-%s%s" % (devname, stamp, args.tag))
-            open(base + ".txt", "w").write(text)
-            json.dump([{"case": c, "stof": s, "peers": pr} for c, s, pr in rows], open(base + ".json", "w"), indent=1)
+    save_results("layer", gpu, args.tag, text, rows)
     broken = [c["name"] for c, s, pr in rows
               if "ms" not in s or s["nonfinite"] or pr.get("stof_err", 0) > MISMATCH]
     if broken:

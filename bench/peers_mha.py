@@ -154,6 +154,18 @@ def peers(case, dev):
     return res
 
 
+def save_results(kind, gpu, tag, text, rows):
+    """The table and its rows under bench/results/ (and $OUT), named by device and time."""
+    stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
+    devname = gpu.replace(" ", "-")
+    for d in ["bench/results", os.environ.get("OUT", "")]:
+        if d:
+            os.makedirs(d, exist_ok=True)
+            base = os.path.join(d, "%s-%s-%s%s" % (kind, devname, stamp, tag))
+            open(base + ".txt", "w").write(text)
+            json.dump([{"case": c, "stof": s, "peers": pr} for c, s, pr in rows], open(base + ".json", "w"), indent=1)
+
+
 def cases_of(workload, suites, seqs):
     out = []
     for s in workload["suites"]:
@@ -263,14 +275,7 @@ def main():
                        sum(p["plan_cached_timings"] for p in plans)))
     text = "\n".join(out) + "\n"
     print(text)
-    stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
-    devname = gpu.replace(" ", "-")
-    for d in ["bench/results", os.environ.get("OUT", "")]:
-        if d:
-            os.makedirs(d, exist_ok=True)
-            base = os.path.join(d, "mha-%s-%s%s" % (devname, stamp, args.tag))
-            open(base + ".txt", "w").write(text)
-            json.dump([{"case": c, "stof": s, "peers": pr} for c, s, pr in rows], open(base + ".json", "w"), indent=1)
+    save_results("mha", gpu, args.tag, text, rows)
 
 
 if __name__ == "__main__":
