@@ -48,6 +48,7 @@ static const struct { const char *name; size_t off; } SYMS[] = {
     S(EventSynchronize, "cuEventSynchronize"),
     S(EventElapsedTime, "cuEventElapsedTime_v2"),
     S(PointerGetAttribute, "cuPointerGetAttribute"),
+    S(TensorMapEncodeTiled, "cuTensorMapEncodeTiled"),
     S(GetErrorName, "cuGetErrorName"),
     S(GetErrorString, "cuGetErrorString"),
 #undef S

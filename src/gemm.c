@@ -35,16 +35,31 @@ static const gemm_config WG_TILES[] = {
     {128, 128, 64, 2, 1, 4, 1}, {128, 128, 64, 2, 1, 3, 1}, {64, 128, 64, 1, 1, 4, 1},
 };
 
+/* TMA tiles (sm_90a, wg 2): a producer warpgroup feeds two consumer
+ * warpgroups that either take alternate tiles (wm 1, "ping-pong": one's
+ * epilogue overlaps the other's products) or share one (wm 2). Stages: as
+ * many as fit 227 KiB. */
+static const gemm_config TMA_TILES[] = {
+    {128, 128, 64, 1, 1, 6, 2}, {256, 128, 64, 2, 1, 4, 2}, {128, 256, 64, 2, 1, 4, 2},
+    {64, 256, 64, 1, 1, 5, 2},  {64, 128, 64, 1, 1, 8, 2},
+};
+
 /* LayerNorm tiles own whole rows: bm rows, warps splitting the columns. */
 static const int LN_TILES[][3] = {{16, 1, 8}, {32, 2, 4}, {32, 1, 8}, {32, 2, 8}};
 
 static int round_up(int v, int to) { return (v + to - 1) / to * to; }
 
-int gemm_threads(const gemm_config *c) { return c->wg ? c->wm * 128 : c->wm * c->wn * 32; }
+int gemm_threads(const gemm_config *c)
+{
+    return c->wg == GEMM_TMA ? 384 : c->wg ? c->wm * 128 : c->wm * c->wn * 32;
+}
 
 int gemm_smem_bytes(const gemm_config *c, const gemm_shape *s, const gemm_epilogue *e)
 {
     (void)s;
+    if (c->wg == GEMM_TMA) /* stages, a full and an empty barrier each, 2 turns, 8 warps'
+                              * 16 x 36 fp32 staging buffers, alignment slack */
+        return c->stages * (c->bm + c->bn) * 128 + 16 * c->stages + 16 + 8 * 16 * 36 * 4 + 1024;
     if (c->wg) {
         /* Swizzled 128-byte rows of X and W per stage, a full and an empty
          * barrier per stage, 1 KiB of alignment slack; the staged output
@@ -60,6 +75,8 @@ int gemm_smem_bytes(const gemm_config *c, const gemm_shape *s, const gemm_epilog
 
 static int acc_per_thread(const gemm_config *c)
 {
+    if (c->wg == GEMM_TMA)
+        return c->bm / c->wm * c->bn / 128;
     return c->wg ? c->bn / 2 : c->bm / c->wm * (c->bn / c->wn) / 32;
 }
 
@@ -110,7 +127,7 @@ int gemm_candidates(const gemm_shape *s, const gemm_epilogue *e, int smem_max, i
                     gemm_config *out, int cap)
 {
     gemm_config c[GEMM_MAX_CANDIDATES];
-    int n = 0, nwg = 0;
+    int n = 0, ntma = 0, nwg = 0;
     if (e->ln) {
         for (size_t i = 0; i < sizeof LN_TILES / sizeof LN_TILES[0]; i++) {
             gemm_config t = {LN_TILES[i][0], round_up(s->n, 16 * LN_TILES[i][2]), 32,
@@ -122,9 +139,17 @@ int gemm_candidates(const gemm_shape *s, const gemm_epilogue *e, int smem_max, i
                 c[n++] = t;
         }
     } else {
-        /* Warpgroup MMA first where it applies: mma.sync reaches about 265
-         * TFLOP/s on BERT-base's FFN1 on an H100, about 40% of cuBLASLt.
-         * The search times both engines. */
+        /* Warpgroup MMA first where it applies, TMA-fed before cp.async-fed:
+         * on an H100 at BERT-base's products of 16384 rows they reach
+         * 470-620, 390-550 and (mma.sync) 230-275 TFLOP/s; the cp.async one
+         * still wins at 768 x 768. The search times the engines. */
+        for (size_t i = 0; wgmma && i < sizeof TMA_TILES / sizeof TMA_TILES[0]; i++) {
+            const gemm_config *t = &TMA_TILES[i];
+            if (t->bn > round_up(s->n, 64) || !fits(t, s, e, smem_max) || n == GEMM_MAX_CANDIDATES)
+                continue;
+            c[n++] = *t;
+        }
+        ntma = n;
         for (size_t i = 0; wgmma && s->k % 64 == 0 && i < sizeof WG_TILES / sizeof WG_TILES[0]; i++) {
             const gemm_config *t = &WG_TILES[i];
             if (t->bn > round_up(s->n, 64) || !fits(t, s, e, smem_max) || n == GEMM_MAX_CANDIDATES)
@@ -141,7 +166,8 @@ int gemm_candidates(const gemm_shape *s, const gemm_epilogue *e, int smem_max, i
             c[n++] = *t;
         }
     }
-    sort_by_estimate(c, nwg, s, e);
+    sort_by_estimate(c, ntma, s, e);
+    sort_by_estimate(c + ntma, nwg - ntma, s, e);
     sort_by_estimate(c + nwg, n - nwg, s, e);
     if (n > cap)
         n = cap;
@@ -152,7 +178,10 @@ int gemm_candidates(const gemm_shape *s, const gemm_epilogue *e, int smem_max, i
 
 void gemm_config_str(const gemm_config *c, char *buf, size_t n)
 {
-    if (c->wg)
+    if (c->wg == GEMM_TMA)
+        snprintf(buf, n, "tma %s %dx%dx%d s%d", c->wm == 2 ? "coop" : "pp", c->bm, c->bn, c->bk,
+                 c->stages);
+    else if (c->wg)
         snprintf(buf, n, "wg %dx%dx%d s%d", c->bm, c->bn, c->bk, c->stages);
     else
         snprintf(buf, n, "%dx%dx%d w%dx%d s%d", c->bm, c->bn, c->bk, c->wm, c->wn, c->stages);
@@ -189,6 +218,36 @@ static stof_status check_wg(stof_ctx *ctx, const gemm_shape *s, const gemm_epilo
     return STOF_OK;
 }
 
+static stof_status check_tma(stof_ctx *ctx, const gemm_epilogue *e, const gemm_config *c,
+                             const char *name)
+{
+    if (strcmp(ctx->arch, "sm_90a") != 0)
+        return CTX_FAIL(ctx, STOF_ERR_UNSUPPORTED,
+                        "gemm: config %s needs TMA and warpgroup MMA (sm_90a), the context compiles for %s",
+                        name, ctx->arch[0] ? ctx->arch : "no architecture");
+    if (e->ln)
+        return CTX_FAIL(ctx, STOF_ERR_INVALID_ARG,
+                        "gemm: config %s has no LayerNorm epilogue (a tma config with ln)", name);
+    if (c->wm != 1 && c->wm != 2)
+        return CTX_FAIL(ctx, STOF_ERR_INVALID_ARG,
+                        "gemm: config %s: wm is 1 (ping-pong) or 2 (shared tiles)", name);
+    const int rows = c->bm / c->wm;
+    if (c->bm % c->wm || (rows != 64 && rows != 128) || c->wn != 1)
+        return CTX_FAIL(ctx, STOF_ERR_INVALID_ARG,
+                        "gemm: config %s: 64 or 128 rows per consumer warpgroup (bm / wm), wn = 1",
+                        name);
+    if (c->bn != 64 && c->bn != 128 && c->bn != 256)
+        return CTX_FAIL(ctx, STOF_ERR_INVALID_ARG, "gemm: config %s: bn must be 64, 128 or 256", name);
+    if (rows * c->bn / 128 > GEMM_MAX_ACC)
+        return CTX_FAIL(ctx, STOF_ERR_INVALID_ARG,
+                        "gemm: config %s: more than %d accumulators per thread", name, GEMM_MAX_ACC);
+    if (c->bk != 64)
+        return CTX_FAIL(ctx, STOF_ERR_INVALID_ARG, "gemm: config %s: bk must be 64", name);
+    if (c->stages < 2 || c->stages > 8)
+        return CTX_FAIL(ctx, STOF_ERR_INVALID_ARG, "gemm: config %s: stages must be 2 to 8", name);
+    return STOF_OK;
+}
+
 stof_status gemm_check(stof_ctx *ctx, const gemm_shape *s, const gemm_epilogue *e,
                        const gemm_config *c)
 {
@@ -213,6 +272,8 @@ stof_status gemm_check(stof_ctx *ctx, const gemm_shape *s, const gemm_epilogue *
         return STOF_OK;
     char name[48];
     gemm_config_str(c, name, sizeof name);
+    if (c->wg == GEMM_TMA)
+        return check_tma(ctx, e, c, name);
     if (c->wg)
         return check_wg(ctx, s, e, c, name);
     if (c->wm <= 0 || c->wn <= 0 || c->wm * c->wn > 16)
@@ -244,7 +305,8 @@ void gemm_make_request(const gemm_config *c, const gemm_shape *s, const gemm_epi
                                          "BLOCK_K", "WARPS_M", "WARPS_N", "STAGES"};
     int n = 0;
     for (int i = 0; i < 8; i++) {
-        /* gemm_wg.cu's tiling is bm, bn and stages: bk is 64, warps follow bm. */
+        /* gemm_wg.cu's and gemm_tma.cu's tiling is bm, bn and stages: bk is
+         * 64, warps follow bm (and for TMA, whether consumers share tiles). */
         if (c->wg && i >= 4 && i < 7)
             continue;
         snprintf(r->text[i], sizeof r->text[i], "%d", nums[i]);
@@ -255,6 +317,11 @@ void gemm_make_request(const gemm_config *c, const gemm_shape *s, const gemm_epi
     r->vars[n++] = (render_var){"BIAS", e->bias ? "1" : "0"};
     r->vars[n++] = (render_var){"ACT", acts[act]};
     r->vars[n++] = (render_var){"RESIDUAL", e->residual ? "1" : "0"};
+    if (c->wg == GEMM_TMA) {
+        r->vars[n++] = (render_var){"COOP", c->wm == 2 ? "1" : "0"};
+        r->req = (jit_request){"gemm", "gemm_tma.cu", "stof_gemm_tma", r->vars, n, "wgmma.cuh"};
+        return;
+    }
     if (c->wg) {
         r->req = (jit_request){"gemm", "gemm_wg.cu", "stof_gemm_wg", r->vars, n, "wgmma.cuh"};
         return;
@@ -315,6 +382,44 @@ static stof_status check_ptr(stof_ctx *ctx, const void *p, const char *name, int
     return STOF_OK;
 }
 
+/* A TMA descriptor of rows x k elements, row-major, read in boxes of
+ * box_rows x 64 with 128-byte swizzling; out-of-range elements read as 0. */
+static stof_status tma_map(stof_ctx *ctx, CUtensorMap *map, const void *p, stof_dtype t, int rows,
+                           int k, int box_rows)
+{
+    const cuuint64_t dims[2] = {(cuuint64_t)k, (cuuint64_t)rows};
+    const cuuint64_t strides[1] = {(cuuint64_t)k * 2};
+    const cuuint32_t box[2] = {64, (cuuint32_t)box_rows}, elem_strides[2] = {1, 1};
+    return CU(ctx, TensorMapEncodeTiled(
+                       map, t == STOF_BF16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16,
+                       2, (void *)p, dims, strides, box, elem_strides, CU_TENSOR_MAP_INTERLEAVE_NONE,
+                       CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+                       CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE));
+}
+
+/* Persistent: one CTA per SM at most, each walking tiles gridDim apart. */
+static stof_status launch_tma(stof_ctx *ctx, CUfunction fn, const gemm_config *c, const gemm_shape *s,
+                              const gemm_args *a, CUstream stream)
+{
+    CUtensorMap tx, tw;
+    const void *bias = a->bias, *res = a->residual;
+    void *out = a->out;
+    int m = s->m;
+    void *args[] = {&tx, &tw, &bias, &res, &out, &m};
+    const long long tiles = (long long)((s->m + c->bm - 1) / c->bm) * ((s->n + c->bn - 1) / c->bn);
+    const unsigned grid = (unsigned)(tiles < ctx->dev.sm_count ? tiles : ctx->dev.sm_count);
+    /* The descriptors are encoded in the context, like the launch. */
+    TRY(jit_push(ctx));
+    stof_status st = tma_map(ctx, &tx, a->x, s->dtype, s->m, s->k, c->bm);
+    if (st == STOF_OK)
+        st = tma_map(ctx, &tw, a->w, s->dtype, s->n, s->k, c->bn);
+    if (st == STOF_OK)
+        st = CU(ctx, LaunchKernel(fn, grid, 1, 1, 384, 1, 1, (unsigned)gemm_smem_bytes(c, s, NULL),
+                                  stream, args, NULL));
+    jit_pop(ctx);
+    return st;
+}
+
 stof_status gemm_launch(stof_ctx *ctx, CUfunction fn, const gemm_config *c, const gemm_shape *s,
                         const gemm_args *a, CUstream stream)
 {
@@ -336,6 +441,8 @@ stof_status gemm_launch(stof_ctx *ctx, CUfunction fn, const gemm_config *c, cons
     TRY(check_ptr(ctx, a->sum_out, "sum_out", 0));
     TRY(ctx_need_device(ctx));
 
+    if (c->wg == GEMM_TMA)
+        return launch_tma(ctx, fn, c, s, a, stream);
     const void *x = a->x, *w = a->w, *bias = a->bias, *res = a->residual, *gamma = a->gamma,
                *beta = a->beta;
     void *out = a->out, *sum_out = a->sum_out;

@@ -2,9 +2,10 @@
  * gemm — the generated tensor-core GEMM of the encoder layer's projections,
  * out = epilogue(X · Wᵀ) (nn.Linear, row-major) with bias, activation,
  * residual and LayerNorm fused: its tile candidates, argument checks, kernel
- * requests, loading and launch. Two engines: mma.sync (templates/gemm.cu,
- * any epilogue) and, on sm_90a, warpgroup MMA (templates/gemm_wg.cu, every
- * epilogue but LayerNorm).
+ * requests, loading and launch. Three engines: mma.sync (templates/gemm.cu,
+ * any epilogue) and, on sm_90a, warpgroup MMA fed by cp.async
+ * (templates/gemm_wg.cu) or by TMA (templates/gemm_tma.cu), every epilogue
+ * but LayerNorm.
  */
 #ifndef STOF_GEMM_H
 #define STOF_GEMM_H
@@ -21,8 +22,13 @@ typedef struct gemm_epilogue {
     int ln_sum;          /* with ln: also store the pre-norm row to sum_out */
 } gemm_epilogue;
 
-/* mma.sync: wm x wn warps. wg (warpgroup MMA, sm_90a): wm warpgroups of 64
- * rows (bm = 64 wm), wn = 1, bk = 64. */
+/* The engine, gemm_config.wg: 0 mma.sync (wm x wn warps); 1 warpgroup MMA
+ * on sm_90a (wm warpgroups of 64 rows, bm = 64 wm, wn = 1, bk = 64, K a
+ * multiple of 64); GEMM_TMA, persistent warpgroup MMA on TMA-loaded
+ * operands, sm_90a (a producer and two consumer warpgroups; wm 1: the
+ * consumers take alternate bm x bn tiles, 2: they share each one; bm / wm
+ * is 64 or 128, bk 64, wn 1). */
+#define GEMM_TMA 2
 typedef struct gemm_config { int bm, bn, bk, wm, wn, stages, wg; } gemm_config;
 
 typedef struct gemm_shape { int m, n, k; stof_dtype dtype; } gemm_shape;
@@ -56,7 +62,7 @@ void gemm_make_request(const gemm_config *c, const gemm_shape *s, const gemm_epi
                        gemm_request *r);
 
 /* Device pointers; those the epilogue does not use may be NULL. All 16-byte
- * aligned. */
+ * aligned. out must not overlap x, w, bias or residual. */
 typedef struct gemm_args {
     const void *x, *w, *bias, *residual, *gamma, *beta;
     void *out, *sum_out;

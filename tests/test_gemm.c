@@ -72,14 +72,25 @@ START_TEST(candidates_fit_the_limits)
                     ck_assert_int_le(gemm_smem_bytes(&c[j], &s, e), limits[l]);
                     ck_assert_int_le(gemm_threads(&c[j]), 512);
                     if (c[j].wg) {
-                        /* Only where asked for, never with ln, all before mma.sync. */
+                        /* Only where asked for, never with ln, all before
+                         * mma.sync; TMA ones first. */
                         ck_assert(wgmma && !e->ln && nwg == j);
+                        ck_assert(j == 0 || c[j].wg <= c[j - 1].wg);
                         nwg++;
-                        ck_assert_int_eq(c[j].bm, 64 * c[j].wm);
                         ck_assert_int_eq(c[j].wn, 1);
                         ck_assert_int_eq(c[j].bk, 64);
                         ck_assert(c[j].bn == 64 || c[j].bn == 128 || c[j].bn == 256);
-                        ck_assert(c[j].stages >= 2 && c[j].stages <= 5);
+                        if (c[j].wg == GEMM_TMA) {
+                            const int rows = c[j].bm / c[j].wm;
+                            ck_assert(c[j].wm == 1 || c[j].wm == 2);
+                            ck_assert(rows == 64 || rows == 128);
+                            ck_assert_int_le(rows * c[j].bn / 128, 128);
+                            ck_assert(c[j].stages >= 2 && c[j].stages <= 8);
+                            ck_assert_int_eq(gemm_threads(&c[j]), 384);
+                        } else {
+                            ck_assert_int_eq(c[j].bm, 64 * c[j].wm);
+                            ck_assert(c[j].stages >= 2 && c[j].stages <= 5);
+                        }
                     } else {
                         ck_assert_int_eq(c[j].bm % (16 * c[j].wm), 0);
                         ck_assert_int_eq(c[j].bn % (16 * c[j].wn), 0);
@@ -122,17 +133,23 @@ START_TEST(candidates_fit_the_limits)
     ck_assert_int_ge(gemm_candidates(&small, &EPILOGUES[0], 227 * 1024, 1, c, GEMM_MAX_CANDIDATES), 10);
     ck_assert(c[0].wg);
     ck_assert_int_le(c[0].bm * c[0].bn, 64 * 128);
-    /* No wg tile where K leaves a partial 64-column step. */
+    /* No cp.async wg tile where K leaves a partial 64-column step; TMA
+     * tiles zero-fill it. */
     gemm_shape odd = {4096, 768, 800, STOF_F16};
     int n = gemm_candidates(&odd, &EPILOGUES[0], 227 * 1024, 1, c, GEMM_MAX_CANDIDATES);
     ck_assert_int_ge(n, 6);
+    ck_assert_int_eq(c[0].wg, GEMM_TMA);
     for (int j = 0; j < n; j++)
-        ck_assert(!c[j].wg);
+        ck_assert(c[j].wg != 1);
     char buf[48];
     gemm_config_str(&(gemm_config){128, 128, 32, 2, 4, 3, 0}, buf, sizeof buf);
     ck_assert_str_eq(buf, "128x128x32 w2x4 s3");
     gemm_config_str(&(gemm_config){128, 256, 64, 2, 1, 3, 1}, buf, sizeof buf);
     ck_assert_str_eq(buf, "wg 128x256x64 s3");
+    gemm_config_str(&(gemm_config){128, 128, 64, 1, 1, 6, GEMM_TMA}, buf, sizeof buf);
+    ck_assert_str_eq(buf, "tma pp 128x128x64 s6");
+    gemm_config_str(&(gemm_config){256, 128, 64, 2, 1, 4, GEMM_TMA}, buf, sizeof buf);
+    ck_assert_str_eq(buf, "tma coop 256x128x64 s4");
     stof_close(ctx);
 }
 END_TEST
@@ -177,6 +194,19 @@ START_TEST(bad_shapes_are_named)
          "bk must be 64"},
         {{4096, 768, 768, STOF_F16}, plain, {128, 128, 64, 2, 1, 6, 1}, STOF_ERR_INVALID_ARG,
          "stages must be 2 to 5"},
+        /* TMA: no LayerNorm, one or two consumers per tile, 64 or 128 rows each. */
+        {{4096, 768, 768, STOF_F16}, ln, {128, 128, 64, 1, 1, 6, GEMM_TMA}, STOF_ERR_INVALID_ARG,
+         "no LayerNorm"},
+        {{4096, 768, 768, STOF_F16}, plain, {192, 128, 64, 3, 1, 4, GEMM_TMA}, STOF_ERR_INVALID_ARG,
+         "wm is 1 (ping-pong) or 2"},
+        {{4096, 768, 768, STOF_F16}, plain, {256, 128, 64, 1, 1, 4, GEMM_TMA}, STOF_ERR_INVALID_ARG,
+         "64 or 128 rows per consumer"},
+        {{4096, 768, 768, STOF_F16}, plain, {128, 256, 64, 1, 1, 4, GEMM_TMA}, STOF_ERR_INVALID_ARG,
+         "accumulators"},
+        {{4096, 768, 768, STOF_F16}, plain, {128, 96, 64, 1, 1, 4, GEMM_TMA}, STOF_ERR_INVALID_ARG,
+         "bn must be 64, 128 or 256"},
+        {{4096, 768, 768, STOF_F16}, plain, {128, 128, 64, 1, 1, 9, GEMM_TMA}, STOF_ERR_INVALID_ARG,
+         "stages must be 2 to 8"},
     };
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
         ck_assert_int_eq(gemm_check(ctx, &bad[i].s, &bad[i].e, &bad[i].c), bad[i].want);
@@ -192,6 +222,10 @@ START_TEST(bad_shapes_are_named)
     ck_assert_ptr_nonnull(strstr(stof_last_error(ampere), "sm_90a"));
     ck_assert_int_eq(gemm_prepare(ampere, &wg, &bert, &plain, NULL), STOF_ERR_UNSUPPORTED);
     ck_assert_int_eq(gemm_check(ctx, &bert, &plain, &wg), STOF_OK);
+    const gemm_config tma = {128, 128, 64, 1, 1, 6, GEMM_TMA};
+    ck_assert_int_eq(gemm_check(ampere, &bert, &plain, &tma), STOF_ERR_UNSUPPORTED);
+    ck_assert_ptr_nonnull(strstr(stof_last_error(ampere), "TMA"));
+    ck_assert_int_eq(gemm_check(ctx, &bert, &plain, &tma), STOF_OK);
     stof_stats st;
     stof_get_stats(ampere, &st);
     ck_assert_int_eq(st.nvrtc_compiles, 0);
@@ -248,20 +282,28 @@ START_TEST(template_renders_completely)
         for (int ei = 0; ei < NEPI; ei++) {
             gemm_shape s = {333, 768, 3072, ei % 2 ? STOF_BF16 : STOF_F16};
             gemm_config c[GEMM_MAX_CANDIDATES];
-            ck_assert_int_ge(
-                gemm_candidates(&s, &EPILOGUES[ei], 227 * 1024, wgmma, c, GEMM_MAX_CANDIDATES), 1);
-            ck_assert_int_eq(c[0].wg, wgmma && !EPILOGUES[ei].ln);
-            gemm_request r;
-            gemm_make_request(&c[0], &s, &EPILOGUES[ei], &r);
-            ck_assert(c[0].wg ? r.req.part && !strcmp(r.req.part, "wgmma.cuh") : !r.req.part);
-            char *src = render_request(ctx, &r.req);
-            ck_assert_ptr_null(strstr(src, "{{"));
-            ck_assert_ptr_null(strstr(src, "}}"));
-            ck_assert_ptr_nonnull(strstr(src, c[0].wg ? "stof_gemm_wg(" : "stof_gemm("));
-            ck_assert_str_eq(r.req.entry, c[0].wg ? "stof_gemm_wg" : "stof_gemm");
-            ck_assert_ptr_nonnull(strstr(src, "constexpr int K = 3072;"));
-            ck_assert_ptr_nonnull(strstr(src, s.dtype == STOF_BF16 ? ".bf16.bf16" : ".f16.f16"));
-            free(src);
+            const int n = gemm_candidates(&s, &EPILOGUES[ei], 227 * 1024, wgmma, c, GEMM_MAX_CANDIDATES);
+            ck_assert_int_ge(n, 1);
+            ck_assert_int_eq(c[0].wg, wgmma && !EPILOGUES[ei].ln ? GEMM_TMA : 0);
+            /* The first config of each engine. */
+            for (int k = 0; k < n; k++) {
+                if (k > 0 && c[k].wg == c[k - 1].wg)
+                    continue;
+                static const char *const entries[] = {"stof_gemm", "stof_gemm_wg", "stof_gemm_tma"};
+                gemm_request r;
+                gemm_make_request(&c[k], &s, &EPILOGUES[ei], &r);
+                ck_assert(c[k].wg ? r.req.part && !strcmp(r.req.part, "wgmma.cuh") : !r.req.part);
+                char *src = render_request(ctx, &r.req);
+                ck_assert_ptr_null(strstr(src, "{{"));
+                ck_assert_ptr_null(strstr(src, "}}"));
+                char call[32];
+                snprintf(call, sizeof call, "%s(", entries[c[k].wg]);
+                ck_assert_ptr_nonnull(strstr(src, call));
+                ck_assert_str_eq(r.req.entry, entries[c[k].wg]);
+                ck_assert_ptr_nonnull(strstr(src, "constexpr int K = 3072;"));
+                ck_assert_ptr_nonnull(strstr(src, s.dtype == STOF_BF16 ? ".bf16.bf16" : ".f16.f16"));
+                free(src);
+            }
         }
     stof_close(ctx);
 }
