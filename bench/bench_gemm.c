@@ -1,14 +1,15 @@
 /*
  * bench_gemm — the generated GEMM's configs side by side: for each case
  * (arguments in fives, "M N K EPILOGUE DTYPE", or by default BERT-base's
- * four products at 16384 rows in fp16), every candidate gemm_candidates offers on this device (wg
- * ones first on sm_90a), timed with timing_median, printed as a table of
+ * four products at 16384 rows in fp16, and its two with a LayerNorm),
+ * every candidate gemm_candidates offers on this device (wg ones first on
+ * sm_90a), timed with timing_median, printed as a table of
  * milliseconds and TFLOP/s with the device named. Each output is compared
  * with the first config's (relative L2: rounding differences are about
  * 1e-3 in fp16, 5e-3 in bf16), so a config that computes something else
  * stands out; then a "summary:" line per case with the fastest config of
- * each engine. EPILOGUE: none, bias, gelu, gelu_tanh, relu or
- * residual (all but none with the bias).
+ * each engine. EPILOGUE: none, bias, gelu, gelu_tanh, relu, residual
+ * or ln (residual and LayerNorm; all but none with the bias).
  */
 #include <math.h>
 #include <stdio.h>
@@ -38,11 +39,11 @@ static stof_status run_once(stof_ctx *ctx, void *arg, int i)
 
 static int parse_epilogue(const char *name, gemm_epilogue *e)
 {
-    static const char *const names[] = {"none", "bias", "gelu", "gelu_tanh", "relu", "residual"};
-    for (int i = 0; i < 6; i++)
+    static const char *const names[] = {"none", "bias", "gelu", "gelu_tanh", "relu", "residual", "ln"};
+    for (int i = 0; i < 7; i++)
         if (!strcmp(name, names[i])) {
-            *e = (gemm_epilogue){i > 0, i >= 2 && i <= 4 ? (gemm_act)(i - 1) : GEMM_ACT_NONE, i == 5,
-                                 0, 0};
+            *e = (gemm_epilogue){i > 0, i >= 2 && i <= 4 ? (gemm_act)(i - 1) : GEMM_ACT_NONE, i >= 5,
+                                 i == 6, 0};
             return 1;
         }
     return 0;
@@ -91,7 +92,8 @@ static void bench_case(stof_ctx *ctx, const gemm_shape *s, const char *epi_name,
     const size_t mk = (size_t)s->m * s->k, nk = (size_t)s->n * s->k, mn = (size_t)s->m * s->n;
     CUdeviceptr x = upload(ctx, s->dtype, mk, 1, 1.0), w = upload(ctx, s->dtype, nk, 2, 1 / sqrt(s->k)),
                 b = upload(ctx, s->dtype, (size_t)s->n, 3, 0.1), res = upload(ctx, s->dtype, mn, 4, 1.0),
-                out = upload(ctx, s->dtype, mn, 5, 1.0);
+                out = upload(ctx, s->dtype, mn, 5, 1.0), gamma = upload(ctx, s->dtype, (size_t)s->n, 6, 1.0),
+                beta = upload(ctx, s->dtype, (size_t)s->n, 7, 0.1);
     uint16_t *first = malloc(2 * mn), *got = malloc(2 * mn);
     if (!first || !got)
         exit(1);
@@ -103,7 +105,8 @@ static void bench_case(stof_ctx *ctx, const gemm_shape *s, const char *epi_name,
         gemm_config_str(&c[i], name, sizeof name);
         bench_run r = {&c[i], s, NULL,
                        {(void *)x, (void *)w, e->bias ? (void *)b : NULL,
-                        e->residual ? (void *)res : NULL, NULL, NULL, (void *)out, NULL, 0}};
+                        e->residual ? (void *)res : NULL, e->ln ? (void *)gamma : NULL,
+                        e->ln ? (void *)beta : NULL, (void *)out, NULL, 0}};
         CHECK(ctx, gemm_load(ctx, &c[i], s, e, &r.fn, NULL));
         double ms = 0;
         CHECK(ctx, timing_median(ctx, run_once, &r, &ms));
@@ -130,9 +133,9 @@ static void bench_case(stof_ctx *ctx, const gemm_shape *s, const char *epi_name,
            best[1] ? flop / (best[1] * 1e9) : 0, best_name[0], best[0] ? flop / (best[0] * 1e9) : 0);
     free(first);
     free(got);
-    CUdeviceptr all[] = {x, w, b, res, out};
+    CUdeviceptr all[] = {x, w, b, res, out, gamma, beta};
     CHECK(ctx, jit_push(ctx));
-    for (int i = 0; i < 5; i++)
+    for (int i = 0; i < 7; i++)
         ctx->dev.api.MemFree(all[i]);
     jit_pop(ctx);
 }
@@ -141,7 +144,7 @@ int main(int argc, char **argv)
 {
     if ((argc - 1) % 5) {
         fprintf(stderr, "usage: bench_gemm [M N K EPILOGUE DTYPE]...  (EPILOGUE none, bias, gelu, "
-                        "gelu_tanh, relu or residual; DTYPE fp16 or bf16; without cases, "
+                        "gelu_tanh, relu, residual or ln; DTYPE fp16 or bf16; without cases, "
                         "BERT-base's products at 16384 rows)\n");
         return 2;
     }
@@ -162,9 +165,11 @@ int main(int argc, char **argv)
     static const char *const bert[] = {"16384", "3072", "768",  "gelu",     "fp16",
                                        "16384", "768",  "3072", "residual", "fp16",
                                        "16384", "2304", "768",  "bias",     "fp16",
-                                       "16384", "768",  "768",  "residual", "fp16"};
+                                       "16384", "768",  "768",  "residual", "fp16",
+                                       "16384", "768",  "768",  "ln",       "fp16",
+                                       "16384", "768",  "3072", "ln",       "fp16"};
     const char *const *cases = argc > 1 ? (const char *const *)argv + 1 : bert;
-    const int ncases = argc > 1 ? (argc - 1) / 5 : 4;
+    const int ncases = argc > 1 ? (argc - 1) / 5 : 6;
     printf("bench_gemm on %s (%s)\n", dev, arch);
     printf("%6s %5s %5s %-9s %-5s %-22s %8s %7s   %s\n", "M", "N", "K", "epilogue", "dtype",
            "config", "ms", "TFLOP/s", "rel. L2 vs the first");

@@ -49,6 +49,7 @@ static const struct { const char *name; size_t off; } SYMS[] = {
     S(EventElapsedTime, "cuEventElapsedTime_v2"),
     S(PointerGetAttribute, "cuPointerGetAttribute"),
     S(TensorMapEncodeTiled, "cuTensorMapEncodeTiled"),
+    S(OccupancyMaxActiveClusters, "cuOccupancyMaxActiveClusters"),
     S(GetErrorName, "cuGetErrorName"),
     S(GetErrorString, "cuGetErrorString"),
 #undef S

@@ -56,10 +56,15 @@ int gemm_threads(const gemm_config *c)
 
 int gemm_smem_bytes(const gemm_config *c, const gemm_shape *s, const gemm_epilogue *e)
 {
-    (void)s;
-    if (c->wg == GEMM_TMA) /* stages, a full and an empty barrier each, 2 turns, 8 warps'
-                              * 16 x 36 fp32 staging buffers, alignment slack */
-        return c->stages * (c->bm + c->bn) * 128 + 16 * c->stages + 16 + 8 * 16 * 36 * 4 + 1024;
+    if (c->wg == GEMM_TMA) {
+        /* Stages, a full and an empty barrier each, 2 turns, 4 LN exchange
+         * barriers, 8 warps' 16 x 36 fp32 staging buffers, alignment slack;
+         * with ln, the slots: 2 consumers x 2 exchanges x the cluster's CTAs
+         * x 64 rows. */
+        const int cl = e && e->ln && c->bn > 0 ? s->n / c->bn : 0;
+        return c->stages * (c->bm + c->bn) * 128 + 16 * c->stages + 48 + 8 * 16 * 36 * 4 +
+               2 * 2 * cl * 64 * 4 + 1024;
+    }
     if (c->wg) {
         /* Swizzled 128-byte rows of X and W per stage, a full and an empty
          * barrier per stage, 1 KiB of alignment slack; the staged output
@@ -73,8 +78,14 @@ int gemm_smem_bytes(const gemm_config *c, const gemm_shape *s, const gemm_epilog
     return pipe > staged ? pipe : staged;
 }
 
+/* The TMA LayerNorm layout, marked by bm 64 and wm 2: 64-row blocks that
+ * the two consumers take in turn, a cluster of n / bn CTAs per row. */
+static int tma_ln_layout(const gemm_config *c) { return c->wg == GEMM_TMA && c->bm == 64 && c->wm == 2; }
+
 static int acc_per_thread(const gemm_config *c)
 {
+    if (tma_ln_layout(c))
+        return c->bn / 2;
     if (c->wg == GEMM_TMA)
         return c->bm / c->wm * c->bn / 128;
     return c->wg ? c->bn / 2 : c->bm / c->wm * (c->bn / c->wn) / 32;
@@ -129,6 +140,18 @@ int gemm_candidates(const gemm_shape *s, const gemm_epilogue *e, int smem_max, i
     gemm_config c[GEMM_MAX_CANDIDATES];
     int n = 0, ntma = 0, nwg = 0;
     if (e->ln) {
+        /* TMA first where it applies: a cluster of n / bn CTAs per row, at
+         * most 8, and the deepest pipeline that fits. */
+        for (int bn = 256; wgmma && !e->ln_sum && bn >= 128; bn /= 2) {
+            gemm_config t = {64, bn, 64, 2, 1, 8, GEMM_TMA};
+            if (s->n % bn || s->n / bn > 8)
+                continue;
+            while (t.stages > 2 && !fits(&t, s, e, smem_max))
+                t.stages--;
+            if (fits(&t, s, e, smem_max))
+                c[n++] = t;
+        }
+        ntma = nwg = n;
         for (size_t i = 0; i < sizeof LN_TILES / sizeof LN_TILES[0]; i++) {
             gemm_config t = {LN_TILES[i][0], round_up(s->n, 16 * LN_TILES[i][2]), 32,
                              LN_TILES[i][1], LN_TILES[i][2], 4, 0};
@@ -179,8 +202,8 @@ int gemm_candidates(const gemm_shape *s, const gemm_epilogue *e, int smem_max, i
 void gemm_config_str(const gemm_config *c, char *buf, size_t n)
 {
     if (c->wg == GEMM_TMA)
-        snprintf(buf, n, "tma %s %dx%dx%d s%d", c->wm == 2 ? "coop" : "pp", c->bm, c->bn, c->bk,
-                 c->stages);
+        snprintf(buf, n, "tma %s %dx%dx%d s%d", tma_ln_layout(c) ? "ln" : c->wm == 2 ? "coop" : "pp",
+                 c->bm, c->bn, c->bk, c->stages);
     else if (c->wg)
         snprintf(buf, n, "wg %dx%dx%d s%d", c->bm, c->bn, c->bk, c->stages);
     else
@@ -218,27 +241,37 @@ static stof_status check_wg(stof_ctx *ctx, const gemm_shape *s, const gemm_epilo
     return STOF_OK;
 }
 
-static stof_status check_tma(stof_ctx *ctx, const gemm_epilogue *e, const gemm_config *c,
-                             const char *name)
+static stof_status check_tma(stof_ctx *ctx, const gemm_shape *s, const gemm_epilogue *e,
+                             const gemm_config *c, const char *name)
 {
     if (strcmp(ctx->arch, "sm_90a") != 0)
         return CTX_FAIL(ctx, STOF_ERR_UNSUPPORTED,
                         "gemm: config %s needs TMA and warpgroup MMA (sm_90a), the context compiles for %s",
                         name, ctx->arch[0] ? ctx->arch : "no architecture");
-    if (e->ln)
+    if (e->ln != tma_ln_layout(c))
         return CTX_FAIL(ctx, STOF_ERR_INVALID_ARG,
-                        "gemm: config %s has no LayerNorm epilogue (a tma config with ln)", name);
+                        e->ln ? "gemm: config %s: a tma LayerNorm needs bm 64 and wm 2"
+                              : "gemm: config %s (bm 64, wm 2) is the tma LayerNorm layout, the epilogue has no ln",
+                        name);
+    if (e->ln) {
+        if (e->ln_sum)
+            return CTX_FAIL(ctx, STOF_ERR_UNSUPPORTED, "gemm: config %s has no ln_sum", name);
+        if ((c->bn != 128 && c->bn != 256) || s->n % c->bn || s->n / c->bn > 8)
+            return CTX_FAIL(ctx, STOF_ERR_INVALID_ARG,
+                            "gemm: config %s: bn must be 128 or 256 and divide n (%d) into at most 8 CTAs",
+                            name, s->n);
+    }
     if (c->wm != 1 && c->wm != 2)
         return CTX_FAIL(ctx, STOF_ERR_INVALID_ARG,
                         "gemm: config %s: wm is 1 (ping-pong) or 2 (shared tiles)", name);
-    const int rows = c->bm / c->wm;
+    const int rows = e->ln ? 64 : c->bm / c->wm;
     if (c->bm % c->wm || (rows != 64 && rows != 128) || c->wn != 1)
         return CTX_FAIL(ctx, STOF_ERR_INVALID_ARG,
                         "gemm: config %s: 64 or 128 rows per consumer warpgroup (bm / wm), wn = 1",
                         name);
     if (c->bn != 64 && c->bn != 128 && c->bn != 256)
         return CTX_FAIL(ctx, STOF_ERR_INVALID_ARG, "gemm: config %s: bn must be 64, 128 or 256", name);
-    if (rows * c->bn / 128 > GEMM_MAX_ACC)
+    if (acc_per_thread(c) > GEMM_MAX_ACC)
         return CTX_FAIL(ctx, STOF_ERR_INVALID_ARG,
                         "gemm: config %s: more than %d accumulators per thread", name, GEMM_MAX_ACC);
     if (c->bk != 64)
@@ -273,7 +306,7 @@ stof_status gemm_check(stof_ctx *ctx, const gemm_shape *s, const gemm_epilogue *
     char name[48];
     gemm_config_str(c, name, sizeof name);
     if (c->wg == GEMM_TMA)
-        return check_tma(ctx, e, c, name);
+        return check_tma(ctx, s, e, c, name);
     if (c->wg)
         return check_wg(ctx, s, e, c, name);
     if (c->wm <= 0 || c->wn <= 0 || c->wm * c->wn > 16)
@@ -318,7 +351,8 @@ void gemm_make_request(const gemm_config *c, const gemm_shape *s, const gemm_epi
     r->vars[n++] = (render_var){"ACT", acts[act]};
     r->vars[n++] = (render_var){"RESIDUAL", e->residual ? "1" : "0"};
     if (c->wg == GEMM_TMA) {
-        r->vars[n++] = (render_var){"COOP", c->wm == 2 ? "1" : "0"};
+        r->vars[n++] = (render_var){"COOP", c->wm == 2 && !e->ln ? "1" : "0"};
+        r->vars[n++] = (render_var){"LN", e->ln ? "1" : "0"};
         r->req = (jit_request){"gemm", "gemm_tma.cu", "stof_gemm_tma", r->vars, n, "wgmma.cuh"};
         return;
     }
@@ -397,25 +431,44 @@ static stof_status tma_map(stof_ctx *ctx, CUtensorMap *map, const void *p, stof_
                        CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE));
 }
 
-/* Persistent: one CTA per SM at most, each walking tiles gridDim apart. */
 static stof_status launch_tma(stof_ctx *ctx, CUfunction fn, const gemm_config *c, const gemm_shape *s,
                               const gemm_args *a, CUstream stream)
 {
     CUtensorMap tx, tw;
-    const void *bias = a->bias, *res = a->residual;
+    const void *bias = a->bias, *res = a->residual, *gamma = a->gamma, *beta = a->beta;
     void *out = a->out;
     int m = s->m;
-    void *args[] = {&tx, &tw, &bias, &res, &out, &m};
-    const long long tiles = (long long)((s->m + c->bm - 1) / c->bm) * ((s->n + c->bn - 1) / c->bn);
-    const unsigned grid = (unsigned)(tiles < ctx->dev.sm_count ? tiles : ctx->dev.sm_count);
+    float eps = a->eps > 0.f ? a->eps : 1e-5f;
+    void *args[] = {&tx, &tw, &bias, &res, &gamma, &beta, &out, &m, &eps};
+    const int ln = tma_ln_layout(c), cl = ln ? s->n / c->bn : 1;
+    const gemm_epilogue layout = {.ln = ln};
+    const unsigned smem = (unsigned)gemm_smem_bytes(c, s, &layout);
+    /* Persistent: as many CTAs as run at once, at most one per tile; with
+     * ln, whole clusters (the kernel's fixed size), as many as the device
+     * can hold at once (fewer than SMs / cl where a GPC's SMs do not
+     * divide), at most one per row block. */
+    const long long units = ln ? (s->m + 63) / 64
+                               : (long long)((s->m + c->bm - 1) / c->bm) * ((s->n + c->bn - 1) / c->bn);
+    int slots = ctx->dev.sm_count;
     /* The descriptors are encoded in the context, like the launch. */
     TRY(jit_push(ctx));
-    stof_status st = tma_map(ctx, &tx, a->x, s->dtype, s->m, s->k, c->bm);
+    stof_status st = STOF_OK;
+    if (ln) {
+        CUlaunchConfig lc = {.gridDimX = (unsigned)cl, .gridDimY = 1, .gridDimZ = 1, .blockDimX = 384,
+                             .blockDimY = 1, .blockDimZ = 1, .sharedMemBytes = smem, .hStream = stream};
+        st = CU(ctx, OccupancyMaxActiveClusters(&slots, fn, &lc));
+        if (st == STOF_OK && slots < 1)
+            st = CTX_FAIL(ctx, STOF_ERR_UNSUPPORTED,
+                          "gemm: no cluster of %d CTAs with %u bytes of shared memory fits the device",
+                          cl, smem);
+    }
+    const unsigned grid = (unsigned)((units < slots ? units : slots) * cl);
+    if (st == STOF_OK)
+        st = tma_map(ctx, &tx, a->x, s->dtype, s->m, s->k, c->bm);
     if (st == STOF_OK)
         st = tma_map(ctx, &tw, a->w, s->dtype, s->n, s->k, c->bn);
     if (st == STOF_OK)
-        st = CU(ctx, LaunchKernel(fn, grid, 1, 1, 384, 1, 1, (unsigned)gemm_smem_bytes(c, s, NULL),
-                                  stream, args, NULL));
+        st = CU(ctx, LaunchKernel(fn, grid, 1, 1, 384, 1, 1, smem, stream, args, NULL));
     jit_pop(ctx);
     return st;
 }
@@ -429,8 +482,8 @@ stof_status gemm_launch(stof_ctx *ctx, CUfunction fn, const gemm_config *c, cons
         return CTX_FAIL(ctx, STOF_ERR_INVALID_ARG, "gemm: argument '%s' is NULL",
                         !fn ? "fn" : !c ? "config" : "args");
     /* The function was built for some epilogue; only the layout matters here. */
-    const gemm_epilogue none = {0};
-    TRY(gemm_check(ctx, s, &none, c));
+    const gemm_epilogue layout = {.ln = tma_ln_layout(c)};
+    TRY(gemm_check(ctx, s, &layout, c));
     TRY(check_ptr(ctx, a->x, "x", 1));
     TRY(check_ptr(ctx, a->w, "w", 1));
     TRY(check_ptr(ctx, a->out, "out", 1));

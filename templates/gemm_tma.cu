@@ -29,9 +29,20 @@
 // reads them back as 8-element row pieces, adds the residual's piece and
 // stores it. out must not overlap x, w, bias or residual.
 //
+// LayerNorm (LN 1): a row's N columns are spread over a cluster of
+// N / BLOCK_N CTAs, which walk blocks of 64 rows together (CTA rank r takes
+// columns r * BLOCK_N ..), the consumers in ping-pong. After bias,
+// activation and residual, each consumer sends its rows' partial sums to
+// the same consumer of every CTA of the cluster (distributed shared
+// memory, one slot per CTA) and waits until all have arrived: once for the
+// mean, once for the sum of squared deviations from it. The normalized rows
+// (times gamma, plus beta) go out as above. The consumers of a cluster
+// exchange once per row block and none can be two exchanges ahead of
+// another, so one slot set per exchange suffices.
+//
 // X is [m, K] and W [N, K] (nn.Linear), out and residual [m, N], row-major;
-// bias [N]. The launch passes TMA descriptors of X (box 64 x BLOCK_M) and W
-// (box 64 x BLOCK_N) with 128-byte swizzling.
+// bias, gamma, beta [N]. The launch passes TMA descriptors of X (box 64 x
+// BLOCK_M) and W (box 64 x BLOCK_N) with 128-byte swizzling.
 //
 // Parameters:
 //   N, K       out columns (a multiple of 8) and reduction length (of 8)
@@ -43,6 +54,7 @@
 //   BIAS       1: add bias[n]
 //   ACT        after the bias: 0 none, 1 GELU (erf), 2 GELU (tanh), 3 ReLU
 //   RESIDUAL   1: add residual[m, n] after the activation
+//   LN         1: LayerNorm over each row (BLOCK_M 64, COOP 0, cluster N / BLOCK_N)
 
 constexpr int N = {{N}};
 constexpr int K = {{K}};
@@ -53,13 +65,16 @@ constexpr bool COOP = {{COOP}};
 constexpr bool HAS_BIAS = {{BIAS}};
 constexpr int ACT = {{ACT}};
 constexpr bool HAS_RESIDUAL = {{RESIDUAL}};
+constexpr bool LN = {{LN}};
 
 constexpr int BK = 64;                      // one 128-byte swizzled row per operand row
 constexpr int THREADS = 384;                // producer, two consumers
+constexpr int CL = LN ? N / BN : 1;         // CTAs per cluster
 constexpr int WG_ROWS = COOP ? BM / 2 : BM; // rows of a consumer's products
+constexpr int WG_COLS = BN;                 // and columns
 constexpr int MI = WG_ROWS / 64;            // m64 products per column block
-constexpr int WN = BN;                      // columns of one product: m64n64, n128 or n256
-constexpr int NB = BN / WN;                 // column blocks
+constexpr int WN = WG_COLS;                 // columns of one product: m64n64, n128 or n256
+constexpr int NB = WG_COLS / WN;            // column blocks
 constexpr int KT = (K + BK - 1) / BK;       // K steps per tile
 constexpr int NT = (N + BN - 1) / BN;       // column tiles
 constexpr int A_BYTES = BM * 128;
@@ -71,8 +86,10 @@ typedef unsigned short elem_t;
 typedef stof_{{MMA_TYPE}}_tag mma_tag;
 
 static_assert(WG_ROWS == 64 || WG_ROWS == 128, "64 or 128 rows per consumer warpgroup");
-static_assert(BN == 64 || BN == 128 || BN == 256, "one m64n64, m64n128 or m64n256 product");
-static_assert(WG_ROWS * BN / 128 <= 128, "at most 128 accumulators per consumer thread");
+static_assert(WN == 64 || WN == 128 || WN == 256, "one m64n64, m64n128 or m64n256 product");
+static_assert(WG_ROWS * WG_COLS / 128 <= 128, "at most 128 accumulators per consumer thread");
+static_assert(!LN || (BM == 64 && !COOP && N % BN == 0 && CL <= 8),
+              "LN: ping-pong on 64-row blocks, at most 8 CTAs a row");
 static_assert(K % 8 == 0 && N % 8 == 0, "16-byte rows");
 static_assert(STAGES >= 2 && STAGES <= 8, "2 to 8 stages");
 
@@ -111,21 +128,83 @@ __device__ __forceinline__ void tma_load(unsigned dst, const stof_tmap *map, uns
                  : "memory");
 }
 
-extern "C" __global__ void __launch_bounds__(THREADS, 1)
+// The CTA's i-th tile of its walk at (m0, n0); false past the end. With LN
+// the cluster walks row blocks and this CTA takes its rank's columns.
+__device__ __forceinline__ bool walk(int i, int m, int &m0, int &n0)
+{
+    if (LN) {
+        m0 = (blockIdx.x / CL + i * (gridDim.x / CL)) * BM;
+        n0 = blockIdx.x % CL * BN;
+        return m0 < m;
+    }
+    const int tile = blockIdx.x + i * gridDim.x;
+    m0 = tile / NT * BM;
+    n0 = tile % NT * BN;
+    return tile < (m + BM - 1) / BM * NT;
+}
+
+// LN: adds v (this thread's rows' partial values, reduced over the 4
+// threads of a row) into slot `slot` of buf in every CTA of the cluster,
+// arriving on bar there, then waits for the phase and returns the rows'
+// totals over all CL slots. buf is [CL][64] floats.
+__device__ __forceinline__ float2 cluster_sum(float2 v, unsigned buf, unsigned bar, int parity,
+                                              int slot, int row)
+{
+    v.x = stof_group_sum<4>(v.x);
+    v.y = stof_group_sum<4>(v.y);
+    if (threadIdx.x % 4 == 0) {
+        const unsigned a = buf + (slot * 64 + row) * 4;
+#pragma unroll
+        for (int r = 0; r < CL; r++) {
+            unsigned ra, rb;
+            asm volatile("mapa.shared::cluster.u32 %0, %1, %2;\n" : "=r"(ra) : "r"(a), "r"(r));
+            asm volatile("mapa.shared::cluster.u32 %0, %1, %2;\n" : "=r"(rb) : "r"(bar), "r"(r));
+            asm volatile("st.shared::cluster.f32 [%0], %1;\n" ::"r"(ra), "f"(v.x) : "memory");
+            asm volatile("st.shared::cluster.f32 [%0], %1;\n" ::"r"(ra + 32), "f"(v.y) : "memory");
+            asm volatile("mbarrier.arrive.release.cluster.shared::cluster.b64 _, [%0];\n" ::"r"(rb)
+                         : "memory");
+        }
+    }
+    asm volatile("{\n.reg .pred done;\nWAIT:\n"
+                 "mbarrier.try_wait.parity.acquire.cluster.shared::cta.b64 done, [%0], %1;\n"
+                 "@!done bra WAIT;\n}\n" ::"r"(bar), "r"(parity) : "memory");
+    float2 tot;
+    tot.x = tot.y = 0.f;
+#pragma unroll
+    for (int sl = 0; sl < CL; sl++) {
+        float x, y;
+        asm volatile("ld.shared.f32 %0, [%1];\n" : "=f"(x) : "r"(buf + (sl * 64 + row) * 4) : "memory");
+        asm volatile("ld.shared.f32 %0, [%1];\n" : "=f"(y) : "r"(buf + (sl * 64 + row + 8) * 4) : "memory");
+        tot.x += x;
+        tot.y += y;
+    }
+    return tot;
+}
+
+#if {{LN}}
+#define STOF_CLUSTER __cluster_dims__(CL, 1, 1)
+#else
+#define STOF_CLUSTER
+#endif
+
+extern "C" __global__ void STOF_CLUSTER __launch_bounds__(THREADS, 1)
 stof_gemm_tma(const __grid_constant__ stof_tmap tx, const __grid_constant__ stof_tmap tw,
               const elem_t *__restrict__ bias, const elem_t *__restrict__ residual,
-              elem_t *__restrict__ out, int m)
+              const elem_t *__restrict__ gamma, const elem_t *__restrict__ beta,
+              elem_t *__restrict__ out, int m, float eps)
 {
     // The launch gives 1 KiB of slack to align the swizzled tiles.
     extern __shared__ __align__(1024) unsigned char smem_raw[];
     const unsigned base = (stof_smem_u32(smem_raw) + 1023) & ~1023u;
-    // Per stage: X's rows, then W's; both sizes are multiples of 1024.
-    // Then the ping-pong turns: turn[c] fires when the other consumer is done
-    // waiting for its tile's stages.
+    // Per stage: X's rows, then W's; both sizes are multiples of 1024. Then
+    // the barriers: full and empty per stage; the ping-pong turns (turn[c]
+    // fires when the other consumer is done waiting for its tile's stages);
+    // LN's two exchanges per consumer. Then 8 warps' staging buffers and
+    // LN's slots, [consumer][exchange][CL][64] floats.
     const unsigned bar_full = base + STAGES * STAGE_BYTES, bar_empty = bar_full + STAGES * 8,
-                   bar_turn = bar_empty + STAGES * 8;
+                   bar_turn = bar_empty + STAGES * 8, bar_ln = bar_turn + 16;
+    const unsigned stage_at = bar_ln + 32, xbuf = stage_at + 8 * 16 * EPI_LD * 4;
     const int wg = threadIdx.x / 128, warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-    const int tiles = (m + BM - 1) / BM * NT;
 
     if (threadIdx.x == 0) {
         for (int i = 0; i < STAGES; i++) {
@@ -134,10 +213,17 @@ stof_gemm_tma(const __grid_constant__ stof_tmap tx, const __grid_constant__ stof
         }
         mbar_init(bar_turn, 4);
         mbar_init(bar_turn + 8, 4);
-        // The copy engine sees the initialized barriers.
+        // Every thread of the consumer that holds a row's values (a
+        // quarter) in every CTA of the cluster arrives once per exchange.
+        for (int i = 0; i < 4; i++)
+            mbar_init(bar_ln + 8 * i, 32 * CL);
+        // The copy engine and the cluster see the initialized barriers.
         asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
     }
     __syncthreads();
+    if (LN)  // no CTA arrives on a peer's barriers before they exist
+        asm volatile("barrier.cluster.arrive.release.aligned;\nbarrier.cluster.wait.acquire.aligned;\n" ::
+                         : "memory");
 
     if (wg == 0) {
         asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n");
@@ -146,8 +232,8 @@ stof_gemm_tma(const __grid_constant__ stof_tmap tx, const __grid_constant__ stof
         asm volatile("prefetch.tensormap [%0];\n" ::"l"((unsigned long long)&tx) : "memory");
         asm volatile("prefetch.tensormap [%0];\n" ::"l"((unsigned long long)&tw) : "memory");
         int it = 0;  // K steps issued
-        for (int tile = blockIdx.x; tile < tiles; tile += gridDim.x) {
-            const int m0 = tile / NT * BM, n0 = tile % NT * BN;
+        int m0, n0;
+        for (int i = 0; walk(i, m, m0, n0); i++)
             for (int kb = 0; kb < KT; kb++, it++) {
                 const int s = it % STAGES;
                 if (it >= STAGES)
@@ -157,34 +243,33 @@ stof_gemm_tma(const __grid_constant__ stof_tmap tx, const __grid_constant__ stof
                 tma_load(st, &tx, bar_full + 8 * s, kb * BK, m0);
                 tma_load(st + A_BYTES, &tw, bar_full + 8 * s, kb * BK, n0);
             }
-        }
         return;
     }
 
     asm volatile("setmaxnreg.inc.sync.aligned.u32 232;\n");
     const int c = wg - 1;                      // consumer 0 or 1
     const int g = lane / 4, t = lane % 4;
+    const int wrow = (warp % 4) * 16 + g;      // of each m64 block, elements 0, 1; + 8: 2, 3
     const unsigned a_off = COOP ? c * WG_ROWS * 128 : 0;
-    // This warp's staging buffer, after the barriers.
-    float *const stage = reinterpret_cast<float *>(smem_raw + (base - stof_smem_u32(smem_raw)) +
-                                                   STAGES * STAGE_BYTES + 16 * STAGES + 16) +
+    // This warp's staging buffer.
+    float *const stage = reinterpret_cast<float *>(smem_raw + (stage_at - stof_smem_u32(smem_raw))) +
                          (warp - 4) * 16 * EPI_LD;
 
     // Local tile i is the CTA's i-th of its walk; its K steps are the walk's
     // i * KT .. i * KT + KT - 1.
-    for (int i = COOP ? 0 : c, q = 0;; i += COOP ? 1 : 2, q++) {
-        const int tile = blockIdx.x + i * gridDim.x;
-        if (tile >= tiles)
-            break;
+    int m0, n0;
+    for (int i = COOP ? 0 : c, q = 0; walk(i, m, m0, n0); i += COOP ? 1 : 2, q++) {
         // Consumer 0's q-th tile follows consumer 1's (q - 1)-th, consumer 1's
         // q-th follows consumer 0's q-th.
         if (!COOP && i > 0)
             mbar_wait(bar_turn + 8 * c, (c == 0 ? q - 1 : q) & 1);
-        const int m0 = tile / NT * BM + (COOP ? c * WG_ROWS : 0), n0 = tile % NT * BN;
+        // This consumer's part of the tile.
+        if (COOP)
+            m0 += c * WG_ROWS;
         // The epilogue's residual tile is brought into the L2 while the
         // products run: 128-byte lines, a couple per thread.
         if (HAS_RESIDUAL) {
-            constexpr int LPR = BN / 64;  // lines per row
+            constexpr int LPR = WG_COLS / 64;  // lines per row
             for (int l = threadIdx.x % 128; l < WG_ROWS * LPR; l += 128) {
                 const int row = m0 + l / LPR, col = n0 + l % LPR * 64;
                 if (row < m && col < N)
@@ -206,7 +291,8 @@ stof_gemm_tma(const __grid_constant__ stof_tmap tx, const __grid_constant__ stof
         for (int kb = 0; kb < KT; kb++) {
             const int it = i * KT + kb, s = it % STAGES;
             mbar_wait(bar_full + 8 * s, (it / STAGES) & 1);
-            const unsigned a_t = base + s * STAGE_BYTES + a_off, b_t = base + s * STAGE_BYTES + A_BYTES;
+            const unsigned a_t = base + s * STAGE_BYTES + a_off,
+                           b_t = base + s * STAGE_BYTES + A_BYTES;
             wg_fence();
 #pragma unroll
             for (int kk = 0; kk < BK / 16; kk++)
@@ -239,13 +325,70 @@ stof_gemm_tma(const __grid_constant__ stof_tmap tx, const __grid_constant__ stof
                 wg_hold(acc[mi][b]);
 
         // Of each n8 block j of a product, thread (g, t) holds columns
-        // 8j + 2t, 8j + 2t + 1 of rows g (elements 0, 1) and g + 8 of its
-        // warp's 16. They go through the warp's staging buffer, 32 columns
-        // at a time, bias and activation applied on the way in.
+        // 8j + 2t, 8j + 2t + 1 of rows wrow (elements 0, 1) and wrow + 8.
+        if (LN) {
+            // MI = NB = 1. Bias, activation, residual in place, then the
+            // row's mean and deviation from the cluster's sums.
+            float2 part;
+            part.x = part.y = 0.f;
+#pragma unroll
+            for (int j = 0; j < WN / 8; j++) {
+                const int col = n0 + j * 8 + 2 * t;
+                float b0 = 0.f, b1 = 0.f;
+                if (HAS_BIAS) {
+                    const unsigned bb = *reinterpret_cast<const unsigned *>(bias + col);
+                    b0 = to_f32((elem_t)(bb & 0xffff));
+                    b1 = to_f32((elem_t)(bb >> 16));
+                }
+#pragma unroll
+                for (int h = 0; h < 2; h++) {
+                    const int row = m0 + wrow + 8 * h;
+                    float v0 = act(acc[0][0][j][2 * h] + b0), v1 = act(acc[0][0][j][2 * h + 1] + b1);
+                    if (HAS_RESIDUAL && row < m) {
+                        const unsigned rr =
+                            *reinterpret_cast<const unsigned *>(residual + (long long)row * N + col);
+                        v0 += to_f32((elem_t)(rr & 0xffff));
+                        v1 += to_f32((elem_t)(rr >> 16));
+                    }
+                    acc[0][0][j][2 * h] = v0;
+                    acc[0][0][j][2 * h + 1] = v1;
+                    (h ? part.y : part.x) += v0 + v1;
+                }
+            }
+            const unsigned xb = xbuf + c * 2 * CL * 64 * 4, xbar = bar_ln + c * 16;
+            const float2 sum = cluster_sum(part, xb, xbar, q & 1, blockIdx.x % CL, wrow);
+            const float mean0 = sum.x * (1.f / N), mean1 = sum.y * (1.f / N);
+            part.x = part.y = 0.f;
+#pragma unroll
+            for (int j = 0; j < WN / 8; j++)
+#pragma unroll
+                for (int e = 0; e < 2; e++) {
+                    const float d0 = acc[0][0][j][e] - mean0, d1 = acc[0][0][j][2 + e] - mean1;
+                    part.x += d0 * d0;
+                    part.y += d1 * d1;
+                }
+            const float2 dev = cluster_sum(part, xb + CL * 64 * 4, xbar + 8, q & 1, blockIdx.x % CL, wrow);
+            const float rstd0 = rsqrtf(dev.x * (1.f / N) + eps), rstd1 = rsqrtf(dev.y * (1.f / N) + eps);
+#pragma unroll
+            for (int j = 0; j < WN / 8; j++) {
+                const int col = n0 + j * 8 + 2 * t;
+                const unsigned gg = *reinterpret_cast<const unsigned *>(gamma + col);
+                const unsigned be = *reinterpret_cast<const unsigned *>(beta + col);
+                const float g0 = to_f32((elem_t)(gg & 0xffff)), g1 = to_f32((elem_t)(gg >> 16));
+                const float e0 = to_f32((elem_t)(be & 0xffff)), e1 = to_f32((elem_t)(be >> 16));
+                acc[0][0][j][0] = (acc[0][0][j][0] - mean0) * rstd0 * g0 + e0;
+                acc[0][0][j][1] = (acc[0][0][j][1] - mean0) * rstd0 * g1 + e1;
+                acc[0][0][j][2] = (acc[0][0][j][2] - mean1) * rstd1 * g0 + e0;
+                acc[0][0][j][3] = (acc[0][0][j][3] - mean1) * rstd1 * g1 + e1;
+            }
+        }
+        // Then through the warp's staging buffer, 32 columns of its 16 rows
+        // at a time (bias and activation applied on the way in, unless LN
+        // has), read back as 8-element row pieces for 16-byte stores.
 #pragma unroll
         for (int mi = 0; mi < MI; mi++)
 #pragma unroll
-            for (int cc = 0; cc < BN / 32; cc++) {
+            for (int cc = 0; cc < WG_COLS / 32; cc++) {
                 // The chunk's residual is loaded first: its latency passes
                 // while the chunk is staged.
                 uint4 res[2];
@@ -253,7 +396,7 @@ stof_gemm_tma(const __grid_constant__ stof_tmap tx, const __grid_constant__ stof
                 for (int p = 0; p < 2; p++) {
                     const int row = m0 + mi * 64 + (warp % 4) * 16 + lane / 4 + 8 * p;
                     const int col = n0 + cc * 32 + (lane % 4) * 8;
-                    if (HAS_RESIDUAL && row < m && (N % BN == 0 || col < N))
+                    if (HAS_RESIDUAL && !LN && row < m && (N % BN == 0 || col < N))
                         res[p] = *reinterpret_cast<const uint4 *>(residual + (long long)row * N + col);
                 }
 #pragma unroll
@@ -261,7 +404,7 @@ stof_gemm_tma(const __grid_constant__ stof_tmap tx, const __grid_constant__ stof
                     const int jj = cc * 4 + q, b = jj * 8 / WN, j = jj % (WN / 8);
                     const int col = n0 + jj * 8 + 2 * t;
                     float b0 = 0.f, b1 = 0.f;
-                    if (HAS_BIAS && (N % BN == 0 || col < N)) {
+                    if (HAS_BIAS && !LN && (N % BN == 0 || col < N)) {
                         const unsigned bb = *reinterpret_cast<const unsigned *>(bias + col);
                         b0 = to_f32((elem_t)(bb & 0xffff));
                         b1 = to_f32((elem_t)(bb >> 16));
@@ -269,8 +412,8 @@ stof_gemm_tma(const __grid_constant__ stof_tmap tx, const __grid_constant__ stof
 #pragma unroll
                     for (int h = 0; h < 2; h++) {
                         float2 v;
-                        v.x = act(acc[mi][b][j][2 * h] + b0);
-                        v.y = act(acc[mi][b][j][2 * h + 1] + b1);
+                        v.x = LN ? acc[mi][b][j][2 * h] : act(acc[mi][b][j][2 * h] + b0);
+                        v.y = LN ? acc[mi][b][j][2 * h + 1] : act(acc[mi][b][j][2 * h + 1] + b1);
                         *reinterpret_cast<float2 *>(stage + (g + 8 * h) * EPI_LD + q * 8 + 2 * t) = v;
                     }
                 }
@@ -285,7 +428,7 @@ stof_gemm_tma(const __grid_constant__ stof_tmap tx, const __grid_constant__ stof
                     const float4 hi = *reinterpret_cast<const float4 *>(stage + r * EPI_LD + c8 * 8 + 4);
                     float v[8] = {lo.x, lo.y, lo.z, lo.w, hi.x, hi.y, hi.z, hi.w};
                     const long long at = (long long)row * N + col;
-                    if (HAS_RESIDUAL) {
+                    if (HAS_RESIDUAL && !LN) {
                         const unsigned rw[4] = {res[p].x, res[p].y, res[p].z, res[p].w};
 #pragma unroll
                         for (int e = 0; e < 4; e++) {

@@ -56,13 +56,16 @@ START_TEST(candidates_fit_the_limits)
                 int n = gemm_candidates(&s, e, limits[l], wgmma, c, GEMM_MAX_CANDIDATES);
                 if (e->ln && (limits[l] < 227 * 1024 || s.n > 1024)) {
                     /* Two stages of all N rows of W (and 16 of X) at
-                     * BLOCK_K 32 need 125 KB for N = 768, 371 KB for 2304. */
-                    ck_assert_int_eq(n, 0);
+                     * BLOCK_K 32 need 125 KB for N = 768, 371 KB for 2304:
+                     * only TMA clusters of at most 8 CTAs, without ln_sum. */
+                    for (int j = 0; j < n; j++)
+                        ck_assert(wgmma && !e->ln_sum && c[j].wg == GEMM_TMA && s.n / c[j].bn <= 8);
+                    ck_assert(n > 0 || !wgmma || e->ln_sum || s.n > 2048 || limits[l] < 64 * 1024);
                     continue;
                 }
                 ck_assert_msg(n >= (e->ln ? 2 : l == 0 ? 2 : 6), "n %d k %d ln %d limit %d: %d",
                               s.n, s.k, e->ln, limits[l], n);
-                ck_assert_int_le(n, e->ln ? 4 : wgmma ? GEMM_MAX_CANDIDATES : 12);
+                ck_assert_int_le(n, e->ln ? 6 : wgmma ? GEMM_MAX_CANDIDATES : 12);
                 int divides = 1, nwg = 0;
                 for (int j = 0; j < n; j++) {
                     char name[48];
@@ -74,13 +77,19 @@ START_TEST(candidates_fit_the_limits)
                     if (c[j].wg) {
                         /* Only where asked for, never with ln, all before
                          * mma.sync; TMA ones first. */
-                        ck_assert(wgmma && !e->ln && nwg == j);
+                        ck_assert(wgmma && (!e->ln || (c[j].wg == GEMM_TMA && !e->ln_sum)) && nwg == j);
                         ck_assert(j == 0 || c[j].wg <= c[j - 1].wg);
                         nwg++;
                         ck_assert_int_eq(c[j].wn, 1);
                         ck_assert_int_eq(c[j].bk, 64);
                         ck_assert(c[j].bn == 64 || c[j].bn == 128 || c[j].bn == 256);
-                        if (c[j].wg == GEMM_TMA) {
+                        if (c[j].wg == GEMM_TMA && e->ln) {
+                            /* 64-row blocks in turns, a cluster per row. */
+                            ck_assert_int_eq(c[j].bm, 64);
+                            ck_assert_int_eq(c[j].wm, 2);
+                            ck_assert_int_eq(s.n % c[j].bn, 0);
+                            ck_assert_int_le(s.n / c[j].bn, 8);
+                        } else if (c[j].wg == GEMM_TMA) {
                             const int rows = c[j].bm / c[j].wm;
                             ck_assert(c[j].wm == 1 || c[j].wm == 2);
                             ck_assert(rows == 64 || rows == 128);
@@ -97,7 +106,7 @@ START_TEST(candidates_fit_the_limits)
                         ck_assert(c[j].bk == 32 || c[j].bk == 64);
                         ck_assert(c[j].stages >= 2 && c[j].stages <= 4);
                     }
-                    if (e->ln) {
+                    if (e->ln && !c[j].wg) {
                         ck_assert_int_ge(c[j].bn, s.n);
                         ck_assert_int_lt(c[j].bn, s.n + 16 * c[j].wn);
                     } else {
@@ -109,7 +118,10 @@ START_TEST(candidates_fit_the_limits)
                     }
                 }
                 /* Every BERT product has wg tiles: all of them with an H100's
-                 * shared memory, the two small ones within 99 KiB. */
+                 * shared memory, the two small ones within 99 KiB; the
+                 * LayerNorm ones on TMA where N is 768 and no sum is kept. */
+                if (wgmma && e->ln && !e->ln_sum && s.n == 768)
+                    ck_assert_int_ge(nwg, limits[l] == 227 * 1024 ? 2 : 1);
                 if (wgmma && !e->ln && limits[l] >= 99 * 1024)
                     ck_assert_int_ge(nwg, limits[l] == 227 * 1024 ? 6 : 2);
                 /* A smaller cap takes the best ones, in order. */
@@ -196,7 +208,15 @@ START_TEST(bad_shapes_are_named)
          "stages must be 2 to 5"},
         /* TMA: no LayerNorm, one or two consumers per tile, 64 or 128 rows each. */
         {{4096, 768, 768, STOF_F16}, ln, {128, 128, 64, 1, 1, 6, GEMM_TMA}, STOF_ERR_INVALID_ARG,
-         "no LayerNorm"},
+         "needs bm 64 and wm 2"},
+        {{4096, 768, 768, STOF_F16}, plain, {64, 256, 64, 2, 1, 5, GEMM_TMA}, STOF_ERR_INVALID_ARG,
+         "the epilogue has no ln"},
+        {{4096, 768, 768, STOF_F16}, {1, GEMM_ACT_NONE, 1, 1, 0}, {64, 192, 64, 2, 1, 5, GEMM_TMA},
+         STOF_ERR_INVALID_ARG, "at most 8 CTAs"},
+        {{4096, 2048, 768, STOF_F16}, {1, GEMM_ACT_NONE, 1, 1, 0}, {64, 128, 64, 2, 1, 5, GEMM_TMA},
+         STOF_ERR_INVALID_ARG, "at most 8 CTAs"},
+        {{4096, 768, 768, STOF_F16}, ln, {64, 256, 64, 2, 1, 5, GEMM_TMA}, STOF_ERR_UNSUPPORTED,
+         "no ln_sum"},
         {{4096, 768, 768, STOF_F16}, plain, {192, 128, 64, 3, 1, 4, GEMM_TMA}, STOF_ERR_INVALID_ARG,
          "wm is 1 (ping-pong) or 2"},
         {{4096, 768, 768, STOF_F16}, plain, {256, 128, 64, 1, 1, 4, GEMM_TMA}, STOF_ERR_INVALID_ARG,
@@ -284,7 +304,8 @@ START_TEST(template_renders_completely)
             gemm_config c[GEMM_MAX_CANDIDATES];
             const int n = gemm_candidates(&s, &EPILOGUES[ei], 227 * 1024, wgmma, c, GEMM_MAX_CANDIDATES);
             ck_assert_int_ge(n, 1);
-            ck_assert_int_eq(c[0].wg, wgmma && !EPILOGUES[ei].ln ? GEMM_TMA : 0);
+            /* TMA first on sm_90a, but for a LayerNorm that keeps its sum. */
+            ck_assert_int_eq(c[0].wg, wgmma && !EPILOGUES[ei].ln_sum ? GEMM_TMA : 0);
             /* The first config of each engine. */
             for (int k = 0; k < n; k++) {
                 if (k > 0 && c[k].wg == c[k - 1].wg)
@@ -302,6 +323,9 @@ START_TEST(template_renders_completely)
                 ck_assert_str_eq(r.req.entry, entries[c[k].wg]);
                 ck_assert_ptr_nonnull(strstr(src, "constexpr int K = 3072;"));
                 ck_assert_ptr_nonnull(strstr(src, s.dtype == STOF_BF16 ? ".bf16.bf16" : ".f16.f16"));
+                if (c[k].wg == GEMM_TMA)
+                    ck_assert_ptr_nonnull(strstr(src, EPILOGUES[ei].ln ? "constexpr bool LN = 1;"
+                                                                       : "constexpr bool LN = 0;"));
                 free(src);
             }
         }
