@@ -50,6 +50,18 @@ __device__ __forceinline__ float stof_gelu_tanh(float x)
 {
     return 0.5f * x * (1.f + tanhf(0.79788456f * (x + 0.044715f * x * x * x)));
 }
+// An activation by its number: 0 none, 1 GELU (erf), 2 GELU (tanh), 3 ReLU.
+template <int ACT>
+__device__ __forceinline__ float stof_act(float x)
+{
+    if (ACT == 1)
+        return stof_gelu(x);
+    if (ACT == 2)
+        return stof_gelu_tanh(x);
+    if (ACT == 3)
+        return stof_relu(x);
+    return x;
+}
 
 // ---- Shared by the attention templates -------------------------------------
 

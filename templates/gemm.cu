@@ -84,17 +84,6 @@ __device__ __forceinline__ void mma(float *c, const unsigned *a, unsigned b0, un
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
-__device__ __forceinline__ float act(float v)
-{
-    if (ACT == 1)
-        return 0.5f * v * (1.f + erff(v * 0.70710678118654752f));
-    if (ACT == 2)
-        return 0.5f * v * (1.f + tanhf(0.79788456080286536f * (v + 0.044715f * v * v * v)));
-    if (ACT == 3)
-        return fmaxf(v, 0.f);
-    return v;
-}
-
 // ROWS x BK elements of src (row stride K) from (row0, k0) into a stage;
 // rows at or past `limit` and columns at or past K become zeros. A thread
 // copies one 16-byte column chunk of every STEP-th row, so its addresses
@@ -204,7 +193,8 @@ stof_gemm(const elem_t *x, const elem_t *w, const elem_t *bias, const elem_t *re
         for (int i = 0; i < MI; i++)
 #pragma unroll
             for (int h = 0; h < 2; h++) {
-                float v0 = act(acc[i][j][2 * h] + b0), v1 = act(acc[i][j][2 * h + 1] + b1);
+                float v0 = stof_act<ACT>(acc[i][j][2 * h] + b0),
+                      v1 = stof_act<ACT>(acc[i][j][2 * h + 1] + b1);
                 const int row = m0 + wr + i * 16 + g + 8 * h;
                 if (HAS_RESIDUAL && col_ok && row < m) {
                     const unsigned rr =

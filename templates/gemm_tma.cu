@@ -100,16 +100,6 @@ struct __align__(64) stof_tmap {
 
 __device__ __forceinline__ float to_f32(elem_t v) { return stof_{{MMA_TYPE}}_to_f32(v); }
 
-__device__ __forceinline__ float act(float v)
-{
-    if (ACT == 1)
-        return stof_gelu(v);
-    if (ACT == 2)
-        return stof_gelu_tanh(v);
-    if (ACT == 3)
-        return stof_relu(v);
-    return v;
-}
 
 // Arrives on bar and adds bytes to the transfer count its phase waits for.
 __device__ __forceinline__ void mbar_expect(unsigned bar, unsigned bytes)
@@ -173,8 +163,9 @@ __device__ __forceinline__ float2 cluster_sum(float2 v, unsigned buf, unsigned b
 #pragma unroll
     for (int sl = 0; sl < CL; sl++) {
         float x, y;
-        asm volatile("ld.shared.f32 %0, [%1];\n" : "=f"(x) : "r"(buf + (sl * 64 + row) * 4) : "memory");
-        asm volatile("ld.shared.f32 %0, [%1];\n" : "=f"(y) : "r"(buf + (sl * 64 + row + 8) * 4) : "memory");
+        const unsigned a = buf + (sl * 64 + row) * 4;
+        asm volatile("ld.shared.f32 %0, [%1];\n" : "=f"(x) : "r"(a) : "memory");
+        asm volatile("ld.shared.f32 %0, [%1];\n" : "=f"(y) : "r"(a + 32) : "memory");
         tot.x += x;
         tot.y += y;
     }
@@ -222,8 +213,8 @@ stof_gemm_tma(const __grid_constant__ stof_tmap tx, const __grid_constant__ stof
     }
     __syncthreads();
     if (LN)  // no CTA arrives on a peer's barriers before they exist
-        asm volatile("barrier.cluster.arrive.release.aligned;\nbarrier.cluster.wait.acquire.aligned;\n" ::
-                         : "memory");
+        asm volatile("barrier.cluster.arrive.release.aligned;\n"
+                     "barrier.cluster.wait.acquire.aligned;\n" ::: "memory");
 
     if (wg == 0) {
         asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n");
@@ -252,8 +243,9 @@ stof_gemm_tma(const __grid_constant__ stof_tmap tx, const __grid_constant__ stof
     const int wrow = (warp % 4) * 16 + g;      // of each m64 block, elements 0, 1; + 8: 2, 3
     const unsigned a_off = COOP ? c * WG_ROWS * 128 : 0;
     // This warp's staging buffer.
-    float *const stage = reinterpret_cast<float *>(smem_raw + (stage_at - stof_smem_u32(smem_raw))) +
-                         (warp - 4) * 16 * EPI_LD;
+    float *const stage =
+        reinterpret_cast<float *>(smem_raw + (stage_at - stof_smem_u32(smem_raw))) +
+        (warp - 4) * 16 * EPI_LD;
 
     // Local tile i is the CTA's i-th of its walk; its K steps are the walk's
     // i * KT .. i * KT + KT - 1.
@@ -272,8 +264,9 @@ stof_gemm_tma(const __grid_constant__ stof_tmap tx, const __grid_constant__ stof
             constexpr int LPR = WG_COLS / 64;  // lines per row
             for (int l = threadIdx.x % 128; l < WG_ROWS * LPR; l += 128) {
                 const int row = m0 + l / LPR, col = n0 + l % LPR * 64;
+                const elem_t *line = residual + (long long)row * N + col;
                 if (row < m && col < N)
-                    asm volatile("prefetch.global.L2 [%0];\n" ::"l"(residual + (long long)row * N + col));
+                    asm volatile("prefetch.global.L2 [%0];\n" ::"l"(line));
             }
         }
 
@@ -343,10 +336,11 @@ stof_gemm_tma(const __grid_constant__ stof_tmap tx, const __grid_constant__ stof
 #pragma unroll
                 for (int h = 0; h < 2; h++) {
                     const int row = m0 + wrow + 8 * h;
-                    float v0 = act(acc[0][0][j][2 * h] + b0), v1 = act(acc[0][0][j][2 * h + 1] + b1);
+                    float v0 = stof_act<ACT>(acc[0][0][j][2 * h] + b0),
+                          v1 = stof_act<ACT>(acc[0][0][j][2 * h + 1] + b1);
                     if (HAS_RESIDUAL && row < m) {
-                        const unsigned rr =
-                            *reinterpret_cast<const unsigned *>(residual + (long long)row * N + col);
+                        const long long at = (long long)row * N + col;
+                        const unsigned rr = *reinterpret_cast<const unsigned *>(residual + at);
                         v0 += to_f32((elem_t)(rr & 0xffff));
                         v1 += to_f32((elem_t)(rr >> 16));
                     }
@@ -367,8 +361,10 @@ stof_gemm_tma(const __grid_constant__ stof_tmap tx, const __grid_constant__ stof
                     part.x += d0 * d0;
                     part.y += d1 * d1;
                 }
-            const float2 dev = cluster_sum(part, xb + CL * 64 * 4, xbar + 8, q & 1, blockIdx.x % CL, wrow);
-            const float rstd0 = rsqrtf(dev.x * (1.f / N) + eps), rstd1 = rsqrtf(dev.y * (1.f / N) + eps);
+            const float2 dev =
+                cluster_sum(part, xb + CL * 64 * 4, xbar + 8, q & 1, blockIdx.x % CL, wrow);
+            const float rstd0 = rsqrtf(dev.x * (1.f / N) + eps),
+                        rstd1 = rsqrtf(dev.y * (1.f / N) + eps);
 #pragma unroll
             for (int j = 0; j < WN / 8; j++) {
                 const int col = n0 + j * 8 + 2 * t;
@@ -396,8 +392,9 @@ stof_gemm_tma(const __grid_constant__ stof_tmap tx, const __grid_constant__ stof
                 for (int p = 0; p < 2; p++) {
                     const int row = m0 + mi * 64 + (warp % 4) * 16 + lane / 4 + 8 * p;
                     const int col = n0 + cc * 32 + (lane % 4) * 8;
+                    const long long at = (long long)row * N + col;
                     if (HAS_RESIDUAL && !LN && row < m && (N % BN == 0 || col < N))
-                        res[p] = *reinterpret_cast<const uint4 *>(residual + (long long)row * N + col);
+                        res[p] = *reinterpret_cast<const uint4 *>(residual + at);
                 }
 #pragma unroll
                 for (int q = 0; q < 4; q++) {
@@ -412,8 +409,9 @@ stof_gemm_tma(const __grid_constant__ stof_tmap tx, const __grid_constant__ stof
 #pragma unroll
                     for (int h = 0; h < 2; h++) {
                         float2 v;
-                        v.x = LN ? acc[mi][b][j][2 * h] : act(acc[mi][b][j][2 * h] + b0);
-                        v.y = LN ? acc[mi][b][j][2 * h + 1] : act(acc[mi][b][j][2 * h + 1] + b1);
+                        const float a0 = acc[mi][b][j][2 * h], a1 = acc[mi][b][j][2 * h + 1];
+                        v.x = LN ? a0 : stof_act<ACT>(a0 + b0);
+                        v.y = LN ? a1 : stof_act<ACT>(a1 + b1);
                         *reinterpret_cast<float2 *>(stage + (g + 8 * h) * EPI_LD + q * 8 + 2 * t) = v;
                     }
                 }

@@ -66,16 +66,6 @@ static_assert(BM * LDC * 2 <= STAGES * STAGE_BYTES, "the staged tile fits the pi
 
 __device__ __forceinline__ float to_f32(elem_t v) { return stof_{{MMA_TYPE}}_to_f32(v); }
 
-__device__ __forceinline__ float act(float v)
-{
-    if (ACT == 1)
-        return stof_gelu(v);
-    if (ACT == 2)
-        return stof_gelu_tanh(v);
-    if (ACT == 3)
-        return stof_relu(v);
-    return v;
-}
 
 // ROWS x 64 elements of src (row stride K) from (row0, k0) into the swizzled
 // tile at dst; rows at or past lim become zeros. Thread x copies chunk
@@ -196,7 +186,8 @@ stof_gemm_wg(const elem_t *x, const elem_t *w, const elem_t *bias, const elem_t 
             }
 #pragma unroll
             for (int h = 0; h < 2; h++) {
-                float v0 = act(acc[b][i][2 * h] + b0), v1 = act(acc[b][i][2 * h + 1] + b1);
+                float v0 = stof_act<ACT>(acc[b][i][2 * h] + b0),
+                      v1 = stof_act<ACT>(acc[b][i][2 * h + 1] + b1);
                 const int row = m0 + row0 + 8 * h;
                 if (HAS_RESIDUAL && col_ok && row < m) {
                     const unsigned rr =
