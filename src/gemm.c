@@ -164,8 +164,8 @@ int gemm_candidates(const gemm_shape *s, const gemm_epilogue *e, int smem_max, i
     } else {
         /* Warpgroup MMA first where it applies, TMA-fed before cp.async-fed:
          * on an H100 at BERT-base's products of 16384 rows they reach
-         * 470-620, 390-550 and (mma.sync) 230-275 TFLOP/s; the cp.async one
-         * still wins at 768 x 768. The search times the engines. */
+         * 430-635 (475 with the erf GELU), 375-550 and (mma.sync) 230-275
+         * TFLOP/s. The search times the engines. */
         for (size_t i = 0; wgmma && i < sizeof TMA_TILES / sizeof TMA_TILES[0]; i++) {
             const gemm_config *t = &TMA_TILES[i];
             if (t->bn > round_up(s->n, 64) || !fits(t, s, e, smem_max) || n == GEMM_MAX_CANDIDATES)

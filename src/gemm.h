@@ -4,8 +4,8 @@
  * residual and LayerNorm fused: its tile candidates, argument checks, kernel
  * requests, loading and launch. Three engines: mma.sync (templates/gemm.cu,
  * any epilogue) and, on sm_90a, warpgroup MMA fed by cp.async
- * (templates/gemm_wg.cu) or by TMA (templates/gemm_tma.cu), every epilogue
- * but LayerNorm.
+ * (templates/gemm_wg.cu, every epilogue but LayerNorm) or by TMA
+ * (templates/gemm_tma.cu, every epilogue but LayerNorm with ln_sum).
  */
 #ifndef STOF_GEMM_H
 #define STOF_GEMM_H
@@ -27,7 +27,9 @@ typedef struct gemm_epilogue {
  * multiple of 64); GEMM_TMA, persistent warpgroup MMA on TMA-loaded
  * operands, sm_90a (a producer and two consumer warpgroups; wm 1: the
  * consumers take alternate bm x bn tiles, 2: they share each one; bm / wm
- * is 64 or 128, bk 64, wn 1). */
+ * is 64 or 128, bk 64, wn 1; with ln, bm 64 and wm 2 mark the layout in
+ * which the consumers take 64-row blocks in turn and a cluster of n / bn
+ * CTAs, at most 8, covers a row). */
 #define GEMM_TMA 2
 typedef struct gemm_config { int bm, bn, bk, wm, wn, stages, wg; } gemm_config;
 

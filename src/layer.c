@@ -97,8 +97,8 @@ void layer_shape_string(const stof_layer_desc *d, char *out, size_t n)
 #define LIB_VS_WGMMA 1.65
 #define GEN_VS_MMA 1.3
 /* The generated GEMM on wgmma, TMA-fed (measured on an H100 at BERT-base
- * products of 16384 rows: 580 to 620 TFLOP/s, 470 with the erf GELU fused;
- * 320 at 768 x 768). */
+ * products of 16384 rows: 590 to 635 TFLOP/s, 475 with the erf GELU fused,
+ * 430 at 768 x 768). */
 #define GEN_VS_WGMMA 1.55
 #define LAUNCH_MS 0.004
 
