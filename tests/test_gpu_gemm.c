@@ -16,6 +16,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "bias_act.h"
 #include "ctx.h"
 #include "gemm.h"
 #include "half.h"
@@ -333,12 +334,65 @@ START_TEST(every_config_and_epilogue)
 }
 END_TEST
 
+/* The erf GELU (stof_gelu, shared by every engine's epilogue) on every
+ * finite fp16 and every 64th bf16 input, through the elementwise kernel:
+ * each output within one unit in the last place of the exact x Phi(x) (a
+ * correctly rounded one is within half), or within 2^-24, fp16's smallest
+ * step, where that is more. */
+START_TEST(gelu_every_input)
+{
+    const stof_dtype t = _i ? STOF_BF16 : STOF_F16;
+    char *dir = test_tmpdir(), path[1200];
+    ck_assert_ptr_nonnull(dir);
+    snprintf(path, sizeof path, "%s/cache.db", dir);
+    stof_ctx *ctx = open_gpu(&(stof_options){.cache_path = path});
+    enum { COLS = 1024, ROWS = 64 };
+    const size_t n = (size_t)COLS * ROWS;
+    uint16_t *x = malloc(2 * n), *y = malloc(2 * (n + COLS));
+    ck_assert(x && y);
+    size_t used = 0;
+    for (unsigned v = 0; v < 0x10000 && used < n; v += t == STOF_F16 ? 1 : 64)
+        if (isfinite(dtype_load(t, &(uint16_t){(uint16_t)v}, 0)))
+            x[used++] = (uint16_t)v;
+    while (used < n)  /* the rest: zeros */
+        x[used++] = 0;
+    ba_kernel k;
+    check_st(ctx, ba_load(ctx, COLS, t, GEMM_ACT_GELU, 0, 0, &k), "ba_load");
+    CUdeviceptr dx = dalloc(ctx, x, 2 * n), dy = dalloc(ctx, NULL, 2 * (n + COLS));
+    poison(ctx, dy, 2 * (n + COLS));
+    check_st(ctx, ba_launch(ctx, &k, ROWS, (void *)dx, NULL, NULL, (void *)dy, NULL), "ba_launch");
+    fetch(ctx, dy, y, n, COLS, "gelu");
+    const int mant = t == STOF_F16 ? 10 : 7;
+    double worst = 0;
+    for (size_t i = 0; i < n; i++) {
+        const double v = dtype_load(t, x, i), g = dtype_load(t, y, i);
+        const double want = 0.5 * v * erfc(-v / sqrt(2.0));
+        int e2;
+        frexp(want, &e2);
+        const double ulp = fmax(ldexp(1.0, e2 - 1 - mant), ldexp(1.0, -24));
+        const double err = fabs(g - want) / ulp;
+        ck_assert_msg(err <= 1.0, "%s gelu(%.9g) = %.9g, want %.9g (%.2f ulp)", dtype_name(t), v, g,
+                      want, err);
+        worst = fmax(worst, err);
+    }
+    printf("gpu_gemm: %s gelu on %zu inputs: worst %.2f ulp\n", dtype_name(t), n, worst);
+    dfree(ctx, dx);
+    dfree(ctx, dy);
+    free(x);
+    free(y);
+    stof_close(ctx);
+    test_rmtree(dir);
+    free(dir);
+}
+END_TEST
+
 Suite *suite_gpu_gemm(void)
 {
     Suite *s = suite_create("gpu_gemm");
     TCase *t = tcase_create("kernels");
     tcase_set_timeout(t, 600);
     tcase_add_loop_test(t, every_config_and_epilogue, 0, 2);
+    tcase_add_loop_test(t, gelu_every_input, 0, 2);
     suite_add_tcase(s, t);
     return s;
 }
