@@ -59,11 +59,11 @@ int gemm_smem_bytes(const gemm_config *c, const gemm_shape *s, const gemm_epilog
     if (c->wg == GEMM_TMA) {
         /* Stages, a full and an empty barrier each, 2 turns, 4 LN exchange
          * barriers, 8 warps' 16 x 36 fp32 staging buffers, alignment slack;
-         * with ln, the slots: 2 consumers x 2 exchanges x the cluster's CTAs
-         * x 64 rows. */
+         * with ln, the slots: 2 consumers x 2 parities x the cluster's CTAs
+         * x 32 row pairs x 16 bytes. */
         const int cl = e && e->ln && c->bn > 0 ? s->n / c->bn : 0;
         return c->stages * (c->bm + c->bn) * 128 + 16 * c->stages + 48 + 8 * 16 * 36 * 4 +
-               2 * 2 * cl * 64 * 4 + 1024;
+               4 * cl * 32 * 16 + 1024;
     }
     if (c->wg) {
         /* Swizzled 128-byte rows of X and W per stage, a full and an empty

@@ -32,13 +32,15 @@
 // LayerNorm (LN 1): a row's N columns are spread over a cluster of
 // N / BLOCK_N CTAs, which walk blocks of 64 rows together (CTA rank r takes
 // columns r * BLOCK_N ..), the consumers in ping-pong. After bias,
-// activation and residual, each consumer sends its rows' partial sums to
-// the same consumer of every CTA of the cluster (distributed shared
-// memory, one slot per CTA) and waits until all have arrived: once for the
-// mean, once for the sum of squared deviations from it. The normalized rows
-// (times gamma, plus beta) go out as above. The consumers of a cluster
-// exchange once per row block and none can be two exchanges ahead of
-// another, so one slot set per exchange suffices.
+// activation and residual, each consumer takes its rows' mean and sum of
+// squared deviations over its BLOCK_N columns (two passes over registers),
+// sends them to the same consumer of every CTA of the cluster (distributed
+// shared memory, one slot per CTA, written by st.async so that the bytes
+// complete the receiver's barrier phase without fences), waits until all
+// have arrived and combines them exactly (Chan et al.). The normalized rows
+// (times gamma, plus beta) go out as above. Slots and barriers alternate
+// by row block, so a peer one exchange ahead cannot overwrite a slot not
+// yet read.
 //
 // X is [m, K] and W [N, K] (nn.Linear), out and residual [m, N], row-major;
 // bias, gamma, beta [N]. The launch passes TMA descriptors of X (box 64 x
@@ -133,43 +135,54 @@ __device__ __forceinline__ bool walk(int i, int m, int &m0, int &n0)
     return tile < (m + BM - 1) / BM * NT;
 }
 
-// LN: adds v (this thread's rows' partial values, reduced over the 4
-// threads of a row) into slot `slot` of buf in every CTA of the cluster,
-// arriving on bar there, then waits for the phase and returns the rows'
-// totals over all CL slots. buf is [CL][64] floats.
-__device__ __forceinline__ float2 cluster_sum(float2 v, unsigned buf, unsigned bar, int parity,
-                                              int slot, int row)
+// LN: sends this thread's rows' (mean, M2) over this CTA's columns, s0 for
+// its first row and s1 for the one 8 below (the row's 4 threads hold the
+// same), to slot `slot` of the exchange buffer buf in every CTA of the
+// cluster with st.async, whose bytes complete the phase of bar there; waits
+// for the local phase and returns each row's mean and M2 over all N
+// columns (Chan et al.: M2 = sum M2_i + BN sum (mean_i - mean)^2). buf is
+// [CL][32] float4, one per row pair (tid32 = warp % 4 * 8 + g); a phase of
+// bar takes one local arrival, which arms it for all CL * 512 bytes.
+__device__ __forceinline__ void cluster_stats(float2 &s0, float2 &s1, unsigned buf, unsigned bar,
+                                              int parity, int slot, int tid32)
 {
-    v.x = stof_group_sum<4>(v.x);
-    v.y = stof_group_sum<4>(v.y);
     if (threadIdx.x % 4 == 0) {
-        const unsigned a = buf + (slot * 64 + row) * 4;
+        const unsigned a = buf + (slot * 32 + tid32) * 16;
 #pragma unroll
         for (int r = 0; r < CL; r++) {
             unsigned ra, rb;
             asm volatile("mapa.shared::cluster.u32 %0, %1, %2;\n" : "=r"(ra) : "r"(a), "r"(r));
             asm volatile("mapa.shared::cluster.u32 %0, %1, %2;\n" : "=r"(rb) : "r"(bar), "r"(r));
-            asm volatile("st.shared::cluster.f32 [%0], %1;\n" ::"r"(ra), "f"(v.x) : "memory");
-            asm volatile("st.shared::cluster.f32 [%0], %1;\n" ::"r"(ra + 32), "f"(v.y) : "memory");
-            asm volatile("mbarrier.arrive.release.cluster.shared::cluster.b64 _, [%0];\n" ::"r"(rb)
-                         : "memory");
+            asm volatile("st.async.shared::cluster.mbarrier::complete_tx::bytes.v4.f32"
+                         " [%0], {%1, %2, %3, %4}, [%5];\n" ::"r"(ra), "f"(s0.x), "f"(s0.y),
+                         "f"(s1.x), "f"(s1.y), "r"(rb) : "memory");
         }
     }
-    asm volatile("{\n.reg .pred done;\nWAIT:\n"
-                 "mbarrier.try_wait.parity.acquire.cluster.shared::cta.b64 done, [%0], %1;\n"
-                 "@!done bra WAIT;\n}\n" ::"r"(bar), "r"(parity) : "memory");
-    float2 tot;
-    tot.x = tot.y = 0.f;
+    if (threadIdx.x % 128 == 0)
+        mbar_expect(bar, CL * 32 * 16);
+    mbar_wait(bar, parity);
+    float4 part[CL];
+#pragma unroll
+    for (int sl = 0; sl < CL; sl++)
+        asm volatile("ld.shared.v4.f32 {%0, %1, %2, %3}, [%4];\n"
+                     : "=f"(part[sl].x), "=f"(part[sl].y), "=f"(part[sl].z), "=f"(part[sl].w)
+                     : "r"(buf + (sl * 32 + tid32) * 16) : "memory");
+    float mean0 = 0.f, mean1 = 0.f, m20 = 0.f, m21 = 0.f;
 #pragma unroll
     for (int sl = 0; sl < CL; sl++) {
-        float x, y;
-        const unsigned a = buf + (sl * 64 + row) * 4;
-        asm volatile("ld.shared.f32 %0, [%1];\n" : "=f"(x) : "r"(a) : "memory");
-        asm volatile("ld.shared.f32 %0, [%1];\n" : "=f"(y) : "r"(a + 32) : "memory");
-        tot.x += x;
-        tot.y += y;
+        mean0 += part[sl].x;
+        mean1 += part[sl].z;
     }
-    return tot;
+    mean0 *= 1.f / CL;
+    mean1 *= 1.f / CL;
+#pragma unroll
+    for (int sl = 0; sl < CL; sl++) {
+        const float d0 = part[sl].x - mean0, d1 = part[sl].z - mean1;
+        m20 += part[sl].y + BN * d0 * d0;
+        m21 += part[sl].w + BN * d1 * d1;
+    }
+    s0 = make_float2(mean0, m20);
+    s1 = make_float2(mean1, m21);
 }
 
 #if {{LN}}
@@ -190,8 +203,8 @@ stof_gemm_tma(const __grid_constant__ stof_tmap tx, const __grid_constant__ stof
     // Per stage: X's rows, then W's; both sizes are multiples of 1024. Then
     // the barriers: full and empty per stage; the ping-pong turns (turn[c]
     // fires when the other consumer is done waiting for its tile's stages);
-    // LN's two exchanges per consumer. Then 8 warps' staging buffers and
-    // LN's slots, [consumer][exchange][CL][64] floats.
+    // LN's exchange per consumer and row-block parity. Then 8 warps'
+    // staging buffers and LN's slots, [consumer][parity][CL][32] float4.
     const unsigned bar_full = base + STAGES * STAGE_BYTES, bar_empty = bar_full + STAGES * 8,
                    bar_turn = bar_empty + STAGES * 8, bar_ln = bar_turn + 16;
     const unsigned stage_at = bar_ln + 32, xbuf = stage_at + 8 * 16 * EPI_LD * 4;
@@ -204,10 +217,9 @@ stof_gemm_tma(const __grid_constant__ stof_tmap tx, const __grid_constant__ stof
         }
         mbar_init(bar_turn, 4);
         mbar_init(bar_turn + 8, 4);
-        // Every thread of the consumer that holds a row's values (a
-        // quarter) in every CTA of the cluster arrives once per exchange.
+        // LN's exchange: one local arrival per phase (with the byte count).
         for (int i = 0; i < 4; i++)
-            mbar_init(bar_ln + 8 * i, 32 * CL);
+            mbar_init(bar_ln + 8 * i, 1);
         // The copy engine and the cluster see the initialized barriers.
         asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
     }
@@ -349,22 +361,29 @@ stof_gemm_tma(const __grid_constant__ stof_tmap tx, const __grid_constant__ stof
                     (h ? part.y : part.x) += v0 + v1;
                 }
             }
-            const unsigned xb = xbuf + c * 2 * CL * 64 * 4, xbar = bar_ln + c * 16;
-            const float2 sum = cluster_sum(part, xb, xbar, q & 1, blockIdx.x % CL, wrow);
-            const float mean0 = sum.x * (1.f / N), mean1 = sum.y * (1.f / N);
-            part.x = part.y = 0.f;
+            // This CTA's mean and squared deviations of each row (over the
+            // row's 4 threads), then the cluster's.
+            part.x = stof_group_sum<4>(part.x) * (1.f / BN);
+            part.y = stof_group_sum<4>(part.y) * (1.f / BN);
+            float2 dev = make_float2(0.f, 0.f);
 #pragma unroll
             for (int j = 0; j < WN / 8; j++)
 #pragma unroll
                 for (int e = 0; e < 2; e++) {
-                    const float d0 = acc[0][0][j][e] - mean0, d1 = acc[0][0][j][2 + e] - mean1;
-                    part.x += d0 * d0;
-                    part.y += d1 * d1;
+                    const float d0 = acc[0][0][j][e] - part.x, d1 = acc[0][0][j][2 + e] - part.y;
+                    dev.x += d0 * d0;
+                    dev.y += d1 * d1;
                 }
-            const float2 dev =
-                cluster_sum(part, xb + CL * 64 * 4, xbar + 8, q & 1, blockIdx.x % CL, wrow);
-            const float rstd0 = rsqrtf(dev.x * (1.f / N) + eps),
-                        rstd1 = rsqrtf(dev.y * (1.f / N) + eps);
+            float2 s0 = make_float2(part.x, stof_group_sum<4>(dev.x)),
+                   s1 = make_float2(part.y, stof_group_sum<4>(dev.y));
+            // Double-buffered by row block: a peer's next exchange can reach
+            // this CTA only after this one's, which follows its reads here.
+            const int pb = c * 2 + (q & 1);
+            cluster_stats(s0, s1, xbuf + pb * CL * 512, bar_ln + 8 * pb, (q >> 1) & 1,
+                          blockIdx.x % CL, warp % 4 * 8 + g);
+            const float mean0 = s0.x, mean1 = s1.x;
+            const float rstd0 = rsqrtf(s0.y * (1.f / N) + eps),
+                        rstd1 = rsqrtf(s1.y * (1.f / N) + eps);
 #pragma unroll
             for (int j = 0; j < WN / 8; j++) {
                 const int col = n0 + j * 8 + 2 * t;
