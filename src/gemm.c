@@ -164,7 +164,7 @@ int gemm_candidates(const gemm_shape *s, const gemm_epilogue *e, int smem_max, i
     } else {
         /* Warpgroup MMA first where it applies, TMA-fed before cp.async-fed:
          * on an H100 at BERT-base's products of 16384 rows they reach
-         * 430-635 (475 with the erf GELU), 375-550 and (mma.sync) 230-275
+         * 430-635 (550 with the erf GELU), 375-550 and (mma.sync) 230-275
          * TFLOP/s. The search times the engines. */
         for (size_t i = 0; wgmma && i < sizeof TMA_TILES / sizeof TMA_TILES[0]; i++) {
             const gemm_config *t = &TMA_TILES[i];
