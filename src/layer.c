@@ -757,6 +757,15 @@ int layer_record_parse(const char *text, layer_record *r)
 
 /* ---- plans ------------------------------------------------------------------------ */
 
+/* A graph of the layer captured on one set of buffers. */
+#define LAYER_GRAPHS 4
+typedef struct layer_graph {
+    CUgraphExec exec;
+    const void *x, *out, *ws;
+    const int *lens;
+    unsigned long long used;      /* the plan's graph_clock at its last launch */
+} layer_graph;
+
 struct stof_layer_plan {
     stof_ctx *ctx;
     stof_layer_desc d;
@@ -769,10 +778,12 @@ struct stof_layer_plan {
     layer_record rec;
     const char *origin;           /* "cache", "search", "model" */
     int timed;                    /* candidates timed by the search */
-    /* The captured graph and the buffers it was captured with. */
+    /* Captured graphs, each with the buffers it was captured on, so that a
+     * caller rotating a few buffer sets replays instead of capturing again;
+     * a new set takes a free slot, else the least recently used. */
     CUstream cap_stream;
-    CUgraphExec graph;
-    const void *g_x, *g_out, *g_ws, *g_lens;
+    layer_graph graphs[LAYER_GRAPHS];
+    unsigned long long graph_clock;
     char graph_note[300];         /* why the graph was given up, if it was */
 };
 
@@ -823,24 +834,51 @@ static stof_status forward(stof_layer_plan *p, const stof_layer_weights *w, CUde
 #undef D
 }
 
-static void drop_graph(stof_layer_plan *p)
+static void drop_graph(stof_layer_plan *p, layer_graph *g)
 {
-    if (p->graph && jit_push(p->ctx) == STOF_OK) {
-        p->ctx->dev.api.GraphExecDestroy(p->graph);
+    if (g->exec && jit_push(p->ctx) == STOF_OK) {
+        /* One still in flight is freed when it completes. */
+        p->ctx->dev.api.GraphExecDestroy(g->exec);
         jit_pop(p->ctx);
     }
-    p->graph = NULL;
+    memset(g, 0, sizeof *g);
 }
 
-/* Captures the layer on these buffers into p->graph. A new capture stream
- * runs the layer once first, uncaptured, after the work already queued on
- * `after` (the caller's stream): libraries set themselves up per stream on
- * first use, which a capture does not allow. */
+static void drop_graphs(stof_layer_plan *p)
+{
+    for (int i = 0; i < LAYER_GRAPHS; i++)
+        drop_graph(p, &p->graphs[i]);
+}
+
+/* The graph captured on these buffers, or NULL. */
+static layer_graph *find_graph(stof_layer_plan *p, const void *x, const void *out, const int *lens,
+                               const void *ws)
+{
+    for (int i = 0; i < LAYER_GRAPHS; i++) {
+        layer_graph *g = &p->graphs[i];
+        if (g->exec && g->x == x && g->out == out && g->lens == lens && g->ws == ws) {
+            g->used = ++p->graph_clock;
+            return g;
+        }
+    }
+    return NULL;
+}
+
+/* Captures the layer on these buffers into a free slot or the least
+ * recently used one, *out. A new capture stream runs the layer once
+ * first, uncaptured, after the work already queued on `after` (the
+ * caller's stream): libraries set themselves up per stream on first use,
+ * which a capture does not allow. */
 static stof_status capture(stof_layer_plan *p, const stof_layer_weights *w, CUdeviceptr x,
-                           CUdeviceptr out, const int *lens, CUdeviceptr ws, CUstream after)
+                           CUdeviceptr out, const int *lens, CUdeviceptr ws, CUstream after,
+                           layer_graph **slot)
 {
     stof_ctx *ctx = p->ctx;
-    drop_graph(p);
+    layer_graph *g = &p->graphs[0];
+    for (int i = 1; i < LAYER_GRAPHS && g->exec; i++)
+        if (!p->graphs[i].exec || p->graphs[i].used < g->used)
+            g = &p->graphs[i];
+    drop_graph(p, g);
     TRY(jit_push(ctx));
     stof_status st = STOF_OK;
     if (!p->cap_stream) {
@@ -869,15 +907,19 @@ static stof_status capture(stof_layer_plan *p, const stof_layer_weights *w, CUde
         if (st == STOF_OK && r != CUDA_SUCCESS)
             st = jit_cu_check(ctx, r, "StreamEndCapture", __FILE__, __LINE__);
         if (st == STOF_OK)
-            st = CU(ctx, GraphInstantiate(&p->graph, graph, 0));
+            st = CU(ctx, GraphInstantiate(&g->exec, graph, 0));
         if (graph)
             ctx->dev.api.GraphDestroy(graph);
     }
     jit_pop(ctx);
-    p->g_x = (void *)x, p->g_out = (void *)out, p->g_lens = lens, p->g_ws = (void *)ws;
-    if (st != STOF_OK)
-        p->graph = NULL;
-    return st;
+    if (st != STOF_OK) {
+        g->exec = NULL;
+        return st;
+    }
+    *g = (layer_graph){g->exec, (void *)x, (void *)out, (void *)ws, lens, ++p->graph_clock};
+    ctx->stats.graph_captures++;
+    *slot = g;
+    return STOF_OK;
 }
 
 /* Scratch for timing whole layers: random weights, two inputs, workspace. */
@@ -933,6 +975,7 @@ static stof_status lscratch_alloc(stof_layer_plan *p, lscratch *s)
 typedef struct timed_layer {
     stof_layer_plan *p;
     const lscratch *s;
+    CUgraphExec graph;            /* run_graph's */
 } timed_layer;
 
 static stof_status run_plain(stof_ctx *ctx, void *arg, int i)
@@ -946,7 +989,7 @@ static stof_status run_graph(stof_ctx *ctx, void *arg, int i)
 {
     (void)i;
     const timed_layer *t = arg;
-    return CU(ctx, GraphLaunch(t->p->graph, NULL));
+    return CU(ctx, GraphLaunch(t->graph, NULL));
 }
 
 /* Times the whole layer with and without a CUDA Graph and keeps the faster. */
@@ -954,13 +997,16 @@ static stof_status choose_graph(stof_layer_plan *p)
 {
     lscratch s;
     TRY(lscratch_alloc(p, &s));
-    timed_layer t = {p, &s};
+    timed_layer t = {p, &s, NULL};
     stof_status st = timing_median(p->ctx, run_plain, &t, &p->rec.plain_ms);
     if (st == STOF_OK) {
-        st = capture(p, &s.w, s.x[0], s.out, NULL, s.ws, NULL);
-        if (st == STOF_OK)
+        layer_graph *g = NULL;
+        st = capture(p, &s.w, s.x[0], s.out, NULL, s.ws, NULL, &g);
+        if (st == STOF_OK) {
+            t.graph = g->exec;
             st = timing_median(p->ctx, run_graph, &t, &p->rec.graph_ms);
-        drop_graph(p);
+        }
+        drop_graphs(p);
     }
     p->timed += 2;
     lscratch_free(p->ctx, &s);
@@ -979,7 +1025,7 @@ int layer_scheme_params(stof_ctx *ctx, const layer_group *g, layer_scheme s, lay
 void layer_plan_force_graph(stof_layer_plan *p, int graph)
 {
     p->rec.graph = graph;
-    drop_graph(p);
+    drop_graphs(p);
 }
 
 static stof_status load_all(stof_layer_plan *p)
@@ -1192,10 +1238,10 @@ stof_status stof_layer_run(stof_layer_plan *p, const void *x, void *out, const i
     if (!p->rec.graph)
         return forward(p, &p->w, (CUdeviceptr)x, (CUdeviceptr)out, seq_lens,
                        (CUdeviceptr)workspace, (CUstream)stream);
-    if (!p->graph || p->g_x != x || p->g_out != out || p->g_lens != seq_lens ||
-        p->g_ws != workspace) {
+    layer_graph *g = find_graph(p, x, out, seq_lens, workspace);
+    if (!g) {
         stof_status st = capture(p, &p->w, (CUdeviceptr)x, (CUdeviceptr)out, seq_lens,
-                                 (CUdeviceptr)workspace, (CUstream)stream);
+                                 (CUdeviceptr)workspace, (CUstream)stream, &g);
         if (st == STOF_ERR_CUDA) {
             /* A layer that cannot be captured still runs, launch by launch. */
             snprintf(p->graph_note, sizeof p->graph_note, "%.280s", ctx->err);
@@ -1207,7 +1253,7 @@ stof_status stof_layer_run(stof_layer_plan *p, const void *x, void *out, const i
         TRY(st);
     }
     TRY(jit_push(ctx));
-    stof_status st = CU(ctx, GraphLaunch(p->graph, (CUstream)stream));
+    stof_status st = CU(ctx, GraphLaunch(g->exec, (CUstream)stream));
     jit_pop(ctx);
     return st;
 }
@@ -1257,7 +1303,7 @@ void stof_layer_plan_free(stof_layer_plan *p)
     stof_ctx *ctx = p->ctx;
     for (int g = 0; g < LG_COUNT; g++)
         gexec_free(ctx, &p->ex[g]);
-    drop_graph(p);
+    drop_graphs(p);
     if ((p->blas_ws || p->cap_stream) && jit_push(ctx) == STOF_OK) {
         if (p->blas_ws)
             ctx->dev.api.MemFree(p->blas_ws);

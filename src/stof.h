@@ -66,6 +66,7 @@ typedef struct stof_stats {
     long long cache_rejects;    /* entries found damaged or stale, recompiled */
     long long module_loads;     /* cuModuleLoadData calls */
     long long timing_runs;      /* candidate timings by the search */
+    long long graph_captures;   /* CUDA Graphs captured by layer plans */
 } stof_stats;
 
 const char *stof_version(void);                 /* "0.1.0" */
@@ -321,7 +322,10 @@ stof_status stof_layer_workspace_size(const stof_layer_plan *plan, size_t *bytes
  * attention output (they stay finite, but carry no meaning). workspace:
  * 256-byte aligned device memory of stof_layer_workspace_size bytes, used by
  * one run at a time. A plan, too, runs on one stream at a time: it keeps a
- * cuBLAS workspace and a captured CUDA Graph of its own. */
+ * cuBLAS workspace and CUDA Graphs of its own, one per set of x, out,
+ * seq_lens and workspace pointers (up to 4; a fifth set replaces the least
+ * recently used): a caller rotating a few buffers replays, any other set
+ * costs a capture (stof_stats.graph_captures counts them). */
 stof_status stof_layer_run(stof_layer_plan *plan, const void *x, void *out,
                            const int *seq_lens, void *workspace, stof_stream stream);
 

@@ -1,6 +1,7 @@
 /* GPU suite: the encoder layer against the CPU reference layer (double) on
  * fresh random weights and inputs, with the output poisoned first; every
- * scheme of every group on its own; the cached plan; the CUDA Graph path.
+ * scheme of every group on its own; the cached plan; the CUDA Graph path
+ * and its graphs per buffer set.
  * Runs only where a GPU is present. */
 #include <math.h>
 #include <stdlib.h>
@@ -278,6 +279,83 @@ START_TEST(layer_bad_arguments)
 }
 END_TEST
 
+/* One graph per buffer set, up to 4: a caller rotating two sets captures
+ * twice; a fifth set replaces the least recently used. Each set's output
+ * matches the reference, and equal inputs give bit-equal outputs. */
+START_TEST(layer_graphs_per_buffers)
+{
+    const lcase *c = &CASES[3];
+    stof_ctx *ctx;
+    ck_assert_int_eq(stof_open(&ctx, &(stof_options){.no_cache = 1}), STOF_OK);
+    test_rng r = test_rng_make(0x9a1);
+    layer_data L;
+    make_data(ctx, c, &r, &L);
+    L.d.tune = STOF_TUNE_OFF;
+    double *ref = malloc(sizeof(double) * L.rows * c->hidden);
+    ck_assert_ptr_nonnull(ref);
+    ck_assert_int_eq(ref_layer(ctx, &L.d, L.mask, &L.hw, L.host[12], NULL, ref), STOF_OK);
+    stof_layer_plan *p;
+    ck_assert_int_eq(stof_layer_plan_create(ctx, &L.d, L.mask, &L.dw, &p), STOF_OK);
+    layer_plan_force_graph(p, 1);
+    size_t ws_bytes;
+    ck_assert_int_eq(stof_layer_workspace_size(p, &ws_bytes), STOF_OK);
+    const size_t nout = L.rows * (size_t)c->hidden;
+    enum { SETS = 5 };
+    CUdeviceptr x2, ws, out[SETS];
+    ck_assert_int_eq(jit_push(ctx), STOF_OK);
+    ck_assert_int_eq(CU(ctx, MemAlloc(&x2, 2 * nout)), STOF_OK);
+    ck_assert_int_eq(CU(ctx, MemcpyHtoD(x2, L.host[12], 2 * nout)), STOF_OK);
+    ck_assert_int_eq(CU(ctx, MemAlloc(&ws, ws_bytes)), STOF_OK);
+    for (int i = 0; i < SETS; i++) {
+        ck_assert_int_eq(CU(ctx, MemAlloc(&out[i], 2 * nout)), STOF_OK);
+        ck_assert_int_eq(CU(ctx, MemsetD8(out[i], 0xff, 2 * nout)), STOF_OK);
+    }
+    jit_pop(ctx);
+    /* Set i: out[i], x2 for set 1, else x. */
+    const int order[] = {0, 1, 0, 1, 2, 3, 0, 1, 2, 3, 4, 1, 0};
+    const long long captures[] = {1, 2, 2, 2, 3, 4, 4, 4, 4, 4, 5, 5, 6};
+    stof_stats s0, s1;
+    ck_assert_int_eq(stof_get_stats(ctx, &s0), STOF_OK);
+    for (int k = 0; k < (int)(sizeof order / sizeof order[0]); k++) {
+        const int i = order[k];
+        ck_assert_int_eq(stof_layer_run(p, (void *)(i == 1 ? x2 : L.dev[12]), (void *)out[i], NULL,
+                                        (void *)ws, NULL),
+                         STOF_OK);
+        ck_assert_int_eq(stof_get_stats(ctx, &s1), STOF_OK);
+        ck_assert_msg(s1.graph_captures - s0.graph_captures == captures[k],
+                      "run %d (set %d): %lld captures, want %lld", k, i,
+                      s1.graph_captures - s0.graph_captures, captures[k]);
+    }
+    uint16_t *got = malloc(2 * nout), *first = malloc(2 * nout);
+    ck_assert(got && first);
+    ck_assert_int_eq(jit_push(ctx), STOF_OK);
+    ck_assert_int_eq(CU(ctx, CtxSynchronize()), STOF_OK);
+    for (int i = 0; i < SETS; i++) {
+        ck_assert_int_eq(CU(ctx, MemcpyDtoH(i ? got : first, out[i], 2 * nout)), STOF_OK);
+        if (i)
+            ck_assert_msg(!memcmp(got, first, 2 * nout), "set %d's output differs from set 0's", i);
+    }
+    for (int i = 0; i < SETS; i++)
+        ctx->dev.api.MemFree(out[i]);
+    ctx->dev.api.MemFree(ws);
+    ctx->dev.api.MemFree(x2);
+    jit_pop(ctx);
+    double num = 0, den = 0;
+    for (size_t i = 0; i < nout; i++) {
+        const double v = dtype_load(c->dtype, first, i);
+        num += (v - ref[i]) * (v - ref[i]);
+        den += ref[i] * ref[i];
+    }
+    ck_assert_msg(sqrt(num / den) <= tol(c->dtype), "relative L2 %.3g", sqrt(num / den));
+    free(got);
+    free(first);
+    free(ref);
+    stof_layer_plan_free(p);
+    free_data(ctx, &L);
+    stof_close(ctx);
+}
+END_TEST
+
 Suite *suite_gpu_layer(void)
 {
     Suite *s = suite_create("gpu_layer");
@@ -286,6 +364,7 @@ Suite *suite_gpu_layer(void)
     tcase_add_loop_test(t, layer_matches_reference, 0, NCASES);
     tcase_add_loop_test(t, every_scheme_of_every_group, 0, 4);
     tcase_add_test(t, layer_bad_arguments);
+    tcase_add_test(t, layer_graphs_per_buffers);
     suite_add_tcase(s, t);
     return s;
 }
