@@ -26,21 +26,23 @@
 // tensor cores to itself for its products.
 // Epilogue: bias and activation in fp32 on the accumulators; then each warp
 // stages 16 rows x 32 columns at a time in fp32 in a buffer of its own and
-// reads them back as 8-element row pieces, adds the residual's piece and
-// stores it. out must not overlap x, w, bias or residual.
+// reads them back as 8-element row pieces, adds the residual's piece (16
+// bytes, loaded a chunk ahead) and stores it. out must not overlap x, w,
+// bias or residual.
 //
 // LayerNorm (LN 1): a row's N columns are spread over a cluster of
 // N / BLOCK_N CTAs, which walk blocks of 64 rows together (CTA rank r takes
-// columns r * BLOCK_N ..), the consumers in ping-pong. After bias,
-// activation and residual, each consumer takes its rows' mean and sum of
-// squared deviations over its BLOCK_N columns (two passes over registers),
+// columns r * BLOCK_N ..), the consumers in ping-pong. The row pieces,
+// after bias, activation and residual, stay in registers (the staged
+// chunk's accumulators); each consumer takes its rows' mean and sum of
+// squared deviations over its BLOCK_N columns (two passes over them),
 // sends them to the same consumer of every CTA of the cluster (distributed
 // shared memory, one slot per CTA, written by st.async so that the bytes
 // complete the receiver's barrier phase without fences), waits until all
-// have arrived and combines them exactly (Chan et al.). The normalized rows
-// (times gamma, plus beta) go out as above. Slots and barriers alternate
-// by row block, so a peer one exchange ahead cannot overwrite a slot not
-// yet read.
+// have arrived and combines them exactly (Chan et al.). The normalized
+// pieces (times gamma, plus beta) go out as 16-byte stores. Slots and
+// barriers alternate by row block, so a peer one exchange ahead cannot
+// overwrite a slot not yet read.
 //
 // X is [m, K] and W [N, K] (nn.Linear), out and residual [m, N], row-major;
 // bias, gamma, beta [N]. The launch passes TMA descriptors of X (box 64 x
@@ -331,46 +333,104 @@ stof_gemm_tma(const __grid_constant__ stof_tmap tx, const __grid_constant__ stof
 
         // Of each n8 block j of a product, thread (g, t) holds columns
         // 8j + 2t, 8j + 2t + 1 of rows wrow (elements 0, 1) and wrow + 8.
-        if (LN) {
-            // MI = NB = 1. Bias, activation, residual in place, then the
-            // row's mean and deviation from the cluster's sums.
-            float2 part;
-            part.x = part.y = 0.f;
+        // They go through the warp's staging buffer, 32 columns of its 16
+        // rows at a time, bias and activation applied on the way in, and
+        // come back as 8-element row pieces: lane l takes columns
+        // 8 (l % 4) .. of rows l / 4 and l / 4 + 8 (p = 0, 1), the same
+        // rows as before, so that a row's 4 threads are still a quad. The
+        // residual's pieces are loaded a chunk ahead, 16 bytes each. Then
+        // the pieces go out as 16-byte stores, or with LN stay in the
+        // chunk's (now free) accumulators until the row's statistics are in.
+        constexpr int CHUNKS = WG_COLS / 32;
+        uint4 res_next[2];
+        const auto load_res = [&](int mi, int cc, uint4 (&r)[2]) {
 #pragma unroll
-            for (int j = 0; j < WN / 8; j++) {
-                const int col = n0 + j * 8 + 2 * t;
-                float b0 = 0.f, b1 = 0.f;
-                if (HAS_BIAS) {
-                    const unsigned bb = *reinterpret_cast<const unsigned *>(bias + col);
-                    b0 = to_f32((elem_t)(bb & 0xffff));
-                    b1 = to_f32((elem_t)(bb >> 16));
-                }
-#pragma unroll
-                for (int h = 0; h < 2; h++) {
-                    const int row = m0 + wrow + 8 * h;
-                    float v0 = stof_act<ACT>(acc[0][0][j][2 * h] + b0),
-                          v1 = stof_act<ACT>(acc[0][0][j][2 * h + 1] + b1);
-                    if (HAS_RESIDUAL && row < m) {
-                        const long long at = (long long)row * N + col;
-                        const unsigned rr = *reinterpret_cast<const unsigned *>(residual + at);
-                        v0 += to_f32((elem_t)(rr & 0xffff));
-                        v1 += to_f32((elem_t)(rr >> 16));
-                    }
-                    acc[0][0][j][2 * h] = v0;
-                    acc[0][0][j][2 * h + 1] = v1;
-                    (h ? part.y : part.x) += v0 + v1;
-                }
+            for (int p = 0; p < 2; p++) {
+                const int row = m0 + mi * 64 + (warp % 4) * 16 + lane / 4 + 8 * p;
+                const int col = n0 + cc * 32 + (lane % 4) * 8;
+                if (HAS_RESIDUAL && row < m && (N % BN == 0 || col < N))
+                    r[p] = *reinterpret_cast<const uint4 *>(residual + (long long)row * N + col);
             }
+        };
+        load_res(0, 0, res_next);
+        float2 part = make_float2(0.f, 0.f);  // LN: the rows' sums
+#pragma unroll
+        for (int mi = 0; mi < MI; mi++)
+#pragma unroll
+            for (int cc = 0; cc < CHUNKS; cc++) {
+                uint4 res[2] = {res_next[0], res_next[1]};
+                if (cc + 1 < CHUNKS)
+                    load_res(mi, cc + 1, res_next);
+                else if (mi + 1 < MI)
+                    load_res(mi + 1, 0, res_next);
+#pragma unroll
+                for (int q = 0; q < 4; q++) {
+                    const int jj = cc * 4 + q, b = jj * 8 / WN, j = jj % (WN / 8);
+                    const int col = n0 + jj * 8 + 2 * t;
+                    float b0 = 0.f, b1 = 0.f;
+                    if (HAS_BIAS && (N % BN == 0 || col < N)) {
+                        const unsigned bb = *reinterpret_cast<const unsigned *>(bias + col);
+                        b0 = to_f32((elem_t)(bb & 0xffff));
+                        b1 = to_f32((elem_t)(bb >> 16));
+                    }
+#pragma unroll
+                    for (int h = 0; h < 2; h++) {
+                        float2 v;
+                        v.x = stof_act<ACT>(acc[mi][b][j][2 * h] + b0);
+                        v.y = stof_act<ACT>(acc[mi][b][j][2 * h + 1] + b1);
+                        *reinterpret_cast<float2 *>(stage + (g + 8 * h) * EPI_LD + q * 8 + 2 * t) = v;
+                    }
+                }
+                __syncwarp();
+#pragma unroll
+                for (int p = 0; p < 2; p++) {
+                    const int r = lane / 4 + 8 * p, c8 = lane % 4;
+                    const int row = m0 + mi * 64 + (warp % 4) * 16 + r, col = n0 + cc * 32 + c8 * 8;
+                    const float4 lo = *reinterpret_cast<const float4 *>(stage + r * EPI_LD + c8 * 8);
+                    const float4 hi = *reinterpret_cast<const float4 *>(stage + r * EPI_LD + c8 * 8 + 4);
+                    float v[8] = {lo.x, lo.y, lo.z, lo.w, hi.x, hi.y, hi.z, hi.w};
+                    if (HAS_RESIDUAL && row < m && (N % BN == 0 || col < N)) {
+                        const unsigned rw[4] = {res[p].x, res[p].y, res[p].z, res[p].w};
+#pragma unroll
+                        for (int e = 0; e < 4; e++) {
+                            v[2 * e] += to_f32((elem_t)(rw[e] & 0xffff));
+                            v[2 * e + 1] += to_f32((elem_t)(rw[e] >> 16));
+                        }
+                    }
+                    if (LN) {
+                        // Piece p of chunk cc in the chunk's accumulators
+                        // (MI = NB = 1), 4 per n8 block.
+#pragma unroll
+                        for (int k = 0; k < 8; k++) {
+                            acc[0][0][cc * 4 + 2 * p + k / 4][k % 4] = v[k];
+                            (p ? part.y : part.x) += v[k];
+                        }
+                        continue;
+                    }
+                    if (row >= m || (N % BN != 0 && col >= N))
+                        continue;
+                    uint4 o;
+                    o.x = mma_tag::pack2(v[0], v[1]);
+                    o.y = mma_tag::pack2(v[2], v[3]);
+                    o.z = mma_tag::pack2(v[4], v[5]);
+                    o.w = mma_tag::pack2(v[6], v[7]);
+                    *reinterpret_cast<uint4 *>(out + (long long)row * N + col) = o;
+                }
+                __syncwarp();
+            }
+        if (LN) {
             // This CTA's mean and squared deviations of each row (over the
-            // row's 4 threads), then the cluster's.
+            // row's 4 threads), then the cluster's; then the pieces
+            // normalized, times gamma, plus beta.
             part.x = stof_group_sum<4>(part.x) * (1.f / BN);
             part.y = stof_group_sum<4>(part.y) * (1.f / BN);
             float2 dev = make_float2(0.f, 0.f);
 #pragma unroll
-            for (int j = 0; j < WN / 8; j++)
+            for (int cc = 0; cc < CHUNKS; cc++)
 #pragma unroll
-                for (int e = 0; e < 2; e++) {
-                    const float d0 = acc[0][0][j][e] - part.x, d1 = acc[0][0][j][2 + e] - part.y;
+                for (int k = 0; k < 8; k++) {
+                    const float d0 = acc[0][0][cc * 4 + k / 4][k % 4] - part.x;
+                    const float d1 = acc[0][0][cc * 4 + 2 + k / 4][k % 4] - part.y;
                     dev.x += d0 * d0;
                     dev.y += d1 * d1;
                 }
@@ -381,86 +441,34 @@ stof_gemm_tma(const __grid_constant__ stof_tmap tx, const __grid_constant__ stof
             const int pb = c * 2 + (q & 1);
             cluster_stats(s0, s1, xbuf + pb * CL * 512, bar_ln + 8 * pb, (q >> 1) & 1,
                           blockIdx.x % CL, warp % 4 * 8 + g);
-            const float mean0 = s0.x, mean1 = s1.x;
-            const float rstd0 = rsqrtf(s0.y * (1.f / N) + eps),
-                        rstd1 = rsqrtf(s1.y * (1.f / N) + eps);
+            const float mean[2] = {s0.x, s1.x};
+            const float rstd[2] = {rsqrtf(s0.y * (1.f / N) + eps), rsqrtf(s1.y * (1.f / N) + eps)};
 #pragma unroll
-            for (int j = 0; j < WN / 8; j++) {
-                const int col = n0 + j * 8 + 2 * t;
-                const unsigned gg = *reinterpret_cast<const unsigned *>(gamma + col);
-                const unsigned be = *reinterpret_cast<const unsigned *>(beta + col);
-                const float g0 = to_f32((elem_t)(gg & 0xffff)), g1 = to_f32((elem_t)(gg >> 16));
-                const float e0 = to_f32((elem_t)(be & 0xffff)), e1 = to_f32((elem_t)(be >> 16));
-                acc[0][0][j][0] = (acc[0][0][j][0] - mean0) * rstd0 * g0 + e0;
-                acc[0][0][j][1] = (acc[0][0][j][1] - mean0) * rstd0 * g1 + e1;
-                acc[0][0][j][2] = (acc[0][0][j][2] - mean1) * rstd1 * g0 + e0;
-                acc[0][0][j][3] = (acc[0][0][j][3] - mean1) * rstd1 * g1 + e1;
+            for (int cc = 0; cc < CHUNKS; cc++) {
+                const int col = n0 + cc * 32 + (lane % 4) * 8;
+                const uint4 gg = *reinterpret_cast<const uint4 *>(gamma + col);
+                const uint4 be = *reinterpret_cast<const uint4 *>(beta + col);
+                const unsigned gw[4] = {gg.x, gg.y, gg.z, gg.w}, bw[4] = {be.x, be.y, be.z, be.w};
+#pragma unroll
+                for (int p = 0; p < 2; p++) {
+                    const int row = m0 + (warp % 4) * 16 + lane / 4 + 8 * p;
+                    if (row >= m)
+                        continue;
+                    unsigned o[4];
+#pragma unroll
+                    for (int e = 0; e < 4; e++) {
+                        const float v0 = acc[0][0][cc * 4 + 2 * p + e / 2][(2 * e) % 4],
+                                    v1 = acc[0][0][cc * 4 + 2 * p + e / 2][(2 * e + 1) % 4];
+                        o[e] = mma_tag::pack2(
+                            (v0 - mean[p]) * rstd[p] * to_f32((elem_t)(gw[e] & 0xffff)) +
+                                to_f32((elem_t)(bw[e] & 0xffff)),
+                            (v1 - mean[p]) * rstd[p] * to_f32((elem_t)(gw[e] >> 16)) +
+                                to_f32((elem_t)(bw[e] >> 16)));
+                    }
+                    *reinterpret_cast<uint4 *>(out + (long long)row * N + col) =
+                        make_uint4(o[0], o[1], o[2], o[3]);
+                }
             }
         }
-        // Then through the warp's staging buffer, 32 columns of its 16 rows
-        // at a time (bias and activation applied on the way in, unless LN
-        // has), read back as 8-element row pieces for 16-byte stores.
-#pragma unroll
-        for (int mi = 0; mi < MI; mi++)
-#pragma unroll
-            for (int cc = 0; cc < WG_COLS / 32; cc++) {
-                // The chunk's residual is loaded first: its latency passes
-                // while the chunk is staged.
-                uint4 res[2];
-#pragma unroll
-                for (int p = 0; p < 2; p++) {
-                    const int row = m0 + mi * 64 + (warp % 4) * 16 + lane / 4 + 8 * p;
-                    const int col = n0 + cc * 32 + (lane % 4) * 8;
-                    const long long at = (long long)row * N + col;
-                    if (HAS_RESIDUAL && !LN && row < m && (N % BN == 0 || col < N))
-                        res[p] = *reinterpret_cast<const uint4 *>(residual + at);
-                }
-#pragma unroll
-                for (int q = 0; q < 4; q++) {
-                    const int jj = cc * 4 + q, b = jj * 8 / WN, j = jj % (WN / 8);
-                    const int col = n0 + jj * 8 + 2 * t;
-                    float b0 = 0.f, b1 = 0.f;
-                    if (HAS_BIAS && !LN && (N % BN == 0 || col < N)) {
-                        const unsigned bb = *reinterpret_cast<const unsigned *>(bias + col);
-                        b0 = to_f32((elem_t)(bb & 0xffff));
-                        b1 = to_f32((elem_t)(bb >> 16));
-                    }
-#pragma unroll
-                    for (int h = 0; h < 2; h++) {
-                        float2 v;
-                        const float a0 = acc[mi][b][j][2 * h], a1 = acc[mi][b][j][2 * h + 1];
-                        v.x = LN ? a0 : stof_act<ACT>(a0 + b0);
-                        v.y = LN ? a1 : stof_act<ACT>(a1 + b1);
-                        *reinterpret_cast<float2 *>(stage + (g + 8 * h) * EPI_LD + q * 8 + 2 * t) = v;
-                    }
-                }
-                __syncwarp();
-#pragma unroll
-                for (int p = 0; p < 2; p++) {
-                    const int r = lane / 4 + 8 * p, c8 = lane % 4;
-                    const int row = m0 + mi * 64 + (warp % 4) * 16 + r, col = n0 + cc * 32 + c8 * 8;
-                    if (row >= m || (N % BN != 0 && col >= N))
-                        continue;
-                    const float4 lo = *reinterpret_cast<const float4 *>(stage + r * EPI_LD + c8 * 8);
-                    const float4 hi = *reinterpret_cast<const float4 *>(stage + r * EPI_LD + c8 * 8 + 4);
-                    float v[8] = {lo.x, lo.y, lo.z, lo.w, hi.x, hi.y, hi.z, hi.w};
-                    const long long at = (long long)row * N + col;
-                    if (HAS_RESIDUAL && !LN) {
-                        const unsigned rw[4] = {res[p].x, res[p].y, res[p].z, res[p].w};
-#pragma unroll
-                        for (int e = 0; e < 4; e++) {
-                            v[2 * e] += to_f32((elem_t)(rw[e] & 0xffff));
-                            v[2 * e + 1] += to_f32((elem_t)(rw[e] >> 16));
-                        }
-                    }
-                    uint4 o;
-                    o.x = mma_tag::pack2(v[0], v[1]);
-                    o.y = mma_tag::pack2(v[2], v[3]);
-                    o.z = mma_tag::pack2(v[4], v[5]);
-                    o.w = mma_tag::pack2(v[6], v[7]);
-                    *reinterpret_cast<uint4 *>(out + at) = o;
-                }
-                __syncwarp();
-            }
     }
 }
