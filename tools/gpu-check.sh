@@ -21,10 +21,10 @@
 # after a warm shows zero NVRTC compiles and zero timing runs; on a lent
 # machine, run both in one call so that the cache is still there.
 # CK_RUN_SUITE=gpu_mha (any suite) limits the tests. On an H100 the GPU
-# suites take about 2.5 (gpu_mha), 4.5 (gpu_layernorm), 1.5 (gpu_gemm) and
-# 4.7 (gpu_layer) minutes, most of it NVRTC; tests and demo together run past
+# suites take about 2.2 (gpu_mha), 4.8 (gpu_layernorm), 1.5 (gpu_gemm) and
+# 5.2 (gpu_layer) minutes, most of it NVRTC; tests and demo together run past
 # a lent machine's 10-minute call, so run them there a suite or two a call.
-# A full warm of bench/workloads/layers.json takes about 6.5 minutes.
+# A full warm of bench/workloads/layers.json takes about 5 minutes.
 # A benchmark's summary is its lines starting "summary:", else its last line.
 # Exit status: 0 when everything that ran passed.
 set -uo pipefail
