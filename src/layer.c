@@ -865,7 +865,7 @@ static layer_graph *find_graph(stof_layer_plan *p, const void *x, const void *ou
 }
 
 /* Captures the layer on these buffers into a free slot or the least
- * recently used one, *out. A new capture stream runs the layer once
+ * recently used one, *slot. A new capture stream runs the layer once
  * first, uncaptured, after the work already queued on `after` (the
  * caller's stream): libraries set themselves up per stream on first use,
  * which a capture does not allow. */

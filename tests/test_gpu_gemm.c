@@ -3,14 +3,15 @@
  * computed from the very values stored on the device: the default config of
  * each shape with every epilogue of the encoder layer, in fp16 and bf16; in
  * fp16 also every config of the first shape with the FFN's epilogue, every
- * wg config there with the residual one, and the first mma.sync config of
- * each shape with the FFN's epilogue. (NVRTC takes seconds per kernel; the
+ * wg or TMA config there with the residual and LayerNorm ones, and the
+ * first mma.sync config of each shape with the FFN's epilogue. (NVRTC takes seconds per kernel; the
  * layer suite runs every config on its groups.) Outputs start poisoned
  * (0xFF, a NaN in both dtypes) and are followed by a poisoned row, so an
  * element left unwritten or written past the last row fails. Row counts are
  * no multiple of any tile; the last two shapes have N that no tile divides,
  * one of them K too (no wg config takes it), the other K in whole 64-column
- * steps. The runner adds this suite only where a GPU is usable. */
+ * steps. Also the erf GELU alone on every fp16 input (and every 64th bf16
+ * one) within 1 ulp. The runner adds this suite only where a GPU is usable. */
 #include <math.h>
 #include <pthread.h>
 #include <stdlib.h>
