@@ -145,6 +145,12 @@ START_TEST(candidates_fit_the_limits)
     ck_assert_int_ge(gemm_candidates(&small, &EPILOGUES[0], 227 * 1024, 1, c, GEMM_MAX_CANDIDATES), 10);
     ck_assert(c[0].wg);
     ck_assert_int_le(c[0].bm * c[0].bn, 64 * 128);
+    /* LayerNorm's TMA clusters: the fewest CTAs first, at any row count. */
+    for (int m = 4096; m <= 16384; m *= 4) {
+        gemm_shape out_ln = {m, 768, 768, STOF_F16};
+        ck_assert_int_ge(gemm_candidates(&out_ln, &EPILOGUES[6], 227 * 1024, 1, c, GEMM_MAX_CANDIDATES), 2);
+        ck_assert(c[0].wg == GEMM_TMA && c[0].bn == 256 && c[1].wg == GEMM_TMA && c[1].bn == 128);
+    }
     /* No cp.async wg tile where K leaves a partial 64-column step; TMA
      * tiles zero-fill it. */
     gemm_shape odd = {4096, 768, 800, STOF_F16};
