@@ -16,7 +16,10 @@ rotated between sets so the L2 does not hold them, the median of 21 batches
 for input set 0 is checked against an fp32 eager layer (relative L2; above
 2e-2 is a mismatch), and so is every peer's. Prints one table with the ratio
 best peer / stof, stof's plan per case, and "summary:" lines; writes it under
-bench/results/ (and $OUT when set). Exits 1 when stof failed or mismatched
+bench/results/ (and $OUT when set). Meanwhile nvidia-smi samples the SM clock, the
+board's power and its throttle reasons every 50 ms; two summary lines say what each
+side's timed runs saw (a layer drawing the power limit runs at a lower clock the
+longer it is timed). Exits 1 when stof failed or mismatched
 on any case (peers that fail are only reported).
 
 Inputs (bench/bench_layer.c's head comment says the same): tensor T drawn
@@ -38,6 +41,7 @@ import re
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 
 import numpy as np
@@ -56,6 +60,54 @@ ACTS = {"gelu": F.gelu, "gelu_tanh": lambda t: F.gelu(t, approximate="tanh"), "r
 TENSORS = [("qkv_w", 11, 0, None), ("qkv_b", 12, 0, 0.1), ("o_w", 13, 0, None), ("o_b", 14, 0, 0.1),
            ("ln1_g", 15, 1, 0.1), ("ln1_b", 16, 0, 0.1), ("ff1_w", 17, 0, None), ("ff1_b", 18, 0, 0.1),
            ("ff2_w", 19, 0, None), ("ff2_b", 20, 0, 0.1), ("ln2_g", 21, 1, 0.1), ("ln2_b", 22, 0, 0.1)]
+
+
+class Clocks:
+    """The SM clock, board power and throttle reasons every 50 ms (nvidia-smi), so that a report can say
+    what clock each side's timed runs saw: a layer that draws the board's power limit runs at a lower clock
+    when timed for longer (the SW power cap, reason bit 0x4)."""
+    CAP = 0x4
+
+    def __init__(self):
+        self.samples, self.windows = [], {"stof": [], "peers": []}
+        try:
+            self.p = subprocess.Popen(["nvidia-smi", "--query-gpu=clocks.sm,power.draw,clocks_throttle_reasons.active",
+                                       "--format=csv,noheader,nounits", "-lms", "50"],
+                                      stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+        except OSError:
+            self.p = None
+            return
+        threading.Thread(target=self._read, daemon=True).start()
+
+    def _read(self):
+        for line in self.p.stdout:
+            f = [x.strip() for x in line.split(",")]
+            try:
+                self.samples.append((time.time(), float(f[0]), float(f[1]), int(f[2], 16)))
+            except (ValueError, IndexError):
+                pass
+
+    def window(self, side, t0, t1):
+        self.windows[side].append((t0, t1))
+
+    def stop(self):
+        if self.p:
+            self.p.terminate()
+            self.p.wait()
+
+    def summary(self, side):
+        """One line on the samples inside side's windows while the GPU was busy (power over 200 W)."""
+        got = [s for s in self.samples if s[2] > 200 and any(a <= s[0] <= b for a, b in self.windows[side])]
+        if not got:
+            return "%s: no busy samples" % side if self.p else "%s: nvidia-smi not found" % side
+        clk = sorted(s[1] for s in got)
+        watts = sorted(s[2] for s in got)
+        cap = sum(1 for s in got if s[3] & self.CAP)
+        return "%s: SM clock median %.0f MHz (min %.0f), power median %.0f W, power cap in %.0f%% of %d samples" % (
+            {"stof": "while bench_layer ran", "peers": "while the peers were timed"}[side], clk[len(clk) // 2], clk[0], watts[len(watts) // 2], 100.0 * cap / len(got), len(got))
+
+
+CLOCKS = None
 
 
 def log(msg):
@@ -194,7 +246,10 @@ def peers(c, wanted, stof_out, dev):
                 if ref is not None:
                     res["err"][p] = rel_l2(out, ref)
                 del out
+                t1 = time.time()
                 res["ms"][p] = bench(lambda xi: fn(xi, mask, *w), xs)
+                if CLOCKS:
+                    CLOCKS.window("peers", t1, time.time())
             except Exception as e:  # a peer that cannot run (OOM, compile error) is a cell, not a crash
                 res["fail"][p] = ("OOM" if isinstance(e, torch.OutOfMemoryError) else repr(e))[:300]
             got = "%.4f ms" % res["ms"][p] if p in res["ms"] else "fail: " + res["fail"][p][:120]
@@ -325,8 +380,11 @@ def report(rows, wanted, gpu):
         out.append("summary: worst ratio %.2fx (%s)" % worst)
     for model, b, l, gate in GATES:
         rs = ratios.get((model, b, l))
-        out.append("summary: %s b%d seq %d: %s (gate %.1fx)" % (model, b, l, "%.2fx" % geomean(rs) if rs else "n/a",
-                                                               gate))
+        verdict = "n/a" if not rs else "%.3fx, %s" % (geomean(rs), "met" if geomean(rs) >= gate else "not met")
+        out.append("summary: %s b%d seq %d: %s (gate %.1fx)" % (model, b, l, verdict, gate))
+    if CLOCKS:
+        for side in ("stof", "peers"):
+            out.append("summary: clocks: " + CLOCKS.summary(side))
     out.append("summary: check: %d ok, %d mismatches (stof's rel L2 to the fp32 layer > %g)" % (
         checks[0], checks[1], MISMATCH))
     plans = [s for _, s, _ in rows if "plan_first_ms" in s]
@@ -369,7 +427,11 @@ def main():
         ap.error("no case matches the filters")
     out_dir = tempfile.mkdtemp(prefix="stof-layer-")
     print("stof side: %d cases ..." % len(cases), flush=True)
+    global CLOCKS
+    CLOCKS = Clocks()
+    t0 = time.time()
     stof = run_stof(args, cases, out_dir)
+    CLOCKS.window("stof", t0, time.time())
     rows = []
     for i, c in enumerate(cases):
         s = stof.get(c["name"], {})
@@ -385,6 +447,7 @@ def main():
         os.remove(os.path.join(out_dir, name))
     os.rmdir(out_dir)
 
+    CLOCKS.stop()
     text = report(rows, wanted, gpu)
     print(text)
     save_results("layer", gpu, args.tag, text, rows)
