@@ -98,6 +98,25 @@ __device__ __forceinline__ void stof_work_item(const int *group_order, int &grou
     bh = lin % gridDim.y;
 }
 
+// Writes a tile staged in shared memory, ROWS x COLS 16-bit elements at a
+// row pitch of LD, to out[m0.., n0..] of an N-column output in whole
+// 16-byte row chunks; rows at or past m, and columns past N where COLS does
+// not divide it, stay unwritten.
+template <int ROWS, int COLS, int LD, int THREADS, int N>
+__device__ __forceinline__ void stof_store_tile(unsigned short *out, const unsigned short *Cs,
+                                                int m0, int n0, int m)
+{
+    constexpr int CH = COLS / 8;
+#pragma unroll 4
+    for (int i = threadIdx.x; i < ROWS * CH; i += THREADS) {
+        const int r = i / CH, c = i % CH;
+        const int row = m0 + r, col = n0 + c * 8;
+        if (row < m && (N % COLS == 0 || col < N))
+            *reinterpret_cast<uint4 *>(out + (long long)row * N + col) =
+                *reinterpret_cast<const uint4 *>(Cs + r * LD + c * 8);
+    }
+}
+
 __device__ __forceinline__ unsigned stof_smem_u32(const void *p)
 {
     unsigned long long a;

@@ -213,13 +213,5 @@ stof_gemm_wg(const elem_t *x, const elem_t *w, const elem_t *bias, const elem_t 
                 *reinterpret_cast<unsigned *>(Cs + (row0 + 8 * h) * LDC + b * WN + i * 8 + 2 * t) =
                     mma_tag::pack2(acc[b][i][2 * h], acc[b][i][2 * h + 1]);
     __syncthreads();
-    constexpr int CH = BN / 8;
-#pragma unroll 4
-    for (int i = threadIdx.x; i < BM * CH; i += THREADS) {
-        const int r = i / CH, c = i % CH;
-        const int row = m0 + r, col = n0 + c * 8;
-        if (row < m && (N % BN == 0 || col < N))
-            *reinterpret_cast<uint4 *>(out + (long long)row * N + col) =
-                *reinterpret_cast<const uint4 *>(Cs + r * LDC + c * 8);
-    }
+    stof_store_tile<BM, BN, LDC, THREADS, N>(out, Cs, m0, n0, m);
 }
