@@ -103,8 +103,9 @@ class Clocks:
         clk = sorted(s[1] for s in got)
         watts = sorted(s[2] for s in got)
         cap = sum(1 for s in got if s[3] & self.CAP)
+        when = {"stof": "while bench_layer ran", "peers": "while the peers were timed"}[side]
         return "%s: SM clock median %.0f MHz (min %.0f), power median %.0f W, power cap in %.0f%% of %d samples" % (
-            {"stof": "while bench_layer ran", "peers": "while the peers were timed"}[side], clk[len(clk) // 2], clk[0], watts[len(watts) // 2], 100.0 * cap / len(got), len(got))
+            when, clk[len(clk) // 2], clk[0], watts[len(watts) // 2], 100.0 * cap / len(got), len(got))
 
 
 CLOCKS = None

@@ -1,7 +1,8 @@
 /*
  * timing — how the searches time a candidate on the GPU: CUDA events around
  * batches of runs (after an untimed first run, a warm-up sizes each batch to
- * about 2 ms), the median of seven batches. Shared by attention, the layer's groups and whole layers.
+ * about 2 ms), the median of seven batches. Shared by attention, the layer's
+ * groups and whole layers.
  */
 #ifndef STOF_TIMING_H
 #define STOF_TIMING_H
