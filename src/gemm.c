@@ -38,10 +38,13 @@ static const gemm_config WG_TILES[] = {
 /* TMA tiles (sm_90a, wg 2): a producer warpgroup feeds two consumer
  * warpgroups that either take alternate tiles (wm 1, "ping-pong": one's
  * epilogue overlaps the other's products) or share one (wm 2). Stages: as
- * many as fit 227 KiB. */
+ * many as fit 227 KiB. 192 columns fill an H100's 132 SMs where N is 768
+ * and M 4096: 128 tiles of 128 x 192 (583 TFLOP/s at K 3072 there, 128 x
+ * 128's 192 tiles 473). */
 static const gemm_config TMA_TILES[] = {
     {128, 128, 64, 1, 1, 6, 2}, {256, 128, 64, 2, 1, 4, 2}, {128, 256, 64, 2, 1, 4, 2},
-    {64, 256, 64, 1, 1, 5, 2},  {64, 128, 64, 1, 1, 8, 2},
+    {128, 192, 64, 2, 1, 5, 2}, {64, 256, 64, 1, 1, 5, 2},  {64, 192, 64, 1, 1, 6, 2},
+    {64, 128, 64, 1, 1, 8, 2},
 };
 
 /* LayerNorm tiles own whole rows: bm rows, warps splitting the columns. */
@@ -78,14 +81,18 @@ int gemm_smem_bytes(const gemm_config *c, const gemm_shape *s, const gemm_epilog
     return pipe > staged ? pipe : staged;
 }
 
-/* The TMA LayerNorm layout, marked by bm 64 and wm 2: 64-row blocks that
- * the two consumers take in turn, a cluster of n / bn CTAs per row. */
-static int tma_ln_layout(const gemm_config *c) { return c->wg == GEMM_TMA && c->bm == 64 && c->wm == 2; }
+/* The TMA LayerNorm layouts, a cluster of n / bn CTAs per row on 64-row
+ * blocks: bm 64 and wm 2 mark blocks that the two consumers take in turn,
+ * bm 64 and wn 2 blocks that they share, bn / 2 columns each. */
+static int tma_ln_layout(const gemm_config *c)
+{
+    return c->wg == GEMM_TMA && c->bm == 64 && (c->wm == 2 || c->wn == 2);
+}
 
 static int acc_per_thread(const gemm_config *c)
 {
     if (tma_ln_layout(c))
-        return c->bn / 2;
+        return 64 * (c->bn / c->wn) / 128;
     if (c->wg == GEMM_TMA)
         return c->bm / c->wm * c->bn / 128;
     return c->wg ? c->bn / 2 : c->bm / c->wm * (c->bn / c->wn) / 32;
@@ -141,10 +148,18 @@ int gemm_candidates(const gemm_shape *s, const gemm_epilogue *e, int smem_max, i
     int n = 0, ntma = 0, nwg = 0;
     if (e->ln) {
         /* TMA first where it applies: a cluster of n / bn CTAs per row, at
-         * most 8, and the deepest pipeline that fits. */
-        for (int bn = 256; wgmma && !e->ln_sum && bn >= 128; bn /= 2) {
-            gemm_config t = {64, bn, 64, 2, 1, 8, GEMM_TMA};
-            if (s->n % bn || s->n / bn > 8)
+         * most 8, and the deepest pipeline that fits. Consumers sharing
+         * 384-column blocks (wn 2) come first where that takes every row
+         * block in one round, second where not (on an H100 at 768 x 768:
+         * 0.0148 ms against bn 256's 0.0155 at 4096 rows, 0.0555 against
+         * 0.0517 at 16384). */
+        static const int LN_TMA[3][3] = {{384, 1, 2}, {256, 2, 1}, {128, 2, 1}};
+        const int one_round = s->n % 384 == 0 && s->n / 384 <= 8 &&
+                              (s->m + 63) / 64 <= GEMM_SMS / (s->n / 384);
+        for (int i = 0; wgmma && !e->ln_sum && i < 3; i++) {
+            const int *l = LN_TMA[one_round || i == 2 ? i : 1 - i];
+            gemm_config t = {64, l[0], 64, l[1], l[2], 8, GEMM_TMA};
+            if (s->n % t.bn || s->n / t.bn > 8)
                 continue;
             while (t.stages > 2 && !fits(&t, s, e, smem_max))
                 t.stages--;
@@ -255,27 +270,31 @@ static stof_status check_tma(stof_ctx *ctx, const gemm_shape *s, const gemm_epil
                         name, ctx->arch[0] ? ctx->arch : "no architecture");
     if (e->ln != tma_ln_layout(c))
         return CTX_FAIL(ctx, STOF_ERR_INVALID_ARG,
-                        e->ln ? "gemm: config %s: a tma LayerNorm needs bm 64 and wm 2"
-                              : "gemm: config %s (bm 64, wm 2) is the tma LayerNorm layout, the epilogue has no ln",
+                        e->ln ? "gemm: config %s: a tma LayerNorm needs bm 64 and wm 2 or wn 2"
+                              : "gemm: config %s (bm 64, wm or wn 2) is the tma LayerNorm layout, the epilogue has no ln",
                         name);
     if (e->ln) {
         if (e->ln_sum)
             return CTX_FAIL(ctx, STOF_ERR_UNSUPPORTED, "gemm: config %s has no ln_sum", name);
-        if ((c->bn != 128 && c->bn != 256) || s->n % c->bn || s->n / c->bn > 8)
+        if ((c->wn == 1 ? c->bn != 128 && c->bn != 256 : c->bn != 384) || s->n % c->bn ||
+            s->n / c->bn > 8)
             return CTX_FAIL(ctx, STOF_ERR_INVALID_ARG,
-                            "gemm: config %s: bn must be 128 or 256 and divide n (%d) into at most 8 CTAs",
+                            "gemm: config %s: bn must be 128 or 256 (384 with wn 2) and divide n (%d) "
+                            "into at most 8 CTAs",
                             name, s->n);
     }
     if (c->wm != 1 && c->wm != 2)
         return CTX_FAIL(ctx, STOF_ERR_INVALID_ARG,
                         "gemm: config %s: wm is 1 (ping-pong) or 2 (shared tiles)", name);
-    const int rows = e->ln ? 64 : c->bm / c->wm;
-    if (c->bm % c->wm || (rows != 64 && rows != 128) || c->wn != 1)
+    /* wn 2 only in the LayerNorm layout that splits columns (wm 1). */
+    const int rows = e->ln ? 64 : c->bm / c->wm, split = e->ln && c->wn == 2 && c->wm == 1;
+    if (c->bm % c->wm || (rows != 64 && rows != 128) || (c->wn != 1 && !split))
         return CTX_FAIL(ctx, STOF_ERR_INVALID_ARG,
                         "gemm: config %s: 64 or 128 rows per consumer warpgroup (bm / wm), wn = 1",
                         name);
-    if (c->bn != 64 && c->bn != 128 && c->bn != 256)
-        return CTX_FAIL(ctx, STOF_ERR_INVALID_ARG, "gemm: config %s: bn must be 64, 128 or 256", name);
+    if (c->bn != 64 && c->bn != 128 && c->bn != 192 && c->bn != 256 && !split)
+        return CTX_FAIL(ctx, STOF_ERR_INVALID_ARG, "gemm: config %s: bn must be 64, 128, 192 or 256",
+                        name);
     if (acc_per_thread(c) > GEMM_MAX_ACC)
         return CTX_FAIL(ctx, STOF_ERR_INVALID_ARG,
                         "gemm: config %s: more than %d accumulators per thread", name, GEMM_MAX_ACC);
@@ -356,7 +375,7 @@ void gemm_make_request(const gemm_config *c, const gemm_shape *s, const gemm_epi
     r->vars[n++] = (render_var){"ACT", acts[act]};
     r->vars[n++] = (render_var){"RESIDUAL", e->residual ? "1" : "0"};
     if (c->wg == GEMM_TMA) {
-        r->vars[n++] = (render_var){"COOP", c->wm == 2 && !e->ln ? "1" : "0"};
+        r->vars[n++] = (render_var){"COOP", c->wn == 2 ? "2" : c->wm == 2 && !e->ln ? "1" : "0"};
         r->vars[n++] = (render_var){"LN", e->ln ? "1" : "0"};
         r->req = (jit_request){"gemm", "gemm_tma.cu", "stof_gemm_tma", r->vars, n, "wgmma.cuh"};
         return;
@@ -471,7 +490,7 @@ static stof_status launch_tma(stof_ctx *ctx, CUfunction fn, const gemm_config *c
     if (st == STOF_OK)
         st = tma_map(ctx, &tx, a->x, s->dtype, s->m, s->k, c->bm);
     if (st == STOF_OK)
-        st = tma_map(ctx, &tw, a->w, s->dtype, s->n, s->k, c->bn);
+        st = tma_map(ctx, &tw, a->w, s->dtype, s->n, s->k, c->wn == 2 ? c->bn / 2 : c->bn);
     if (st == STOF_OK)
         st = CU(ctx, LaunchKernel(fn, grid, 1, 1, 384, 1, 1, smem, stream, args, NULL));
     jit_pop(ctx);

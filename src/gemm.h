@@ -27,9 +27,10 @@ typedef struct gemm_epilogue {
  * multiple of 64); GEMM_TMA, persistent warpgroup MMA on TMA-loaded
  * operands, sm_90a (a producer and two consumer warpgroups; wm 1: the
  * consumers take alternate bm x bn tiles, 2: they share each one; bm / wm
- * is 64 or 128, bk 64, wn 1; with ln, bm 64 and wm 2 mark the layout in
- * which the consumers take 64-row blocks in turn and a cluster of n / bn
- * CTAs, at most 8, covers a row). */
+ * is 64 or 128, bk 64, wn 1; with ln, a cluster of n / bn CTAs, at most 8,
+ * covers a row and bm 64 with wm 2 marks the layout in which the consumers
+ * take 64-row blocks in turn, bm 64 with wn 2 (bn 384) the one in which
+ * they share each block, bn / 2 columns each). */
 #define GEMM_TMA 2
 typedef struct gemm_config { int bm, bn, bk, wm, wn, stages, wg; } gemm_config;
 

@@ -14,7 +14,9 @@
 // Consumers: with COOP 0 (ping-pong) the two consumer warpgroups take
 // alternate tiles of the CTA's walk, each a whole BLOCK_M x BLOCK_N tile, so
 // that one's epilogue runs while the other's products keep the tensor cores
-// busy; with COOP 1 both share each tile, BLOCK_M / 2 rows each. A consumer
+// busy; with COOP 1 both share each tile, BLOCK_M / 2 rows each, with COOP
+// 2 BLOCK_N / 2 columns each (the producer then brings W's tile in two
+// boxes of BLOCK_N / 2 rows: a box has at most 256). A consumer
 // waits for a stage's full barrier, issues its products, and releases the
 // stage through the "empty" barrier (one arrival per consumer warp) once
 // the products that read it are done. Stages are used in the producer's
@@ -32,12 +34,15 @@
 //
 // LayerNorm (LN 1): a row's N columns are spread over a cluster of
 // N / BLOCK_N CTAs, which walk blocks of 64 rows together (CTA rank r takes
-// columns r * BLOCK_N ..), the consumers in ping-pong. The row pieces,
-// after bias, activation and residual, stay in registers (the staged
-// chunk's accumulators); each consumer takes its rows' mean and sum of
-// squared deviations over its BLOCK_N columns (two passes over them),
-// sends them to the same consumer of every CTA of the cluster (distributed
-// shared memory, one slot per CTA, written by st.async so that the bytes
+// columns r * BLOCK_N ..), the consumers in ping-pong (COOP 0) or each on
+// half of the block's columns (COOP 2: a CTA takes twice the columns, a
+// row half the CTAs, and a block is one tile, so that BERT-base's 64 blocks
+// at 4096 rows fill 128 SMs at once where clusters of 3 took two rounds).
+// The row pieces, after bias, activation and residual, stay in registers
+// (the staged chunk's accumulators); each consumer takes its rows' mean and
+// sum of squared deviations over its columns (two passes over them), sends
+// them to the same consumer (COOP 2: to both) of every CTA of the cluster
+// (distributed shared memory, one slot per sender, written by st.async so that the bytes
 // complete the receiver's barrier phase without fences), waits until all
 // have arrived and combines them exactly (Chan et al.). The normalized
 // pieces (times gamma, plus beta) go out as 16-byte stores. Slots and
@@ -46,26 +51,27 @@
 //
 // X is [m, K] and W [N, K] (nn.Linear), out and residual [m, N], row-major;
 // bias, gamma, beta [N]. The launch passes TMA descriptors of X (box 64 x
-// BLOCK_M) and W (box 64 x BLOCK_N) with 128-byte swizzling.
+// BLOCK_M) and W (box 64 x BLOCK_N, COOP 2 BLOCK_N / 2) with 128-byte swizzling.
 //
 // Parameters:
 //   N, K       out columns (a multiple of 8) and reduction length (of 8)
 //   BLOCK_M    rows per tile: 64 or 128 per consumer warpgroup
-//   BLOCK_N    columns per tile: 64, 128 or 256
+//   BLOCK_N    columns per tile: 64, 128, 192 or 256
 //   STAGES     K steps in shared memory, 2 to 8
-//   COOP       0: each consumer warpgroup its own tile; 1: both share one
+//   COOP       0: each consumer warpgroup its own tile; 1: both share one,
+//              split by rows; 2: split by columns
 //   MMA_TYPE   f16 or bf16: operand type of wgmma and of storage
 //   BIAS       1: add bias[n]
 //   ACT        after the bias: 0 none, 1 GELU (erf), 2 GELU (tanh), 3 ReLU
 //   RESIDUAL   1: add residual[m, n] after the activation
-//   LN         1: LayerNorm over each row (BLOCK_M 64, COOP 0, cluster N / BLOCK_N)
+//   LN         1: LayerNorm over each row (BLOCK_M 64, COOP 0 or 2, cluster N / BLOCK_N)
 
 constexpr int N = {{N}};
 constexpr int K = {{K}};
 constexpr int BM = {{BLOCK_M}};
 constexpr int BN = {{BLOCK_N}};
 constexpr int STAGES = {{STAGES}};
-constexpr bool COOP = {{COOP}};
+constexpr int COOP = {{COOP}};
 constexpr bool HAS_BIAS = {{BIAS}};
 constexpr int ACT = {{ACT}};
 constexpr bool HAS_RESIDUAL = {{RESIDUAL}};
@@ -74,15 +80,17 @@ constexpr bool LN = {{LN}};
 constexpr int BK = 64;                      // one 128-byte swizzled row per operand row
 constexpr int THREADS = 384;                // producer, two consumers
 constexpr int CL = LN ? N / BN : 1;         // CTAs per cluster
-constexpr int WG_ROWS = COOP ? BM / 2 : BM; // rows of a consumer's products
-constexpr int WG_COLS = BN;                 // and columns
+constexpr int WG_ROWS = COOP == 1 ? BM / 2 : BM; // rows of a consumer's products
+constexpr int WG_COLS = COOP == 2 ? BN / 2 : BN; // and columns
 constexpr int MI = WG_ROWS / 64;            // m64 products per column block
-constexpr int WN = WG_COLS;                 // columns of one product: m64n64, n128 or n256
+constexpr int WN = WG_COLS;                 // columns of one product: m64n64, n128, n192 or n256
 constexpr int NB = WG_COLS / WN;            // column blocks
 constexpr int KT = (K + BK - 1) / BK;       // K steps per tile
 constexpr int NT = (N + BN - 1) / BN;       // column tiles
 constexpr int A_BYTES = BM * 128;
 constexpr int B_BYTES = BN * 128;
+constexpr int W_BOX = COOP == 2 ? BN / 2 : BN; // rows of W per TMA box
+constexpr int PARTS = COOP == 2 ? 2 * CL : CL; // LN: partial statistics per row
 constexpr int STAGE_BYTES = A_BYTES + B_BYTES;
 constexpr int EPI_LD = 36;                  // floats per staged row: 32 and 16 bytes of padding
 
@@ -90,10 +98,10 @@ typedef unsigned short elem_t;
 typedef stof_{{MMA_TYPE}}_tag mma_tag;
 
 static_assert(WG_ROWS == 64 || WG_ROWS == 128, "64 or 128 rows per consumer warpgroup");
-static_assert(WN == 64 || WN == 128 || WN == 256, "one m64n64, m64n128 or m64n256 product");
+static_assert(WN == 64 || WN == 128 || WN == 192 || WN == 256, "one m64n64, n128, n192 or n256 product");
 static_assert(WG_ROWS * WG_COLS / 128 <= 128, "at most 128 accumulators per consumer thread");
-static_assert(!LN || (BM == 64 && !COOP && N % BN == 0 && CL <= 8),
-              "LN: ping-pong on 64-row blocks, at most 8 CTAs a row");
+static_assert(!LN || (BM == 64 && COOP != 1 && N % BN == 0 && CL <= 8),
+              "LN: 64-row blocks, consumers in turn or on half the columns each, at most 8 CTAs a row");
 static_assert(K % 8 == 0 && N % 8 == 0, "16-byte rows");
 static_assert(STAGES >= 2 && STAGES <= 8, "2 to 8 stages");
 
@@ -137,16 +145,17 @@ __device__ __forceinline__ bool walk(int i, int m, int &m0, int &n0)
     return tile < (m + BM - 1) / BM * NT;
 }
 
-// LN: sends this thread's rows' (mean, M2) over this CTA's columns, s0 for
-// its first row and s1 for the one 8 below (the row's 4 threads hold the
-// same), to slot `slot` of the exchange buffer buf in every CTA of the
+// LN: sends this thread's rows' (mean, M2) over this consumer's columns,
+// s0 for its first row and s1 for the one 8 below (the row's 4 threads hold
+// the same), to slot `slot` of the exchange buffer buf in every CTA of the
 // cluster with st.async, whose bytes complete the phase of bar there; waits
 // for the local phase and returns each row's mean and M2 over all N
-// columns (Chan et al.: M2 = sum M2_i + BN sum (mean_i - mean)^2). buf is
-// [CL][32] float4, one per row pair (tid32 = warp % 4 * 8 + g); a phase of
-// bar takes one local arrival, which arms it for all CL * 512 bytes.
+// columns (Chan et al.: M2 = sum M2_i + WG_COLS sum (mean_i - mean)^2).
+// buf is [PARTS][32] float4, one per row pair (tid32 = warp % 4 * 8 + g);
+// a phase of bar takes one local arrival (arm: this consumer gives it),
+// which arms it for all PARTS * 512 bytes.
 __device__ __forceinline__ void cluster_stats(float2 &s0, float2 &s1, unsigned buf, unsigned bar,
-                                              int parity, int slot, int tid32)
+                                              int parity, int slot, int tid32, bool arm)
 {
     if (threadIdx.x % 4 == 0) {
         const unsigned a = buf + (slot * 32 + tid32) * 16;
@@ -160,28 +169,28 @@ __device__ __forceinline__ void cluster_stats(float2 &s0, float2 &s1, unsigned b
                          "f"(s1.x), "f"(s1.y), "r"(rb) : "memory");
         }
     }
-    if (threadIdx.x % 128 == 0)
-        mbar_expect(bar, CL * 32 * 16);
+    if (arm && threadIdx.x % 128 == 0)
+        mbar_expect(bar, PARTS * 32 * 16);
     mbar_wait(bar, parity);
-    float4 part[CL];
+    float4 part[PARTS];
 #pragma unroll
-    for (int sl = 0; sl < CL; sl++)
+    for (int sl = 0; sl < PARTS; sl++)
         asm volatile("ld.shared.v4.f32 {%0, %1, %2, %3}, [%4];\n"
                      : "=f"(part[sl].x), "=f"(part[sl].y), "=f"(part[sl].z), "=f"(part[sl].w)
                      : "r"(buf + (sl * 32 + tid32) * 16) : "memory");
     float mean0 = 0.f, mean1 = 0.f, m20 = 0.f, m21 = 0.f;
 #pragma unroll
-    for (int sl = 0; sl < CL; sl++) {
+    for (int sl = 0; sl < PARTS; sl++) {
         mean0 += part[sl].x;
         mean1 += part[sl].z;
     }
-    mean0 *= 1.f / CL;
-    mean1 *= 1.f / CL;
+    mean0 *= 1.f / PARTS;
+    mean1 *= 1.f / PARTS;
 #pragma unroll
-    for (int sl = 0; sl < CL; sl++) {
+    for (int sl = 0; sl < PARTS; sl++) {
         const float d0 = part[sl].x - mean0, d1 = part[sl].z - mean1;
-        m20 += part[sl].y + BN * d0 * d0;
-        m21 += part[sl].w + BN * d1 * d1;
+        m20 += part[sl].y + WG_COLS * d0 * d0;
+        m21 += part[sl].w + WG_COLS * d1 * d1;
     }
     s0 = make_float2(mean0, m20);
     s1 = make_float2(mean1, m21);
@@ -246,7 +255,9 @@ stof_gemm_tma(const __grid_constant__ stof_tmap tx, const __grid_constant__ stof
                 const unsigned st = base + s * STAGE_BYTES;
                 mbar_expect(bar_full + 8 * s, STAGE_BYTES);
                 tma_load(st, &tx, bar_full + 8 * s, kb * BK, m0);
-                tma_load(st + A_BYTES, &tw, bar_full + 8 * s, kb * BK, n0);
+#pragma unroll
+                for (int h = 0; h < BN / W_BOX; h++)
+                    tma_load(st + A_BYTES + h * W_BOX * 128, &tw, bar_full + 8 * s, kb * BK, n0 + h * W_BOX);
             }
         return;
     }
@@ -255,7 +266,7 @@ stof_gemm_tma(const __grid_constant__ stof_tmap tx, const __grid_constant__ stof
     const int c = wg - 1;                      // consumer 0 or 1
     const int g = lane / 4, t = lane % 4;
     const int wrow = (warp % 4) * 16 + g;      // of each m64 block, elements 0, 1; + 8: 2, 3
-    const unsigned a_off = COOP ? c * WG_ROWS * 128 : 0;
+    const unsigned a_off = COOP == 1 ? c * WG_ROWS * 128 : 0, b_off = COOP == 2 ? c * WG_COLS * 128 : 0;
     // This warp's staging buffer.
     float *const stage =
         reinterpret_cast<float *>(smem_raw + (stage_at - stof_smem_u32(smem_raw))) +
@@ -270,8 +281,10 @@ stof_gemm_tma(const __grid_constant__ stof_tmap tx, const __grid_constant__ stof
         if (!COOP && i > 0)
             mbar_wait(bar_turn + 8 * c, (c == 0 ? q - 1 : q) & 1);
         // This consumer's part of the tile.
-        if (COOP)
+        if (COOP == 1)
             m0 += c * WG_ROWS;
+        if (COOP == 2)
+            n0 += c * WG_COLS;
         // The epilogue's residual tile is brought into the L2 while the
         // products run: 128-byte lines, a couple per thread.
         if (HAS_RESIDUAL) {
@@ -299,7 +312,7 @@ stof_gemm_tma(const __grid_constant__ stof_tmap tx, const __grid_constant__ stof
             const int it = i * KT + kb, s = it % STAGES;
             mbar_wait(bar_full + 8 * s, (it / STAGES) & 1);
             const unsigned a_t = base + s * STAGE_BYTES + a_off,
-                           b_t = base + s * STAGE_BYTES + A_BYTES;
+                           b_t = base + s * STAGE_BYTES + A_BYTES + b_off;
             wg_fence();
 #pragma unroll
             for (int kk = 0; kk < BK / 16; kk++)
@@ -422,8 +435,8 @@ stof_gemm_tma(const __grid_constant__ stof_tmap tx, const __grid_constant__ stof
             // This CTA's mean and squared deviations of each row (over the
             // row's 4 threads), then the cluster's; then the pieces
             // normalized, times gamma, plus beta.
-            part.x = stof_group_sum<4>(part.x) * (1.f / BN);
-            part.y = stof_group_sum<4>(part.y) * (1.f / BN);
+            part.x = stof_group_sum<4>(part.x) * (1.f / WG_COLS);
+            part.y = stof_group_sum<4>(part.y) * (1.f / WG_COLS);
             float2 dev = make_float2(0.f, 0.f);
 #pragma unroll
             for (int cc = 0; cc < CHUNKS; cc++)
@@ -438,9 +451,11 @@ stof_gemm_tma(const __grid_constant__ stof_tmap tx, const __grid_constant__ stof
                    s1 = make_float2(part.y, stof_group_sum<4>(dev.y));
             // Double-buffered by row block: a peer's next exchange can reach
             // this CTA only after this one's, which follows its reads here.
-            const int pb = c * 2 + (q & 1);
-            cluster_stats(s0, s1, xbuf + pb * CL * 512, bar_ln + 8 * pb, (q >> 1) & 1,
-                          blockIdx.x % CL, warp % 4 * 8 + g);
+            // COOP 2: the consumers share the buffers (consumer 0 arms them).
+            const int pb = (COOP == 2 ? 0 : c * 2) + (q & 1);
+            cluster_stats(s0, s1, xbuf + pb * PARTS * 512, bar_ln + 8 * pb, (q >> 1) & 1,
+                          COOP == 2 ? blockIdx.x % CL * 2 + c : blockIdx.x % CL, warp % 4 * 8 + g,
+                          COOP != 2 || c == 0);
             const float mean[2] = {s0.x, s1.x};
             const float rstd[2] = {rsqrtf(s0.y * (1.f / N) + eps), rsqrtf(s1.y * (1.f / N) + eps)};
 #pragma unroll
