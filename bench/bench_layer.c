@@ -2,7 +2,8 @@
  * bench_layer — stof's side of the encoder-layer benchmark. Reads cases, one
  * per line on stdin ("NAME B SEQ HIDDEN HEADS FFN_HIDDEN ACT NORM DTYPE SPEC"),
  * or every layer case of a workload file (--workload), and for each prints
- * one JSON line: median ms of stof_layer_run over rotated inputs, TFLOP/s,
+ * one JSON line: median ms of stof_layer_run over rotated inputs (and the
+ * wall-clock seconds its timed runs began and ended), TFLOP/s,
  * the plan's describe text, planning cost (first plan, then a cached plan in
  * a fresh context, with their NVRTC and timing counters), and the path of a
  * file holding the output for input set 0 (raw little-endian 16-bit values)
@@ -46,6 +47,14 @@ static double now_ms(void)
     struct timespec t;
     clock_gettime(CLOCK_MONOTONIC, &t);
     return t.tv_sec * 1e3 + t.tv_nsec / 1e6;
+}
+
+/* Wall-clock seconds, comparable with other processes' (nvidia-smi's samples). */
+static double wall_s(void)
+{
+    struct timespec t;
+    clock_gettime(CLOCK_REALTIME, &t);
+    return t.tv_sec + t.tv_nsec / 1e9;
 }
 
 static int cmp_d(const void *a, const void *b)
@@ -230,6 +239,7 @@ static void run_case(const char *cache, const char *out_dir, const layer_case *c
      * calibration samples that size a sample to about 5 ms. */
     int next = 0, per = 1;
     double samples[SAMPLES], ms;
+    const double timed_from = wall_s();
     CHECK(ctx, time_runs(ctx, plan, x, sets, &next, out, ws, 1, e0, e1, &ms));
     for (int rep = -2; rep < SAMPLES; rep++) {
         CHECK(ctx, time_runs(ctx, plan, x, sets, &next, out, ws, per, e0, e1, &ms));
@@ -239,6 +249,7 @@ static void run_case(const char *cache, const char *out_dir, const layer_case *c
             samples[rep] = ms;
         per = per > 50 ? 50 : per;
     }
+    const double timed_to = wall_s();
     qsort(samples, SAMPLES, sizeof samples[0], cmp_d);
     ms = samples[SAMPLES / 2];
 
@@ -268,11 +279,12 @@ static void run_case(const char *cache, const char *out_dir, const layer_case *c
     printf("{\"name\":\"%s\",\"spec\":\"%s\",\"b\":%d,\"l\":%d,\"hidden\":%d,\"heads\":%d,"
            "\"ffn_hidden\":%d,\"activation\":\"%s\",\"norm\":\"%s\",\"dtype\":\"%s\",\"entries\":%lld,"
            "\"density\":%.5f,\"gflop\":%.3f,\"ms\":%.5f,\"tflops\":%.2f,\"sets\":%d,"
-           "\"workspace_bytes\":%zu,",
+           "\"workspace_bytes\":%zu,\"timed_from\":%.3f,\"timed_to\":%.3f,",
            json_str(c->name), c->spec, d->batch, d->seq, d->hidden, d->heads, d->ffn_hidden,
            act_names[d->activation], d->norm == STOF_PRE_LN ? "pre_ln" : "post_ln",
            dtype_name(d->dtype), info.entries, info.density,
-           (gemm + attn) / 1e9, ms, (gemm + attn) / (ms * 1e-3) / 1e12, sets, ws_bytes);
+           (gemm + attn) / 1e9, ms, (gemm + attn) / (ms * 1e-3) / 1e12, sets, ws_bytes, timed_from,
+           timed_to);
     printf("\"describe\":\"%s\",", json_str(desc));
     printf("\"plan_first_ms\":%.1f,\"plan_first_compiles\":%lld,\"plan_first_timings\":%lld,"
            "\"plan_cached_ms\":%.2f,\"plan_cached_compiles\":%lld,\"plan_cached_timings\":%lld,"

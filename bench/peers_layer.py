@@ -1,18 +1,23 @@
 #!/usr/bin/env python3
 """The encoder-layer benchmark, both sides in one command.
 
-Runs build/bench_layer (stof) on every case of bench/workloads/layers.json,
-then times PyTorch peers of the same layer (src/stof.h's POST_LN and PRE_LN
-orders) on identical weights and inputs:
+For each case of bench/workloads/layers.json, runs it through build/bench_layer
+(stof; one process takes the cases one at a time) and then times PyTorch peers
+of the same layer (src/stof.h's POST_LN and PRE_LN orders) on identical weights
+and inputs:
   eager    eager, attention written out (matmul, additive mask, softmax, matmul)
   sdpa     eager, F.scaled_dot_product_attention with an additive float mask
   c-sdpa   torch.compile, SDPA with the same mask
   c-flex   torch.compile, FlexAttention (block mask built once per case)
   cg-flex  torch.compile(mode="reduce-overhead"), FlexAttention: CUDA graphs
-Both sides are timed the same way: CUDA events around batches of runs of
-about 5 ms (host launch costs included, as an application pays them), inputs
-rotated between sets so the L2 does not hold them, the median of 21 batches
-(bench_layer in C, bench() here). stof's output
+Both sides are timed the same way: the GPU rests --settle seconds (default 1),
+then CUDA events around batches of runs of about 5 ms (host launch costs
+included, as an application pays them), inputs rotated between as many sets
+as bench_layer chose (2 to 4, so that the L2 does not hold them), the median
+of 21 batches (bench_layer in C, bench() here). The rest puts every timing at
+the same start: a layer at the board's power limit slows within tens of ms
+and more the longer the GPU has been busy, so cases timed back to back would
+each start hotter than the last. stof's output
 for input set 0 is checked against an fp32 eager layer (relative L2; above
 2e-2 is a mismatch), and so is every peer's. Prints one table with the ratio
 best peer / stof, stof's plan per case, and "summary:" lines; writes it under
@@ -70,8 +75,19 @@ class Clocks:
 
     def __init__(self):
         self.samples, self.windows = [], {"stof": [], "peers": []}
+        # power.draw is a 1 s average on recent drivers: the instant reading where there is one
+        power = "power.draw"
         try:
-            self.p = subprocess.Popen(["nvidia-smi", "--query-gpu=clocks.sm,power.draw,clocks_throttle_reasons.active",
+            probe = subprocess.run(["nvidia-smi", "--query-gpu=power.draw.instant", "--format=csv,noheader,nounits"],
+                                   capture_output=True, text=True, timeout=30)
+            if probe.returncode == 0 and re.match(r"^\s*[0-9.]+\s*$", probe.stdout.splitlines()[0] if probe.stdout else ""):
+                power = "power.draw.instant"
+        except (OSError, subprocess.TimeoutExpired):
+            pass
+        self.power = power
+        try:
+            self.p = subprocess.Popen(["nvidia-smi",
+                                       "--query-gpu=timestamp,clocks.sm,%s,clocks_throttle_reasons.active" % power,
                                        "--format=csv,noheader,nounits", "-lms", "50"],
                                       stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
         except OSError:
@@ -80,10 +96,12 @@ class Clocks:
         threading.Thread(target=self._read, daemon=True).start()
 
     def _read(self):
+        # The sample's own time: lines through a pipe can arrive in late bursts.
         for line in self.p.stdout:
             f = [x.strip() for x in line.split(",")]
             try:
-                self.samples.append((time.time(), float(f[0]), float(f[1]), int(f[2], 16)))
+                when = datetime.datetime.strptime(f[0], "%Y/%m/%d %H:%M:%S.%f").timestamp()
+                self.samples.append((when, float(f[1]), float(f[2]), int(f[3], 16)))
             except (ValueError, IndexError):
                 pass
 
@@ -96,19 +114,21 @@ class Clocks:
             self.p.wait()
 
     def summary(self, side):
-        """One line on the samples inside side's windows while the GPU was busy (power over 200 W)."""
+        """One line on the samples inside side's windows (the timed runs: bench_layer says when its were) that
+        found the GPU busy (over 200 W); readings can lag a window of 0.1 s, so there may be none."""
         got = [s for s in self.samples if s[2] > 200 and any(a <= s[0] <= b for a, b in self.windows[side])]
         if not got:
             return "%s: no busy samples" % side if self.p else "%s: nvidia-smi not found" % side
         clk = sorted(s[1] for s in got)
         watts = sorted(s[2] for s in got)
         cap = sum(1 for s in got if s[3] & self.CAP)
-        when = {"stof": "while bench_layer ran", "peers": "while the peers were timed"}[side]
-        return "%s: SM clock median %.0f MHz (min %.0f), power median %.0f W, power cap in %.0f%% of %d samples" % (
-            when, clk[len(clk) // 2], clk[0], watts[len(watts) // 2], 100.0 * cap / len(got), len(got))
+        when = {"stof": "stof's timed runs", "peers": "the peers' timed runs"}[side]
+        return "%s: SM clock median %.0f MHz (min %.0f), %s median %.0f W, power cap in %.0f%% of %d samples" % (
+            when, clk[len(clk) // 2], clk[0], self.power, watts[len(watts) // 2], 100.0 * cap / len(got), len(got))
 
 
 CLOCKS = None
+SETTLE = 1.0
 
 
 def log(msg):
@@ -190,7 +210,10 @@ def peer_fn(c, peer):
 
 
 def bench(fn, xs):
-    """Median ms of fn(x) over 21 batches of about 5 ms, x rotating through xs."""
+    """Median ms of fn(x) over 21 batches of about 5 ms, x rotating through xs, after SETTLE s of rest."""
+    torch.cuda.synchronize()
+    time.sleep(SETTLE)
+    t0 = time.time()
     for x in xs:
         fn(x)
     torch.cuda.synchronize()
@@ -205,7 +228,10 @@ def bench(fn, xs):
         return e0.elapsed_time(e1) / n
 
     n = max(1, min(500, int(5.0 / max(batch(3), 1e-3))))
-    return sorted(batch(n) for _ in range(21))[10]
+    ms = sorted(batch(n) for _ in range(21))[10]
+    if CLOCKS:
+        CLOCKS.window("peers", t0, time.time())
+    return ms
 
 
 def rel_l2(out, ref):
@@ -213,12 +239,13 @@ def rel_l2(out, ref):
     return (torch.linalg.vector_norm(out - ref) / torch.linalg.vector_norm(ref)).item()
 
 
-def peers(c, wanted, stof_out, dev):
+def peers(c, wanted, stof_out, sets, dev):
     dt = torch.float16 if c["dtype"] == "fp16" else torch.bfloat16
     b, l = c["b"], c["l"]
     w = weights(c, dt, dev)
     x = draw((b, l, c["hidden"]), 1, dt).to(dev)
-    xs = [x, draw((b, l, c["hidden"]), 1001, dt).to(dev)]  # bench_layer's sets 0 and 1
+    # bench_layer's input sets: as many as it rotated (enough that the L2 cannot hold them), 2 at least
+    xs = [x] + [draw((b, l, c["hidden"]), 1 + 1000 * i, dt).to(dev) for i in range(1, max(2, sets))]
     f = spec_fn(c["spec"], l, l, dev)
     idx = torch.arange(l, device=dev)
     allowed = f(idx[:, None], idx[None, :])
@@ -247,10 +274,7 @@ def peers(c, wanted, stof_out, dev):
                 if ref is not None:
                     res["err"][p] = rel_l2(out, ref)
                 del out
-                t1 = time.time()
                 res["ms"][p] = bench(lambda xi: fn(xi, mask, *w), xs)
-                if CLOCKS:
-                    CLOCKS.window("peers", t1, time.time())
             except Exception as e:  # a peer that cannot run (OOM, compile error) is a cell, not a crash
                 res["fail"][p] = ("OOM" if isinstance(e, torch.OutOfMemoryError) else repr(e))[:300]
             got = "%.4f ms" % res["ms"][p] if p in res["ms"] else "fail: " + res["fail"][p][:120]
@@ -281,27 +305,42 @@ def cases_of(workload, models, seqs, masks):
     return out
 
 
-def run_stof(args, cases, out_dir):
-    """bench_layer's JSON lines by case name, echoing progress as they come."""
-    lines = "".join("%s %d %d %d %d %d %s %s %s %s\n" % (
-        c["name"], c["b"], c["l"], c["hidden"], c["heads"], c["ffn_hidden"], c["activation"], c["norm"],
-        c["dtype"], c["spec"]) for c in cases)
-    p = subprocess.Popen([args.stof, "--cache", args.cache, "--out-dir", out_dir], stdin=subprocess.PIPE,
-                         stdout=subprocess.PIPE, text=True)
-    p.stdin.write(lines)
-    p.stdin.close()
-    stof = {}
-    for line in p.stdout:
+class Stof:
+    """bench_layer, one case at a time: the GPU rests SETTLE seconds before each, as before each peer."""
+
+    def __init__(self, args, out_dir):
+        self.p = subprocess.Popen([args.stof, "--cache", args.cache, "--out-dir", out_dir], stdin=subprocess.PIPE,
+                                  stdout=subprocess.PIPE, text=True)
+
+    def run(self, c):
+        """bench_layer's JSON line for case c ({} when it printed none), progress echoed."""
+        time.sleep(SETTLE)
         try:
-            r = json.loads(line)
-        except ValueError:  # a line cut short by a crash
-            log("bench_layer printed: %s" % line.rstrip()[:200])
-            continue
-        stof[r["name"]] = r
-        log("stof %s: %s" % (r["name"], r["error"] if "error" in r else "%.4f ms" % r["ms"]))
-    if p.wait() != 0:
-        log("bench_layer exited with status %d" % p.returncode)
-    return stof
+            self.p.stdin.write("%s %d %d %d %d %d %s %s %s %s\n" % (
+                c["name"], c["b"], c["l"], c["hidden"], c["heads"], c["ffn_hidden"], c["activation"], c["norm"],
+                c["dtype"], c["spec"]))
+            self.p.stdin.flush()
+        except OSError:  # bench_layer is gone; its status is reported at close
+            return {}
+        for line in self.p.stdout:
+            try:
+                r = json.loads(line)
+            except ValueError:  # a line cut short by a crash
+                log("bench_layer printed: %s" % line.rstrip()[:200])
+                continue
+            if "timed_from" in r:
+                CLOCKS.window("stof", r["timed_from"], r["timed_to"])
+            log("stof %s: %s" % (r["name"], r["error"] if "error" in r else "%.4f ms" % r["ms"]))
+            return r
+        return {}
+
+    def close(self):
+        try:
+            self.p.stdin.close()
+        except OSError:
+            pass
+        if self.p.wait() != 0:
+            log("bench_layer exited with status %d" % self.p.returncode)
 
 
 def load_out(s, dt):
@@ -413,6 +452,8 @@ def main():
     ap.add_argument("--stof", default="build/bench_layer")
     ap.add_argument("--cache", default=os.environ.get("STOF_CACHE", "build/bench-cache.db"))
     ap.add_argument("--tag", default="")
+    ap.add_argument("--settle", type=float, default=1.0,
+                    help="seconds the GPU rests before each side's timing of a case (default 1)")
     args = ap.parse_args()
     wanted = [p for p in args.peers.split(",") if p]
     unknown = [p for p in wanted if p not in PEERS]
@@ -427,23 +468,21 @@ def main():
     if not cases:
         ap.error("no case matches the filters")
     out_dir = tempfile.mkdtemp(prefix="stof-layer-")
-    print("stof side: %d cases ..." % len(cases), flush=True)
-    global CLOCKS
-    CLOCKS = Clocks()
-    t0 = time.time()
-    stof = run_stof(args, cases, out_dir)
-    CLOCKS.window("stof", t0, time.time())
+    global CLOCKS, SETTLE
+    CLOCKS, SETTLE = Clocks(), args.settle
+    stof = Stof(args, out_dir)
     rows = []
     for i, c in enumerate(cases):
-        s = stof.get(c["name"], {})
-        dt = torch.float16 if c["dtype"] == "fp16" else torch.bfloat16
         log("[%d/%d] %s" % (i + 1, len(cases), c["name"]))
+        s = stof.run(c)
+        dt = torch.float16 if c["dtype"] == "fp16" else torch.bfloat16
         try:
-            pr = peers(c, wanted, load_out(s, dt), dev)
+            pr = peers(c, wanted, load_out(s, dt), s.get("sets", 2), dev)
         except Exception as e:  # e.g. the fp32 reference itself out of memory
             pr = {"error": repr(e)[:300]}
             torch.cuda.empty_cache()
         rows.append((c, s, pr))
+    stof.close()
     for name in os.listdir(out_dir):
         os.remove(os.path.join(out_dir, name))
     os.rmdir(out_dir)
