@@ -42,16 +42,17 @@
 // (the staged chunk's accumulators); each consumer takes its rows' mean and
 // sum of squared deviations over its columns (two passes over them), sends
 // them to the same consumer (COOP 2: to both) of every CTA of the cluster
-// (distributed shared memory, one slot per sender, written by st.async so that the bytes
-// complete the receiver's barrier phase without fences), waits until all
-// have arrived and combines them exactly (Chan et al.). The normalized
+// (distributed shared memory, one slot per sender, written by st.async so
+// that the bytes complete the receiver's barrier phase without fences),
+// waits until all have arrived and combines them exactly (Chan et al.). The normalized
 // pieces (times gamma, plus beta) go out as 16-byte stores. Slots and
 // barriers alternate by row block, so a peer one exchange ahead cannot
 // overwrite a slot not yet read.
 //
 // X is [m, K] and W [N, K] (nn.Linear), out and residual [m, N], row-major;
 // bias, gamma, beta [N]. The launch passes TMA descriptors of X (box 64 x
-// BLOCK_M) and W (box 64 x BLOCK_N, COOP 2 BLOCK_N / 2) with 128-byte swizzling.
+// BLOCK_M) and W (box 64 x BLOCK_N; COOP 2: BLOCK_N / 2) with 128-byte
+// swizzling.
 //
 // Parameters:
 //   N, K       out columns (a multiple of 8) and reduction length (of 8)
@@ -257,7 +258,8 @@ stof_gemm_tma(const __grid_constant__ stof_tmap tx, const __grid_constant__ stof
                 tma_load(st, &tx, bar_full + 8 * s, kb * BK, m0);
 #pragma unroll
                 for (int h = 0; h < BN / W_BOX; h++)
-                    tma_load(st + A_BYTES + h * W_BOX * 128, &tw, bar_full + 8 * s, kb * BK, n0 + h * W_BOX);
+                    tma_load(st + A_BYTES + h * W_BOX * 128, &tw, bar_full + 8 * s, kb * BK,
+                             n0 + h * W_BOX);
             }
         return;
     }
@@ -266,7 +268,8 @@ stof_gemm_tma(const __grid_constant__ stof_tmap tx, const __grid_constant__ stof
     const int c = wg - 1;                      // consumer 0 or 1
     const int g = lane / 4, t = lane % 4;
     const int wrow = (warp % 4) * 16 + g;      // of each m64 block, elements 0, 1; + 8: 2, 3
-    const unsigned a_off = COOP == 1 ? c * WG_ROWS * 128 : 0, b_off = COOP == 2 ? c * WG_COLS * 128 : 0;
+    const unsigned a_off = COOP == 1 ? c * WG_ROWS * 128 : 0;
+    const unsigned b_off = COOP == 2 ? c * WG_COLS * 128 : 0;
     // This warp's staging buffer.
     float *const stage =
         reinterpret_cast<float *>(smem_raw + (stage_at - stof_smem_u32(smem_raw))) +

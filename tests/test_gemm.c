@@ -117,7 +117,8 @@ START_TEST(candidates_fit_the_limits)
                         /* Within an engine, tiles that divide N come before any that do not. */
                         if (j > 0 && c[j].wg != c[j - 1].wg)
                             divides = 1;
-                        ck_assert_msg(divides || s.n % c[j].bn, "n %d k %d ln %d limit %d: config %d", s.n, s.k, e->ln, limits[l], j);
+                        ck_assert_msg(divides || s.n % c[j].bn, "n %d k %d ln %d limit %d: config %d",
+                                      s.n, s.k, e->ln, limits[l], j);
                         divides = s.n % c[j].bn == 0;
                     }
                 }
