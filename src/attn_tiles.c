@@ -9,6 +9,7 @@
 void attn_tiles_free(attn_tiles *t)
 {
     free(t->group_order);
+    free(t->work);
     free(t->qidx);
     free(t->tile_ptr);
     free(t->tile_key);
@@ -42,6 +43,14 @@ static int order_groups(attn_tiles *t)
     for (int g = 0; g < n; g++)
         t->group_order[count[maxc - (t->tile_ptr[g + 1] - t->tile_ptr[g])]++] = g;
     free(count);
+    /* What a CTA needs before its first copies, in one 16-byte record. */
+    if (!(t->work = malloc(sizeof(int32_t) * 4 * (size_t)(n > 0 ? n : 1))))
+        return 0;
+    for (int r = 0; r < n; r++) {
+        const int g = t->group_order[r], t0 = t->tile_ptr[g], t1 = t->tile_ptr[g + 1];
+        int32_t *w = t->work + 4 * (size_t)r;
+        w[0] = g, w[1] = t0, w[2] = t1, w[3] = t1 > t0 ? t->tile_key[t0] : 0;
+    }
     return 1;
 }
 
@@ -252,9 +261,8 @@ attn_tiles_layout attn_tiles_layout_of(const attn_tiles *t)
     attn_tiles_layout l;
     size_t at = 0, sz;
 #define PLACE(field, bytes) (l.field = at, sz = (bytes), at += up16(sz > 0 ? sz : 4))
-    PLACE(group_order, 4 * (size_t)t->n_groups);
+    PLACE(work, 16 * (size_t)t->n_groups);
     PLACE(qidx, t->qidx ? 4 * (size_t)t->n_groups * (size_t)t->bm : 0);
-    PLACE(tile_ptr, 4 * (size_t)(t->n_groups + 1));
     PLACE(tile_key, 4 * (size_t)t->n_tiles);
     PLACE(tile_bits, 4 * (size_t)t->n_tiles);
     PLACE(kidx, 4 * (size_t)t->n_kidx_tiles * (size_t)t->bn);
@@ -268,10 +276,9 @@ void attn_tiles_pack(const attn_tiles *t, const attn_tiles_layout *l, void *dst)
 {
     char *d = dst;
     memset(d, 0, l->total);
-    memcpy(d + l->group_order, t->group_order, 4 * (size_t)t->n_groups);
+    memcpy(d + l->work, t->work, 16 * (size_t)t->n_groups);
     if (t->qidx)
         memcpy(d + l->qidx, t->qidx, 4 * (size_t)t->n_groups * (size_t)t->bm);
-    memcpy(d + l->tile_ptr, t->tile_ptr, 4 * (size_t)(t->n_groups + 1));
     memcpy(d + l->tile_key, t->tile_key, 4 * (size_t)t->n_tiles);
     memcpy(d + l->tile_bits, t->tile_bits, 4 * (size_t)t->n_tiles);
     if (t->kidx)

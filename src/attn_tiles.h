@@ -19,6 +19,8 @@ typedef struct attn_tiles {
     int n_groups;
     int period;               /* gathered rows: rows of one group share q mod period */
     int32_t *group_order;     /* n_groups: heaviest group first */
+    int32_t *work;            /* n_groups x 4, in that order: group, first tile, end tile,
+                                 first tile's key (tile_key; 0 without tiles) */
     int32_t *qidx;            /* gathered: n_groups * bm row indices, -1 padding */
     int32_t *tile_ptr;        /* n_groups + 1 */
     int32_t *tile_key;        /* n_tiles: first key (block) or offset into kidx in tiles */
@@ -34,11 +36,11 @@ stof_status attn_tiles_build(stof_ctx *ctx, const stof_mask *m, attn_kind kind, 
                              attn_tiles *out);
 void attn_tiles_free(attn_tiles *t);
 
-/* Bytes of the arrays above, laid out one after another (each 16-byte
- * aligned) as attn_tiles_pack writes them; offsets in elements of their
- * arrays' types via attn_tiles_offsets. */
+/* Bytes of the arrays the kernels read (work, qidx, tile_key, tile_bits,
+ * kidx, bits), laid out one after another (each 16-byte aligned) as
+ * attn_tiles_pack writes them. */
 typedef struct attn_tiles_layout {
-    size_t group_order, qidx, tile_ptr, tile_key, tile_bits, kidx, bits, total; /* bytes */
+    size_t work, qidx, tile_key, tile_bits, kidx, bits, total; /* bytes */
 } attn_tiles_layout;
 attn_tiles_layout attn_tiles_layout_of(const attn_tiles *t);
 void attn_tiles_pack(const attn_tiles *t, const attn_tiles_layout *l, void *dst);

@@ -117,6 +117,9 @@ static stof_status check_desc(stof_ctx *ctx, const stof_mha_desc *d, const stof_
                         d->batch, d->heads, d->seq_q, d->seq_k);
     if ((long long)d->batch * d->heads > 65535)
         return CTX_FAIL(ctx, STOF_ERR_UNSUPPORTED, "desc.batch * desc.heads is above 65535");
+    /* The grid's z counts query groups of 64 rows or more. */
+    if (d->seq_q > 65535 * 64)
+        return CTX_FAIL(ctx, STOF_ERR_UNSUPPORTED, "desc.seq_q %d is above %d", d->seq_q, 65535 * 64);
     if (d->head_dim != 32 && d->head_dim != 64 && d->head_dim != 80 && d->head_dim != 96 &&
         d->head_dim != 128)
         return CTX_FAIL(ctx, STOF_ERR_UNSUPPORTED,
@@ -206,21 +209,22 @@ static stof_status launch(stof_ctx *ctx, const stof_mha_desc *d, const mha_launc
         k = q + (CUdeviceptr)(s.kv_offset * 2);
         v = q + (CUdeviceptr)(s.kv_offset * 4);
     }
-    int heads = d->heads, lq = d->seq_q, lk = d->seq_k;
+    int lq = d->seq_q, lk = d->seq_k;
     float scale = d->scale > 0.f ? d->scale : 1.f / sqrtf((float)d->head_dim);
     float scale_log2 = scale * 1.4426950408889634f;
-    CUdeviceptr group_order = L->tiles + L->lay.group_order, qidx = L->tiles + L->lay.qidx,
-                tile_ptr = L->tiles + L->lay.tile_ptr, tile_key = L->tiles + L->lay.tile_key,
+    CUdeviceptr work = L->tiles + L->lay.work, qidx = L->tiles + L->lay.qidx,
+                tile_key = L->tiles + L->lay.tile_key,
                 tile_bits = L->tiles + L->lay.tile_bits, kidx = L->tiles + L->lay.kidx,
                 bits = L->tiles + L->lay.bits;
     void *args[] = {&q, &k, &v, &out,
                     &s.s[0][0], &s.s[0][1], &s.s[0][2], &s.s[1][0], &s.s[1][1], &s.s[1][2],
                     &s.s[2][0], &s.s[2][1], &s.s[2][2], &s.s[3][0], &s.s[3][1], &s.s[3][2],
-                    &heads, &lq, &lk, &seq_lens, &group_order, &qidx, &tile_ptr, &tile_key,
+                    &lq, &lk, &seq_lens, &work, &qidx, &tile_key,
                     &tile_bits, &kidx, &bits, &scale_log2};
     if (L->n_groups == 0)
         return STOF_OK;
-    return CU(ctx, LaunchKernel(L->fn, (unsigned)L->n_groups, (unsigned)(d->batch * d->heads), 1,
+    /* Grid (heads, batch, groups by rank): see stof_work_item. */
+    return CU(ctx, LaunchKernel(L->fn, (unsigned)d->heads, (unsigned)d->batch, (unsigned)L->n_groups,
                                 (unsigned)L->threads, 1, 1, (unsigned)L->smem, stream, args, NULL));
 }
 

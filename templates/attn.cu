@@ -81,9 +81,9 @@ stof_attn(const elem_t *__restrict__ q, const elem_t *__restrict__ k,
           long long k_sb, long long k_sh, long long k_sl,
           long long v_sb, long long v_sh, long long v_sl,
           long long o_sb, long long o_sh, long long o_sl,
-          int heads, int lq, int lk, const int *__restrict__ seq_lens,
-          const int *__restrict__ group_order, const int *__restrict__ qidx,
-          const int *__restrict__ tile_ptr, const int *__restrict__ tile_key,
+          int lq, int lk, const int *__restrict__ seq_lens,
+          const int *__restrict__ work, const int *__restrict__ qidx,
+          const int *__restrict__ tile_key,
           const int *__restrict__ tile_bits, const int *__restrict__ kidx,
           const unsigned *__restrict__ bits, float scale_log2)
 {
@@ -95,9 +95,9 @@ stof_attn(const elem_t *__restrict__ q, const elem_t *__restrict__ k,
     int *Kix = reinterpret_cast<int *>(Vs + 2 * BN * LDS);  // 2 x BN key indices
 {{/if}}
 
-    int group, bh;
-    stof_work_item(group_order, group, bh);
-    const int b = bh / heads, h = bh % heads;
+    const stof_item item = stof_work_item(work);
+    const int group = item.group, t0 = item.t0, t1 = item.t1;
+    const int b = blockIdx.y, h = blockIdx.x;
     const int len = seq_lens ? seq_lens[b] : 0x7fffffff;
     const int qlim = min(lq, len), klim = min(lk, len);
     const elem_t *qb = q + b * q_sb + h * q_sh;
@@ -118,10 +118,9 @@ stof_attn(const elem_t *__restrict__ q, const elem_t *__restrict__ k,
         return i >= 0 && i < lq ? i : -1;
     };
 
-    const int t0 = tile_ptr[group], t1 = tile_ptr[group + 1];
-
+    // The first tile's key comes with the work item.
     auto load_tile = [&](int it, int stage) {
-        const int key = tile_key[it];
+        const int key = it == t0 ? item.key0 : tile_key[it];
 {{#if GATHER_K}}
         // key is the tile's offset into kidx, in tiles.
         const int *ix = kidx + (long long)key * BN;

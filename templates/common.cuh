@@ -86,16 +86,20 @@ __device__ __forceinline__ float stof_act(float x)
 
 // ---- Shared by the attention templates -------------------------------------
 
-// The work item of this CTA: a query group and a batch * head. The grid is
-// (query groups, batch * heads) and CTAs start roughly in linear order; they
-// take the groups heaviest first (group_order) across all heads, so the
-// longest walks start early and the short ones fill the tail (measured on
-// causal masks: 6 to 16% faster than walking one head after another).
-__device__ __forceinline__ void stof_work_item(const int *group_order, int &group, int &bh)
+// The work item of this CTA. The grid is (heads, batch, query groups by
+// rank) and CTAs start roughly in linear order, so they take the groups
+// heaviest first across all heads: the longest walks start early and the
+// short ones fill the tail (measured on causal masks: 6 to 16% faster than
+// walking one head after another). work[rank] holds the group, its first
+// and end tile and its first tile's key, so that a CTA issues its first
+// copies after one 16-byte load, with no division for its coordinates.
+struct stof_item {
+    int group, t0, t1, key0;
+};
+__device__ __forceinline__ stof_item stof_work_item(const int *work)
 {
-    const int lin = blockIdx.y * gridDim.x + blockIdx.x;
-    group = group_order[lin / gridDim.y];
-    bh = lin % gridDim.y;
+    const int4 w = reinterpret_cast<const int4 *>(work)[blockIdx.z];
+    return {w.x, w.y, w.z, w.w};
 }
 
 // Writes a tile staged in shared memory, ROWS x COLS 16-bit elements at a
