@@ -119,7 +119,8 @@ static stof_status check_desc(stof_ctx *ctx, const stof_mha_desc *d, const stof_
         return CTX_FAIL(ctx, STOF_ERR_UNSUPPORTED, "desc.batch * desc.heads is above 65535");
     /* The grid's z counts query groups of 64 rows or more. */
     if (d->seq_q > 65535 * 64)
-        return CTX_FAIL(ctx, STOF_ERR_UNSUPPORTED, "desc.seq_q %d is above %d", d->seq_q, 65535 * 64);
+        return CTX_FAIL(ctx, STOF_ERR_UNSUPPORTED, "desc.seq_q %d is above %d", d->seq_q,
+                        65535 * 64);
     if (d->head_dim != 32 && d->head_dim != 64 && d->head_dim != 80 && d->head_dim != 96 &&
         d->head_dim != 128)
         return CTX_FAIL(ctx, STOF_ERR_UNSUPPORTED,
@@ -224,8 +225,9 @@ static stof_status launch(stof_ctx *ctx, const stof_mha_desc *d, const mha_launc
     if (L->n_groups == 0)
         return STOF_OK;
     /* Grid (heads, batch, groups by rank): see stof_work_item. */
-    return CU(ctx, LaunchKernel(L->fn, (unsigned)d->heads, (unsigned)d->batch, (unsigned)L->n_groups,
-                                (unsigned)L->threads, 1, 1, (unsigned)L->smem, stream, args, NULL));
+    return CU(ctx, LaunchKernel(L->fn, (unsigned)d->heads, (unsigned)d->batch,
+                                (unsigned)L->n_groups, (unsigned)L->threads, 1, 1,
+                                (unsigned)L->smem, stream, args, NULL));
 }
 
 /* Compiles (or finds) a candidate's kernel and uploads its tiles. */

@@ -434,8 +434,8 @@ static void *compile_variants(void *arg)
              * (C7514 and its kin): as costly as a spill, and counted as one. */
             const char *serial = strstr(k.log, "Potential Performance Loss");
             const char *line = serial ? serial : strstr(k.log, "bytes stack frame");
-            j->spills[i] = !strstr(k.log, " 0 bytes spill stores") || strstr(k.log, "ptxas warning") ||
-                           serial;
+            j->spills[i] = !strstr(k.log, " 0 bytes spill stores") ||
+                           strstr(k.log, "ptxas warning") || serial;
             snprintf(j->err[i], sizeof j->err[i], "%s", line ? line : k.log);
             cache_kernel_free(&k);
         } else {
@@ -477,7 +477,8 @@ START_TEST(every_variant_compiles)
         ck_assert_msg(j.spills[i] >= 0, "%s d%d: no compile log", j.arch, j.dim[i]);
         mma_spills += j.spills[i] && !j.c[i].wg;
         wg += j.c[i].wg;
-        ck_assert_msg(!(j.spills[i] && j.c[i].wg), "%s d%d %s %dx%d stages %d spills or serializes: %s", j.arch,
+        ck_assert_msg(!(j.spills[i] && j.c[i].wg),
+                      "%s d%d %s %dx%d stages %d spills or serializes: %s", j.arch,
                       j.dim[i], j.dtype[i] ? "bf16" : "fp16", j.c[i].bm, j.c[i].bn, j.c[i].st,
                       j.err[i]);
     }
