@@ -5,7 +5,10 @@
  * over the allowed entries, planning cost (first plan, then a cached plan
  * in a fresh context with its NVRTC and timing counters), and the mean |out|
  * of input set 0 so the peers' script can check it computed the same thing.
- * bench/peers_mha.py drives it and times the PyTorch peers.
+ * bench/peers_mha.py drives it and times the PyTorch peers. --force
+ * ENGINE:BM:BN:STAGES times that block-kind candidate instead of the
+ * planner's choice (engine 0 mma.sync, 1 wgmma, 2 warp-specialized), for
+ * comparing kernel variants.
  */
 #include <math.h>
 #include <stdio.h>
@@ -51,8 +54,8 @@ static const char *json_safe(const char *s)
     return buf;
 }
 
-static void run_case(const char *cache, const char *name, int B, int H, int L, int D,
-                     stof_dtype dt, const char *spec)
+static void run_case(const char *cache, const mha_candidate *force, const char *name, int B,
+                     int H, int L, int D, stof_dtype dt, const char *spec)
 {
     stof_options o = {.cache_path = cache};
     stof_ctx *ctx = NULL, *ctx2 = NULL;
@@ -73,14 +76,20 @@ static void run_case(const char *cache, const char *name, int B, int H, int L, i
     stof_stats s0, s1, s2;
     stof_get_stats(ctx, &s0);
     double t0 = now_ms();
-    CHECK(stof_mha_plan_create(ctx, &d, m, &plan));
+    if (force)
+        CHECK(mha_plan_forced(ctx, &d, m, force, &plan));
+    else
+        CHECK(stof_mha_plan_create(ctx, &d, m, &plan));
     double plan_first = now_ms() - t0;
     stof_get_stats(ctx, &s1);
 
     /* A second process would see exactly this: a fresh context, one cache. */
     CHECK(stof_open(&ctx2, &o));
     t0 = now_ms();
-    CHECK(stof_mha_plan_create(ctx2, &d, m, &plan2));
+    if (force)
+        CHECK(mha_plan_forced(ctx2, &d, m, force, &plan2));
+    else
+        CHECK(stof_mha_plan_create(ctx2, &d, m, &plan2));
     double plan_cached = now_ms() - t0;
     stof_get_stats(ctx2, &s2);
 
@@ -180,11 +189,18 @@ done:
 int main(int argc, char **argv)
 {
     const char *cache = NULL;
+    mha_candidate force = {ATTN_BLOCK, 0, 0, 1, 0, 0, 0};
+    int forced = 0;
     for (int i = 1; i < argc; i++) {
-        if (strcmp(argv[i], "--cache") == 0 && i + 1 < argc)
+        if (strcmp(argv[i], "--cache") == 0 && i + 1 < argc) {
             cache = argv[++i];
-        else {
-            fprintf(stderr, "usage: bench_mha [--cache PATH] < cases\n"
+        } else if (strcmp(argv[i], "--force") == 0 && i + 1 < argc &&
+                   sscanf(argv[i + 1], "%d:%d:%d:%d", &force.wg, &force.bm, &force.bn,
+                          &force.st) == 4) {
+            forced = 1;
+            i++;
+        } else {
+            fprintf(stderr, "usage: bench_mha [--cache PATH] [--force ENGINE:BM:BN:STAGES] < cases\n"
                             "  each case line: NAME BATCH HEADS SEQ HEAD_DIM fp16|bf16 SPEC\n");
             return 2;
         }
@@ -200,7 +216,7 @@ int main(int argc, char **argv)
             return 2;
         }
         stof_dtype dt = strcmp(dts, "bf16") == 0 ? STOF_BF16 : STOF_F16;
-        run_case(cache, name, B, H, L, D, dt, spec);
+        run_case(cache, forced ? &force : NULL, name, B, H, L, D, dt, spec);
     }
     return 0;
 }

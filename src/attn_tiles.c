@@ -285,3 +285,76 @@ void attn_tiles_pack(const attn_tiles *t, const attn_tiles_layout *l, void *dst)
         memcpy(d + l->kidx, t->kidx, 4 * (size_t)t->n_kidx_tiles * (size_t)t->bn);
     memcpy(d + l->bits, t->bits, 4 * (size_t)t->n_bitmaps * (size_t)t->bm * (size_t)t->wpr);
 }
+
+/* The CTA with the least work sits at the top of a binary heap of (load,
+ * cta), ties to the lower CTA, so that the deal is the same on every run. */
+typedef struct sched_slot {
+    long long load;
+    int cta;
+} sched_slot;
+
+static int slot_less(sched_slot a, sched_slot b)
+{
+    return a.load < b.load || (a.load == b.load && a.cta < b.cta);
+}
+
+static void heap_down(sched_slot *h, int n, int i)
+{
+    for (;;) {
+        int l = 2 * i + 1, r = l + 1, m = i;
+        if (l < n && slot_less(h[l], h[m]))
+            m = l;
+        if (r < n && slot_less(h[r], h[m]))
+            m = r;
+        if (m == i)
+            return;
+        sched_slot x = h[i];
+        h[i] = h[m];
+        h[m] = x;
+        i = m;
+    }
+}
+
+int attn_tiles_schedule(const attn_tiles *t, int batch, int heads, int run, int ctas,
+                        int32_t *items, int32_t *first)
+{
+    const long long bh = (long long)batch * heads, n = (long long)t->n_groups * bh;
+    run = run < 1 ? 1 : run > bh ? (int)bh : run;
+    sched_slot *heap = malloc(sizeof *heap * (size_t)(ctas > 0 ? ctas : 1));
+    int32_t *owner = malloc(sizeof *owner * (size_t)(n > 0 ? n : 1));
+    int32_t *order = malloc(4 * sizeof *order * (size_t)(n > 0 ? n : 1));
+    if (!heap || !owner || !order) {
+        free(heap);
+        free(owner);
+        free(order);
+        return 0;
+    }
+    for (int c = 0; c < ctas; c++)
+        heap[c] = (sched_slot){0, c};
+    memset(first, 0, sizeof *first * (size_t)(ctas + 1));
+    long long k = 0;
+    for (long long r0 = 0; r0 < bh; r0 += run)
+        for (int rank = 0; rank < t->n_groups; rank++)
+            for (long long x = r0; x < r0 + run && x < bh; x++, k++) {
+                const int32_t *w = t->work + 4 * (size_t)rank;
+                int32_t *o = order + 4 * k;
+                o[0] = w[0], o[1] = w[1], o[2] = w[2];
+                o[3] = (int32_t)((x / heads) << 16 | (x % heads));
+                owner[k] = heap[0].cta;
+                first[heap[0].cta + 1]++;
+                heap[0].load += w[2] - w[1] + 1;
+                heap_down(heap, ctas, 0);
+            }
+    for (int c = 0; c < ctas; c++)
+        first[c + 1] += first[c];
+    /* Each CTA's items in the order dealt; first[] is the cursor meanwhile. */
+    for (long long i = 0; i < n; i++)
+        memcpy(items + 4 * (size_t)first[owner[i]]++, order + 4 * i, 4 * sizeof *items);
+    for (int c = ctas; c > 0; c--)
+        first[c] = first[c - 1];
+    first[0] = 0;
+    free(heap);
+    free(owner);
+    free(order);
+    return 1;
+}

@@ -894,9 +894,9 @@ static void bwalk_free(mask_bwalk *w)
 static stof_status bwalk_init(stof_ctx *ctx, mask_bwalk *w, const stof_mask *m, int bq, int bk)
 {
     memset(w, 0, sizeof *w);
-    if (bq < 16 || bq > 256 || bk < 16 || bk > 128)
+    if (bq < 16 || bq > 256 || bk < 16 || bk > 256)
         return CTX_FAIL(ctx, STOF_ERR_INVALID_ARG,
-                        "mask block sizes must be 16..256 rows by 16..128 keys, got %d x %d", bq, bk);
+                        "mask block sizes must be 16..256 rows by 16..256 keys, got %d x %d", bq, bk);
     w->lq = m->lq;
     w->lk = m->lk;
     w->bq = bq;
@@ -1006,7 +1006,7 @@ static void bwalk_row_sweep(mask_bwalk *w, uint32_t *row, const mask_range *rg, 
 {
     for (int i = 0; i < n; i++)
         bits_set(row, rg[i].lo, rg[i].hi);
-    uint32_t words[4];
+    uint32_t words[8];  /* a block's keys: at most 256 */
     for (int kb = 0; kb < w->nkb; kb++) {
         bits_get(row, (int64_t)kb * w->bk, w->bk, words);
         int c = 0;

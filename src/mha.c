@@ -1,5 +1,6 @@
 #include "mha.h"
 
+#include <limits.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -14,20 +15,27 @@
 #include "strbuf.h"
 #include "timing.h"
 
+typedef struct mha_launch {
+    CUfunction fn;
+    int wg, bm, bn, threads, smem, n_groups;
+    CUdeviceptr tiles;       /* attn_tiles_pack's arrays, then (wg MHA_WS) the items */
+    attn_tiles_layout lay;
+    size_t items;            /* MHA_WS: byte offset of the work items in tiles, then
+                                each CTA's first item (attn_tiles_schedule) ... */
+    int n_items, ctas;       /* ... how many items, and CTAs */
+    char key[65];            /* the kernel's cache key */
+} mha_launch;
+
 struct stof_mha_plan {
     stof_ctx *ctx;
     stof_mha_desc d;
     mha_candidate c;
-    CUfunction fn;
-    int smem, n_groups;
+    mha_launch L;
     int regs, spill;             /* the kernel's registers per thread, local-memory bytes */
-    CUdeviceptr tiles;
-    attn_tiles_layout lay;
     double predicted_ms, measured_ms;
     const char *origin;          /* "cache", "search" or "model" */
     int tried;
     char mask_hash[65];
-    char kernel_key[65];
 };
 
 /* ---- candidates and requests ------------------------------------------- */
@@ -37,13 +45,18 @@ void mha_make_request(const mha_candidate *c, int head_dim, stof_dtype dtype, mh
     const int nums[4] = {head_dim, c->bm, c->bn, c->wg ? c->st : c->mt};
     static const char *const names[2][4] = {{"HEAD_DIM", "BLOCK_M", "BLOCK_N", "M_TILES"},
                                             {"HEAD_DIM", "BLOCK_M", "BLOCK_N", "STAGES"}};
+    static const char *const files[3] = {"attn.cu", "attn_wg.cu", "attn_ws.cu"};
     int n = 0;
     for (int i = 0; i < 4; i++) {
         snprintf(r->text[i], sizeof r->text[i], "%d", nums[i]);
-        r->vars[n++] = (render_var){names[c->wg][i], r->text[i]};
+        r->vars[n++] = (render_var){names[c->wg != 0][i], r->text[i]};
     }
-    const int g = c->kind == ATTN_GATHER;
     r->vars[n++] = (render_var){"MMA_TYPE", dtype == STOF_BF16 ? "bf16" : "f16"};
+    r->req = (jit_request){"mha", files[c->wg], "stof_attn", r->vars, n,
+                           c->wg ? "wgmma.cuh" : NULL};
+    if (c->wg == MHA_WS) /* block kind only: no gathered rows or keys */
+        return;
+    const int g = c->kind == ATTN_GATHER;
     r->vars[n++] = (render_var){"GATHER_Q", g ? "1" : "0"};
     r->vars[n++] = (render_var){"BLOCK_Q", g ? "0" : "1"};
     r->vars[n++] = (render_var){"GATHER_K", g ? "1" : "0"};
@@ -52,18 +65,23 @@ void mha_make_request(const mha_candidate *c, int head_dim, stof_dtype dtype, mh
         r->vars[n++] = (render_var){"Q_IN_REGS", c->qs ? "0" : "1"};
         r->vars[n++] = (render_var){"Q_IN_SMEM", c->qs ? "1" : "0"};
     }
-    r->req = (jit_request){"mha", c->wg ? "attn_wg.cu" : "attn.cu", "stof_attn", r->vars, n,
-                           c->wg ? "wgmma.cuh" : NULL};
+    r->req.nvars = n;
 }
 
 int mha_smem_bytes(const mha_candidate *c, int head_dim)
 {
+    if (c->wg == MHA_WS) /* Q, K and V stages, each consumer's O; barriers; alignment slack */
+        return (2 * c->bm + 2 * c->st * c->bn) * head_dim * 2 + 8 * (2 + 4 * c->st) + 1024;
     if (c->wg) /* unpadded swizzled tiles, 1 KiB of alignment slack */
         return (c->bm + 2 * c->st * c->bn) * head_dim * 2 + 16 * c->st + 1024;
     return (c->bm + 4 * c->bn) * (head_dim + 8) * 2 + 2 * c->bn * 4;
 }
 
-int mha_threads(const mha_candidate *c) { return c->wg ? c->bm * 2 : c->bm / c->mt * 2; }
+int mha_threads(const mha_candidate *c)
+{
+    /* wgmma: a warpgroup per 64 rows; warp-specialized: and a producer's. */
+    return c->wg == MHA_WS ? c->bm * 2 + 128 : c->wg ? c->bm * 2 : c->bm / c->mt * 2;
+}
 
 int mha_candidates(int head_dim, int smem_max, int wgmma, mha_candidate *out, int cap)
 {
@@ -76,6 +94,8 @@ int mha_candidates(int head_dim, int smem_max, int wgmma, mha_candidate *out, in
     static const int wg_sizes[][3] = {{128, 128, 3}, {128, 64, 4}, {192, 64, 4}, {192, 128, 3},
                                       {64, 128, 4},  {64, 64, 4},  {128, 128, 4}, {128, 64, 3},
                                       {64, 64, 3},   {64, 64, 2}};
+    static const int ws_sizes[][3] = {{128, 128, 2}, {192, 128, 2}, {128, 64, 3},
+                                      {128, 192, 2}, {192, 64, 3},  {128, 128, 3}};
     int n = 0;
     for (int kind = 0; kind < 2; kind++) {
         for (size_t i = 0; i < sizeof sizes / sizeof sizes[0] && n < cap; i++) {
@@ -96,12 +116,27 @@ int mha_candidates(int head_dim, int smem_max, int wgmma, mha_candidate *out, in
             if (mha_smem_bytes(&c, head_dim) <= smem_max)
                 out[n++] = c;
         }
+        /* Warp-specialized: S of 64 x bn and O of 64 x head_dim in each
+         * consumer's registers (232 each with two consumers, 160 with three). */
+        const size_t nws = wgmma && head_dim % 64 == 0 && kind == ATTN_BLOCK
+                               ? sizeof ws_sizes / sizeof ws_sizes[0] : 0;
+        for (size_t i = 0; i < nws && n < cap; i++) {
+            mha_candidate c = {ATTN_BLOCK, ws_sizes[i][0], ws_sizes[i][1], 1, 0, MHA_WS,
+                               ws_sizes[i][2]};
+            const int regs = c.bm == 128 ? 232 : 160;
+            const int live = c.bn / 2 + c.bn / 4 + head_dim / 2; /* S, P, O per thread */
+            if (live + 32 <= regs && mha_smem_bytes(&c, head_dim) <= smem_max)
+                out[n++] = c;
+        }
     }
     return n;
 }
 
 static const char *kind_name(attn_kind k) { return k == ATTN_GATHER ? "gather" : "block"; }
-static const char *engine_name(const mha_candidate *c) { return c->wg ? "wgmma" : "mma.sync"; }
+static const char *engine_name(const mha_candidate *c)
+{
+    return c->wg == MHA_WS ? "wgmma-ws" : c->wg ? "wgmma" : "mma.sync";
+}
 
 /* ---- argument checks ---------------------------------------------------- */
 
@@ -192,13 +227,47 @@ static mha_strides strides_of(const stof_mha_desc *d)
     return s;
 }
 
-typedef struct mha_launch {
-    CUfunction fn;
-    int threads, smem, n_groups;
-    CUdeviceptr tiles;
-    attn_tiles_layout lay;
-    char key[65];            /* the kernel's cache key */
-} mha_launch;
+/* A TMA descriptor of one of q, k, v, out as the 4-D tensor (head_dim,
+ * rows, heads, batch) with the given element strides (row, head, batch),
+ * read or written in boxes of 64 x box_rows, 128-byte swizzled; rows past
+ * the end read as zeros and are not written. */
+static stof_status tensor_map(stof_ctx *ctx, CUtensorMap *map, CUdeviceptr p, const stof_mha_desc *d,
+                              int rows, const long long (*stride)[3], int box_rows)
+{
+    const cuuint64_t dims[4] = {(cuuint64_t)d->head_dim, (cuuint64_t)rows, (cuuint64_t)d->heads,
+                                (cuuint64_t)d->batch};
+    const cuuint64_t strides[3] = {(cuuint64_t)(*stride)[2] * 2, (cuuint64_t)(*stride)[1] * 2,
+                                   (cuuint64_t)(*stride)[0] * 2};
+    const cuuint32_t box[4] = {64, (cuuint32_t)box_rows, 1, 1}, elem_strides[4] = {1, 1, 1, 1};
+    return CU(ctx, TensorMapEncodeTiled(
+                       map, d->dtype == STOF_BF16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16
+                                                  : CU_TENSOR_MAP_DATA_TYPE_FLOAT16,
+                       4, (void *)p, dims, strides, box, elem_strides, CU_TENSOR_MAP_INTERLEAVE_NONE,
+                       CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+                       CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE));
+}
+
+/* The warp-specialized engine's launch: descriptors for this run's
+ * pointers, the persistent grid load_candidate dealt the work to. */
+static stof_status launch_ws(stof_ctx *ctx, const stof_mha_desc *d, const mha_launch *L,
+                             const mha_strides *s, CUdeviceptr q, CUdeviceptr k, CUdeviceptr v,
+                             CUdeviceptr out, CUdeviceptr seq_lens, float scale_log2,
+                             CUstream stream)
+{
+    CUtensorMap tq, tk, tv, to;
+    TRY(tensor_map(ctx, &tq, q, d, d->seq_q, &s->s[0], L->bm));
+    TRY(tensor_map(ctx, &tk, k, d, d->seq_k, &s->s[1], L->bn));
+    TRY(tensor_map(ctx, &tv, v, d, d->seq_k, &s->s[2], L->bn));
+    TRY(tensor_map(ctx, &to, out, d, d->seq_q, &s->s[3], 64));
+    int lq = d->seq_q, lk = d->seq_k;
+    CUdeviceptr items = L->tiles + L->items, first = items + 16 * (size_t)L->n_items,
+                tile_key = L->tiles + L->lay.tile_key, tile_bits = L->tiles + L->lay.tile_bits,
+                bits = L->tiles + L->lay.bits;
+    void *args[] = {&tq,    &tk,    &tv,       &to,        &lq,   &lk,        &seq_lens,
+                    &items, &first, &tile_key, &tile_bits, &bits, &scale_log2};
+    return CU(ctx, LaunchKernel(L->fn, (unsigned)L->ctas, 1, 1, (unsigned)L->threads, 1, 1,
+                                (unsigned)L->smem, stream, args, NULL));
+}
 
 /* Enqueues one run; the context must be current. */
 static stof_status launch(stof_ctx *ctx, const stof_mha_desc *d, const mha_launch *L,
@@ -213,6 +282,10 @@ static stof_status launch(stof_ctx *ctx, const stof_mha_desc *d, const mha_launc
     int lq = d->seq_q, lk = d->seq_k;
     float scale = d->scale > 0.f ? d->scale : 1.f / sqrtf((float)d->head_dim);
     float scale_log2 = scale * 1.4426950408889634f;
+    if (L->n_groups == 0)
+        return STOF_OK;
+    if (L->wg == MHA_WS)
+        return launch_ws(ctx, d, L, &s, q, k, v, out, seq_lens, scale_log2, stream);
     CUdeviceptr work = L->tiles + L->lay.work, qidx = L->tiles + L->lay.qidx,
                 tile_key = L->tiles + L->lay.tile_key,
                 tile_bits = L->tiles + L->lay.tile_bits, kidx = L->tiles + L->lay.kidx,
@@ -222,8 +295,6 @@ static stof_status launch(stof_ctx *ctx, const stof_mha_desc *d, const mha_launc
                     &s.s[2][0], &s.s[2][1], &s.s[2][2], &s.s[3][0], &s.s[3][1], &s.s[3][2],
                     &lq, &lk, &seq_lens, &work, &qidx, &tile_key,
                     &tile_bits, &kidx, &bits, &scale_log2};
-    if (L->n_groups == 0)
-        return STOF_OK;
     /* Grid (heads, batch, groups by rank): see stof_work_item. */
     return CU(ctx, LaunchKernel(L->fn, (unsigned)d->heads, (unsigned)d->batch,
                                 (unsigned)L->n_groups, (unsigned)L->threads, 1, 1,
@@ -238,20 +309,44 @@ static stof_status load_candidate(stof_ctx *ctx, const stof_mha_desc *d, const m
     mha_request r;
     mha_make_request(c, d->head_dim, d->dtype, &r);
     TRY(jit_get(ctx, &r.req, &L->fn, NULL, L->key));
+    L->wg = c->wg;
+    L->bm = c->bm;
+    L->bn = c->bn;
     L->threads = mha_threads(c);
     L->smem = mha_smem_bytes(c, d->head_dim);
     L->n_groups = t->n_groups;
     L->lay = attn_tiles_layout_of(t);
-    void *host = malloc(L->lay.total);
+    long long n_items = c->wg == MHA_WS ? (long long)t->n_groups * d->batch * d->heads : 0;
+    if (n_items > INT_MAX / 4)
+        return CTX_FAIL(ctx, STOF_ERR_UNSUPPORTED, "%lld work items are more than the kernel counts",
+                        n_items);
+    L->items = L->lay.total;
+    L->n_items = (int)n_items;
+    /* Persistent: one CTA per SM at most, as many as there are items. */
+    L->ctas = n_items < ctx->dev.sm_count ? (int)n_items : ctx->dev.sm_count;
+    const size_t total = L->items + 16 * (size_t)n_items + 4 * (size_t)(L->ctas + 1);
+    void *host = malloc(total);
     if (!host)
         return CTX_FAIL(ctx, STOF_ERR_NO_MEMORY, "out of memory packing attention tiles");
     attn_tiles_pack(t, &L->lay, host);
+    /* Runs of heads whose K and V fill half the L2 (dense attention at L
+     * 4096 read 452 MB from DRAM for 50 MB of K and V when the heaviest
+     * groups went first across all heads). */
+    const double kv = 4.0 * d->seq_k * d->head_dim;
+    const int run = (int)fmin((ctx->dev.l2_bytes > 0 ? ctx->dev.l2_bytes : 50 << 20) / 2 / kv,
+                              (double)d->batch * d->heads);
+    int32_t *items = (int32_t *)((char *)host + L->items);
+    if (n_items && !attn_tiles_schedule(t, d->batch, d->heads, run, L->ctas, items,
+                                        items + 4 * (size_t)n_items)) {
+        free(host);
+        return CTX_FAIL(ctx, STOF_ERR_NO_MEMORY, "out of memory scheduling attention work");
+    }
     stof_status st = jit_push(ctx);
     if (st == STOF_OK) {
         st = CU(ctx, FuncSetAttribute(L->fn, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, L->smem));
         if (st == STOF_OK)
-            st = CU(ctx, MemAlloc(&L->tiles, L->lay.total));
-        if (st == STOF_OK && (st = CU(ctx, MemcpyHtoD(L->tiles, host, L->lay.total))) != STOF_OK) {
+            st = CU(ctx, MemAlloc(&L->tiles, total));
+        if (st == STOF_OK && (st = CU(ctx, MemcpyHtoD(L->tiles, host, total))) != STOF_OK) {
             ctx->dev.api.MemFree(L->tiles);
             L->tiles = 0;
         }
@@ -496,8 +591,10 @@ static stof_status measure_engine(stof_ctx *ctx, int wg, double *tflops)
     const int B = 4, H = 16, L = 2048, D = 64;
     stof_mha_desc d = {.batch = B, .heads = H, .seq_q = L, .seq_k = L, .head_dim = D,
                        .dtype = STOF_F16, .layout = STOF_LAYOUT_BHLD};
-    mha_candidate c = wg ? (mha_candidate){ATTN_BLOCK, 128, 64, 1, 0, 1, 4}
-                         : (mha_candidate){ATTN_BLOCK, 64, 64, 1, 0, 0, 0};
+    const mha_candidate engines[3] = {{ATTN_BLOCK, 64, 64, 1, 0, 0, 0},
+                                      {ATTN_BLOCK, 128, 64, 1, 0, 1, 4},
+                                      {ATTN_BLOCK, 128, 128, 1, 0, MHA_WS, 2}};
+    const mha_candidate c = engines[wg];
     stof_mask *m = NULL;
     TRY(stof_mask_parse(ctx, "dense", L, L, &m));
     attn_tiles t;
@@ -518,7 +615,7 @@ static stof_status measure_engine(stof_ctx *ctx, int wg, double *tflops)
     attn_tiles_free(&t);
     if (st == STOF_OK && !(ms > 0))
         st = CTX_FAIL(ctx, STOF_ERR_INTERNAL, "timing the %s engine gave %g ms",
-                      wg ? "wgmma" : "mma.sync", ms);
+                      engine_name(&c), ms);
     if (st == STOF_OK)
         *tflops = 4.0 * B * H * (double)L * L * D / (ms * 1e-3) / 1e12;
     return st;
@@ -595,6 +692,8 @@ stof_status mha_device_figures(stof_ctx *ctx, model_device *md)
     TRY(measure_engine(ctx, 0, &md->mma_tflops));
     if (strcmp(ctx->arch, "sm_90a") == 0)
         TRY(measure_engine(ctx, 1, &md->wgmma_tflops));
+    if (strcmp(ctx->arch, "sm_90a") == 0)
+        TRY(measure_engine(ctx, MHA_WS, &md->ws_tflops));
     TRY(measure_bandwidth(ctx, &md->mem_gbs));
     md->measured = 1;
     ctx->model = *md;
@@ -662,10 +761,13 @@ static void free_candidates(cand_state *cs, int n)
         attn_tiles_free(&cs[i].tiles);
 }
 
-/* Stage 1's sizes for each kind: mma.sync's 64x64, and wgmma's 64x64 (small
- * tiles waste least on windows) and 128x64 (dense rows), four stages. */
+/* Stage 1's sizes for each kind: mma.sync's 64x64, wgmma's 64x64 (small
+ * tiles waste least on windows) and 128x64 (dense rows), four stages, and
+ * the warp-specialized engine's 128x128 and 192x128, two stages (long rows). */
 static int is_default_size(const mha_candidate *c)
 {
+    if (c->wg == MHA_WS)
+        return (c->bm == 128 || c->bm == 192) && c->bn == 128 && c->st == 2;
     if (c->wg)
         return (c->bm == 64 || c->bm == 128) && c->bn == 64 && c->st == 4;
     return c->bm == 64 && c->bn == 64 && c->mt == 1 && !c->qs;
@@ -801,6 +903,10 @@ int mha_record_parse(const char *rec, mha_candidate *c, double *ms, double *pred
     if (strcmp(kind, "block") != 0 && strcmp(kind, "gather") != 0)
         return 0;
     c->kind = strcmp(kind, "gather") == 0 ? ATTN_GATHER : ATTN_BLOCK;
+    if (c->wg == MHA_WS)
+        return c->kind == ATTN_BLOCK && (c->bm == 128 || c->bm == 192) &&
+               (c->bn == 64 || c->bn == 128 || c->bn == 192) && c->mt == 1 && c->qs == 0 &&
+               c->st >= 2 && c->st <= 4;
     if (c->wg == 1)
         return c->bm >= 64 && c->bm <= 192 && c->bm % 64 == 0 && (c->bn == 64 || c->bn == 128) &&
                c->mt == 1 && c->qs == 0 && c->st >= 2 && c->st <= 4;
@@ -823,18 +929,13 @@ static stof_status finish_plan(stof_ctx *ctx, stof_mha_plan *p, const stof_mask 
     if (tiles == &own)
         attn_tiles_free(&own);
     if (st == STOF_OK) {
-        p->fn = L.fn;
-        p->smem = L.smem;
-        p->n_groups = L.n_groups;
-        p->tiles = L.tiles;
+        p->L = L;
         if ((st = jit_push(ctx)) == STOF_OK) {
-            st = CU(ctx, FuncGetAttribute(&p->regs, CU_FUNC_ATTRIBUTE_NUM_REGS, p->fn));
+            st = CU(ctx, FuncGetAttribute(&p->regs, CU_FUNC_ATTRIBUTE_NUM_REGS, L.fn));
             if (st == STOF_OK)
-                st = CU(ctx, FuncGetAttribute(&p->spill, CU_FUNC_ATTRIBUTE_LOCAL_SIZE_BYTES, p->fn));
+                st = CU(ctx, FuncGetAttribute(&p->spill, CU_FUNC_ATTRIBUTE_LOCAL_SIZE_BYTES, L.fn));
             jit_pop(ctx);
         }
-        p->lay = L.lay;
-        memcpy(p->kernel_key, L.key, sizeof p->kernel_key);
     }
     return st;
 }
@@ -917,7 +1018,7 @@ stof_status stof_mha_plan_create(stof_ctx *ctx, const stof_mha_desc *desc, const
         mha_tried tried[MHA_MAX_CANDIDATES];
         for (int i = 0; i < n; i++)
             tried[i] = (mha_tried){cs[i].c, cs[i].predicted_ms, cs[i].ms, cs[i].verdict};
-        char *record = mha_record_format(tried, n, winner, p->kernel_key,
+        char *record = mha_record_format(tried, n, winner, p->L.key,
                                          level == STOF_TUNE_FULL ? "full" : "fast");
         cache_tuning t = {"mha", p->mask_hash, shape, (char *)dt, ctx->arch, record, 0};
         if (record) {
@@ -945,6 +1046,9 @@ stof_status mha_plan_forced(stof_ctx *ctx, const stof_mha_desc *desc, const stof
         return STOF_ERR_INVALID_ARG;
     CTX_ARG(ctx, plan && c, "plan");
     *plan = NULL;
+    if (c->wg == MHA_WS && c->kind != ATTN_BLOCK)
+        return CTX_FAIL(ctx, STOF_ERR_UNSUPPORTED,
+                        "the warp-specialized attention engine walks block tiles only");
     if (c->wg && (strcmp(ctx->arch, "sm_90a") != 0 || (desc && desc->head_dim % 64 != 0)))
         return CTX_FAIL(ctx, STOF_ERR_UNSUPPORTED,
                         "wgmma attention kernels need sm_90a and head_dim 64 or 128 (this context "
@@ -976,9 +1080,8 @@ stof_status stof_mha_run(stof_mha_plan *p, const void *q, const void *k, const v
     /* 16-byte loads of rows need 16-byte aligned rows. */
     if (((uintptr_t)q | (uintptr_t)k | (uintptr_t)v | (uintptr_t)out) % 16)
         return CTX_FAIL(ctx, STOF_ERR_INVALID_ARG, "q, k, v and out must be 16-byte aligned");
-    mha_launch L = {p->fn, mha_threads(&p->c), p->smem, p->n_groups, p->tiles, p->lay, ""};
     TRY(jit_push(ctx));
-    stof_status st = launch(ctx, &p->d, &L, (CUdeviceptr)q, (CUdeviceptr)k, (CUdeviceptr)v,
+    stof_status st = launch(ctx, &p->d, &p->L, (CUdeviceptr)q, (CUdeviceptr)k, (CUdeviceptr)v,
                             (CUdeviceptr)out, (CUdeviceptr)seq_lens, (CUstream)stream);
     jit_pop(ctx);
     return st;
@@ -995,7 +1098,7 @@ stof_status stof_mha_plan_describe(const stof_mha_plan *p, char *buf, size_t n)
              kind_name(p->c.kind), engine_name(&p->c), p->c.bm, p->c.bn, p->c.mt,
              p->c.wg || p->c.qs ? "smem" : "regs", p->c.wg ? p->c.st : 2, p->d.head_dim,
              dtype_name(p->d.dtype),
-             p->n_groups, p->regs, p->spill, p->smem, p->origin, p->predicted_ms, p->measured_ms,
+             p->L.n_groups, p->regs, p->spill, p->L.smem, p->origin, p->predicted_ms, p->measured_ms,
              p->tried, p->mask_hash);
     return STOF_OK;
 }
@@ -1004,8 +1107,8 @@ void stof_mha_plan_free(stof_mha_plan *p)
 {
     if (!p)
         return;
-    if (p->tiles && p->ctx->dev.ok && jit_push(p->ctx) == STOF_OK) {
-        p->ctx->dev.api.MemFree(p->tiles);
+    if (p->L.tiles && p->ctx->dev.ok && jit_push(p->ctx) == STOF_OK) {
+        p->ctx->dev.api.MemFree(p->L.tiles);
         jit_pop(p->ctx);
     }
     free(p);

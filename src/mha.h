@@ -17,9 +17,13 @@ typedef struct mha_candidate {
     int bm, bn;
     int mt;              /* m16 row tiles per warp: 1 or 2 */
     int qs;              /* 1: Q re-read from shared memory per tile, not kept in registers */
-    int wg;              /* 1: warpgroup MMA (templates/attn_wg.cu, sm_90a; mt 1, qs 0) */
+    int wg;              /* engine: 0 mma.sync (templates/attn.cu); on sm_90a, 1 warpgroup
+                            MMA (attn_wg.cu), 2 warp-specialized, TMA-fed (attn_ws.cu,
+                            block kind only); with 1 and 2, mt 1 and qs 0 */
     int st;              /* wgmma: K and V stages in shared memory, 2 to 4; else 0 */
 } mha_candidate;
+
+#define MHA_WS 2         /* mha_candidate.wg of the warp-specialized engine */
 
 /* The kernel request for a candidate; the strings live in *buf. */
 typedef struct mha_request {
@@ -33,8 +37,8 @@ void mha_make_request(const mha_candidate *c, int head_dim, stof_dtype dtype, mh
 int mha_smem_bytes(const mha_candidate *c, int head_dim);
 int mha_threads(const mha_candidate *c);
 
-/* At most this many candidates: both kinds, both engines, every size. */
-#define MHA_MAX_CANDIDATES 48
+/* At most this many candidates: both kinds, every engine, every size. */
+#define MHA_MAX_CANDIDATES 64
 
 /* Every candidate that fits the head size and the device limits (smem_max
  * bytes of shared memory per block; wgmma: the arch has warpgroup MMA);

@@ -11,10 +11,11 @@ model_device model_device_of(const drv_device *dev, const char *arch)
     model_device m = {0};
     int sm90 = arch && strncmp(arch, "sm_9", 4) == 0;
     /* Dense attention as the kernels achieve it (H100: about 250 TFLOP/s on
-     * mma.sync, 370 on wgmma; A100: about 200). */
+     * mma.sync, 370 on wgmma, 460 warp-specialized; A100: about 200). */
     m.sm_count = dev && dev->ok ? dev->sm_count : (sm90 ? 132 : 108);
     m.mma_tflops = (sm90 ? 250.0 / 132 : 200.0 / 108) * m.sm_count;
     m.wgmma_tflops = arch && strcmp(arch, "sm_90a") == 0 ? 370.0 / 132 * m.sm_count : 0;
+    m.ws_tflops = m.wgmma_tflops > 0 ? 460.0 / 132 * m.sm_count : 0;
     m.mem_gbs = sm90 ? 3000.0 : 1800.0;
     return m;
 }
@@ -30,34 +31,36 @@ char *model_device_format(const model_device *m, const char *device_name)
     strbuf b = {0};
     strbuf_printf(&b, "{\"device\":\"%s\"", name);
     strbuf_printf(&b, ",\"sm_count\":%d,\"clock_mhz\":%d,\"mma_tflops\":%.1f,"
-                  "\"wgmma_tflops\":%.1f,\"mem_gbs\":%.0f,\"measured\":%d}",
-                  m->sm_count, m->clock_mhz, m->mma_tflops, m->wgmma_tflops, m->mem_gbs,
-                  m->measured);
+                  "\"wgmma_tflops\":%.1f,\"ws_tflops\":%.1f,\"mem_gbs\":%.0f,\"measured\":%d}",
+                  m->sm_count, m->clock_mhz, m->mma_tflops, m->wgmma_tflops, m->ws_tflops,
+                  m->mem_gbs, m->measured);
     return strbuf_take(&b);
 }
 
 int model_device_parse(const char *rec, model_device *m)
 {
     json_value *v = rec ? json_parse(rec, strlen(rec), NULL) : NULL;
-    const char *num[] = {"sm_count", "clock_mhz", "mma_tflops", "wgmma_tflops", "mem_gbs",
-                         "measured"};
-    double x[6];
+    /* A record without ws_tflops predates that engine: not usable, so the
+     * figures are measured again. */
+    const char *num[] = {"sm_count", "clock_mhz", "mma_tflops", "wgmma_tflops", "ws_tflops",
+                         "mem_gbs", "measured"};
+    double x[7];
     int ok = v != NULL;
-    for (int i = 0; ok && i < 6; i++) {
+    for (int i = 0; ok && i < 7; i++) {
         const json_value *f = json_get(v, num[i]);
         ok = f && f->type == JSON_NUMBER && f->number >= 0 && f->number < 1e7;
         x[i] = ok ? f->number : 0;
     }
     json_free(v);
     /* A usable record: SMs, a positive mma.sync rate and bandwidth. */
-    if (!ok || x[0] < 1 || x[2] <= 0 || x[4] <= 0)
+    if (!ok || x[0] < 1 || x[2] <= 0 || x[5] <= 0)
         return 0;
-    *m = (model_device){(int)x[0], (int)x[1], x[2], x[3], x[4], x[5] != 0};
+    *m = (model_device){(int)x[0], (int)x[1], x[2], x[3], x[4], x[5], x[6] != 0};
     return 1;
 }
 
 double model_attn_ms(const model_device *m, const attn_tiles *t, int batch_heads, int head_dim,
-                     int m_tiles, int wgmma)
+                     int m_tiles, int engine)
 {
     /* A tile costs its two products (4*bm*bn*d flops) at the engine's
      * dense-attention rate or its K and V reads (2*bn*d*2 bytes, mostly from
@@ -66,7 +69,9 @@ double model_attn_ms(const model_device *m, const attn_tiles *t, int batch_heads
      * load and O store. */
     double tile_flop = 4.0 * t->bm * t->bn * head_dim;
     double tile_bytes = 4.0 * t->bn * head_dim;
-    double rate = wgmma && m->wgmma_tflops > 0 ? m->wgmma_tflops : m->mma_tflops;
+    double rate = engine == 2 && m->ws_tflops > 0   ? m->ws_tflops
+                  : engine && m->wgmma_tflops > 0 ? m->wgmma_tflops
+                                                  : m->mma_tflops;
     double sm_flops = rate * 1e12 / m->sm_count;
     double sm_bytes = 2 * m->mem_gbs * 1e9 / m->sm_count;
     double tile_s = tile_flop / sm_flops > tile_bytes / sm_bytes ? tile_flop / sm_flops

@@ -16,6 +16,7 @@ typedef struct model_device {
     int clock_mhz;         /* SM clock the driver reports (0: unknown) */
     double mma_tflops;     /* dense attention on mma.sync, fp16, as achieved */
     double wgmma_tflops;   /* the same on warpgroup MMA (0: the arch has none) */
+    double ws_tflops;      /* ... and on the warp-specialized, TMA-fed engine */
     double mem_gbs;        /* device memory bandwidth, read + write */
     int measured;          /* 1: measured on this device; 0: the arch's defaults */
 } model_device;
@@ -29,8 +30,9 @@ char *model_device_format(const model_device *m, const char *device_name);
 int model_device_parse(const char *rec, model_device *m);
 
 /* Predicted milliseconds of one run over batch*heads of the tiles, with
- * m_tiles row tiles per warp (mma.sync) or on warpgroup MMA (wgmma 1). */
+ * m_tiles row tiles per warp on engine 0 (mma.sync), or on engine 1
+ * (warpgroup MMA) or 2 (warp-specialized), as mha_candidate.wg numbers them. */
 double model_attn_ms(const model_device *m, const attn_tiles *t, int batch_heads, int head_dim,
-                     int m_tiles, int wgmma);
+                     int m_tiles, int engine);
 
 #endif

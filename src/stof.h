@@ -197,7 +197,7 @@ typedef struct stof_mask_info {
     long long distinct_bitmaps; /* different partial-block bitmaps (the block format shares them) */
 } stof_mask_info;
 
-/* block_q: 16 .. 256; block_k: 16 .. 128. */
+/* block_q: 16 .. 256; block_k: 16 .. 256. */
 stof_status stof_mask_stats(stof_ctx *ctx, const stof_mask *m, int block_q, int block_k,
                             stof_mask_info *out);
 

@@ -198,17 +198,6 @@ stof_attn(const elem_t *__restrict__ q, const elem_t *__restrict__ k,
         o[i][0] = o[i][1] = o[i][2] = o[i][3] = 0.f;
     const unsigned q_wg = Qs + wg * 64 * 128;  // this warpgroup's rows, in each half
 
-    // S = Q Kᵀ for the tile in `stage`: 16 columns of the head per product,
-    // 4 per 128-byte half. Issued and committed, not waited for.
-    auto issue_s = [&](float (&s)[BN / 8][4], int stage) {
-        const unsigned kt = Ks + stage * BN * D * 2;
-        wg_fence();
-#pragma unroll
-        for (int kk = 0; kk < D / 16; kk++)
-            wg_ss(s, wg_desc(q_wg + (kk / 4) * BM * 128 + (kk % 4) * 32, 16, 1024),
-                  wg_desc(kt + (kk / 4) * BN * 128 + (kk % 4) * 32, 16, 1024), kk > 0);
-        wg_commit();
-    };
 
     // Masks tile it's scores (only where needed: a partial tile's bitmap,
     // keys past the valid length), runs the softmax step, and issues
@@ -250,7 +239,7 @@ stof_attn(const elem_t *__restrict__ q, const elem_t *__restrict__ k,
         // cp.async wrote through the generic proxy; wgmma reads through the async one.
         asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
         float s[BN / 8][4];
-        issue_s(s, stage);
+        wg_qk<D, BM, BN>(s, q_wg, Ks + stage * BN * D * 2);
         wg_wait0();
         wg_hold(s);
         softmax_pv(s, it, stage);

@@ -201,13 +201,13 @@ __device__ __forceinline__ void stof_mask_scores(float (&s)[NB][4], const unsign
 }
 
 // One online-softmax step, in units of log2, for the two rows a thread holds
-// of an m16 tile: max on raw scores (the scale is positive), one FMA per score
-// folds scale and offset, the output o is rescaled, and the accumulator
-// layout of S becomes the A operand layout of P (two n8 blocks make one k16).
-template <typename Tag, int NB, int NO>
-__device__ __forceinline__ void stof_softmax_step(float (&s)[NB][4], float (&o)[NO][4], float (&m)[2],
-                                                  float (&l)[2], unsigned (&pf)[NB / 2][4],
-                                                  float scale_log2)
+// of an m16 tile, leaving O alone: max on raw scores (the scale is
+// positive), one FMA per score folds scale and offset, s becomes P (fp32)
+// and alpha[h2] the factor that row's O must be rescaled by. Kernels whose
+// O is still being accumulated by an asynchronous product rescale it later.
+template <int NB>
+__device__ __forceinline__ void stof_softmax_p(float (&s)[NB][4], float (&m)[2], float (&l)[2],
+                                               float (&alpha)[2], float scale_log2)
 {
 #pragma unroll
     for (int h2 = 0; h2 < 2; h2++) {
@@ -220,23 +220,55 @@ __device__ __forceinline__ void stof_softmax_step(float (&s)[NB][4], float (&o)[
         const float mnew = fmaxf(m[h2], mx * scale_log2);
         // A row with nothing allowed yet keeps base 0: exp2 never sees inf - inf.
         const float base = mnew == -STOF_INF ? 0.f : mnew;
-        const float alpha = stof_ex2(m[h2] - base);
+        alpha[h2] = stof_ex2(m[h2] - base);
         m[h2] = mnew;
         float sum = 0.f;
 #pragma unroll
         for (int j = 0; j < NB; j++) {
-            const float p0 = stof_ex2(fmaf(s[j][2 * h2], scale_log2, -base));
-            const float p1 = stof_ex2(fmaf(s[j][2 * h2 + 1], scale_log2, -base));
-            sum += p0 + p1;
-            pf[j / 2][(j % 2) * 2 + h2] = Tag::pack2(p0, p1);
+            s[j][2 * h2] = stof_ex2(fmaf(s[j][2 * h2], scale_log2, -base));
+            s[j][2 * h2 + 1] = stof_ex2(fmaf(s[j][2 * h2 + 1], scale_log2, -base));
+            sum += s[j][2 * h2] + s[j][2 * h2 + 1];
         }
-        l[h2] = l[h2] * alpha + sum;
-#pragma unroll
-        for (int i = 0; i < NO; i++) {
-            o[i][2 * h2] *= alpha;
-            o[i][2 * h2 + 1] *= alpha;
-        }
+        l[h2] = l[h2] * alpha[h2] + sum;
     }
+}
+
+// O's rows times the softmax step's factors.
+template <int NO>
+__device__ __forceinline__ void stof_rescale(float (&o)[NO][4], const float (&alpha)[2])
+{
+#pragma unroll
+    for (int i = 0; i < NO; i++) {
+        o[i][0] *= alpha[0];
+        o[i][1] *= alpha[0];
+        o[i][2] *= alpha[1];
+        o[i][3] *= alpha[1];
+    }
+}
+
+// P in the accumulator layout of S becomes the A operand of the P V product:
+// two n8 blocks make one k16.
+template <typename Tag, int NB>
+__device__ __forceinline__ void stof_pack_p(const float (&p)[NB][4], unsigned (&pf)[NB / 2][4])
+{
+#pragma unroll
+    for (int j = 0; j < NB; j++)
+#pragma unroll
+        for (int h2 = 0; h2 < 2; h2++)
+            pf[j / 2][(j % 2) * 2 + h2] = Tag::pack2(p[j][2 * h2], p[j][2 * h2 + 1]);
+}
+
+// The whole step for kernels that wait for their products: P, O rescaled,
+// P packed.
+template <typename Tag, int NB, int NO>
+__device__ __forceinline__ void stof_softmax_step(float (&s)[NB][4], float (&o)[NO][4], float (&m)[2],
+                                                  float (&l)[2], unsigned (&pf)[NB / 2][4],
+                                                  float scale_log2)
+{
+    float alpha[2];
+    stof_softmax_p(s, m, l, alpha, scale_log2);
+    stof_rescale(o, alpha);
+    stof_pack_p<Tag>(s, pf);
 }
 
 // Divides a thread's two output rows by their sums and stores them: row h2

@@ -106,30 +106,8 @@ static_assert(!LN || (BM == 64 && COOP != 1 && N % BN == 0 && CL <= 8),
 static_assert(K % 8 == 0 && N % 8 == 0, "16-byte rows");
 static_assert(STAGES >= 2 && STAGES <= 8, "2 to 8 stages");
 
-// A TMA descriptor (CUtensorMap), passed by value.
-struct __align__(64) stof_tmap {
-    unsigned long long v[16];
-};
-
 __device__ __forceinline__ float to_f32(elem_t v) { return stof_{{MMA_TYPE}}_to_f32(v); }
 
-
-// Arrives on bar and adds bytes to the transfer count its phase waits for.
-__device__ __forceinline__ void mbar_expect(unsigned bar, unsigned bytes)
-{
-    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes)
-                 : "memory");
-}
-
-// The box of map at (k0, row0) into shared memory at dst; bar counts its bytes.
-__device__ __forceinline__ void tma_load(unsigned dst, const stof_tmap *map, unsigned bar, int k0,
-                                         int row0)
-{
-    asm volatile("cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes"
-                 " [%0], [%1, {%3, %4}], [%2];\n" ::"r"(dst),
-                 "l"((unsigned long long)map), "r"(bar), "r"(k0), "r"(row0)
-                 : "memory");
-}
 
 // The CTA's i-th tile of its walk at (m0, n0); false past the end. With LN
 // the cluster walks row blocks and this CTA takes its rank's columns.

@@ -1,7 +1,9 @@
-// wgmma.cuh — Hopper's warpgroup MMA (sm_90a) and the shared-memory barriers
-// that stage its operands, shared by the templates built on it (attn_wg.cu,
-// gemm_wg.cu). A request names it as its part: it is rendered with the
-// request's values and placed between the prelude and the template.
+// wgmma.cuh — Hopper's warpgroup MMA (sm_90a), the shared-memory barriers
+// that stage its operands and the tensor-memory accelerator's (TMA) bulk
+// copies that fill them, shared by the templates built on it (attn_wg.cu,
+// attn_ws.cu, gemm_wg.cu, gemm_tma.cu). A request names it as its part: it
+// is rendered with the request's values and placed between the prelude and
+// the template.
 //
 // Operands in shared memory use the 128-byte swizzled layout: rows of 128
 // bytes (64 16-bit elements) whose 16-byte chunks are XORed with the row's
@@ -86,6 +88,21 @@ STOF_WG_RS(16, 128, 64, 65, 66, 67, 68, 69)
 STOF_WG_SS(24, 192, 96, 97, 98)
 STOF_WG_SS(32, 256, 128, 129, 130)
 
+// S (64 x BN) = Q Kᵀ, committed, not waited for: 64 rows of Q at q, which
+// lie in a tile of QR rows, and BN rows of K at k, both stored in 64-column
+// swizzled halves (a tile's half h at h * rows * 128 bytes); 16 columns of
+// the head per product, 4 per half.
+template <int D, int QR, int BN>
+__device__ __forceinline__ void wg_qk(float (&s)[BN / 8][4], unsigned q, unsigned k)
+{
+    wg_fence();
+#pragma unroll
+    for (int kk = 0; kk < D / 16; kk++)
+        wg_ss(s, wg_desc(q + (kk / 4) * QR * 128 + (kk % 4) * 32, 16, 1024),
+              wg_desc(k + (kk / 4) * BN * 128 + (kk % 4) * 32, 16, 1024), kk > 0);
+    wg_commit();
+}
+
 // ---- shared-memory barriers ---------------------------------------------------
 
 __device__ __forceinline__ void mbar_init(unsigned bar, int count)
@@ -108,3 +125,61 @@ __device__ __forceinline__ void mbar_wait(unsigned bar, int parity)
                  "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
                  "@!done bra WAIT;\n}\n" ::"r"(bar), "r"(parity) : "memory");
 }
+// Arrives on bar and adds bytes to the transfer count its phase waits for.
+__device__ __forceinline__ void mbar_expect(unsigned bar, unsigned bytes)
+{
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes)
+                 : "memory");
+}
+
+// Named barriers 1..15 among some warps of the CTA (0 is __syncthreads):
+// sync waits for `threads` arrivals, its own included; arrive does not wait.
+__device__ __forceinline__ void named_sync(int id, int threads)
+{
+    asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
+}
+__device__ __forceinline__ void named_arrive(int id, int threads)
+{
+    asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
+}
+
+// ---- TMA -----------------------------------------------------------------------
+
+// A TMA descriptor (CUtensorMap), passed by value as a __grid_constant__.
+struct __align__(64) stof_tmap {
+    unsigned long long v[16];
+};
+
+// The box of a 2-D map at (x0, x1) into shared memory at dst; bar counts its bytes.
+__device__ __forceinline__ void tma_load(unsigned dst, const stof_tmap *map, unsigned bar, int x0,
+                                         int x1)
+{
+    asm volatile("cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes"
+                 " [%0], [%1, {%3, %4}], [%2];\n" ::"r"(dst),
+                 "l"((unsigned long long)map), "r"(bar), "r"(x0), "r"(x1)
+                 : "memory");
+}
+
+// The same for a 4-D map at (x0, x1, x2, x3).
+__device__ __forceinline__ void tma_load4(unsigned dst, const stof_tmap *map, unsigned bar, int x0,
+                                          int x1, int x2, int x3)
+{
+    asm volatile("cp.async.bulk.tensor.4d.shared::cluster.global.tile.mbarrier::complete_tx::bytes"
+                 " [%0], [%1, {%3, %4, %5, %6}], [%2];\n" ::"r"(dst),
+                 "l"((unsigned long long)map), "r"(bar), "r"(x0), "r"(x1), "r"(x2), "r"(x3)
+                 : "memory");
+}
+
+// Shared memory at src to the box of a 4-D map at (x0, x1, x2, x3); the
+// parts of the box outside the tensor are not written. Completes in bulk
+// groups: tma_commit closes one, tma_wait_read waits until every closed
+// group has read its shared memory.
+__device__ __forceinline__ void tma_store4(const stof_tmap *map, unsigned src, int x0, int x1,
+                                           int x2, int x3)
+{
+    asm volatile("cp.async.bulk.tensor.4d.global.shared::cta.bulk_group [%0, {%2, %3, %4, %5}], [%1];\n"
+                 ::"l"((unsigned long long)map), "r"(src), "r"(x0), "r"(x1), "r"(x2), "r"(x3)
+                 : "memory");
+}
+__device__ __forceinline__ void tma_commit() { asm volatile("cp.async.bulk.commit_group;\n" ::: "memory"); }
+__device__ __forceinline__ void tma_wait_read() { asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory"); }

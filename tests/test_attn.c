@@ -112,6 +112,62 @@ START_TEST(tiles_expand_to_the_mask)
 END_TEST
 
 /* Gathering compacts a scattered mask: fewer tiles than blocks. */
+/* The persistent grid's deal: every (group, batch, head) exactly once,
+ * each CTA's items in the order dealt, the runs of heads kept, and no CTA
+ * with more work than the least loaded one plus one item. */
+START_TEST(schedule_deals_every_item_once)
+{
+    stof_ctx *ctx = open_ctx(NULL);
+    static const char *const specs[] = {"causal", "window:256+global:64", "dense", "docs:300,700"};
+    for (int s = 0; s < 4; s++) {
+        stof_mask *m;
+        ck_assert_int_eq(stof_mask_parse(ctx, specs[s], 1000, 1000, &m), STOF_OK);
+        attn_tiles t;
+        ck_assert_int_eq(attn_tiles_build(ctx, m, ATTN_BLOCK, 128, 128, &t), STOF_OK);
+        const int B = 3, H = 5, bh = B * H, n = t.n_groups * bh, ctas = s == 2 ? n + 7 : 13;
+        const int real = ctas < n ? ctas : n;
+        int32_t *items = malloc(16 * (size_t)n), *first = malloc(4 * (size_t)(real + 1));
+        ck_assert(items && first);
+        ck_assert(attn_tiles_schedule(&t, B, H, 4, real, items, first));
+        ck_assert_int_eq(first[0], 0);
+        ck_assert_int_eq(first[real], n);
+        unsigned char *seen = calloc((size_t)n, 1);
+        long long lo = 1LL << 60, hi = 0, heaviest = 0;
+        for (int c = 0; c < real; c++) {
+            ck_assert_int_le(first[c], first[c + 1]);
+            long long load = 0;
+            int last_run = -1;
+            for (int i = first[c]; i < first[c + 1]; i++) {
+                const int32_t *w = items + 4 * (size_t)i;
+                const int b = w[3] >> 16, h = w[3] & 0xffff, x = b * H + h;
+                ck_assert(b < B && h < H && w[0] >= 0 && w[0] < t.n_groups);
+                ck_assert_int_eq(w[1], t.tile_ptr[w[0]]);
+                ck_assert_int_eq(w[2], t.tile_ptr[w[0] + 1]);
+                const int id = w[0] * bh + x;
+                ck_assert_msg(!seen[id], "%s: item %d dealt twice", specs[s], id);
+                seen[id] = 1;
+                ck_assert_int_ge(x / 4, last_run); /* runs of 4 heads, in order */
+                last_run = x / 4;
+                load += w[2] - w[1] + 1;
+                heaviest = w[2] - w[1] + 1 > heaviest ? w[2] - w[1] + 1 : heaviest;
+            }
+            lo = load < lo ? load : lo;
+            hi = load > hi ? load : hi;
+        }
+        for (int i = 0; i < n; i++)
+            ck_assert_msg(seen[i], "%s: item %d not dealt", specs[s], i);
+        ck_assert_msg(hi - lo <= heaviest, "%s: loads %lld .. %lld, heaviest item %lld", specs[s],
+                      lo, hi, heaviest);
+        free(seen);
+        free(items);
+        free(first);
+        attn_tiles_free(&t);
+        stof_mask_free(m);
+    }
+    stof_close(ctx);
+}
+END_TEST
+
 START_TEST(gather_compacts_scattered_masks)
 {
     stof_ctx *ctx = open_ctx("sm_90a");
@@ -145,7 +201,7 @@ END_TEST
  * records that are not valid figures are refused. */
 START_TEST(model_device_record)
 {
-    model_device m = {132, 1980, 240.5, 401.2, 2950, 1}, back;
+    model_device m = {132, 1980, 240.5, 401.2, 470.5, 2950, 1}, back;
     char *rec = model_device_format(&m, "GPU \"quoted\"\n");
     ck_assert_ptr_nonnull(rec);
     ck_assert_int_eq(model_device_parse(rec, &back), 1);
@@ -154,6 +210,7 @@ START_TEST(model_device_record)
     ck_assert_int_eq(back.clock_mhz, 1980);
     ck_assert_double_eq_tol(back.mma_tflops, 240.5, 1e-9);
     ck_assert_double_eq_tol(back.wgmma_tflops, 401.2, 1e-9);
+    ck_assert_double_eq_tol(back.ws_tflops, 470.5, 1e-9);
     ck_assert_double_eq_tol(back.mem_gbs, 2950, 1e-9);
     ck_assert_int_eq(back.measured, 1);
 
@@ -168,6 +225,7 @@ START_TEST(model_device_record)
     double wg2 = model_attn_ms(&faster, &t, 96, 64, 1, 1);
     ck_assert_msg(wg < mma && wg2 < 0.6 * wg, "wgmma %.4f, mma.sync %.4f, twice the rate %.4f",
                   wg, mma, wg2);
+    ck_assert(model_attn_ms(&m, &t, 96, 64, 1, MHA_WS) < wg);
     attn_tiles_free(&t);
     stof_mask_free(mk);
     stof_close(ctx);
@@ -175,11 +233,14 @@ START_TEST(model_device_record)
     static const char *const bad[] = {
         "", "not json", "[]", "{}",
         "{\"sm_count\":132,\"clock_mhz\":1,\"mma_tflops\":100,\"wgmma_tflops\":0,\"mem_gbs\":1}",
-        "{\"sm_count\":0,\"clock_mhz\":1,\"mma_tflops\":100,\"wgmma_tflops\":0,\"mem_gbs\":1,"
+        /* written before the warp-specialized engine: measured again */
+        "{\"sm_count\":132,\"clock_mhz\":1,\"mma_tflops\":100,\"wgmma_tflops\":0,\"mem_gbs\":1,"
         "\"measured\":1}",
-        "{\"sm_count\":132,\"clock_mhz\":1,\"mma_tflops\":-5,\"wgmma_tflops\":0,\"mem_gbs\":1,"
+        "{\"sm_count\":0,\"clock_mhz\":1,\"mma_tflops\":100,\"wgmma_tflops\":0,\"ws_tflops\":0,\"mem_gbs\":1,"
         "\"measured\":1}",
-        "{\"sm_count\":132,\"clock_mhz\":1,\"mma_tflops\":\"fast\",\"wgmma_tflops\":0,"
+        "{\"sm_count\":132,\"clock_mhz\":1,\"mma_tflops\":-5,\"wgmma_tflops\":0,\"ws_tflops\":0,\"mem_gbs\":1,"
+        "\"measured\":1}",
+        "{\"sm_count\":132,\"clock_mhz\":1,\"mma_tflops\":\"fast\",\"wgmma_tflops\":0,\"ws_tflops\":0,"
         "\"mem_gbs\":1,\"measured\":1}"};
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++)
         ck_assert_msg(!model_device_parse(bad[i], &back), "accepted: %s", bad[i]);
@@ -228,11 +289,18 @@ START_TEST(candidates_fit_the_device)
         ck_assert_int_lt(nwg, 64);
         for (int j = 0; j < nwg; j++) {
             wg += c[j].wg;
-            if (c[j].wg) {
-                ck_assert_int_eq(dims[i] % 64, 0);
+            if (c[j].wg == MHA_WS) { /* block kind, two or three consumers and a producer */
+                ck_assert_int_eq(c[j].kind, ATTN_BLOCK);
+                ck_assert(c[j].bm == 128 || c[j].bm == 192);
+                ck_assert(c[j].bn == 64 || c[j].bn == 128 || c[j].bn == 192);
+                ck_assert_int_eq(mha_threads(&c[j]), 2 * c[j].bm + 128);
+            } else if (c[j].wg) {
                 ck_assert_int_eq(c[j].bm % 64, 0);
                 ck_assert(c[j].bn == 64 || c[j].bn == 128);
                 ck_assert_int_eq(mha_threads(&c[j]), 2 * c[j].bm);
+            }
+            if (c[j].wg) {
+                ck_assert_int_eq(dims[i] % 64, 0);
                 ck_assert(c[j].st >= 2 && c[j].st <= 4);
                 ck_assert_int_le(mha_smem_bytes(&c[j], dims[i]), 227 * 1024);
             }
@@ -434,8 +502,19 @@ static void *compile_variants(void *arg)
              * (C7514 and its kin): as costly as a spill, and counted as one. */
             const char *serial = strstr(k.log, "Potential Performance Loss");
             const char *line = serial ? serial : strstr(k.log, "bytes stack frame");
-            j->spills[i] = !strstr(k.log, " 0 bytes spill stores") ||
-                           strstr(k.log, "ptxas warning") || serial;
+            const char *sp = strstr(k.log, " bytes spill stores");
+            int stores = 0;
+            while (sp && sp > k.log && sp[-1] >= '0' && sp[-1] <= '9')
+                sp--;
+            if (sp)
+                stores = atoi(sp);
+            /* The warp-specialized engine's 192 x 128 tiles at head_dim 64
+             * keep 160 registers per consumer thread and reload a few
+             * words about once per tile: at most 32 bytes, and measured
+             * the fastest hd64 variant on the H100 all the same (dense L
+             * 4096: 0.798 ms against 0.902 for 128 x 128). */
+            const int allowed = j->c[i].wg == MHA_WS && j->c[i].bm == 192 ? 32 : 0;
+            j->spills[i] = stores > allowed || strstr(k.log, "ptxas warning") || serial;
             snprintf(j->err[i], sizeof j->err[i], "%s", line ? line : k.log);
             cache_kernel_free(&k);
         } else {
@@ -495,6 +574,7 @@ Suite *suite_attn(void)
     TCase *t = tcase_create("tiles");
     tcase_add_loop_test(t, tiles_expand_to_the_mask, 0, (int)(sizeof SPECS / sizeof SPECS[0]));
     tcase_add_test(t, gather_compacts_scattered_masks);
+    tcase_add_test(t, schedule_deals_every_item_once);
     tcase_add_test(t, model_scales_with_work);
     tcase_add_test(t, model_device_record);
     tcase_add_test(t, candidates_fit_the_device);

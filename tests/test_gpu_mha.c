@@ -21,7 +21,7 @@ typedef struct mcase {
     int kind, bm, bn;   /* kind -1: the planner chooses (tune fast) */
     int mt;             /* m16 row tiles per warp; 0 means 1 */
     int qs;             /* Q re-read from shared memory */
-    int wg;             /* warpgroup MMA kernel (sm_90a) */
+    int wg;             /* engine: 1 warpgroup MMA, 2 warp-specialized (sm_90a) */
     int st;             /* its stages; 0 means 2 */
 } mcase;
 
@@ -163,6 +163,9 @@ START_TEST(every_mask_both_kinds)
                    kind ? 192 : 128, kind ? 64 : 128, 1, 0, 1, kind ? 3 : 2};
         run_case(&c, 150 + _i * 2 + kind);
     }
+    mcase ws = {SPECS[_i], 2, 3, 377, 377, 64, STOF_F16, STOF_LAYOUT_BHLD, 0, 0, ATTN_BLOCK,
+                128, 128, 1, 0, MHA_WS, 2};
+    run_case(&ws, 180 + _i);
 }
 END_TEST
 
@@ -182,8 +185,9 @@ START_TEST(head_dims_dtypes_tiles)
 }
 END_TEST
 
-/* The warpgroup MMA kernel: each head size and dtype, every size and
- * stage count the search may pick, both kinds. */
+/* The warpgroup MMA kernels: each head size and dtype, every size and
+ * stage count the search may pick, both kinds (the warp-specialized
+ * engine: block kind). */
 START_TEST(wgmma_tiles)
 {
     if (!has_wgmma())
@@ -196,7 +200,7 @@ START_TEST(wgmma_tiles)
             continue;
         int dt = tested++ % 2;
         mcase c = {"window:96+global:8", 1, 2, 301, 301, dim, dt ? STOF_BF16 : STOF_F16,
-                   STOF_LAYOUT_BHLD, 0, 0, cs[i].kind, cs[i].bm, cs[i].bn, 1, 0, 1, cs[i].st};
+                   STOF_LAYOUT_BHLD, 0, 0, cs[i].kind, cs[i].bm, cs[i].bn, 1, 0, cs[i].wg, cs[i].st};
         run_case(&c, 700 + _i * 50 + i);
     }
     ck_assert_int_ge(tested, 8);
@@ -217,10 +221,47 @@ START_TEST(layouts_lens_packed)
         {"window:64+strided:8", 2, 4, 300, 300, 64, STOF_F16, STOF_LAYOUT_BLHD, 1, 1, 1, 192, 64, 1, 0, 1, 3},
         {"causal", 2, 2, 200, 333, 64, STOF_F16, STOF_LAYOUT_BHLD, 0, 0, 0, 128, 64, 1, 0, 1, 4},
         {"window:64", 2, 2, 333, 200, 128, STOF_F16, STOF_LAYOUT_BLHD, 0, 0, 1, 64, 128, 1, 0, 1, 3},
+        {"causal", 3, 2, 250, 250, 128, STOF_BF16, STOF_LAYOUT_BLHD, 0, 1, 0, 128, 128, 1, 0, MHA_WS, 2},
+        {"window:64+global:16", 2, 4, 300, 300, 64, STOF_F16, STOF_LAYOUT_BLHD, 1, 1, 0, 192, 64, 1, 0, MHA_WS, 3},
+        {"causal", 2, 2, 200, 333, 64, STOF_F16, STOF_LAYOUT_BHLD, 0, 0, 0, 128, 192, 1, 0, MHA_WS, 2},
+        {"window:64", 2, 2, 333, 200, 128, STOF_F16, STOF_LAYOUT_BLHD, 0, 0, 0, 128, 64, 1, 0, MHA_WS, 3},
+        {"docs:100,157,120", 3, 2, 377, 377, 64, STOF_BF16, STOF_LAYOUT_BHLD, 0, 1, 0, 128, 128, 1, 0, MHA_WS, 2},
     };
     if (cases[_i].wg && !has_wgmma())
         return;
     run_case(&cases[_i], 900 + _i);
+}
+END_TEST
+
+/* The warp-specialized engine on lengths that are not tile multiples, with
+ * and without per-sequence lengths, batch 1, both head sizes and dtypes. */
+START_TEST(ws_long_rows)
+{
+    if (!has_wgmma())
+        return;
+    static const char *const specs[] = {"dense", "causal", "window:256+global:64", "causal"};
+    static const int lens[] = {1000, 3001, 1000, 3001};
+    const int d = _i % 2 ? 128 : 64;
+    mcase c = {specs[_i], 1, 2, lens[_i], lens[_i], d, _i % 2 ? STOF_BF16 : STOF_F16,
+               STOF_LAYOUT_BHLD, 0, _i >= 2, ATTN_BLOCK, 128, d == 64 ? 192 : 128, 1, 0, MHA_WS, 2};
+    run_case(&c, 1100 + _i);
+}
+END_TEST
+
+/* The warp-specialized engine with several items per CTA (its persistent
+ * grid has one CTA per SM), so that an item's last P V runs with the next
+ * item's first S, items with no tile (Lq > Lk under a window) among them. */
+START_TEST(ws_items_in_turn)
+{
+    if (!has_wgmma())
+        return;
+    mcase cases[] = {
+        {"dense", 4, 8, 1000, 1000, 64, STOF_F16, STOF_LAYOUT_BHLD, 0, 0, ATTN_BLOCK, 128, 128, 1, 0, MHA_WS, 2},
+        {"window:64", 4, 8, 1000, 300, 64, STOF_BF16, STOF_LAYOUT_BHLD, 0, 0, ATTN_BLOCK, 128, 64, 1, 0, MHA_WS, 3},
+        {"causal", 4, 8, 1000, 1000, 128, STOF_BF16, STOF_LAYOUT_BLHD, 0, 1, ATTN_BLOCK, 128, 128, 1, 0, MHA_WS, 2},
+        {"window:256+global:64", 4, 8, 1000, 1000, 64, STOF_F16, STOF_LAYOUT_BHLD, 0, 1, ATTN_BLOCK, 192, 128, 1, 0, MHA_WS, 2},
+    };
+    run_case(&cases[_i], 1300 + _i);
 }
 END_TEST
 
@@ -248,16 +289,17 @@ START_TEST(device_figures_once)
     model_device md;
     ck_assert_msg(mha_device_figures(ctx, &md) == STOF_OK, "%s", stof_last_error(ctx));
     printf("device figures: %d SMs at %d MHz, dense attention %.0f TFLOP/s on mma.sync, "
-           "%.0f on wgmma, memory %.0f GB/s\n", md.sm_count, md.clock_mhz, md.mma_tflops,
-           md.wgmma_tflops, md.mem_gbs);
+           "%.0f on wgmma, %.0f warp-specialized, memory %.0f GB/s\n", md.sm_count, md.clock_mhz,
+           md.mma_tflops, md.wgmma_tflops, md.ws_tflops, md.mem_gbs);
     ck_assert_int_eq(md.measured, 1);
     ck_assert_int_eq(md.sm_count, ctx->dev.sm_count);
     ck_assert(md.mma_tflops > 20 && md.mma_tflops < 3000);
     ck_assert(md.mem_gbs > 200 && md.mem_gbs < 30000);
     if (strcmp(ctx->arch, "sm_90a") == 0)
-        ck_assert(md.wgmma_tflops > md.mma_tflops && md.wgmma_tflops < 3000);
+        ck_assert(md.wgmma_tflops > md.mma_tflops && md.wgmma_tflops < 3000 &&
+                  md.ws_tflops > md.wgmma_tflops && md.ws_tflops < 3000);
     else
-        ck_assert(md.wgmma_tflops == 0);
+        ck_assert(md.wgmma_tflops == 0 && md.ws_tflops == 0);
     stof_close(ctx);
 
     ck_assert_int_eq(stof_open(&ctx, &o), STOF_OK);
@@ -269,6 +311,7 @@ START_TEST(device_figures_once)
     ck_assert_int_eq(st.timing_runs, 0);
     ck_assert_int_eq(again.measured, 1);
     ck_assert_double_eq_tol(again.mma_tflops, md.mma_tflops, 0.06);
+    ck_assert_double_eq_tol(again.ws_tflops, md.ws_tflops, 0.06);
     ck_assert_double_eq_tol(again.mem_gbs, md.mem_gbs, 0.6);
     stof_close(ctx);
     test_rmtree(dir);
@@ -284,7 +327,9 @@ Suite *suite_gpu_mha(void)
     tcase_add_loop_test(t, every_mask_both_kinds, 0, NSPECS);
     tcase_add_loop_test(t, head_dims_dtypes_tiles, 0, 5);
     tcase_add_loop_test(t, wgmma_tiles, 0, 2);
-    tcase_add_loop_test(t, layouts_lens_packed, 0, 11);
+    tcase_add_loop_test(t, layouts_lens_packed, 0, 16);
+    tcase_add_loop_test(t, ws_long_rows, 0, 4);
+    tcase_add_loop_test(t, ws_items_in_turn, 0, 4);
     tcase_add_loop_test(t, planner_choice, 0, 3);
     tcase_add_test(t, device_figures_once);
     suite_add_tcase(s, t);

@@ -1,0 +1,298 @@
+// attn_ws.cu — block-sparse masked attention on sm_90a as a persistent,
+// warp-specialized kernel: the walk of attn_wg.cu (a group's listed key
+// tiles, full tiles unmasked, partial ones by their bitmap, online softmax
+// in fp32) with the loads taken off the consumers.
+//
+// Work: an item is one query group of BLOCK_M rows of one (batch, head),
+// {group, first tile, end tile, batch << 16 | head}, one 16-byte load. The
+// host deals the items to the CTAs of a persistent grid (heaviest first
+// within runs of heads whose K and V share the L2, each to the CTA with
+// the least work so far): CTA x walks items first[x] .. first[x + 1] - 1.
+//
+// Warpgroups: a producer and NC = BLOCK_M / 64 consumers. The producer
+// gives most of its registers to the consumers (setmaxnreg); one of its
+// warps walks the CTA's items: per item it waits until every consumer is
+// done reading Q, loads Q (BLOCK_M rows), then each listed tile's K and V
+// (BLOCK_N rows each, keys read 32 tiles at a time across the warp) into a
+// ring of STAGES stages. Each copy is a TMA box of 64 columns into the
+// 128-byte swizzled layout wgmma reads (wgmma.cuh), rows past the tensor's
+// end read as zeros; K and V have "full" barriers (bytes landed) and
+// "empty" barriers (one arrival per consumer warp) of their own, so S can
+// start before V lands.
+//
+// Consumers: warpgroup c owns rows 64c .. 64c + 63 of the item. Tile j's
+// step issues S_j = Q K_jᵀ and O += P_{j-1} V_{j-1} back to back, then,
+// while the P V product runs, masks S_j and takes its softmax (P_j in
+// fp32, the factor alpha); once the product is done it rescales O and
+// packs P_j for the next step. The consumers take turns issuing their
+// products (named barriers, round robin), so that one's softmax runs while
+// another's products keep the tensor cores busy. The epilogue divides by
+// the row sums, writes the warpgroup's 64 rows into its own staging buffer
+// in the swizzled layout and stores it with TMA (rows past the sequence
+// length come out as zeros, rows past the tensor's end are not written).
+//
+// The launch passes TMA descriptors of Q, K, V and O as 4-D tensors
+// (head_dim, length, heads, batch), boxes of 64 x BLOCK_M (Q), 64 x BLOCK_N
+// (K, V) and 64 x 64 (O), 128-byte swizzled.
+//
+// Parameters:
+//   HEAD_DIM   64 or 128 (whole 128-byte rows per 64-column half)
+//   BLOCK_M    query rows per item: 64 per consumer warpgroup, 128 or 192
+//   BLOCK_N    keys per tile: 64, 128 or 192
+//   STAGES     K and V tiles in shared memory, 2 to 4
+//   MMA_TYPE   f16 or bf16 (wgmma.cuh uses it too)
+
+constexpr int D = {{HEAD_DIM}};
+constexpr int BM = {{BLOCK_M}};
+constexpr int BN = {{BLOCK_N}};
+constexpr int STAGES = {{STAGES}};
+constexpr int NC = BM / 64;                  // consumer warpgroups
+constexpr int THREADS = 128 * (NC + 1);
+constexpr int HALVES = D / 64;               // 128-byte row halves of the head
+constexpr int WPR = (BN + 31) / 32;          // bitmap words per tile row
+constexpr int Q_BYTES = BM * D * 2, KV_BYTES = BN * D * 2, O_BYTES = 64 * D * 2;
+// 65536 registers: the producer keeps few, the consumers share the rest.
+constexpr int PRODUCER_REGS = NC == 2 ? 40 : 32;
+constexpr int CONSUMER_REGS = NC == 2 ? 232 : 160;
+// Named barriers: 1 .. NC for the turns, NC + 1 .. 2 NC for each
+// consumer's epilogue.
+constexpr int BAR_TURN = 1, BAR_EPI = 1 + NC;
+
+static_assert(D == 64 || D == 128, "head_dim 64 or 128");
+static_assert(NC == 2 || NC == 3, "two or three consumer warpgroups");
+static_assert(BN == 64 || BN == 128 || BN == 192, "one m64n64, n128 or n192 product for S");
+static_assert(STAGES >= 2 && STAGES <= 4, "2 to 4 stages");
+
+typedef unsigned short elem_t;
+typedef stof_{{MMA_TYPE}}_tag mma_tag;
+
+extern "C" __global__ void __launch_bounds__(THREADS, 1)
+stof_attn(const __grid_constant__ stof_tmap tq, const __grid_constant__ stof_tmap tk,
+          const __grid_constant__ stof_tmap tv, const __grid_constant__ stof_tmap to,
+          int lq, int lk, const int *__restrict__ seq_lens, const int4 *__restrict__ items,
+          const int *__restrict__ first, const int *__restrict__ tile_key, const int *__restrict__ tile_bits,
+          const unsigned *__restrict__ bits, float scale_log2)
+{
+    // The launch gives 1 KiB of slack to align the swizzled tiles. Q, the K
+    // stages, the V stages, each consumer's O, then the barriers.
+    extern __shared__ __align__(1024) unsigned char smem_raw[];
+    const unsigned Qs = (stof_smem_u32(smem_raw) + 1023) & ~1023u;
+    const unsigned Ks = Qs + Q_BYTES, Vs = Ks + STAGES * KV_BYTES, Os = Vs + STAGES * KV_BYTES;
+    const unsigned q_full = Os + NC * O_BYTES, q_empty = q_full + 8;
+    const unsigned k_full = q_empty + 8, k_empty = k_full + 8 * STAGES;
+    const unsigned v_full = k_empty + 8 * STAGES, v_empty = v_full + 8 * STAGES;
+    const int wg = threadIdx.x / 128, warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    const int i0 = first[blockIdx.x], i1 = first[blockIdx.x + 1];
+
+    if (threadIdx.x == 0) {
+        mbar_init(q_full, 1);
+        mbar_init(q_empty, NC * 4);
+        for (int s = 0; s < STAGES; s++) {
+            mbar_init(k_full + 8 * s, 1);
+            mbar_init(k_empty + 8 * s, NC * 4);
+            mbar_init(v_full + 8 * s, 1);
+            mbar_init(v_empty + 8 * s, NC * 4);
+        }
+        // The copy engine sees the initialized barriers.
+        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+    }
+    __syncthreads();
+
+    if (wg == 0) {
+        asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(PRODUCER_REGS));
+        if (warp != 0)
+            return;
+        if (lane == 0) {
+            asm volatile("prefetch.tensormap [%0];\n" ::"l"((unsigned long long)&tq) : "memory");
+            asm volatile("prefetch.tensormap [%0];\n" ::"l"((unsigned long long)&tk) : "memory");
+            asm volatile("prefetch.tensormap [%0];\n" ::"l"((unsigned long long)&tv) : "memory");
+        }
+        int it = 0;  // tiles issued by this CTA: tile `it` goes to stage it % STAGES
+        for (int i = i0, n = 0; i < i1; i++, n++) {
+            const int4 w = items[i];
+            const int b = w.w >> 16, h = w.w & 0xffff;
+            if (lane == 0) {
+                if (n > 0)
+                    mbar_wait(q_empty, (n - 1) & 1);
+                mbar_expect(q_full, Q_BYTES);
+#pragma unroll
+                for (int hf = 0; hf < HALVES; hf++)
+                    tma_load4(Qs + hf * BM * 128, &tq, q_full, hf * 64, w.x * BM, h, b);
+            }
+            for (int t0 = w.y; t0 < w.z; t0 += 32) {
+                const int key = t0 + lane < w.z ? tile_key[t0 + lane] : 0;
+                const int cnt = min(32, w.z - t0);
+                for (int k = 0; k < cnt; k++, it++) {
+                    const int kf = __shfl_sync(0xffffffffu, key, k);
+                    if (lane != 0)
+                        continue;
+                    // K, then V, of the tile into stage s once its last use is done.
+                    const int s = it % STAGES;
+                    auto load = [&](unsigned dst, const stof_tmap *map, unsigned full, unsigned empty) {
+                        if (it >= STAGES)
+                            mbar_wait(empty + 8 * s, (it / STAGES - 1) & 1);
+                        mbar_expect(full + 8 * s, KV_BYTES);
+#pragma unroll
+                        for (int hf = 0; hf < HALVES; hf++)
+                            tma_load4(dst + s * KV_BYTES + hf * BN * 128, map, full + 8 * s,
+                                      hf * 64, kf, h, b);
+                    };
+                    load(Ks, &tk, k_full, k_empty);
+                    load(Vs, &tv, v_full, v_empty);
+                }
+            }
+        }
+        return;
+    }
+
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(CONSUMER_REGS));
+    const int c = wg - 1;
+    const int g = lane / 4, t = lane % 4;
+    const int wrow = c * 64 + (warp % 4) * 16;  // this warp's first row in the item
+    const unsigned q_wg = Qs + c * 64 * 128;    // this warpgroup's rows, in each half
+    const unsigned o_wg = Os + c * O_BYTES;
+    // One warp of a warpgroup arrives for all four on an "empty" barrier.
+    auto release = [&](unsigned bar) {
+        __syncwarp();
+        if (lane == 0)
+            mbar_arrive(bar);
+    };
+    // Turns: warpgroup c issues its products once warpgroup c - 1 has
+    // issued its own (c = 0 after the last one), then hands the turn on.
+    auto turn_wait = [&]() { named_sync(BAR_TURN + c, 256); };
+    auto turn_pass = [&]() { named_arrive(BAR_TURN + (c + 1) % NC, 256); };
+    if (c == NC - 1)
+        turn_pass();
+
+    // S = Q Kᵀ for the tile in stage st; committed, not waited for.
+    auto issue_s = [&](float (&s)[BN / 8][4], int st) {
+        wg_qk<D, BM, BN>(s, q_wg, Ks + st * KV_BYTES);
+    };
+    // O += P V for the tile in stage st (V's rows are the keys, read
+    // N-major); committed, not waited for.
+    auto issue_pv = [&](float (&o)[D / 8][4], const unsigned (&pf)[BN / 16][4], int st) {
+        const unsigned vt = Vs + st * KV_BYTES;
+        wg_fence();
+#pragma unroll
+        for (int kk = 0; kk < BN / 16; kk++)
+            wg_rs(o, pf[kk], wg_desc(vt + kk * 16 * 128, BN * 128, 1024));
+        wg_commit();
+    };
+    // Masks tile it's scores where needed: a partial tile's bitmap, keys
+    // at or past klim.
+    auto mask = [&](float (&s)[BN / 8][4], int bm, int kfirst, int klim) {
+        const bool edge = kfirst + BN > klim;
+        if (bm >= 0 || edge) {
+            const unsigned *w0 = bm < 0 ? nullptr : bits + ((long long)bm * BM + wrow + g) * WPR;
+            stof_mask_scores<BN / 8, WPR>(s, w0, w0 ? w0 + 8 * WPR : nullptr, t, edge,
+                                          [&](int col) { return kfirst + col < klim; });
+        }
+    };
+
+    int it = 0;  // tiles consumed, in the producer's order
+    for (int i = i0, n = 0; i < i1; i++, n++) {
+        const int4 w = items[i];
+        const int group = w.x, t0 = w.y, ntiles = w.z - w.y, b = w.w >> 16, h = w.w & 0xffff;
+        const int len = seq_lens ? seq_lens[b] : 0x7fffffff;
+        const int qlim = min(lq, len), klim = min(lk, len);
+        float o[D / 8][4];
+        float m[2] = {-STOF_INF, -STOF_INF}, l[2] = {0.f, 0.f}, alpha[2];
+#pragma unroll
+        for (int j = 0; j < D / 8; j++)
+            o[j][0] = o[j][1] = o[j][2] = o[j][3] = 0.f;
+        mbar_wait(q_full, n & 1);
+        if (ntiles == 0) {
+            release(q_empty);
+        } else {
+            float s[BN / 8][4];
+            unsigned pf[BN / 16][4];
+            // Tile 0: S alone.
+            int st = it % STAGES;
+            mbar_wait(k_full + 8 * st, (it / STAGES) & 1);
+            turn_wait();
+            issue_s(s, st);
+            turn_pass();
+            int bm = tile_bits[t0], kfirst = tile_key[t0];
+            wg_wait0();
+            wg_hold(s);
+            release(k_empty + 8 * st);
+            if (ntiles == 1)
+                release(q_empty);
+            mask(s, bm, kfirst, klim);
+            stof_softmax_p(s, m, l, alpha, scale_log2);
+            stof_pack_p<mma_tag>(s, pf);
+            // Tile j: S_j and P_{j-1} V_{j-1}, then S_j's softmax under the latter.
+            for (int j = 1; j < ntiles; j++) {
+                const int sp = st;
+                const int vph = ((it + j - 1) / STAGES) & 1;
+                st = (it + j) % STAGES;
+                mbar_wait(k_full + 8 * st, ((it + j) / STAGES) & 1);
+                turn_wait();
+                issue_s(s, st);
+                mbar_wait(v_full + 8 * sp, vph);
+                issue_pv(o, pf, sp);
+                turn_pass();
+                bm = tile_bits[t0 + j];
+                kfirst = tile_key[t0 + j];
+                wg_wait1();
+                wg_hold(s);
+                release(k_empty + 8 * st);
+                if (j == ntiles - 1)
+                    release(q_empty);
+                mask(s, bm, kfirst, klim);
+                stof_softmax_p(s, m, l, alpha, scale_log2);
+                wg_wait0();
+                wg_hold(o);
+                release(v_empty + 8 * sp);
+                stof_rescale(o, alpha);
+                stof_pack_p<mma_tag>(s, pf);
+            }
+            // The last tile's P V.
+            mbar_wait(v_full + 8 * st, ((it + ntiles - 1) / STAGES) & 1);
+            turn_wait();
+            issue_pv(o, pf, st);
+            turn_pass();
+            wg_wait0();
+            wg_hold(o);
+            release(v_empty + 8 * st);
+            it += ntiles;
+        }
+
+        // Epilogue: O / l into this warpgroup's staging buffer once its last
+        // store has read it, then one TMA store per 64-column half. Thread
+        // (g, t) holds columns 8j + 2t, 8j + 2t + 1 of rows r and r + 8.
+        if (threadIdx.x % 128 == 0)
+            tma_wait_read();
+        named_sync(BAR_EPI + c, 128);
+#pragma unroll
+        for (int h2 = 0; h2 < 2; h2++) {
+            float sum = l[h2];
+            sum += __shfl_xor_sync(0xffffffffu, sum, 1);
+            sum += __shfl_xor_sync(0xffffffffu, sum, 2);
+            const int r = (warp % 4) * 16 + g + 8 * h2;
+            const float inv = sum > 0.f && group * BM + c * 64 + r < qlim ? 1.f / sum : 0.f;
+#pragma unroll
+            for (int j = 0; j < D / 8; j++) {
+                const unsigned at = o_wg + (j / 8) * 64 * 128 + r * 128 + (((j % 8) ^ (r % 8)) << 4) + 4 * t;
+                asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(at),
+                             "r"(mma_tag::pack2(o[j][2 * h2] * inv, o[j][2 * h2 + 1] * inv))
+                             : "memory");
+            }
+        }
+        // The copy engine reads what the generic proxy wrote.
+        asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+        named_sync(BAR_EPI + c, 128);
+        if (threadIdx.x % 128 == 0) {
+#pragma unroll
+            for (int hf = 0; hf < HALVES; hf++)
+                tma_store4(&to, o_wg + hf * 64 * 128, hf * 64, group * BM + c * 64, h, b);
+            tma_commit();
+        }
+    }
+    // Warpgroup 0 takes the last turn handed to it, so that no arrival is
+    // left on a barrier; the staging buffers stay until their stores read them.
+    if (c == 0)
+        turn_wait();
+    if (threadIdx.x % 128 == 0)
+        tma_wait_read();
+}
