@@ -182,7 +182,7 @@ _OPTIONAL = {
     "stof_mask_block_map": (c_int, [c_void_p, c_void_p, c_int, c_int, POINTER(c_ubyte)]),
     "stof_mask_picture": (c_int, [c_void_p, c_void_p, c_int, c_int, c_int, POINTER(c_void_p),
                                   POINTER(c_size_t)]),
-    "stof_free": (None, [c_void_p]),
+    "stof_mask_picture_free": (None, [c_void_p]),
 }
 
 # ---- finding the library ------------------------------------------------------------

@@ -101,6 +101,57 @@ class Mask:
     def entries(self):
         return self.stats()["entries"]
 
+    def to_dense(self, kind=None, device=None):
+        """Every cell, 1 allowed: a numpy bool array (kind "numpy", the default
+        where numpy is installed), a torch bool tensor ("torch", on device),
+        nested lists of bools ("list", the default without numpy) or lq*lk
+        bytes ("bytes")."""
+        buf = (c_ubyte * (self.lq * self.lk))()
+        ctx = self._ctx
+        with ctx.lock:
+            ctx.check(ctx._lib.need("mask_to_dense")(ctx.handle, self._handle, buf))
+        return _shaped(bytes(buf), self.lq, self.lk, kind, device)
+
+    def block_map(self, block_q=64, block_k=64, kind="list"):
+        """stof_mask_block_map: per (query block, key block) 0 empty, 1 partial,
+        2 full; nested lists of ints, or as to_dense's kind says."""
+        nqb, nkb = -(-self.lq // block_q), -(-self.lk // block_k)
+        buf = (c_ubyte * max(1, nqb * nkb))()
+        ctx = self._ctx
+        with ctx.lock:
+            ctx.check(ctx._lib.need("mask_block_map")(ctx.handle, self._handle, block_q,
+                                                      block_k, buf))
+        return _shaped(bytes(buf)[:nqb * nkb], nqb, nkb, kind, None, as_bool=False)
+
+    def picture(self, block_q=64, block_k=64, format="svg"):
+        """The block map drawn by the library (stof_mask_picture): SVG text
+        (str) with a caption, or PNG bytes."""
+        fmt = {"svg": L.PICTURE_SVG, "png": L.PICTURE_PNG}.get(format)
+        if fmt is None:
+            raise L.InvalidArgumentError("format must be 'svg' or 'png', got %r" % (format,))
+        p, n = c_void_p(), c_size_t()
+        ctx = self._ctx
+        with ctx.lock:
+            ctx.check(ctx._lib.need("mask_picture")(ctx.handle, self._handle, block_q, block_k,
+                                                    fmt, byref(p), byref(n)))
+        try:
+            data = ctypes.string_at(p.value, n.value)
+        finally:
+            ctx._lib.need("mask_picture_free")(p)
+        return data.decode() if fmt == L.PICTURE_SVG else data
+
+    def save(self, path, block_q=64, block_k=64):
+        """Writes the picture to path: PNG for a .png name, else SVG."""
+        fmt = "png" if str(path).lower().endswith(".png") else "svg"
+        data = self.picture(block_q, block_k, fmt)
+        with open(path, "wb") as f:
+            f.write(data.encode() if fmt == "svg" else data)
+
+    def _repr_svg_(self):
+        # Notebooks show this inline: 64 x 64 blocks, 128 x 128 past 16384.
+        b = 64 if max(self.lq, self.lk) <= 16384 else 128
+        return self.picture(b, b, "svg")
+
     def __eq__(self, other):
         return isinstance(other, Mask) and self.shape == other.shape and self.hash == other.hash
 
@@ -109,6 +160,31 @@ class Mask:
 
     def __repr__(self):
         return "Mask(%r, %d, %d)" % (self.spec, self.lq, self.lk)
+
+
+def _shaped(data, rows, cols, kind, device, as_bool=True):
+    if kind is None:
+        try:
+            import numpy  # noqa: F401
+            kind = "numpy"
+        except ImportError:
+            kind = "list"
+    if kind == "bytes":
+        return data
+    if kind == "list":
+        conv = bool if as_bool else int
+        return [[conv(x) for x in data[r * cols:(r + 1) * cols]] for r in range(rows)]
+    if kind == "numpy":
+        import numpy as np
+        a = np.frombuffer(data, dtype=np.uint8).reshape(rows, cols)
+        return a.astype(bool) if as_bool else a.copy()
+    if kind == "torch":
+        import torch
+        t = torch.frombuffer(bytearray(data), dtype=torch.uint8).reshape(rows, cols)
+        t = t.bool() if as_bool else t
+        return t.to(device) if device is not None else t
+    raise L.InvalidArgumentError("kind must be 'numpy', 'torch', 'list' or 'bytes', got %r"
+                                 % (kind,))
 
 
 def _int(v, name):
