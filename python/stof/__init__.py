@@ -16,10 +16,11 @@ from ._lib import (CacheError, CompileError, Context, CudaError, Error, Internal
                    ToolError, UnsupportedError, library_path, version)
 from ._mask import Mask
 from ._attention import attention, clear_plans, plans
+from ._layer import EncoderLayer
 
 __version__ = "0.1.0"
 
-__all__ = ["attention", "Mask", "Context", "Error", "InvalidArgumentError", "UnsupportedError",
+__all__ = ["attention", "Mask", "EncoderLayer", "Context", "Error", "InvalidArgumentError", "UnsupportedError",
            "NoDeviceError", "CudaError", "CompileError", "CacheError", "OutOfMemoryError",
            "InternalError", "LibraryNotFoundError", "ToolError", "library_path", "version",
            "plans", "clear_plans"]
