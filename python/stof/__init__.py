@@ -17,10 +17,13 @@ from ._lib import (CacheError, CompileError, Context, CudaError, Error, Internal
 from ._mask import Mask
 from ._attention import attention, clear_plans, plans
 from ._layer import EncoderLayer
+from ._tools import (WarmReport, cache_check, cache_list, cache_stats, cache_tuning, stats,
+                     tool_path, warm)
 
 __version__ = "0.1.0"
 
-__all__ = ["attention", "Mask", "EncoderLayer", "Context", "Error", "InvalidArgumentError", "UnsupportedError",
-           "NoDeviceError", "CudaError", "CompileError", "CacheError", "OutOfMemoryError",
-           "InternalError", "LibraryNotFoundError", "ToolError", "library_path", "version",
-           "plans", "clear_plans"]
+__all__ = ["attention", "Mask", "EncoderLayer", "Context", "Error", "InvalidArgumentError",
+           "UnsupportedError", "NoDeviceError", "CudaError", "CompileError", "CacheError",
+           "OutOfMemoryError", "InternalError", "LibraryNotFoundError", "ToolError",
+           "library_path", "version", "plans", "clear_plans", "warm", "WarmReport", "stats",
+           "cache_stats", "cache_list", "cache_tuning", "cache_check", "tool_path"]
