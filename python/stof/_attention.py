@@ -442,7 +442,9 @@ def attention(q, k, v, mask="dense", seq_lens=None, scale=None, layout="bhld", *
             from . import _torch as op
             return op.call(q, k, v, mask, seq_lens, scale, layout)
         if stream is not None:
-            with _torch.cuda.StreamContext(_torch.cuda.ExternalStream(_stream_handle(stream))):
+            if not isinstance(stream, _torch.cuda.Stream):
+                stream = _torch.cuda.ExternalStream(_stream_handle(stream), device=q.device)
+            with _torch.cuda.stream(stream):
                 return attention_torch(q, k, v, mask, seq_lens, scale, layout, tune, out)
         return attention_torch(q, k, v, mask, seq_lens, scale, layout, tune, out)
     return attention_array(q, k, v, mask, seq_lens, scale, layout, tune, out, stream, device)

@@ -26,10 +26,13 @@ def bool_mask(mask, seq_lens=None, batch=1, device="cpu"):
 
 
 def attention(q, k, v, allowed, scale=None):
-    """float32 SDPA in BHLD with a boolean mask; rows with no allowed key give 0."""
-    out = F.scaled_dot_product_attention(q.float(), k.float(), v.float(), attn_mask=allowed,
-                                         scale=scale)
-    return torch.nan_to_num(out, nan=0.0)
+    """Attention in float64 in BHLD with a boolean mask (None: every pair);
+    rows with no allowed key give 0, as stof's do."""
+    q, k, v = q.double(), k.double(), v.double()
+    s = (q @ k.transpose(-1, -2)) * (scale if scale else q.shape[-1] ** -0.5)
+    if allowed is not None:
+        s = s.masked_fill(~allowed, float("-inf"))
+    return torch.nan_to_num(torch.softmax(s, dim=-1), nan=0.0) @ v
 
 
 def layer(x, w, heads, activation, norm, eps, allowed=None):

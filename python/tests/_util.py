@@ -53,4 +53,9 @@ def torch_cuda():
         import torch
     except ImportError:
         return None
-    return torch if torch.cuda.is_available() else None
+    if not torch.cuda.is_available():
+        return None
+    from stof import _attention
+    if _attention._Tensor is None:
+        _attention._setup_torch()   # as `import torch` before `import stof` would
+    return torch
