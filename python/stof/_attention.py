@@ -6,7 +6,6 @@ must pass before anything is launched, and the process's plans: one per
 (device, shapes, strides, dtypes, layout, mask, scale), so a repeated call
 is a dict lookup, an output allocation and one ctypes call.
 """
-import atexit
 import sys
 import threading
 from ctypes import byref, c_void_p, create_string_buffer
@@ -18,8 +17,6 @@ LAYOUTS = ("bhld", "blhd")
 
 _plans = {}
 _plans_lock = threading.Lock()
-_exiting = []
-atexit.register(_exiting.append, True)   # at exit the driver may be gone: leak, not free
 
 
 class _Entry:
@@ -31,7 +28,7 @@ class _Entry:
 
     def __del__(self):
         p, self.plan = getattr(self, "plan", None), None
-        if p and not _exiting:
+        if p and not L.exiting:
             self._free(p)
 
     def describe(self):

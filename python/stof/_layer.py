@@ -8,7 +8,6 @@ weights live in torch's memory.
 """
 from ctypes import byref, c_size_t, c_void_p, create_string_buffer
 
-from . import _attention
 from . import _lib as L
 from . import _mask
 
@@ -21,7 +20,7 @@ class _Plan:
 
     def __del__(self):
         p, self.plan = getattr(self, "plan", None), None
-        if p and not _attention._exiting:
+        if p and not L.exiting:
             self._free(p)
 
 

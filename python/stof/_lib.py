@@ -5,12 +5,17 @@ prototypes, the exception classes (one per stof_status), and the contexts:
 one per device, each with the lock that makes it safe from several threads
 (a C context serves one thread at a time).
 """
+import atexit
 import ctypes
 import os
-import sys
 import threading
 from ctypes import (POINTER, Structure, byref, c_char_p, c_double, c_float, c_int,
                     c_longlong, c_size_t, c_ubyte, c_void_p)
+
+# At exit the driver may already be torn down: handles are then left to the
+# process's end instead of freed.
+exiting = []
+atexit.register(exiting.append, True)
 
 # ---- errors ---------------------------------------------------------------------
 
@@ -288,7 +293,7 @@ class Context:
 
     def __del__(self):
         h, self.handle = getattr(self, "handle", None), None
-        if h:
+        if h and not exiting:
             self._close(h)
 
     def fail(self, status):
