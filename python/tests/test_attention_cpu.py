@@ -44,8 +44,8 @@ class AttentionChecks(unittest.TestCase):
         every_other = tuple(2 * s for s in contiguous_strides(shape))
         q = arr(shape, strides=every_other)
         self.fails(stof.InvalidArgumentError, "contiguous in one of BHLD or BLHD", q, q, q)
-        self.fails(stof.InvalidArgumentError, "not whole elements", arr(shape, strides=(1, 1, 1, 1)),
-                   q, q)
+        self.fails(stof.InvalidArgumentError, "not whole elements",
+                   arr(shape, strides=(1, 1, 1, 1)), q, q)
 
     def test_masks(self):
         q = arr((2, 4, 128, 64))

@@ -76,11 +76,12 @@ class Attention(unittest.TestCase):
         for n, (spec, b, h, lq, lk, d) in enumerate(cases):
             for dt in (F16, BF16):
                 g = gen(n)
-                q, k, v = randn(b, h, lq, d, dtype=dt, gen=g), randn(b, h, lk, d, dtype=dt, gen=g), \
-                    randn(b, h, lk, d, dtype=dt, gen=g)
+                q = randn(b, h, lq, d, dtype=dt, gen=g)
+                k, v = (randn(b, h, lk, d, dtype=dt, gen=g) for _ in range(2))
                 out = stof.attention(q, k, v, mask=spec)
                 self.assertEqual((out.shape, out.dtype, out.device), (q.shape, dt, q.device))
-                self.check(out, q, k, v, stof.Mask(spec, lq, lk), name="%s %dx%d d%d" % (spec, lq, lk, d))
+                self.check(out, q, k, v, stof.Mask(spec, lq, lk),
+                           name="%s %dx%d d%d" % (spec, lq, lk, d))
 
     def test_dense_matrix_and_scale(self):
         g = gen(50)
@@ -290,7 +291,8 @@ class Layers(unittest.TestCase):
         for dt in (F16, BF16):
             module = _ref.bert_layer(768, 12, 3072, "gelu", seed=SEED % 1000).cuda()
             layer = stof.EncoderLayer.from_bert(module, dtype=dt)
-            for b, s, spec, lens in ((2, 333, "dense", None), (2, 1000, "window:128+global:32", None),
+            for b, s, spec, lens in ((2, 333, "dense", None),
+                                     (2, 1000, "window:128+global:32", None),
                                      (3, 512, "dense", [512, 300, 7]),
                                      (2, 1000, "window:192+global:64+random:3:64:1", [1000, 999])):
                 x = randn(b, s, 768, dtype=dt, gen=gen(200 + s))

@@ -55,7 +55,8 @@ class Masks(unittest.TestCase):
         m = stof.Mask.from_dense(rows)
         self.assertEqual(m.shape, (2, 3))
         self.assertEqual(m.to_dense("list"), [[True, False, True], [False, False, True]])
-        self.assertEqual(stof.Mask.from_dense(memoryview(bytes([1, 0, 1, 0, 0, 1])).cast("B", (2, 3))), m)
+        buf = memoryview(bytes([1, 0, 1, 0, 0, 1])).cast("B", (2, 3))
+        self.assertEqual(stof.Mask.from_dense(buf), m)
         with self.assertRaises(stof.InvalidArgumentError):
             stof.Mask.from_dense([[1, 0], [1]])
         with self.assertRaises(stof.InvalidArgumentError):
