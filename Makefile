@@ -21,7 +21,7 @@ TEST_SRC = $(wildcard tests/test_*.c)
 TOOLS    = build/stof-dump build/stof-warm build/stof-demo
 BENCHES  = $(patsubst bench/%.c,build/%,$(wildcard bench/*.c))
 
-.PHONY: all test demo bench install clean sanitize fuzz gpu-check
+.PHONY: all test test-python demo bench install clean sanitize fuzz gpu-check
 all: build/libstof.a build/libstof.so $(TOOLS) build/stof-tests $(BENCHES)
 
 build/gen/templates.c: $(TEMPLATES) build/embed
@@ -78,6 +78,13 @@ build/fuzz_mask: tests/fuzz_mask.c $(SAN_OBJ)
 test: all build/fuzz_mask
 	STOF_BUILD=build build/stof-tests
 	build/fuzz_mask $(FUZZ_SECONDS)
+	$(MAKE) --no-print-directory test-python
+
+# The Python package's suites (stdlib unittest): CPU ones everywhere, GPU ones
+# where torch sees a GPU.
+test-python: build/libstof.so $(TOOLS)
+	@if command -v python3 >/dev/null; then STOF_LIB=build/libstof.so python3 python/tests/run.py; \
+	 else echo "python tests left out: no python3"; fi
 
 sanitize: build/asan/stof-tests $(TOOLS:build/%=build/asan/%)
 	STOF_BUILD=build/asan ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=halt_on_error=1 build/asan/stof-tests

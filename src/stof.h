@@ -201,6 +201,34 @@ typedef struct stof_mask_info {
 stof_status stof_mask_stats(stof_ctx *ctx, const stof_mask *m, int block_q, int block_k,
                             stof_mask_info *out);
 
+/* Every cell of the mask: lq*lk bytes into out, row-major (row q, column k),
+ * 1 allowed, 0 not. */
+stof_status stof_mask_to_dense(stof_ctx *ctx, const stof_mask *m, unsigned char *out);
+
+/* The block layout stof_mask_stats counts, for the same block sizes:
+ * n_qblocks * n_kblocks bytes into out, row-major (query block i, key block
+ * j), each one of these. */
+enum {
+    STOF_BLOCK_EMPTY = 0,   /* no allowed entry */
+    STOF_BLOCK_PARTIAL = 1, /* some in-range entries allowed: the kernel needs a bitmap */
+    STOF_BLOCK_FULL = 2     /* every in-range entry allowed */
+};
+stof_status stof_mask_block_map(stof_ctx *ctx, const stof_mask *m, int block_q, int block_k,
+                                unsigned char *out);
+
+typedef enum stof_picture {
+    STOF_PICTURE_SVG = 1,   /* the block map with a caption (spec, sizes, counts); NUL-terminated */
+    STOF_PICTURE_PNG = 2    /* the block map alone, a palette PNG (stored, not compressed) */
+} stof_picture;
+
+/* A picture of the block map (full blocks dark, partial light, empty white),
+ * its longer side about 500 pixels, at most 4096 blocks a side. *data is
+ * allocated here and freed with stof_mask_picture_free; *len is its size in
+ * bytes. What stof-dump and the Python package draw. */
+stof_status stof_mask_picture(stof_ctx *ctx, const stof_mask *m, int block_q, int block_k,
+                              stof_picture format, void **data, size_t *len);
+void stof_mask_picture_free(void *data);
+
 /* ---- end of masks ---- */
 
 /* ---- Masked multi-head attention (src/mha.c) -----------------------------

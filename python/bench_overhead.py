@@ -1,0 +1,85 @@
+"""bench_overhead: the host time one stof.attention call costs on a cached plan.
+
+Times 10,000 calls one by one (time.perf_counter_ns around each; the GPU is
+synchronised every 100 calls, outside the timed part, so the launch queue
+never fills and no call waits for the GPU), and prints the median and the
+90th percentile for: stof.attention on torch tensors, the same under a
+plain stof_mha_run through ctypes (the C launch alone: context push,
+cuLaunchKernel, pop), and torch's own SDPA on the same tensors for scale.
+The gate (issue 21) is stof.attention's median, which includes the launch.
+
+    PYTHONPATH=python STOF_LIB=build/libstof.so python3 python/bench_overhead.py
+"""
+import argparse
+import statistics
+import sys
+import time
+
+
+def timed(fn, n, sync):
+    ts = []
+    for i in range(n):
+        if i % 100 == 0:
+            sync()
+        t0 = time.perf_counter_ns()
+        fn()
+        ts.append(time.perf_counter_ns() - t0)
+    sync()
+    ts.sort()
+    return statistics.median(ts) / 1e3, ts[int(len(ts) * 0.9)] / 1e3
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--calls", type=int, default=10000)
+    ap.add_argument("--shape", default="1,12,512,64", help="B,H,L,D (default 1,12,512,64)")
+    ap.add_argument("--mask", default="window:256+global:64")
+    ap.add_argument("--dtype", default="fp16", choices=["fp16", "bf16"])
+    args = ap.parse_args()
+    try:
+        import torch
+    except ImportError:
+        print("bench_overhead: torch is not installed; nothing to measure")
+        return 0
+    if not torch.cuda.is_available():
+        print("bench_overhead: no CUDA device; nothing to measure")
+        return 0
+    import stof
+    from stof import _attention
+
+    b, h, l, d = (int(x) for x in args.shape.split(","))
+    dt = torch.float16 if args.dtype == "fp16" else torch.bfloat16
+    q, k, v = (torch.randn(b, h, l, d, device="cuda", dtype=dt) for _ in range(3))
+    out = stof.attention(q, k, v, mask=args.mask)      # plans (cache hit or search)
+    e = next(iter(_attention._plans.values()))
+    stream = torch.cuda.current_stream().cuda_stream
+    sync = torch.cuda.synchronize
+
+    def c_only():
+        e.run(e.plan, q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr(), None, stream)
+
+    dense = torch.ones(l, l, dtype=torch.bool, device="cuda")
+    sdpa = torch.nn.functional.scaled_dot_product_attention
+
+    rows = [("stof.attention", lambda: stof.attention(q, k, v, mask=args.mask)),
+            ("stof_mha_run via ctypes", c_only),
+            ("torch SDPA, bool mask", lambda: sdpa(q, k, v, attn_mask=dense))]
+    print("device: %s; torch %s; stof %s (%s)" % (torch.cuda.get_device_name(), torch.__version__,
+                                                 stof.version(), stof.library_path()))
+    print("shape B,H,L,D = %s, %s, mask %s; %d calls each" % (args.shape, args.dtype, args.mask,
+                                                              args.calls))
+    print("plan: %s" % e.describe())
+    print("%-28s %12s %12s" % ("call", "median us", "p90 us"))
+    for name, fn in rows:
+        for _ in range(200):
+            fn()
+        med, p90 = timed(fn, args.calls, sync)
+        print("%-28s %12.2f %12.2f" % (name, med, p90))
+    med, _ = timed(rows[0][1], args.calls, sync)
+    print("gate: stof.attention median %.2f us per call (limit 10 us): %s"
+          % (med, "met" if med <= 10 else "NOT met"))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

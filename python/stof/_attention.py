@@ -1,0 +1,447 @@
+"""_attention: stof.attention on torch tensors and on any CUDA array.
+
+It owns the mapping of arrays onto stof_mha_desc (shapes, dtypes, layouts
+read from strides, packed QKV recognised from pointers), the checks that
+must pass before anything is launched, and the process's plans: one per
+(device, shapes, strides, dtypes, layout, mask, scale), so a repeated call
+is a dict lookup, an output allocation and one ctypes call.
+"""
+import sys
+import threading
+from ctypes import byref, c_void_p, create_string_buffer
+
+from . import _lib as L
+from . import _mask
+
+LAYOUTS = ("bhld", "blhd")
+
+_plans = {}
+_plans_lock = threading.Lock()
+
+
+class _Entry:
+    """A plan and what a call needs besides it, worked out once."""
+
+    __slots__ = ("ctx", "plan", "run", "lock", "mask", "packed", "k_off", "v_off",
+                 "out_shape", "out_stride", "out_swapped", "batch", "device", "tdevice",
+                 "desc", "_free")
+
+    def __del__(self):
+        p, self.plan = getattr(self, "plan", None), None
+        if p and not L.exiting:
+            self._free(p)
+
+    def describe(self):
+        buf = create_string_buffer(1024)
+        with self.lock:
+            self.ctx.check(self.ctx._lib.mha_plan_describe(self.plan, buf, 1024))
+        return buf.value.decode()
+
+
+# ---- layouts --------------------------------------------------------------------------
+
+
+def _canon(shape, stride, layout):
+    """A 4-D array's sizes and strides in (B, H, L, D) order."""
+    if len(shape) != 4:
+        return None
+    if layout == "bhld":
+        return tuple(shape), tuple(stride)
+    b, l, h, d = shape
+    sb, sl, sh, sd = stride
+    return (b, h, l, d), (sb, sh, sl, sd)
+
+
+def _fits(shape, stride, want):
+    # A dimension of size 1 may have any stride (torch leaves them as they fall).
+    return all(n == 1 or s == w for n, s, w in zip(shape, stride, want))
+
+
+def _bhld_strides(b, h, l, d):
+    return (h * l * d, l * d, d, 1)
+
+
+def _blhd_strides(b, h, l, d, width=1):
+    # (B, H, L, D) order; width 3 for the rows of a [B, L, 3, H, D] QKV projection.
+    return (l * width * h * d, d, width * h * d, 1)
+
+
+def out_layout(q_shape, q_stride, layout):
+    """The output's sizes and strides, in the caller's layout: [B, H, Lq, D]
+    or [B, Lq, H, D] like q, stored as q is (BLHD for packed QKV). The fake
+    (meta) implementation of the torch op uses this too, so the two agree."""
+    (b, h, l, d), st = _canon(q_shape, q_stride, layout)
+    if _fits((b, h, l, d), st, _bhld_strides(b, h, l, d)):
+        s = _bhld_strides(b, h, l, d)
+    else:
+        s = _blhd_strides(b, h, l, d)
+    if layout == "bhld":
+        return (b, h, l, d), s
+    return (b, l, h, d), (s[0], s[2], s[1], s[3])
+
+
+def _physical(qa, ka, va, layout, ptrs, itemsize):
+    """(stof_layout, packed) for arrays given as (shape, stride) in the
+    caller's layout, or raises saying what the kernel cannot read."""
+    c = [_canon(s, st, layout) for s, st in (qa, ka, va)]
+    for name, x, (s, _) in zip("qkv", c, (qa, ka, va)):
+        if x is None:
+            raise L.InvalidArgumentError("%s must be 4-D (%s), got shape %s"
+                                         % (name, layout.upper(), list(s)))
+    (b, h, lq, d), (_, _, lk, _) = c[0][0], c[1][0]
+    want_q, want_kv = (b, h, lq, d), (b, h, lk, d)
+    for name, (shape, _), want in zip("kv", c[1:], (want_kv, want_kv)):
+        if shape[0] != b or shape[1] != h or shape[3] != d:
+            raise L.InvalidArgumentError(
+                "%s's batch, heads and head_dim must match q's %s (in %s), got %s"
+                % (name, [b, h, d], layout.upper(), [shape[0], shape[1], shape[3]]))
+    if c[2][0][2] != lk:
+        raise L.InvalidArgumentError("k and v must have the same length, got %d and %d"
+                                     % (lk, c[2][0][2]))
+    sizes = (want_q, want_kv, want_kv)
+    if all(_fits(s, st, _bhld_strides(*s)) for s, (_, st) in zip(sizes, c)):
+        return L.LAYOUT_BHLD, False
+    if all(_fits(s, st, _blhd_strides(*s)) for s, (_, st) in zip(sizes, c)):
+        return L.LAYOUT_BLHD, False
+    if lq == lk and all(_fits(s, st, _blhd_strides(*s, width=3)) for s, (_, st) in zip(sizes, c)):
+        row = h * d * itemsize
+        if ptrs[1] - ptrs[0] == row and ptrs[2] - ptrs[0] == 2 * row:
+            return L.LAYOUT_BLHD, True
+        raise L.InvalidArgumentError(
+            "q, k and v have the strides of one packed QKV tensor [batch, seq, 3, heads, "
+            "head_dim] but are not its q, k and v slices (k and v must start %d and %d bytes "
+            "after q)" % (row, 2 * row))
+    raise L.InvalidArgumentError(
+        "q, k and v must each be contiguous in one of BHLD or BLHD memory order (or be the q, k "
+        "and v slices of one [batch, seq, 3, heads, head_dim] QKV tensor); got strides %s, %s, "
+        "%s for shapes %s, %s, %s in layout %r" % (qa[1], ka[1], va[1], list(qa[0]),
+                                                  list(ka[0]), list(va[0]), layout))
+
+
+# ---- plans -------------------------------------------------------------------------------
+
+
+def _dtype_name(code):
+    return {L.F16: "float16", L.BF16: "bfloat16"}.get(code, str(code))
+
+
+def _entry(key, arrays, ptrs, itemsize, layout, mask, scale, tune):
+    """Checks everything about a call that does not change between calls with
+    the same key, then makes (or finds) its plan."""
+    e = _plans.get(key)
+    if e is not None:
+        return e
+    if layout not in LAYOUTS:
+        raise L.InvalidArgumentError("layout must be 'bhld' or 'blhd', got %r" % (layout,))
+    names = "qkv"
+    dev = arrays[0][3]
+    for name, (_, _, dtype, device) in zip(names, arrays):
+        if device is None or device < 0:
+            raise L.InvalidArgumentError("%s is not on a CUDA device: stof runs on the GPU" % name)
+        if device != dev:
+            raise L.InvalidArgumentError("q, k and v must be on one device, got %s"
+                                         % [a[3] for a in arrays])
+        if dtype not in (L.F16, L.BF16):
+            raise L.UnsupportedError("%s's dtype must be float16 or bfloat16, got %s"
+                                     % (name, dtype))
+    if len({a[2] for a in arrays}) != 1:
+        raise L.InvalidArgumentError("q, k and v must have one dtype, got %s"
+                                     % [_dtype_name(a[2]) for a in arrays])
+    lay, packed = _physical(arrays[0][:2], arrays[1][:2], arrays[2][:2], layout, ptrs, itemsize)
+    (b, h, lq, d), _ = _canon(arrays[0][0], arrays[0][1], layout)
+    lk = _canon(arrays[1][0], arrays[1][1], layout)[0][2]
+    if isinstance(mask, str):
+        m = _mask.for_spec(mask, lq, lk)
+    elif isinstance(mask, _mask.Mask):
+        m = mask
+    else:
+        raise L.InvalidArgumentError("mask must be a spec str or a stof.Mask, got %s"
+                                     % type(mask).__name__)
+    if m.shape != (lq, lk):
+        raise L.InvalidArgumentError("the mask is %d x %d but q and k make it %d x %d"
+                                     % (m.lq, m.lk, lq, lk))
+    if tune not in L.TUNE:
+        raise L.InvalidArgumentError("tune must be None, 'off', 'fast' or 'full', got %r" % (tune,))
+    desc = L.MhaDesc(batch=b, heads=h, seq_q=lq, seq_k=lk, head_dim=d, dtype=arrays[0][2],
+                     layout=lay, qkv_packed=int(packed), scale=float(scale or 0.0),
+                     tune=L.TUNE[tune])
+    ctx = L.Context.for_device(dev)
+    with _plans_lock:
+        e = _plans.get(key)
+        if e is not None:
+            return e
+        handle = c_void_p()
+        with ctx.lock:
+            ctx.check(ctx._lib.mha_plan_create(ctx.handle, byref(desc), m._handle, byref(handle)))
+        e = _Entry()
+        e.ctx, e.plan, e.lock, e.mask, e.desc = ctx, handle.value, ctx.lock, m, desc
+        e.run, e._free = ctx._lib.mha_run, ctx._lib.mha_plan_free
+        e.packed = packed
+        e.k_off, e.v_off = h * d * itemsize, 2 * h * d * itemsize
+        e.out_shape, e.out_stride = out_layout(arrays[0][0], arrays[0][1], layout)
+        e.out_swapped = e.out_stride[1] < e.out_stride[2]   # dims 1 and 2 stored the other way
+        e.tdevice = None
+        e.batch, e.device = b, dev
+        _plans[key] = e
+    return e
+
+
+def _strides_match(shape, a, b):
+    return len(a) == len(b) and _fits(shape, a, b)
+
+
+def _check_packed(e, qp, kp, vp):
+    if kp - qp != e.k_off or vp - qp != e.v_off:
+        raise L.InvalidArgumentError(
+            "q, k and v have the strides of one packed QKV tensor but are not its q, k and v "
+            "slices (k and v must start %d and %d bytes after q)" % (e.k_off, e.v_off))
+
+
+def plans():
+    """The plans this process holds: [(key, describe line)]."""
+    return [(k, e.describe()) for k, e in list(_plans.items())]
+
+
+def clear_plans():
+    """Frees every plan (for tests and for memory; the next calls plan again,
+    from the cache)."""
+    with _plans_lock:
+        _plans.clear()
+
+
+# ---- torch ----------------------------------------------------------------------------------
+
+_torch = None          # the module, once a tensor has been seen
+_Tensor = None
+_TORCH_DTYPES = {}
+_raw_stream = None
+_is_compiling = None
+
+
+def _setup_torch():
+    global _torch, _Tensor, _raw_stream, _is_compiling
+    import torch
+    _TORCH_DTYPES.update({torch.float16: L.F16, torch.bfloat16: L.BF16})
+    raw = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+    _raw_stream = raw if raw is not None else (
+        lambda dev: torch.cuda.current_stream(dev).cuda_stream)
+    comp = getattr(getattr(torch, "compiler", None), "is_compiling", None)
+    _is_compiling = comp if comp is not None else (lambda: False)
+    from . import _torch as op
+    op.register()
+    _Tensor = torch.Tensor
+    _torch = torch
+
+
+if "torch" in sys.modules:
+    _setup_torch()
+
+
+def attention_torch(q, k, v, mask, seq_lens, scale, layout, tune=None, out=None):
+    """The eager path for torch tensors: what the custom op runs, too."""
+    try:
+        key = (q.shape, q.stride(), k.shape, k.stride(), v.shape, v.stride(), q.dtype, k.dtype,
+               v.dtype, q.get_device(), k.get_device(), v.get_device(), layout, mask, scale,
+               tune)
+        qp, kp, vp = q.data_ptr(), k.data_ptr(), v.data_ptr()
+    except (AttributeError, TypeError):
+        raise L.InvalidArgumentError("q, k and v must all be torch tensors, got %s"
+                                     % [type(x).__name__ for x in (q, k, v)]) from None
+    e = _plans.get(key)
+    if e is None:
+        td = _TORCH_DTYPES
+        arrays = [(t.shape, t.stride(), td.get(t.dtype, t.dtype), t.get_device())
+                  for t in (q, k, v)]
+        e = _entry(key, arrays, (qp, kp, vp), q.element_size(), layout, mask, scale, tune)
+        e.tdevice = q.device
+    if e.packed:
+        _check_packed(e, qp, kp, vp)
+    if out is None:
+        out = _torch.empty_strided(e.out_shape, e.out_stride, dtype=q.dtype, device=e.tdevice)
+    else:
+        _check_out_torch(e, q, out)
+    sp = None
+    if seq_lens is not None:
+        sp = _seq_lens_torch(e, seq_lens, q)
+    with e.lock:
+        st = e.run(e.plan, qp, kp, vp, out.data_ptr(), sp, _raw_stream(e.device))
+        if st:
+            raise e.ctx.fail(st)
+    return out
+
+
+def _check_out_torch(e, q, out):
+    if (not isinstance(out, _Tensor) or tuple(out.shape) != e.out_shape
+            or not _strides_match(e.out_shape, out.stride(), e.out_stride) or out.dtype != q.dtype
+            or out.get_device() != e.device):
+        raise L.InvalidArgumentError(
+            "out must be a %s tensor on cuda:%d of shape %s and strides %s"
+            % (q.dtype, e.device, list(e.out_shape), list(e.out_stride)))
+
+
+def _seq_lens_torch(e, seq_lens, q):
+    t = _torch
+    if not isinstance(seq_lens, _Tensor):
+        # A host list costs a copy to the device on every call.
+        seq_lens = t.tensor(list(seq_lens), dtype=t.int32, device=q.device)
+    elif seq_lens.device != q.device or seq_lens.dtype != t.int32:
+        if seq_lens.is_cuda or seq_lens.dtype not in (t.int32, t.int64):
+            raise L.InvalidArgumentError(
+                "seq_lens must be an int32 tensor on q's device (%s), got %s on %s"
+                % (q.device, seq_lens.dtype, seq_lens.device))
+        seq_lens = seq_lens.to(device=q.device, dtype=t.int32)
+    if seq_lens.shape != (e.batch,) or not seq_lens.is_contiguous():
+        raise L.InvalidArgumentError("seq_lens must be a contiguous [batch] = [%d] tensor, got %s"
+                                     % (e.batch, list(seq_lens.shape)))
+    return seq_lens.data_ptr()
+
+
+# ---- any CUDA array: __cuda_array_interface__ or DLPack ---------------------------------
+
+
+def _cai(a, name, device):
+    d = getattr(a, "__cuda_array_interface__", None)
+    if d is None:
+        raise L.InvalidArgumentError(
+            "%s must be a torch tensor or a CUDA array (__cuda_array_interface__ or DLPack), "
+            "got %s" % (name, type(a).__name__))
+    shape = tuple(d["shape"])
+    ts = d["typestr"]
+    size = int(ts[2:]) if ts[2:].isdigit() else 0
+    if ts[1:] == "f2":
+        dtype = L.F16
+    elif size == 2 and str(getattr(a, "dtype", "")) == "bfloat16":
+        dtype = L.BF16
+    else:
+        dtype = ts
+    strides = d.get("strides")
+    if strides is None:
+        st, acc = [], 1
+        for n in reversed(shape):
+            st.append(acc)
+            acc *= n
+        strides = tuple(reversed(st))
+    else:
+        if size == 0 or any(s % size for s in strides):
+            raise L.InvalidArgumentError("%s's strides %s are not whole elements"
+                                         % (name, strides))
+        strides = tuple(s // size for s in strides)
+    dev = getattr(getattr(a, "device", None), "id", None)   # CuPy
+    if dev is None:
+        dev = 0 if device is None else device
+    return (shape, strides, dtype, dev), d["data"][0], size, d.get("stream")
+
+
+def _stream_handle(stream):
+    if stream is None or isinstance(stream, int):
+        return stream
+    for attr in ("ptr", "cuda_stream", "handle", "value"):
+        h = getattr(stream, attr, None)
+        if h is not None:
+            return int(h)
+    raise L.InvalidArgumentError("stream must be an int (a CUstream) or have .ptr, .cuda_stream "
+                                 "or .handle, got %s" % type(stream).__name__)
+
+
+def attention_array(q, k, v, mask, seq_lens, scale, layout, tune, out, stream, device):
+    if not hasattr(q, "__cuda_array_interface__") and hasattr(q, "__dlpack__"):
+        return _via_dlpack(q, k, v, mask, seq_lens, scale, layout, tune, out, stream, device)
+    (qa, qp, size, qstream), (ka, kp, _, _), (va, vp, _, _) = (
+        _cai(x, n, device) for x, n in ((q, "q"), (k, "k"), (v, "v")))
+    key = ("cai", qa[:2], ka[:2], va[:2], qa[2], ka[2], va[2], qa[3], ka[3], va[3], layout,
+           mask, scale, tune)
+    e = _entry(key, [qa, ka, va], (qp, kp, vp), size, layout, mask, scale, tune)
+    if e.packed:
+        _check_packed(e, qp, kp, vp)
+    cupy = type(q).__module__.split(".")[0] == "cupy" and sys.modules.get("cupy")
+    if stream is None:
+        stream = cupy.cuda.get_current_stream().ptr if cupy else qstream
+    stream = _stream_handle(stream) or None
+    if out is None:
+        if not cupy:
+            raise L.InvalidArgumentError(
+                "for a %s input pass out= (a CUDA array of shape %s and element strides %s): "
+                "stof allocates outputs only for torch and CuPy" % (type(q).__name__,
+                                                                  list(e.out_shape),
+                                                                  list(e.out_stride)))
+        with cupy.cuda.Device(e.device):
+            b, x, y, d = e.out_shape
+            if e.out_swapped:
+                out = cupy.empty((b, y, x, d), dtype=q.dtype).transpose(0, 2, 1, 3)
+            else:
+                out = cupy.empty(e.out_shape, dtype=q.dtype)
+    oa, op, _, _ = _cai(out, "out", device)
+    if (oa[0] != e.out_shape or not _strides_match(e.out_shape, oa[1], e.out_stride)
+            or oa[2] != qa[2] or oa[3] != e.device):
+        raise L.InvalidArgumentError("out must have shape %s, element strides %s, q's dtype "
+                                     "and device" % (list(e.out_shape), list(e.out_stride)))
+    sp = None
+    if seq_lens is not None:
+        sa, sp, ssize, _ = _cai(seq_lens, "seq_lens", device)
+        if sa[0] != (e.batch,) or sa[2] != "<i4" or sa[1] != (1,) or sa[3] != e.device:
+            raise L.InvalidArgumentError("seq_lens must be a contiguous int32 [batch] = [%d] "
+                                         "array on q's device" % e.batch)
+    with e.lock:
+        st = e.run(e.plan, qp, kp, vp, op, sp, stream)
+        if st:
+            raise e.ctx.fail(st)
+    return out
+
+
+def _via_dlpack(q, k, v, mask, seq_lens, scale, layout, tune, out, stream, device):
+    cupy = sys.modules.get("cupy")
+    if cupy is not None:
+        conv = cupy.from_dlpack
+    else:
+        try:
+            import torch
+        except ImportError:
+            raise L.InvalidArgumentError("a DLPack array needs torch or CuPy to be read") from None
+        conv = torch.from_dlpack
+    args = [None if x is None else conv(x) for x in (q, k, v, seq_lens, out)]
+    return attention(args[0], args[1], args[2], mask, args[3], scale, layout, tune=tune,
+                     out=args[4], stream=stream, device=device)
+
+
+# ---- the entry point --------------------------------------------------------------------------
+
+
+def attention(q, k, v, mask="dense", seq_lens=None, scale=None, layout="bhld", *, tune=None,
+              out=None, stream=None, device=None):
+    """Masked multi-head attention: softmax(q kᵀ · scale + mask) v.
+
+    q: [B, H, Lq, D] ("bhld") or [B, Lq, H, D] ("blhd"); k and v likewise
+    with Lk. fp16 or bf16, on one CUDA device; each contiguous in BHLD or
+    BLHD memory order whatever the layout named (a transposed view is read in
+    place), or the q, k, v slices of one [B, L, 3, H, D] QKV projection
+    (read packed, with no copy). D: 32, 64, 80, 96 or 128.
+    mask: a spec ("window:256+global:64", grammar in stof.h) or a stof.Mask
+    of Lq x Lk. seq_lens: None, or [B] int32 valid lengths on q's device (a
+    list or a host tensor is copied there on each call). scale: None means
+    1/sqrt(D). tune: None ($STOF_TUNE), "off", "fast" or "full", for the
+    first call of a shape.
+
+    Returns a new array like q (its layout, its memory order; BLHD for
+    packed QKV), computed on the caller's current stream: torch's for
+    tensors, CuPy's for CuPy arrays, else `stream` (a CUstream or an object
+    with .ptr/.cuda_stream), else the array's own __cuda_array_interface__
+    stream. out= writes into a given array instead. The first call of a
+    shape plans (a cache hit, or a search); later ones only launch.
+    """
+    if mask is None:
+        mask = "dense"
+    tt = _Tensor
+    if tt is None and "torch" in sys.modules:
+        _setup_torch()
+        tt = _Tensor
+    if tt is not None and isinstance(q, tt):
+        if _is_compiling():
+            from . import _torch as op
+            return op.call(q, k, v, mask, seq_lens, scale, layout)
+        if stream is not None:
+            if not isinstance(stream, _torch.cuda.Stream):
+                stream = _torch.cuda.ExternalStream(_stream_handle(stream), device=q.device)
+            with _torch.cuda.stream(stream):
+                return attention_torch(q, k, v, mask, seq_lens, scale, layout, tune, out)
+        return attention_torch(q, k, v, mask, seq_lens, scale, layout, tune, out)
+    return attention_array(q, k, v, mask, seq_lens, scale, layout, tune, out, stream, device)

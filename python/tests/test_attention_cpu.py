@@ -1,0 +1,144 @@
+"""stof.attention's checks, all made before anything is launched: shapes,
+dtypes, devices, memory orders, masks, packed QKV, on fake CUDA arrays (and on
+torch tensors where torch is installed); a call that passes them reaches the
+library, which on a machine with no GPU says so."""
+import unittest
+
+from _util import FakeCuda, contiguous_strides, has_gpu, stof
+
+
+def arr(shape, typestr="<f2", strides=None, ptr=0x7f0000000000):
+    return FakeCuda(shape, typestr, strides, ptr)
+
+
+class AttentionChecks(unittest.TestCase):
+    def setUp(self):
+        stof.clear_plans()
+
+    def tearDown(self):
+        self.assertEqual(stof.plans(), [])   # nothing planned on a failed call
+        stof.clear_plans()
+
+    def fails(self, cls, text, *args, **kw):
+        with self.assertRaises(cls) as cm:
+            stof.attention(*args, **kw)
+        self.assertIn(text, str(cm.exception))
+        return cm.exception
+
+    def test_shapes(self):
+        q = arr((2, 4, 128, 64))
+        self.fails(stof.InvalidArgumentError, "4-D", arr((4, 128, 64)), q, q)
+        self.fails(stof.InvalidArgumentError, "must match q's", q, arr((3, 4, 128, 64)), q)
+        self.fails(stof.InvalidArgumentError, "must match q's", q, arr((2, 4, 128, 32)), q)
+        self.fails(stof.InvalidArgumentError, "same length", q, q, arr((2, 4, 96, 64)))
+        self.fails(stof.InvalidArgumentError, "layout", q, q, q, layout="bhdl")
+
+    def test_dtypes(self):
+        q = arr((2, 4, 128, 64))
+        f32 = arr((2, 4, 128, 64), "<f4")
+        self.fails(stof.UnsupportedError, "float16 or bfloat16", f32, f32, f32)
+        self.fails(stof.UnsupportedError, "float16 or bfloat16", q, q, f32)
+
+    def test_strides(self):
+        shape = (2, 4, 128, 64)
+        every_other = tuple(2 * s for s in contiguous_strides(shape))
+        q = arr(shape, strides=every_other)
+        self.fails(stof.InvalidArgumentError, "contiguous in one of BHLD or BLHD", q, q, q)
+        self.fails(stof.InvalidArgumentError, "not whole elements",
+                   arr(shape, strides=(1, 1, 1, 1)), q, q)
+
+    def test_masks(self):
+        q = arr((2, 4, 128, 64))
+        self.fails(stof.InvalidArgumentError, "at column", q, q, q, mask="window:3")
+        self.fails(stof.InvalidArgumentError, "100 x 100", q, q, q, mask=stof.Mask("causal", 100))
+        self.fails(stof.InvalidArgumentError, "spec str or a stof.Mask", q, q, q, mask=3)
+
+    def test_not_arrays(self):
+        self.fails(stof.InvalidArgumentError, "CUDA array", [1, 2], [1, 2], [1, 2])
+
+    def test_library_checks_reach_c(self):
+        q = arr((2, 4, 128, 48))
+        e = self.fails(stof.UnsupportedError, "head_dim 48", q, q, q)
+        self.assertEqual(e.status, "STOF_ERR_UNSUPPORTED")
+        self.assertIn("src/mha.c", str(e))   # stof_last_error's sentence, file and line
+
+    @unittest.skipIf(has_gpu(), "a GPU is here: the call would run")
+    def test_valid_calls_meet_no_device(self):
+        b, l, h, d = 2, 128, 4, 64
+        q = arr((b, h, l, d))
+        self.fails(stof.NoDeviceError, "no GPU", q, q, q, mask="window:32+global:8")
+        # BLHD memory read through a BHLD view, and the layout named BLHD.
+        blhd = contiguous_strides((b, l, h, d))
+        t = arr((b, h, l, d), strides=(blhd[0], blhd[2], blhd[1], blhd[3]))
+        self.fails(stof.NoDeviceError, "no GPU", t, t, t)
+        u = arr((b, l, h, d))
+        self.fails(stof.NoDeviceError, "no GPU", u, u, u, layout="blhd")
+        # The q, k, v slices of one [b, l, 3, h, d] projection: read packed.
+        st = contiguous_strides((b, l, 3, h, d))
+        base, row = 0x7f0000000000, h * d * 2
+        qkv = [arr((b, l, h, d), strides=(st[0], st[1], st[3], st[4]), ptr=base + i * row)
+               for i in range(3)]
+        self.fails(stof.NoDeviceError, "no GPU", *qkv, layout="blhd")
+        qkv[2] = arr((b, l, h, d), strides=(st[0], st[1], st[3], st[4]), ptr=base + 5 * row)
+        self.fails(stof.InvalidArgumentError, "packed QKV", *qkv, layout="blhd")
+
+    def test_out_layout(self):
+        from stof._attention import out_layout
+        self.assertEqual(out_layout((2, 4, 8, 64), (2048, 512, 64, 1), "bhld"),
+                         ((2, 4, 8, 64), (2048, 512, 64, 1)))
+        # q a BHLD view of BLHD memory: out likewise.
+        self.assertEqual(out_layout((2, 4, 8, 64), (2048, 64, 256, 1), "bhld"),
+                         ((2, 4, 8, 64), (2048, 64, 256, 1)))
+        # q the slice of a packed [2, 8, 3, 4, 64] projection: out is plain BLHD.
+        self.assertEqual(out_layout((2, 8, 4, 64), (6144, 768, 64, 1), "blhd"),
+                         ((2, 8, 4, 64), (2048, 256, 64, 1)))
+
+
+class TorchOnCpu(unittest.TestCase):
+    """What torch without a GPU can check: tensors off the GPU are refused,
+    and the custom op's fake implementation and torch.compile's tracing."""
+
+    @classmethod
+    def setUpClass(cls):
+        try:
+            import torch
+        except ImportError:
+            raise unittest.SkipTest("torch is not installed")
+        cls.torch = torch
+
+    def test_cpu_tensors_refused(self):
+        torch = self.torch
+        q = torch.zeros(2, 4, 128, 64, dtype=torch.float16)
+        with self.assertRaises(stof.InvalidArgumentError) as cm:
+            stof.attention(q, q, q)
+        self.assertIn("not on a CUDA device", str(cm.exception))
+        with self.assertRaises(stof.InvalidArgumentError):
+            stof.attention(q, q, [1])
+
+    def test_fake_op_and_compile(self):
+        torch = self.torch
+        if not hasattr(torch.library, "custom_op"):
+            self.skipTest("torch %s has no torch.library.custom_op" % torch.__version__)
+        qkv = torch.empty(2, 96, 3, 4, 64, dtype=torch.bfloat16, device="meta")
+        q, k, v = qkv.unbind(2)
+        o = torch.ops.stof.attention(q, k, v, "causal", None, 0.0, "blhd")
+        self.assertEqual((tuple(o.shape), o.stride(), o.dtype),
+                         ((2, 96, 4, 64), (96 * 256, 256, 64, 1), torch.bfloat16))
+        graphs = []
+
+        def backend(gm, example_inputs):
+            graphs.append(gm)
+            return gm.forward
+
+        def f(q, k, v):
+            return stof.attention(q, k, v, mask="window:16+global:4").float() * 2
+
+        qm = torch.empty(2, 4, 96, 64, dtype=torch.float16, device="meta")
+        out = torch.compile(f, backend=backend, fullgraph=True)(qm, qm, qm)
+        self.assertEqual(tuple(out.shape), (2, 4, 96, 64))
+        self.assertEqual(len(graphs), 1)
+        self.assertIn("stof.attention", str(graphs[0].graph))
+
+
+if __name__ == "__main__":
+    unittest.main()

@@ -1,0 +1,325 @@
+"""The GPU suites: stof.attention against torch's SDPA (float32, with the
+mask's boolean matrix) and stof.EncoderLayer against Hugging Face's
+BertLayer and torch's TransformerEncoderLayer (float32 copies of the same
+rounded weights), fp16 and bf16, several masks, odd lengths, seq_lens,
+every layout, on side streams and threads, under torch.compile and inside a
+CUDA graph. Tolerances are the C suites': relative L2 5e-3 (fp16), 1.5e-2
+(bf16). Where torch or a GPU is missing they say so and are skipped.
+
+    PYTHONPATH=python STOF_LIB=build/libstof.so python3 -m unittest discover -s python/tests -v
+"""
+import copy
+import os
+import random
+import threading
+import unittest
+
+from _util import stof, torch_cuda
+
+torch = torch_cuda()
+SEED = int(os.environ.get("STOF_SEED", random.randrange(1 << 30)))
+
+
+def setUpModule():
+    if torch is None:
+        try:
+            import torch as t  # noqa: F401
+            why = "torch sees no CUDA device"
+        except ImportError:
+            why = "torch is not installed"
+        print("\ntest_gpu: the GPU suites were NOT run: %s" % why)
+        raise unittest.SkipTest(why)
+    print("\ntest_gpu: seed %d (set STOF_SEED to replay); %s; torch %s; %s"
+          % (SEED, torch.cuda.get_device_name(), torch.__version__, stof.library_path()))
+
+
+if torch is not None:
+    import _ref
+    F16, BF16 = torch.float16, torch.bfloat16
+
+
+def randn(*shape, dtype=None, gen=None):
+    return torch.randn(*shape, device="cuda", dtype=torch.float32, generator=gen).to(dtype)
+
+
+def gen(salt):
+    g = torch.Generator(device="cuda")
+    g.manual_seed(SEED * 1000 + salt)
+    return g
+
+
+class Attention(unittest.TestCase):
+    def check(self, out, q, k, v, mask, seq_lens=None, name=""):
+        """out (BHLD view) against SDPA on the same inputs; padded rows zero."""
+        b = q.shape[0]
+        allowed = _ref.bool_mask(mask, seq_lens, b, "cuda")
+        want = _ref.attention(q, k, v, allowed)
+        got = out.float()
+        if seq_lens is not None:
+            lens = list(seq_lens)
+            for i, n in enumerate(lens):
+                self.assertEqual(got[i, :, n:].abs().max().item() if n < got.shape[2] else 0, 0,
+                                 "%s: padded rows of batch %d are not zero" % (name, i))
+                got[i, :, n:] = 0
+                want[i, :, n:] = 0
+        err = _ref.rel_l2(got, want)
+        print("attention %-48s %s rel L2 %.2e" % (name, str(q.dtype)[6:], err))
+        self.assertLessEqual(err, _ref.tol(q.dtype), name)
+
+    def test_masks_lengths_dtypes(self):
+        cases = [("dense", 2, 4, 333, 333, 64), ("causal", 2, 4, 1000, 1000, 64),
+                 ("window:128+global:32", 2, 4, 1000, 1000, 64),
+                 ("window:192+global:64+random:3:64:1", 1, 3, 1000, 1000, 128),
+                 ("dilated:32:3", 1, 2, 1000, 1000, 64), ("strided:16+causal", 1, 2, 333, 333, 80),
+                 ("docs:300,33,667&causal", 1, 2, 1000, 1000, 64),
+                 ("causal", 2, 2, 333, 1000, 64), ("window:64", 2, 2, 1000, 333, 96)]
+        for n, (spec, b, h, lq, lk, d) in enumerate(cases):
+            for dt in (F16, BF16):
+                g = gen(n)
+                q = randn(b, h, lq, d, dtype=dt, gen=g)
+                k, v = (randn(b, h, lk, d, dtype=dt, gen=g) for _ in range(2))
+                out = stof.attention(q, k, v, mask=spec)
+                self.assertEqual((out.shape, out.dtype, out.device), (q.shape, dt, q.device))
+                self.check(out, q, k, v, stof.Mask(spec, lq, lk),
+                           name="%s %dx%d d%d" % (spec, lq, lk, d))
+
+    def test_dense_matrix_and_scale(self):
+        g = gen(50)
+        lq = lk = 333
+        cells = torch.rand(lq, lk, device="cuda", generator=g) < 0.2
+        cells[:, 0] = True
+        m = stof.Mask.from_dense(cells)
+        q, k, v = (randn(2, 2, lq, 64, dtype=F16, gen=g) for _ in range(3))
+        out = stof.attention(q, k, v, mask=m, scale=0.05)
+        want = _ref.attention(q, k, v, cells[None, None], scale=0.05)
+        err = _ref.rel_l2(out, want)
+        print("attention dense matrix, scale 0.05 rel L2 %.2e" % err)
+        self.assertLessEqual(err, 5e-3)
+
+    def test_layouts(self):
+        b, h, l, d, spec = 2, 4, 1000, 64, "window:128+global:32"
+        m = stof.Mask(spec, l)
+        for dt in (F16, BF16):
+            g = gen(60)
+            x = randn(b, l, 3, h, d, dtype=dt, gen=g)          # a QKV projection's output
+            q, k, v = x.unbind(2)                               # BLHD views, read packed
+            ref = dict(q=q.transpose(1, 2), k=k.transpose(1, 2), v=v.transpose(1, 2))
+            out = stof.attention(q, k, v, mask=spec, layout="blhd")
+            self.assertEqual(out.shape, (b, l, h, d))
+            self.check(out.transpose(1, 2), ref["q"], ref["k"], ref["v"], m, name="packed blhd")
+            out = stof.attention(ref["q"], ref["k"], ref["v"], mask=spec)   # packed, seen as BHLD
+            self.assertEqual(out.shape, (b, h, l, d))
+            self.check(out, ref["q"], ref["k"], ref["v"], m, name="packed as bhld")
+            qc, kc, vc = (t.contiguous() for t in (q, k, v))   # plain BLHD
+            out = stof.attention(qc, kc, vc, mask=spec, layout="blhd")
+            self.assertTrue(out.is_contiguous())
+            self.check(out.transpose(1, 2), ref["q"], ref["k"], ref["v"], m, name="blhd")
+            out = stof.attention(qc.transpose(1, 2), kc.transpose(1, 2), vc.transpose(1, 2),
+                                 mask=spec)                     # BLHD memory as BHLD
+            self.check(out, ref["q"], ref["k"], ref["v"], m, name="blhd memory as bhld")
+            out = stof.attention(ref["q"].contiguous(), ref["k"].contiguous(),
+                                 ref["v"].contiguous(), mask=spec)
+            self.assertTrue(out.is_contiguous())
+            self.check(out, ref["q"], ref["k"], ref["v"], m, name="bhld")
+
+    def test_seq_lens(self):
+        b, h, l, d = 3, 2, 1000, 64
+        for dt in (F16, BF16):
+            for spec in ("dense", "window:128+global:32"):
+                g = gen(70)
+                q, k, v = (randn(b, h, l, d, dtype=dt, gen=g) for _ in range(3))
+                lens = [1000, 517, 1]
+                m = stof.Mask(spec, l)
+                dev = torch.tensor(lens, dtype=torch.int32, device="cuda")
+                self.check(stof.attention(q, k, v, mask=spec, seq_lens=dev), q, k, v, m, lens,
+                           "%s seq_lens %s" % (spec, lens))
+                self.check(stof.attention(q, k, v, mask=spec, seq_lens=lens), q, k, v, m, lens,
+                           "%s seq_lens as a list" % spec)
+
+    def test_streams_and_threads(self):
+        spec = "window:128+global:32"
+        shapes = [(2, 4, 1000, 64), (1, 2, 333, 64), (2, 2, 1000, 128), (1, 4, 777, 64)]
+        data = []
+        for i, s in enumerate(shapes):
+            g = gen(80 + i)
+            data.append([randn(*s, dtype=F16, gen=g) for _ in range(3)])
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            out = stof.attention(*data[0], mask=spec)
+        side.synchronize()
+        self.check(out, *data[0], stof.Mask(spec, 1000), name="on a side stream")
+        out = stof.attention(*data[1], mask=spec, stream=side)
+        side.synchronize()
+        self.check(out, *data[1], stof.Mask(spec, 333), name="stream= a torch stream")
+        results, errors = [None] * len(shapes), []
+
+        def work(i):
+            try:
+                s = torch.cuda.Stream()
+                s.wait_stream(torch.cuda.default_stream())
+                with torch.cuda.stream(s):
+                    for _ in range(20):
+                        o = stof.attention(*data[i], mask=spec)
+                s.synchronize()
+                results[i] = o
+            except Exception as e:   # reported below, on the main thread
+                errors.append(e)
+        threads = [threading.Thread(target=work, args=(i,)) for i in range(len(shapes))]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        self.assertEqual(errors, [])
+        for i, s in enumerate(shapes):
+            self.check(results[i], *data[i], stof.Mask(spec, s[2]), name="thread %d" % i)
+
+    def test_cuda_graph(self):
+        b, h, l, d, spec = 2, 4, 1000, 64, "window:128+global:32+causal"
+        m = stof.Mask(spec, l)
+        static = [torch.zeros(b, h, l, d, dtype=F16, device="cuda") for _ in range(3)]
+        lens = torch.tensor([1000, 600], dtype=torch.int32, device="cuda")
+        s = torch.cuda.Stream()
+        s.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(s):     # plans before the capture; warms torch's allocator
+            for _ in range(2):
+                stof.attention(*static, mask=spec, seq_lens=lens)
+        torch.cuda.current_stream().wait_stream(s)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            out = stof.attention(*static, mask=spec, seq_lens=lens)
+        for trial in range(3):
+            g = gen(90 + trial)
+            new = [randn(b, h, l, d, dtype=F16, gen=g) for _ in range(3)]
+            for dst, src in zip(static, new):
+                dst.copy_(src)
+            graph.replay()
+            torch.cuda.synchronize()
+            self.check(out.clone(), *new, m, [1000, 600], name="CUDA graph replay %d" % trial)
+
+    def test_torch_compile(self):
+        spec, b, h, l, d = "window:128+global:32", 2, 4, 1000, 64
+        m = stof.Mask(spec, l)
+        dm = stof.Mask.from_dense(m.to_dense("torch"))
+
+        def f(q, k, v):
+            return stof.attention(q * 1.0, k, v, mask=spec).float() * 2 + 1
+
+        def f_dense(q, k, v):
+            return stof.attention(q, k, v, mask=dm)
+
+        g = gen(100)
+        q, k, v = (randn(b, h, l, d, dtype=BF16, gen=g) for _ in range(3))
+        want = _ref.attention(q, k, v, _ref.bool_mask(m, device="cuda"))
+        for mode in ("default", "reduce-overhead"):
+            torch._dynamo.reset()
+            cf = torch.compile(f, fullgraph=True, mode=mode)
+            for rep in range(3):    # reduce-overhead: warm-up, record, replay
+                got = (cf(q, k, v).clone() - 1) / 2
+                err = _ref.rel_l2(got, want)
+                print("attention torch.compile mode=%s call %d rel L2 %.2e" % (mode, rep, err))
+                self.assertLessEqual(err, 1.5e-2)
+        cf = torch.compile(f_dense, fullgraph=True)
+        self.assertLessEqual(_ref.rel_l2(cf(q, k, v), want), 1.5e-2)
+        op = torch.library.opcheck if hasattr(torch.library, "opcheck") else None
+        if op is not None:
+            op(torch.ops.stof.attention.default, (q, k, v, spec, None, 0.0, "bhld"),
+               test_utils=("test_schema", "test_faketensor"))
+
+    def test_cupy(self):
+        try:
+            import cupy
+        except ImportError:
+            self.skipTest("CuPy is not installed")
+        spec = "window:128+global:32"
+        g = gen(110)
+        q, k, v = (randn(2, 4, 333, 64, dtype=F16, gen=g) for _ in range(3))
+        qc, kc, vc = (cupy.from_dlpack(t) for t in (q, k, v))
+        out = stof.attention(qc, kc, vc, mask=spec)
+        self.assertIsInstance(out, cupy.ndarray)
+        cupy.cuda.get_current_stream().synchronize()
+        self.check(torch.from_dlpack(out), q, k, v, stof.Mask(spec, 333), name="CuPy arrays")
+
+    def test_refusals_before_launch(self):
+        q = randn(2, 4, 128, 64, dtype=F16)
+        with self.assertRaises(stof.InvalidArgumentError) as cm:
+            stof.attention(q, q.cpu(), q)
+        self.assertIn("k is not on a CUDA device", str(cm.exception))
+        with self.assertRaises(stof.UnsupportedError):
+            stof.attention(q.float(), q.float(), q.float())
+        with self.assertRaises(stof.InvalidArgumentError):
+            stof.attention(q, q.to(BF16), q)
+        odd = torch.empty(2 * 4 * 128 * 64 + 1, dtype=F16, device="cuda")[1:].view(2, 4, 128, 64)
+        with self.assertRaises(stof.InvalidArgumentError) as cm:
+            stof.attention(odd, odd, odd)
+        self.assertIn("16-byte aligned", str(cm.exception))
+        with self.assertRaises(stof.InvalidArgumentError):
+            stof.attention(q, q, q, seq_lens=torch.ones(3, dtype=torch.int32, device="cuda"))
+        if torch.cuda.device_count() > 1:
+            with self.assertRaises(stof.InvalidArgumentError):
+                stof.attention(q, q.to("cuda:1"), q)
+        self.assertTrue(all("kernel=" in line for _, line in stof.plans()))
+
+
+class Layers(unittest.TestCase):
+    def compare(self, layer, module, x, mask_spec, seq_lens=None, name=""):
+        """stof's layer against module in float32 on the same rounded weights."""
+        b, s, _ = x.shape
+        ref = copy.deepcopy(module).to(x.dtype).float()   # the weights stof got, in float32
+        allowed = None
+        if mask_spec != "dense" or seq_lens is not None:
+            allowed = _ref.bool_mask(stof.Mask(mask_spec, s), seq_lens, b, "cuda")
+        with torch.no_grad():
+            if hasattr(module, "attention"):
+                want = _ref.run_bert(ref, x.float(), allowed)
+            else:
+                want = ref(x.float(), src_mask=None if allowed is None else ~allowed[0, 0])
+            got = layer(x, mask=mask_spec, seq_lens=seq_lens).float()
+        if seq_lens is not None:
+            for i, n in enumerate(seq_lens):
+                got[i, n:] = 0
+                want[i, n:] = 0
+        err = _ref.rel_l2(got, want)
+        print("layer %-52s %s rel L2 %.2e" % (name, str(x.dtype)[6:], err))
+        self.assertLessEqual(err, _ref.tol(x.dtype), name + "\n" + layer.describe(b, s, mask_spec))
+
+    def test_bert_layer(self):
+        try:
+            import transformers  # noqa: F401
+        except ImportError:
+            self.skipTest("transformers is not installed")
+        for dt in (F16, BF16):
+            module = _ref.bert_layer(768, 12, 3072, "gelu", seed=SEED % 1000).cuda()
+            layer = stof.EncoderLayer.from_bert(module, dtype=dt)
+            for b, s, spec, lens in ((2, 333, "dense", None),
+                                     (2, 1000, "window:128+global:32", None),
+                                     (3, 512, "dense", [512, 300, 7]),
+                                     (2, 1000, "window:192+global:64+random:3:64:1", [1000, 999])):
+                x = randn(b, s, 768, dtype=dt, gen=gen(200 + s))
+                self.compare(layer, module, x, spec, lens,
+                             "BertLayer b=%d s=%d %s%s" % (b, s, spec, " lens" if lens else ""))
+            text = layer.describe(2, 333, "dense")
+            self.assertIn("attention", text)
+
+    def test_transformer_encoder_layer(self):
+        torch.manual_seed(SEED)
+        module = torch.nn.TransformerEncoderLayer(512, 8, 2048, dropout=0.0, activation="relu",
+                                                  batch_first=True, norm_first=True).cuda().eval()
+        with torch.no_grad():
+            for ln in (module.norm1, module.norm2):
+                ln.weight.uniform_(0.5, 1.5)
+                ln.bias.uniform_(-0.2, 0.2)
+        for dt in (F16, BF16):
+            layer = stof.EncoderLayer.from_torch(module, dtype=dt, mask="causal")
+            x = randn(2, 333, 512, dtype=dt, gen=gen(300))
+            self.compare(layer, module, x, "causal", None, "TransformerEncoderLayer pre-LN relu")
+            out = torch.empty_like(x)
+            self.assertIs(layer(x, out=out), out)
+            with self.assertRaises(stof.InvalidArgumentError):
+                layer(x, out=x)
+            with self.assertRaises(stof.InvalidArgumentError):
+                layer(x[:, :, :256].contiguous())
+
+
+if __name__ == "__main__":
+    unittest.main()

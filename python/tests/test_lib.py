@@ -1,0 +1,95 @@
+"""The binding itself: its struct mirrors against stof.h (compiled by the C
+compiler), finding the library and saying where it looked when it cannot,
+one exception class per stof_status, and a package that imports without
+torch or numpy."""
+import ctypes
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import unittest
+
+from _util import HERE, REPO, stof
+from stof import _lib
+
+PKG_PARENT = os.path.dirname(HERE)
+
+
+def run_py(code, **env):
+    e = dict(os.environ, PYTHONPATH=PKG_PARENT, **env)
+    return subprocess.run([sys.executable, "-c", code], env=e, capture_output=True, text=True)
+
+
+class Binding(unittest.TestCase):
+    @unittest.skipUnless(shutil.which("cc") and os.path.exists(os.path.join(REPO, "src/stof.h")),
+                         "no C compiler or no stof.h here")
+    def test_structs_match_header(self):
+        lines = []
+        for cname, py in _lib.STRUCTS.items():
+            lines.append('printf("%s %%zu\\n", sizeof(%s));' % (cname, cname))
+            for f, _ in py._fields_:
+                lines.append('printf("%s.%s %%zu\\n", offsetof(%s, %s));' % (cname, f, cname, f))
+        src = ("#include <stddef.h>\n#include <stdio.h>\n#include \"stof.h\"\nint main(void){%s"
+               "return 0;}\n" % "".join(lines))
+        with tempfile.TemporaryDirectory() as d:
+            c, exe = os.path.join(d, "layout.c"), os.path.join(d, "layout")
+            with open(c, "w") as f:
+                f.write(src)
+            subprocess.run(["cc", "-I", os.path.join(REPO, "src"), "-o", exe, c], check=True)
+            out = subprocess.run([exe], capture_output=True, text=True, check=True).stdout
+        want = dict(line.rsplit(" ", 1) for line in out.splitlines())
+        for cname, py in _lib.STRUCTS.items():
+            self.assertEqual(int(want[cname]), ctypes.sizeof(py), cname)
+            for f, _ in py._fields_:
+                self.assertEqual(int(want["%s.%s" % (cname, f)]), getattr(py, f).offset,
+                                 "%s.%s" % (cname, f))
+
+    def test_version(self):
+        self.assertEqual(stof.version(), stof.__version__)
+
+    def test_errors_by_status(self):
+        names = ["STOF_ERR_INVALID_ARG", "STOF_ERR_UNSUPPORTED", "STOF_ERR_NO_DEVICE",
+                 "STOF_ERR_CUDA", "STOF_ERR_COMPILE", "STOF_ERR_CACHE", "STOF_ERR_NO_MEMORY",
+                 "STOF_ERR_INTERNAL"]
+        L = _lib.lib()
+        for status, name in enumerate(names, 1):
+            e = _lib.error_for(status, "why")
+            self.assertIsInstance(e, stof.Error)
+            self.assertEqual(e.status, name)
+            self.assertEqual(L.status_str(status).decode(), name)
+            self.assertEqual(str(e), "why")
+        self.assertIsInstance(_lib.error_for(1, "x"), ValueError)
+
+    def test_context(self):
+        with tempfile.TemporaryDirectory() as d:
+            path = os.path.join(d, "c.db")
+            ctx = stof.Context(cache=path)
+            self.assertEqual(ctx.cache_path, path)
+            self.assertEqual(ctx.stats()["nvrtc_compiles"], 0)
+            self.assertEqual(stof.Context(no_cache=True).cache_path, "")
+        with self.assertRaises(stof.InvalidArgumentError):
+            stof.Context(device=-1)
+        with self.assertRaises(stof.Error) as cm:
+            stof.Context(arch="sm_1")
+        self.assertIn("sm_1", str(cm.exception))
+
+    def test_imports_without_torch(self):
+        r = run_py("import sys, stof; stof.Mask('causal', 8); "
+                   "assert 'torch' not in sys.modules and 'numpy' not in sys.modules")
+        self.assertEqual(r.returncode, 0, r.stderr)
+
+    def test_library_not_found_says_where(self):
+        r = run_py("import stof\ntry:\n stof.version()\nexcept stof.LibraryNotFoundError as e:\n"
+                   " print(e)", STOF_LIB="/nonexistent/libstof.so")
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertIn("/nonexistent/libstof.so", r.stdout)
+        self.assertIn("make", r.stdout)
+        r = run_py("import stof; print(stof.library_path())",
+                   STOF_LIB=os.path.join(REPO, "build"))
+        if os.path.exists(os.path.join(REPO, "build", "libstof.so")):
+            self.assertEqual(r.stdout.strip(), os.path.join(REPO, "build", "libstof.so"))
+
+
+if __name__ == "__main__":
+    unittest.main()
