@@ -1,21 +1,29 @@
 #!/usr/bin/env python3
-"""The attention benchmark, both sides in one command.
+"""The attention benchmark: stof and every peer a user could call instead, in
+one process, on the same tensors.
 
-Runs build/bench_mha (stof) on every case of a workload file, then times the
-PyTorch peers on identical inputs (the same generator, bench_mha's set 0) and
-masks: FlexAttention (torch.compile'd, block mask built once), SDPA with an
-additive mask, and SDPA's flash path where the mask is dense or causal.
-Prints one table with ratios to the best peer and the geometric mean over the
-sparse masks, and writes it under bench/results/ (and $OUT when set).
+For each case of a workload file it times, with triton's do_bench (L2
+flushed between repeats, median), stof.attention (the Python package over
+libstof.so, planned once first: a cache hit or a search) and the peers:
+SDPA with each backend forced (FLASH_ATTENTION, CUDNN_ATTENTION,
+EFFICIENT_ATTENTION; is_causal for causal, a boolean mask otherwise where
+the backend takes one), SDPA with a boolean mask as dispatched,
+FlexAttention compiled (Triton, and kernel_options BACKEND="FLASH", which
+runs FlashAttention-4's kernels) and FlashAttention-4's flash_attn_func for
+dense, causal and plain windows when it is importable (the script says when
+it is not). Every output is checked against stof's, and stof's first head
+against a float32 reference. The best peer of a case is the fastest that
+ran and agreed. Prints a table, the gates of issue 19 as "summary:" lines,
+and writes both under bench/results/ (and $OUT) named by device and time.
 
-    python3 bench/peers_mha.py [--workload FILE] [--suite NAME] [--seq N]...
+    PYTHONPATH=python STOF_LIB=build/libstof.so python3 bench/peers_mha.py \
+        [--workload FILE] [--suite NAME]... [--seq N]... [--peers a,b,...]
 """
 import argparse
 import datetime
 import json
 import math
 import os
-import subprocess
 import sys
 
 import numpy as np
@@ -24,6 +32,13 @@ import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.nn.attention.flex_attention import create_block_mask, flex_attention
 import triton.testing
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "python"))
+import stof  # noqa: E402
+
+SPARSE = {"window", "longformer", "bigbird", "strided", "dilated"}
+PEAK = 790.0  # dense bf16/fp16 tensor-core TFLOP/s of an H100, for the fraction column
+ALL_PEERS = ("sdpa-flash", "sdpa-cudnn", "sdpa-eff", "sdpa-mask", "flex", "flex-fa4", "fa4")
 
 GOLDEN = 0x9E3779B97F4A7C15
 M64 = (1 << 64) - 1
@@ -118,40 +133,136 @@ def bench(fn):
     return triton.testing.do_bench(fn, warmup=25, rep=100, return_mode="median")
 
 
-def peers(case, dev):
+def rel_l2(a, b):
+    a, b = a.float(), b.float()
+    return ((a - b).norm() / b.norm().clamp_min(1e-30)).item()
+
+
+def fa4_func():
+    try:
+        from flash_attn.cute import flash_attn_func
+        return flash_attn_func, None
+    except Exception as e:  # not installed here, or its DSL failed to load
+        return None, repr(e)[:160]
+
+
+def window_of(spec):
+    """FA4's (left, right) for a plain window:W spec, else None."""
+    name, _, rest = spec.partition(":")
+    if name == "window" and rest.isdigit():
+        return (int(rest) // 2, int(rest) // 2)
+    return None
+
+
+def run_case(case, dev, want, fa4):
     b, h, l, d = case["b"], case["h"], case["l"], case["d"]
     dt = torch.float16 if case["dtype"] == "fp16" else torch.bfloat16
-    n = b * h * l * d
-    q, k, v = (random_tensor(n, s, dt).view(b, h, l, d).to(dev) for s in (1, 2, 3))
-    f = spec_fn(case["spec"], l, l, dev)
-    res = {}
-    # A fresh compile per case: one mask_mod per case would otherwise pile up
-    # recompiles until dynamo falls back to the unfused, eager path.
-    torch._dynamo.reset()
+    spec = case["spec"]
+    gen = torch.Generator(device=dev).manual_seed(1234)
+    q, k, v = (torch.randn(b, h, l, d, device=dev, dtype=dt, generator=gen) for _ in range(3))
+    tol = 2e-2 if dt == torch.bfloat16 else 1e-2
+    res = {"times": {}, "errors": {}, "check": {}}
 
-    def mask_mod(bi, hi, qi, ki):
-        return f(qi, ki)
-    block_mask = create_block_mask(mask_mod, None, None, l, l, device=dev)
-    flex = torch.compile(flex_attention)
-    out = flex(q, k, v, block_mask=block_mask)
-    res["flex_mean_abs"] = out.float().abs().mean().item()
-    res["flex"] = bench(lambda: flex(q, k, v, block_mask=block_mask))
-    del out
-
+    # stof: plan (cache hit or search), then time the run.
+    out = torch.empty_like(q)
+    t0 = datetime.datetime.now()
+    stof.attention(q, k, v, mask=spec, out=out)
+    torch.cuda.synchronize()
+    res["plan_s"] = (datetime.datetime.now() - t0).total_seconds()
+    res["kernel"] = stof.plans()[-1][1] if stof.plans() else ""
+    res["times"]["stof"] = bench(lambda: stof.attention(q, k, v, mask=spec, out=out))
+    ref_out = out.clone()
+    f = spec_fn(spec, l, l, dev)
     idx = torch.arange(l, device=dev)
     allowed = f(idx[:, None], idx[None, :])
-    bias = torch.zeros(l, l, dtype=dt, device=dev).masked_fill(~allowed, float("-inf"))
-    try:
-        res["sdpa_mask"] = bench(lambda: F.scaled_dot_product_attention(q, k, v, attn_mask=bias))
-    except torch.OutOfMemoryError:
-        res["sdpa_mask"] = None
-    del bias, allowed
-    if case["spec"] in ("dense", "causal"):
-        with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
-            causal = case["spec"] == "causal"
-            res["sdpa_flash"] = bench(lambda: F.scaled_dot_product_attention(q, k, v, is_causal=causal))
+    # stof's first head against float32.
+    r = F.scaled_dot_product_attention(q[:1, :1].float(), k[:1, :1].float(), v[:1, :1].float(),
+                                       attn_mask=allowed)
+    rows = allowed.any(1)
+    r[..., ~rows, :] = 0
+    res["stof_err"] = rel_l2(ref_out[:1, :1], r)
+
+    def peer(name, fn):
+        if name not in want:
+            return
+        try:
+            o = fn()
+            torch.cuda.synchronize()
+            o = o[..., :d] if o.shape[-1] != d else o
+            o = torch.where(rows[None, None, :, None], o, torch.zeros_like(o))
+            err = rel_l2(o, ref_out)
+            res["check"][name] = err
+            if not err <= tol:
+                res["errors"][name] = "disagrees with stof: rel L2 %.3g" % err
+                return
+            res["times"][name] = bench(fn)
+        except Exception as e:  # a peer that cannot run this case is reported, not fatal
+            res["errors"][name] = repr(e)[:160]
+        torch.cuda.empty_cache()
+
+    causal = spec == "causal"
+    plain = spec in ("dense", "causal")
+    for name, be in (("sdpa-flash", SDPBackend.FLASH_ATTENTION), ("sdpa-cudnn", SDPBackend.CUDNN_ATTENTION),
+                     ("sdpa-eff", SDPBackend.EFFICIENT_ATTENTION)):
+        def call(be=be):
+            with sdpa_kernel(be):
+                if plain:
+                    return F.scaled_dot_product_attention(q, k, v, is_causal=causal)
+                return F.scaled_dot_product_attention(q, k, v, attn_mask=allowed)
+        peer(name, call)
+    if not plain:
+        peer("sdpa-mask", lambda: F.scaled_dot_product_attention(q, k, v, attn_mask=allowed))
+
+    # FlexAttention: a fresh compile per case (one mask_mod per case would
+    # otherwise pile up recompiles until dynamo falls back to eager).
+    if "flex" in want or "flex-fa4" in want:
+        torch._dynamo.reset()
+
+        def mask_mod(bi, hi, qi, ki):
+            return f(qi, ki)
+        try:
+            bm = create_block_mask(mask_mod, None, None, l, l, device=dev)
+            flex = torch.compile(flex_attention)
+            peer("flex", lambda: flex(q, k, v, block_mask=bm))
+            peer("flex-fa4", lambda: flex(q, k, v, block_mask=bm, kernel_options={"BACKEND": "FLASH"}))
+        except Exception as e:
+            res["errors"]["flex"] = repr(e)[:160]
+    if "fa4" in want and (plain or window_of(spec)):
+        if fa4 is None:
+            res["errors"]["fa4"] = "FlashAttention-4 is not importable here"
+        else:
+            qt, kt, vt = (x.transpose(1, 2).contiguous() for x in (q, k, v))
+            kw = {"causal": True} if causal else {"window_size": window_of(spec)} if not plain else {}
+
+            def call_fa4():
+                o = fa4(qt, kt, vt, **kw)
+                o = o[0] if isinstance(o, tuple) else o
+                return o.transpose(1, 2)
+            peer("fa4", call_fa4)
+    del q, k, v, out, ref_out, allowed
     torch.cuda.empty_cache()
     return res
+
+
+def cases_of(workload, suites, seqs):
+    out = []
+    for s in workload["suites"]:
+        if suites and s["name"] not in suites:
+            continue
+        for l in s["seq"]:
+            if seqs and l not in seqs:
+                continue
+            for mname, spec in s["masks"].items():
+                out.append(dict(name="%s/%s/%d" % (s["name"], mname, l), suite=s["name"], mask=mname,
+                                spec=spec, b=s["batch"], h=s["heads"], l=l, d=s["head_dim"],
+                                dtype=s["dtype"]))
+    return out
+
+
+def entries(case):
+    """Allowed (query, key) pairs of a case's mask, from stof's own statistics."""
+    m = stof.Mask(case["spec"], case["l"], case["l"])
+    return m.stats()["entries"]
 
 
 def save_results(kind, gpu, tag, text, rows):
@@ -166,116 +277,110 @@ def save_results(kind, gpu, tag, text, rows):
             json.dump([{"case": c, "stof": s, "peers": pr} for c, s, pr in rows], open(base + ".json", "w"), indent=1)
 
 
-def cases_of(workload, suites, seqs):
-    out = []
-    for s in workload["suites"]:
-        if suites and s["name"] not in suites:
-            continue
-        for l in s["seq"]:
-            if seqs and l not in seqs:
-                continue
-            for mname, spec in s["masks"].items():
-                out.append(dict(name="%s/%s/%d" % (s["name"], mname, l), mask=mname, spec=spec,
-                                b=s["batch"], h=s["heads"], l=l, d=s["head_dim"], dtype=s["dtype"]))
-    return out
+def geomean(xs):
+    return math.exp(sum(math.log(x) for x in xs) / len(xs)) if xs else float("nan")
 
 
 def main():
-    ap = argparse.ArgumentParser()
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--workload", default="bench/workloads/attention.json")
     ap.add_argument("--suite", action="append")
     ap.add_argument("--seq", action="append", type=int)
-    ap.add_argument("--stof", default="build/bench_mha")
-    ap.add_argument("--cache", default=os.environ.get("STOF_CACHE", "build/bench-cache.db"))
+    ap.add_argument("--peers", default=",".join(ALL_PEERS))
     ap.add_argument("--tag", default="")
     args = ap.parse_args()
+    want = set(args.peers.split(","))
     for knob in ("cache_size_limit", "recompile_limit"):
         if hasattr(torch._dynamo.config, knob):
             setattr(torch._dynamo.config, knob, 256)
     dev = "cuda"
     gpu = torch.cuda.get_device_name(0)
+    fa4, why = fa4_func()
+    print("FlashAttention-4: %s" % ("importable" if fa4 else "NOT importable (%s): its cases are left out" % why),
+          flush=True)
     cases = cases_of(json.load(open(args.workload)), args.suite, args.seq)
-    lines = "".join("%s %d %d %d %d %s %s\n" % (c["name"], c["b"], c["h"], c["l"], c["d"], c["dtype"], c["spec"])
-                    for c in cases)
-    print("stof side: %d cases ..." % len(cases), flush=True)
-    p = subprocess.run([args.stof, "--cache", args.cache], input=lines, capture_output=True, text=True)
-    sys.stderr.write(p.stderr)
-    stof = {}
-    for line in p.stdout.splitlines():
-        r = json.loads(line)
-        stof[r["name"]] = r
-        if "error" in r:
-            print("stof %s: %s" % (r["name"], r["error"]), flush=True)
     rows = []
     for c in cases:
-        s = stof.get(c["name"], {})
-        print("peers: %s" % c["name"], flush=True)
+        print("case %s" % c["name"], flush=True)
         try:
-            pr = peers(c, dev)
-        except Exception as e:  # a peer that cannot run is reported, not fatal
-            pr = {"error": repr(e)[:200]}
-        rows.append((c, s, pr))
+            r = run_case(c, dev, want, fa4)
+        except Exception as e:
+            r = {"times": {}, "errors": {"stof": repr(e)[:200]}, "check": {}}
+        r["entries"] = entries(c)
+        rows.append((c, r))
+        print("  " + " ".join("%s %.4f" % kv for kv in sorted(r["times"].items(), key=lambda kv: kv[1])) +
+              "".join("; %s: %s" % kv for kv in sorted(r["errors"].items())), flush=True)
 
-    out = []
-    hdr = "%-28s %-34s %9s %7s %9s %9s %9s %7s %6s" % (
-        "case", "stof kernel", "stof ms", "TF/s", "flex ms", "sdpa-m ms", "flash ms", "ratio", "check")
-    out.append("# stof vs PyTorch peers, attention, %s, %s" % (gpu, datetime.datetime.now().strftime("%Y-%m-%d %H:%M")))
-    out.append("# ratio = best peer ms / stof ms (>1: stof faster); TF/s = 4*B*H*D*allowed entries / time")
-    out.append(hdr)
-    geo = {}
-    worst = None
-    for c, s, pr in rows:
-        if "ms" not in s:
-            out.append("%-28s stof failed: %s" % (c["name"], s.get("error", "no result")))
+    out = ["# stof vs every peer, attention, one process, %s, %s" % (gpu, datetime.datetime.now().strftime("%Y-%m-%d %H:%M")),
+           "# ratio = best peer ms / stof ms (>1: stof faster); TF/s = 4*B*H*D*allowed entries / time; "
+           "%%peak of %.0f TF/s" % PEAK,
+           "%-26s %8s %7s %5s %-12s %8s %6s  %s" % ("case", "stof ms", "TF/s", "%pk", "best peer", "peer ms", "ratio",
+                                                  "kernel")]
+    summary = []
+    ratio = {}
+    for c, r in rows:
+        t = r["times"]
+        if "stof" not in t:
+            out.append("%-26s stof failed: %s" % (c["name"], r["errors"].get("stof")))
             continue
-        times = [pr.get(k) for k in ("flex", "sdpa_mask", "sdpa_flash") if pr.get(k)]
-        best = min(times) if times else float("nan")
-        ratio = best / s["ms"] if times else float("nan")
-        ok = "-"
-        if "flex_mean_abs" in pr:
-            rel = abs(pr["flex_mean_abs"] - s["mean_abs"]) / max(1e-12, pr["flex_mean_abs"])
-            ok = "ok" if rel < 1e-2 and not s["nan"] else "DIFF"
-        kv = dict(f.split("=", 1) for f in s["kernel"].split(" ") if "=" in f)
-        if kv.get("engine") == "wgmma":
-            kdesc = "%s wgmma m%s n%s s%s" % (kv.get("kernel"), kv.get("block_m"), kv.get("block_n"),
-                                            kv.get("stages"))
-        else:
-            kdesc = "%s m%s n%s x%s q:%s" % (kv.get("kernel"), kv.get("block_m"), kv.get("block_n"),
-                                            kv.get("m_tiles"), kv.get("q_in"))
-        fmt = lambda x: "%9.4f" % x if x else "%9s" % "-"
-        out.append("%-28s %-34s %9.4f %7.1f %s %s %s %7.2f %6s" % (
-            c["name"], kdesc, s["ms"], s["tflops"], fmt(pr.get("flex")), fmt(pr.get("sdpa_mask")),
-            fmt(pr.get("sdpa_flash")), ratio, ok))
-        if "error" in pr:
-            out.append("    peers error: " + pr["error"])
-        if not math.isnan(ratio):
-            worst = ratio if worst is None else min(worst, ratio)
-            key = (c["name"].split("/")[0], c["l"])
-            if c["mask"] in SPARSE:
-                geo.setdefault(key, []).append(ratio)
-    out.append("")
-    allr = []
-    for key, rs in sorted(geo.items()):
-        g = math.exp(sum(math.log(r) for r in rs) / len(rs))
-        allr += rs
-        out.append("geomean over sparse masks %s seq %d: %.2fx (%d cases)" % (key[0], key[1], g, len(rs)))
+        tf = 4.0 * c["b"] * c["h"] * c["d"] * r["entries"] / (t["stof"] * 1e-3) / 1e12
+        peers_t = {k: x for k, x in t.items() if k != "stof"}
+        best = min(peers_t, key=peers_t.get) if peers_t else None
+        rt = peers_t[best] / t["stof"] if best else float("nan")
+        ratio[c["name"]] = (c, rt, tf, best)
+        kv = dict(f.split("=", 1) for f in r.get("kernel", "").split() if "=" in f)
+        out.append("%-26s %8.4f %7.1f %5.1f %-12s %8s %6.2f  %s %s %sx%s s%s" % (
+            c["name"], t["stof"], tf, 100 * tf / PEAK, best or "-", "%.4f" % peers_t[best] if best else "-", rt,
+            kv.get("kernel", ""), kv.get("engine", ""), kv.get("block_m", ""), kv.get("block_n", ""),
+            kv.get("stages", "")))
+        out.append("    peers: " + " ".join("%s %.4f" % (k, x) for k, x in sorted(peers_t.items(), key=lambda kx: kx[1]))
+                   + ("; stof vs fp32 %.1e" % r["stof_err"]))
+        for k, e in sorted(r["errors"].items()):
+            out.append("    %s: %s" % (k, e))
+
+    # Issue 19's gates, as far as this run's cases reach.
+    dc = [(n, x[1]) for n, x in ratio.items() if x[0]["mask"] in ("dense", "causal") and
+          ((x[0]["suite"] == "bert-heads" and x[0]["l"] >= 1024) or x[0]["suite"] == "long-heads")]
+    if dc:
+        worst = min(dc, key=lambda a: a[1])
+        summary.append("summary: gate 1 dense/causal: worst %.3fx (%s), %s (gate 1.0x)" % (
+            worst[1], worst[0], "met" if worst[1] >= 1.0 else "not met"))
+    w256 = [(n, x[2]) for n, x in ratio.items() if x[0]["spec"] == "window:256" and x[0]["d"] == 64 and x[0]["l"] >= 2048]
+    if w256:
+        worst = min(w256, key=lambda a: a[1])
+        summary.append("summary: gate 2 window:256 hd64: lowest %.1f TF/s (%s), %s (gate 300)" % (
+            worst[1], worst[0], "met" if worst[1] >= 300 else "not met"))
+    w1k = [(n, rows_r["times"]["fa4"] / rows_r["times"]["stof"]) for c, rows_r in rows
+           for n in [c["name"]] if c["spec"] == "window:1024" and c["d"] == 128 and "fa4" in rows_r["times"]]
+    if w1k:
+        worst = min(w1k, key=lambda a: a[1])
+        summary.append("summary: gate 2 window:1024 hd128 vs FA4: worst %.3fx (%s), %s (gate 1.0x)" % (
+            worst[1], worst[0], "met" if worst[1] >= 1.0 else "not met"))
+    sp = [x[1] for n, x in ratio.items() if x[0]["suite"] == "bert-heads" and x[0]["mask"] in SPARSE and
+          x[0]["l"] in (1024, 2048, 4096)]
+    if sp:
+        g = geomean(sp)
+        summary.append("summary: gate 3 sparse geomean bert-heads L1024-4096: %.3fx over %d cases, %s (gate 2.5x)" % (
+            g, len(sp), "met" if g >= 2.5 else "not met"))
+    allr = [(n, x[1]) for n, x in ratio.items()]
     if allr:
-        out.append("geomean over all sparse cases: %.2fx; worst case ratio %.2fx" % (
-            math.exp(sum(math.log(r) for r in allr) / len(allr)), worst))
-    plans = [s for _, s, _ in rows if "plan_first_ms" in s]
+        worst = min(allr, key=lambda a: a[1])
+        summary.append("summary: gate 3 worst case: %.3fx (%s), %s (gate 0.95x)" % (
+            worst[1], worst[0], "met" if worst[1] >= 0.95 else "not met"))
+    hd = [(n, x[1]) for n, x in ratio.items() if x[0]["d"] in (80, 96) and x[0]["mask"] in ("dense", "causal")]
+    if hd:
+        worst = min(hd, key=lambda a: a[1])
+        summary.append("summary: gate 4 hd80/96 dense/causal: worst %.3fx (%s), %s (gate 1.0x)" % (
+            worst[1], worst[0], "met" if worst[1] >= 1.0 else "not met"))
+    plans = [r["plan_s"] for _, r in rows if "plan_s" in r]
     if plans:
-        out.append("first plans: %d NVRTC compiles and %d timing runs over %d cases (0 and 0: all from the cache)" % (
-            sum(p["plan_first_compiles"] for p in plans), sum(p["plan_first_timings"] for p in plans), len(plans)))
-        out.append("planning: first plan median %.0f ms (max %.0f), cached plan median %.1f ms; "
-                   "cached plans did %d NVRTC compiles and %d timing runs in total" % (
-                       sorted(p["plan_first_ms"] for p in plans)[len(plans) // 2],
-                       max(p["plan_first_ms"] for p in plans),
-                       sorted(p["plan_cached_ms"] for p in plans)[len(plans) // 2],
-                       sum(p["plan_cached_compiles"] for p in plans),
-                       sum(p["plan_cached_timings"] for p in plans)))
-    text = "\n".join(out) + "\n"
+        summary.append("summary: first calls (plan in this process): median %.2f s, max %.2f s" % (
+            sorted(plans)[len(plans) // 2], max(plans)))
+    text = "\n".join(out + [""] + summary) + "\n"
     print(text)
-    save_results("mha", gpu, args.tag, text, rows)
+    save_results("mha", gpu, args.tag, text, [(c, {"times": r["times"], "errors": r["errors"], "check": r["check"],
+                                                  "kernel": r.get("kernel"), "plan_s": r.get("plan_s"),
+                                                  "entries": r["entries"]}, {}) for c, r in rows])
 
 
 if __name__ == "__main__":

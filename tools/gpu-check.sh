@@ -11,7 +11,8 @@
 #   bash tools/gpu-check.sh bench [ARG]  benchmarks only (make bench); ARGs go to
 #                                        bench/peers_mha.py, e.g. --suite bert-heads --seq 2048
 #
-# The attention benchmark (build/bench_mha) runs through bench/peers_mha.py
+# The attention benchmark runs as bench/peers_mha.py (stof through the Python
+# package, every peer in the same process; its turn comes with build/bench_mha)
 # and the encoder-layer one (build/bench_layer) through bench/peers_layer.py,
 # each timing its PyTorch peers in the same run. $STOF_LAYER_ARGS goes to
 # peers_layer.py, e.g. STOF_LAYER_ARGS="--model bert-base --seq 2048
@@ -112,10 +113,11 @@ for b in "$build"/bench_*; do
     name=$(basename "$b")
     echo "gpu-check: running $b (log: $logs/$name.log)"
     if [[ $name == bench_mha ]]; then
-        PYTHONUNBUFFERED=1 python3 bench/peers_mha.py --stof "$b" --cache "$bench_cache" "$@" \
-            > "$logs/$name.log" 2>&1
+        # stof through the Python package, in one process with the peers.
+        STOF_CACHE=$bench_cache STOF_LIB=$build/libstof.so PYTHONUNBUFFERED=1 \
+            python3 bench/peers_mha.py "$@" > "$logs/$name.log" 2>&1
         rc=$?
-        summary=$(grep -E '^(geomean|planning|first plans)' "$logs/$name.log")
+        summary=$(grep '^summary:' "$logs/$name.log")
     elif [[ $name == bench_layer ]]; then
         # shellcheck disable=SC2086 # STOF_LAYER_ARGS is a list of words
         PYTHONUNBUFFERED=1 python3 bench/peers_layer.py --stof "$b" --cache "$bench_cache" \
