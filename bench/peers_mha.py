@@ -174,7 +174,7 @@ def run_case(case, dev, want, fa4):
     ref_out = out.clone()
     f = spec_fn(spec, l, l, dev)
     idx = torch.arange(l, device=dev)
-    allowed = f(idx[:, None], idx[None, :])
+    allowed = f(idx[:, None], idx[None, :]).expand(l, l).contiguous()  # dense: [l, 1] broadcast
     # stof's first head against float32.
     r = F.scaled_dot_product_attention(q[:1, :1].float(), k[:1, :1].float(), v[:1, :1].float(),
                                        attn_mask=allowed)
