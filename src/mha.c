@@ -661,7 +661,9 @@ static stof_status measure_bandwidth(stof_ctx *ctx, double *gbs)
     return STOF_OK;
 }
 
-stof_status mha_device_figures(stof_ctx *ctx, model_device *md)
+/* The figures, measured only where `measure` allows (compile-only work
+ * takes the arch's defaults rather than time anything). */
+static stof_status device_figures(stof_ctx *ctx, model_device *md, int measure)
 {
     *md = model_device_of(&ctx->dev, ctx->arch);
     if (!ctx->dev.ok)
@@ -686,6 +688,8 @@ stof_status mha_device_figures(stof_ctx *ctx, model_device *md)
             return STOF_OK;
         }
     }
+    if (!measure)
+        return STOF_OK;
     int khz = 0;
     TRY(CU(ctx, DeviceGetAttribute(&khz, CU_DEVICE_ATTRIBUTE_CLOCK_RATE, ctx->dev.dev)));
     md->clock_mhz = khz / 1000;
@@ -713,6 +717,11 @@ stof_status mha_device_figures(stof_ctx *ctx, model_device *md)
     return STOF_OK;
 }
 
+stof_status mha_device_figures(stof_ctx *ctx, model_device *md)
+{
+    return device_figures(ctx, md, 1);
+}
+
 static int by_prediction(const void *a, const void *b)
 {
     const cand_state *x = a, *y = b;
@@ -722,7 +731,7 @@ static int by_prediction(const void *a, const void *b)
 /* Builds every candidate's tiles and ranks them by the model. Gathered
  * tiles are skipped where block tiles already waste little. */
 static stof_status rank_candidates(stof_ctx *ctx, const stof_mha_desc *d, const stof_mask *mask,
-                                   cand_state *cs, int *n)
+                                   int measure, cand_state *cs, int *n)
 {
     mha_candidate c[MHA_MAX_CANDIDATES];
     int smem_max = ctx->dev.ok ? ctx->dev.smem_optin : 227 * 1024;
@@ -732,7 +741,7 @@ static stof_status rank_candidates(stof_ctx *ctx, const stof_mha_desc *d, const 
     TRY(stof_mask_stats(ctx, mask, 64, 64, &info));
     int want_gather = info.block_efficiency < 0.75;
     model_device md;
-    TRY(mha_device_figures(ctx, &md));
+    TRY(device_figures(ctx, &md, measure));
     *n = 0;
     for (int i = 0; i < nc; i++) {
         if (c[i].kind == ATTN_GATHER && !want_gather)
@@ -996,7 +1005,7 @@ stof_status stof_mha_plan_create(stof_ctx *ctx, const stof_mha_desc *desc, const
     cand_state cs[MHA_MAX_CANDIDATES];
     int n = 0, winner = 0;
     if (st == STOF_OK)
-        st = rank_candidates(ctx, &p->d, mask, cs, &n);
+        st = rank_candidates(ctx, &p->d, mask, 1, cs, &n);
     if (st == STOF_OK && n == 0)
         st = CTX_FAIL(ctx, STOF_ERR_UNSUPPORTED, "no attention kernel fits this device for head_dim %d",
                       p->d.head_dim);
@@ -1121,7 +1130,7 @@ stof_status stof_mha_prepare(stof_ctx *ctx, const stof_mha_desc *desc, const sto
     TRY(check_desc(ctx, desc, mask));
     cand_state cs[MHA_MAX_CANDIDATES];
     int n = 0;
-    TRY(rank_candidates(ctx, desc, mask, cs, &n));
+    TRY(rank_candidates(ctx, desc, mask, 0, cs, &n));
     /* The model's first three, and the default size of each kind, so a
      * later search on the GPU finds its stage 1 compiled. */
     stof_status st = STOF_OK;
