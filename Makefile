@@ -5,19 +5,21 @@ CC      ?= gcc
 OPT     ?= -O2
 CFLAGS  ?= $(OPT) -g
 WARN     = -Wall -Wextra -Werror=implicit-function-declaration
-CPPFLAGS = -std=c11 -D_GNU_SOURCE -Isrc -Icodegen -Icache -Ibuild/gen -I$(CUDA)/include
+# Includes name their room: "base/json.h", "gpu/jit.h" (under src/), "cache/cache.h",
+# "codegen/render.h", "tools/workload.h" (under the top); "stof.h" and "ctx.h" are src/'s own.
+CPPFLAGS = -std=c11 -D_GNU_SOURCE -Isrc -I. -Ibuild/gen -I$(CUDA)/include
 LIBS     = -L$(CUDA)/lib64 -Wl,-rpath,$(CUDA)/lib64 -lnvrtc -lsqlite3 -ldl -lm -lpthread
 # Check and subunit are linked statically: the GPU machine has neither.
 CHECK_LIBS = -Wl,-Bstatic -lcheck -lsubunit -Wl,-Bdynamic -lrt
 SAN      = -fsanitize=address,undefined -fno-omit-frame-pointer
 FUZZ_SECONDS ?= 20
 
-LIB_SRC  = $(wildcard src/*.c codegen/*.c cache/*.c)
+LIB_SRC  = $(wildcard src/*.c src/*/*.c codegen/*.c cache/*.c)
 LIB_SRC := $(filter-out codegen/embed.c,$(LIB_SRC))
 LIB_OBJ  = $(LIB_SRC:%.c=build/obj/%.o) build/obj/gen/templates.o
 SAN_OBJ  = $(LIB_SRC:%.c=build/asan/%.o) build/asan/gen/templates.o
 TEMPLATES = $(sort $(wildcard templates/*.cu templates/*.cuh))
-TEST_SRC = $(wildcard tests/test_*.c)
+TEST_SRC = $(wildcard tests/test_*.c tests/*/test_*.c)
 TOOLS    = build/stof-dump build/stof-warm build/stof-demo
 BENCHES  = $(patsubst bench/%.c,build/%,$(wildcard bench/*.c))
 
@@ -50,11 +52,14 @@ build/libstof.a: $(LIB_OBJ)
 build/libstof.so: $(LIB_OBJ)
 	$(CC) -shared -Wl,-soname,libstof.so.0 -o $@ $^ $(LIBS)
 
+# tools/workload.c reads workload files for stof-warm, the layer benchmark and the tests.
 build/stof-%: tools/%.c build/libstof.a
-	$(CC) $(CPPFLAGS) $(CFLAGS) $(WARN) -o $@ $< build/libstof.a $(LIBS)
+	$(CC) $(CPPFLAGS) $(CFLAGS) $(WARN) -o $@ $< $(filter %.o,$^) build/libstof.a $(LIBS)
+build/stof-warm: build/obj/tools/workload.o
 
 build/bench_%: bench/bench_%.c build/libstof.a
-	$(CC) $(CPPFLAGS) $(CFLAGS) $(WARN) -o $@ $< build/libstof.a $(LIBS)
+	$(CC) $(CPPFLAGS) $(CFLAGS) $(WARN) -o $@ $< $(filter %.o,$^) build/libstof.a $(LIBS)
+build/bench_layer: build/obj/tools/workload.o
 
 # The runner finds suites by file name: tests/test_X.c defines suite_X().
 build/gen/suites.inc: $(TEST_SRC)
@@ -63,16 +68,17 @@ build/gen/suites.inc: $(TEST_SRC)
 	  case $$n in gpu_*) echo "GPU_SUITE($$n)";; *) echo "SUITE($$n)";; esac; done > $@
 
 # The CLI suites run the built tools: keep them current.
-build/stof-tests: tests/run.c $(TEST_SRC) tests/testutil.h build/gen/suites.inc build/libstof.a $(TOOLS)
-	$(CC) $(CPPFLAGS) -Itests $(CFLAGS) $(WARN) -o $@ tests/run.c $(TEST_SRC) build/libstof.a $(CHECK_LIBS) $(LIBS)
+build/stof-tests: tests/run.c $(TEST_SRC) tests/testutil.h build/gen/suites.inc build/libstof.a build/obj/tools/workload.o $(TOOLS)
+	$(CC) $(CPPFLAGS) -Itests $(CFLAGS) $(WARN) -o $@ tests/run.c $(TEST_SRC) build/obj/tools/workload.o build/libstof.a $(CHECK_LIBS) $(LIBS)
 
-build/asan/stof-tests: tests/run.c $(TEST_SRC) tests/testutil.h build/gen/suites.inc $(SAN_OBJ)
-	$(CC) $(CPPFLAGS) -Itests $(CFLAGS) $(WARN) $(SAN) -o $@ tests/run.c $(TEST_SRC) $(SAN_OBJ) $(CHECK_LIBS) $(LIBS)
+build/asan/stof-tests: tests/run.c $(TEST_SRC) tests/testutil.h build/gen/suites.inc $(SAN_OBJ) build/asan/tools/workload.o
+	$(CC) $(CPPFLAGS) -Itests $(CFLAGS) $(WARN) $(SAN) -o $@ tests/run.c $(TEST_SRC) build/asan/tools/workload.o $(SAN_OBJ) $(CHECK_LIBS) $(LIBS)
 
 build/asan/stof-%: tools/%.c $(SAN_OBJ)
-	$(CC) $(CPPFLAGS) $(CFLAGS) $(WARN) $(SAN) -o $@ $< $(SAN_OBJ) $(LIBS)
+	$(CC) $(CPPFLAGS) $(CFLAGS) $(WARN) $(SAN) -o $@ $< $(filter %.o,$^) $(LIBS)
+build/asan/stof-warm: build/asan/tools/workload.o
 
-build/fuzz_mask: tests/fuzz_mask.c $(SAN_OBJ)
+build/fuzz_mask: tests/attn/fuzz_mask.c $(SAN_OBJ)
 	$(CC) $(CPPFLAGS) -Itests $(CFLAGS) $(WARN) $(SAN) -o $@ $< $(SAN_OBJ) $(LIBS)
 
 test: all build/fuzz_mask

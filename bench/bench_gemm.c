@@ -16,12 +16,12 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "attn/mha.h"
+#include "base/half.h"
 #include "ctx.h"
-#include "gemm.h"
-#include "half.h"
-#include "jit.h"
-#include "mha.h"
-#include "timing.h"
+#include "gpu/jit.h"
+#include "gpu/timing.h"
+#include "layer/gemm.h"
 
 typedef struct bench_run {
     const gemm_config *c;

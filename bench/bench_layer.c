@@ -27,10 +27,10 @@
 #include <sys/stat.h>
 #include <time.h>
 
+#include "base/half.h"
 #include "ctx.h"
-#include "half.h"
-#include "jit.h"
-#include "workload.h"
+#include "gpu/jit.h"
+#include "tools/workload.h"
 
 #define SAMPLES 21
 

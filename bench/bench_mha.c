@@ -16,10 +16,10 @@
 #include <string.h>
 #include <time.h>
 
+#include "attn/mha.h"
+#include "base/half.h"
 #include "ctx.h"
-#include "half.h"
-#include "jit.h"
-#include "mha.h"
+#include "gpu/jit.h"
 
 static double now_ms(void)
 {

@@ -66,7 +66,7 @@ def splitmix(state):
 
 
 def random_blocks(seed, qblock, nkb, r):
-    """src/mask.h's generator for random:R:B:SEED (Floyd's sampling)."""
+    """src/attn/mask.h's generator for random:R:B:SEED (Floyd's sampling)."""
     state = (seed ^ (((qblock + 1) * GOLDEN) & M64)) & M64
     chosen = set()
     for j in range(nkb - r, nkb):

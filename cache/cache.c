@@ -1,4 +1,4 @@
-#include "cache.h"
+#include "cache/cache.h"
 
 #include <errno.h>
 #include <stdio.h>
@@ -8,9 +8,9 @@
 #include <sys/stat.h>
 #include <time.h>
 
+#include "base/hash.h"
+#include "codegen/nvrtc_drv.h"
 #include "ctx.h"
-#include "hash.h"
-#include "nvrtc_drv.h"
 
 struct cache {
     sqlite3 *db;

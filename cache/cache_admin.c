@@ -1,4 +1,4 @@
-#include "cache_admin.h"
+#include "cache/cache_admin.h"
 
 #include <errno.h>
 #include <limits.h>
@@ -11,9 +11,9 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "base/json.h"
+#include "codegen/nvrtc_drv.h"
 #include "ctx.h"
-#include "json.h"
-#include "nvrtc_drv.h"
 
 #define ADMIN_FAIL(ctx, c, what)                                                          \
     CTX_FAIL((ctx), STOF_ERR_CACHE, "cache %s: %s: %s", cache_file(c), (what),            \

@@ -12,7 +12,7 @@
 #define STOF_CACHE_ADMIN_H
 
 #include <stddef.h>
-#include "cache.h"
+#include "cache/cache.h"
 
 /* ---- before opening ---- */
 

@@ -1,4 +1,4 @@
-#include "nvrtc_drv.h"
+#include "codegen/nvrtc_drv.h"
 
 #include <ctype.h>
 #include <nvrtc.h>

@@ -1,12 +1,12 @@
-#include "render.h"
+#include "codegen/render.h"
 
 #include <ctype.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "base/strbuf.h"
 #include "ctx.h"
-#include "strbuf.h"
 
 #define MAX_DEPTH 16
 #define MAX_VARS 64

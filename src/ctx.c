@@ -5,11 +5,11 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "blas.h"
-#include "cache.h"
-#include "cache_admin.h"
-#include "jit.h"
-#include "nvrtc_drv.h"
+#include "cache/cache.h"
+#include "cache/cache_admin.h"
+#include "codegen/nvrtc_drv.h"
+#include "gpu/blas.h"
+#include "gpu/jit.h"
 
 stof_status ctx_fail(stof_ctx *ctx, stof_status st, const char *file, int line, const char *fmt,
                      ...)

@@ -8,8 +8,8 @@
 #define STOF_CTX_H
 
 #include "stof.h"
-#include "drv.h"
-#include "model.h"
+#include "gpu/drv.h"
+#include "attn/model.h"
 
 struct cache;
 struct jit_module;

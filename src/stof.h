@@ -115,7 +115,7 @@ stof_status stof_bias_residual_layernorm(stof_ctx *ctx, const stof_ln_desc *desc
 stof_status stof_bias_residual_layernorm_prepare(stof_ctx *ctx,
                                                  const stof_ln_desc *desc);
 
-/* ---- Masks (src/mask.c) ---- */
+/* ---- Masks (src/attn/mask.c) ---- */
 
 /* A mask says which (query row q, key column k) pairs attention may use, over
  * Lq query rows and Lk key columns (0-based). It is built from a spec string
@@ -133,7 +133,7 @@ stof_status stof_bias_residual_layernorm_prepare(stof_ctx *ctx,
  *   strided:S          k mod S == S - 1; S > 0
  *   random:R:B:SEED    each block of B query rows sees R distinct blocks of B key
  *                      columns (the last key block may be short), drawn by the
- *                      generator documented in src/mask.h; B > 0,
+ *                      generator documented in src/attn/mask.h; B > 0,
  *                      0 < R <= ceil(Lk / B); SEED < 2^64
  *   docs:N1,N2,...     q and k lie in the same document; Ni > 0, sum = Lq = Lk
  * Example: "window:192+global:64+random:3:64:1" (BigBird).
@@ -231,7 +231,7 @@ void stof_mask_picture_free(void *data);
 
 /* ---- end of masks ---- */
 
-/* ---- Masked multi-head attention (src/mha.c) -----------------------------
+/* ---- Masked multi-head attention (src/attn/mha.c) ------------------------
  * out = softmax(Q Kᵀ · scale + mask) V per (batch, head), fp32 accumulation.
  * A plan is made once for a shape and a mask (cache hit, or model + search)
  * and run as often as wanted, from several streams at once. */
@@ -276,7 +276,7 @@ void stof_mha_plan_free(stof_mha_plan *plan);
 stof_status stof_mha_prepare(stof_ctx *ctx, const stof_mha_desc *desc,
                              const stof_mask *mask);
 
-/* ---- Encoder layer (src/layer.c) -----------------------------------------
+/* ---- Encoder layer (src/layer/layer.c) -----------------------------------
  * One Transformer encoder layer over x [batch, seq, hidden] (row-major, rows
  * = batch * seq), attention restricted by a mask:
  *   POST_LN (BERT):    h   = LN1(x + attn(x) Wo' + bo)

@@ -8,7 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "layernorm.h"
+#include "layer/layernorm.h"
 #include "testutil.h"
 
 /* Opens with the environment's defaults but no GPU, whatever the machine. */

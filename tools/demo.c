@@ -22,11 +22,11 @@
 #include <string.h>
 #include <time.h>
 
+#include "base/half.h"
+#include "codegen/nvrtc_drv.h"
 #include "ctx.h"
-#include "half.h"
-#include "jit.h"
-#include "layernorm.h"
-#include "nvrtc_drv.h"
+#include "gpu/jit.h"
+#include "layer/layernorm.h"
 #include "stof.h"
 
 typedef struct demo_args {

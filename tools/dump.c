@@ -22,10 +22,10 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "cache.h"
-#include "cache_admin.h"
-#include "json.h"
-#include "nvrtc_drv.h"
+#include "base/json.h"
+#include "cache/cache.h"
+#include "cache/cache_admin.h"
+#include "codegen/nvrtc_drv.h"
 #include "stof.h"
 
 #define EXIT_FINDING 1

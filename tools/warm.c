@@ -28,9 +28,9 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "cache_admin.h"
+#include "cache/cache_admin.h"
 #include "stof.h"
-#include "workload.h"
+#include "tools/workload.h"
 
 #define EXIT_FAILED 1
 #define EXIT_USAGE 2

@@ -1,0 +1,360 @@
+#include "attn/attn_tiles.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#include "attn/mask.h"
+#include "ctx.h"
+
+void attn_tiles_free(attn_tiles *t)
+{
+    free(t->group_order);
+    free(t->work);
+    free(t->qidx);
+    free(t->tile_ptr);
+    free(t->tile_key);
+    free(t->tile_bits);
+    free(t->kidx);
+    free(t->bits);
+    memset(t, 0, sizeof *t);
+}
+
+/* Heaviest groups first, so the last wave is made of short ones. */
+static int order_groups(attn_tiles *t)
+{
+    int n = t->n_groups;
+    if (!(t->group_order = malloc(sizeof(int32_t) * (size_t)(n > 0 ? n : 1))))
+        return 0;
+    /* Counting sort by tile count, descending. */
+    long long maxc = 0;
+    for (int g = 0; g < n; g++) {
+        long long c = t->tile_ptr[g + 1] - t->tile_ptr[g];
+        if (c > maxc)
+            maxc = c;
+    }
+    t->max_tiles = maxc;
+    int32_t *count = calloc((size_t)maxc + 2, sizeof *count);
+    if (!count)
+        return 0;
+    for (int g = 0; g < n; g++)
+        count[maxc - (t->tile_ptr[g + 1] - t->tile_ptr[g]) + 1]++;
+    for (long long c = 1; c <= maxc + 1; c++)
+        count[c] += count[c - 1];
+    for (int g = 0; g < n; g++)
+        t->group_order[count[maxc - (t->tile_ptr[g + 1] - t->tile_ptr[g])]++] = g;
+    free(count);
+    /* What a CTA needs before its first copies, in one 16-byte record. */
+    if (!(t->work = malloc(sizeof(int32_t) * 4 * (size_t)(n > 0 ? n : 1))))
+        return 0;
+    for (int r = 0; r < n; r++) {
+        const int g = t->group_order[r], t0 = t->tile_ptr[g], t1 = t->tile_ptr[g + 1];
+        int32_t *w = t->work + 4 * (size_t)r;
+        w[0] = g, w[1] = t0, w[2] = t1, w[3] = t1 > t0 ? t->tile_key[t0] : 0;
+    }
+    return 1;
+}
+
+static stof_status build_block(stof_ctx *ctx, const stof_mask *m, attn_tiles *t)
+{
+    mask_blocks mb;
+    TRY(mask_build_blocks(ctx, m, t->bm, t->bn, &mb));
+    t->n_groups = mb.nqb;
+    t->n_tiles = mb.n_blocks;
+    t->n_full = mb.n_full;
+    t->n_bitmaps = mb.n_bitmaps;
+    size_t nt = (size_t)(mb.n_blocks > 0 ? mb.n_blocks : 1);
+    size_t nw = (size_t)(mb.n_bitmaps > 0 ? mb.n_bitmaps : 1) * (size_t)mb.words_per_block;
+    t->tile_ptr = malloc(sizeof(int32_t) * (size_t)(mb.nqb + 1));
+    t->tile_key = malloc(sizeof(int32_t) * nt);
+    t->tile_bits = malloc(sizeof(int32_t) * nt);
+    t->bits = calloc(nw, sizeof(uint32_t));
+    stof_status st = STOF_OK;
+    if (!t->tile_ptr || !t->tile_key || !t->tile_bits || !t->bits) {
+        st = CTX_FAIL(ctx, STOF_ERR_NO_MEMORY, "out of memory building attention tiles");
+    } else {
+        memcpy(t->tile_ptr, mb.row_ptr, sizeof(int32_t) * (size_t)(mb.nqb + 1));
+        for (long long n = 0; n < mb.n_blocks; n++) {
+            t->tile_key[n] = mb.col[n] * t->bn;
+            t->tile_bits[n] = mb.partial[n];
+        }
+        if (mb.n_bitmaps)
+            memcpy(t->bits, mb.bits, sizeof(uint32_t) * (size_t)mb.n_bitmaps * (size_t)mb.words_per_block);
+    }
+    mask_blocks_free(&mb);
+    return st;
+}
+
+/* The D of the mask's first dilated:W:D term, else 1: rows sharing q mod D
+ * share their keys. */
+static int spec_period(const stof_mask *m)
+{
+    const char *s = stof_mask_spec(m), *p = s ? strstr(s, "dilated:") : NULL;
+    if (!p)
+        return 1;
+    p = strchr(p + 8, ':');
+    int d = p ? atoi(p + 1) : 1;
+    return d >= 1 && d <= 64 ? d : 1;
+}
+
+typedef struct growbuf {
+    void *p;
+    size_t n, cap, elem;
+} growbuf;
+
+static void *grow(growbuf *g, size_t more)
+{
+    if (g->n + more > g->cap) {
+        size_t cap = g->cap ? g->cap : 1024;
+        while (cap < g->n + more)
+            cap *= 2;
+        void *np = realloc(g->p, cap * g->elem);
+        if (!np)
+            return NULL;
+        memset((char *)np + g->cap * g->elem, 0, (cap - g->cap) * g->elem);
+        g->p = np;
+        g->cap = cap;
+    }
+    void *at = (char *)g->p + g->n * g->elem;
+    g->n += more;
+    return at;
+}
+
+static stof_status build_gather(stof_ctx *ctx, const stof_mask *m, attn_tiles *t)
+{
+    int lq, lk;
+    stof_mask_dims(m, &lq, &lk);
+    const int bm = t->bm, bn = t->bn, wpr = t->wpr, words = bm * wpr;
+    t->period = spec_period(m);
+    t->n_groups = (lq + bm - 1) / bm;
+    int32_t *rows = malloc(sizeof(int32_t) * (size_t)lq);
+    int32_t *stamp = malloc(sizeof(int32_t) * (size_t)lk);
+    int32_t *pos = malloc(sizeof(int32_t) * (size_t)lk);
+    int32_t *keys = malloc(sizeof(int32_t) * (size_t)lk);
+    t->qidx = malloc(sizeof(int32_t) * (size_t)t->n_groups * (size_t)bm);
+    t->tile_ptr = malloc(sizeof(int32_t) * (size_t)(t->n_groups + 1));
+    growbuf tk = {.elem = sizeof(int32_t)}, tb = {.elem = sizeof(int32_t)},
+            ki = {.elem = sizeof(int32_t)}, bits = {.elem = sizeof(uint32_t)};
+    mask_iter it;
+    int have_iter = 0;
+    stof_status st = STOF_OK;
+    if (!rows || !stamp || !pos || !keys || !t->qidx || !t->tile_ptr) {
+        st = CTX_FAIL(ctx, STOF_ERR_NO_MEMORY, "out of memory building attention tiles");
+        goto done;
+    }
+    if ((st = mask_iter_init(&it, m)) != STOF_OK)
+        goto done;
+    have_iter = 1;
+    int n = 0;
+    for (int r = 0; r < t->period; r++)
+        for (int q = r; q < lq; q += t->period)
+            rows[n++] = q;
+    for (int k = 0; k < lk; k++)
+        stamp[k] = -1;
+    t->tile_ptr[0] = 0;
+    for (int g = 0; g < t->n_groups; g++) {
+        int nrows = lq - g * bm < bm ? lq - g * bm : bm, nkeys = 0;
+        for (int r = 0; r < bm; r++)
+            t->qidx[(size_t)g * bm + r] = r < nrows ? rows[g * bm + r] : -1;
+        /* The union of the group's keys, in increasing order. */
+        for (int r = 0; r < nrows; r++) {
+            const mask_range *rg;
+            int nr = mask_row_ranges(&it, rows[g * bm + r], &rg);
+            for (int i = 0; i < nr; i++)
+                for (int k = rg[i].lo; k < rg[i].hi; k++)
+                    if (stamp[k] != g) {
+                        stamp[k] = g;
+                        nkeys++;
+                    }
+        }
+        for (int k = 0, i = 0; k < lk; k++)
+            if (stamp[k] == g)
+                keys[i++] = k;
+        int ntiles = (nkeys + bn - 1) / bn;
+        int32_t *tkey = grow(&tk, (size_t)ntiles), *tbit = grow(&tb, (size_t)ntiles);
+        int32_t *kix = grow(&ki, (size_t)ntiles * bn);
+        uint32_t *bw = grow(&bits, (size_t)ntiles * words);
+        if (ntiles && (!tkey || !tbit || !kix || !bw)) {
+            st = CTX_FAIL(ctx, STOF_ERR_NO_MEMORY, "out of memory building attention tiles");
+            goto done;
+        }
+        long long first_bitmap = (long long)(bits.n / words) - ntiles;
+        for (int i = 0; i < ntiles * bn; i++)
+            kix[i] = i < nkeys ? keys[i] : -1;
+        for (int i = 0; i < nkeys; i++)
+            pos[keys[i]] = i;
+        for (int r = 0; r < nrows; r++) {
+            const mask_range *rg;
+            int nr = mask_row_ranges(&it, rows[g * bm + r], &rg);
+            for (int i = 0; i < nr; i++)
+                for (int k = rg[i].lo; k < rg[i].hi; k++) {
+                    int p = pos[k], tile = p / bn, c = p % bn;
+                    bw[(size_t)tile * words + (size_t)r * wpr + c / 32] |= 1u << (c % 32);
+                }
+        }
+        for (int i = 0; i < ntiles; i++) {
+            tkey[i] = (int32_t)(ki.n / bn) - ntiles + i;
+            int full = nrows == bm && (i + 1) * bn <= nkeys;
+            for (int w = 0; full && w < words; w++) {
+                int c0 = (w % wpr) * 32, valid = bn - c0 < 32 ? bn - c0 : 32;
+                uint32_t want = valid == 32 ? 0xffffffffu : (1u << valid) - 1;
+                full = (bw[(size_t)i * words + w] & want) == want;
+            }
+            tbit[i] = full ? -1 : (int32_t)(first_bitmap + i);
+            t->n_full += full;
+        }
+        t->tile_ptr[g + 1] = t->tile_ptr[g] + ntiles;
+    }
+    t->n_tiles = t->tile_ptr[t->n_groups];
+    t->n_kidx_tiles = (long long)(ki.n / bn);
+    t->n_bitmaps = (long long)(bits.n / words);
+    t->tile_key = tk.p;
+    t->tile_bits = tb.p;
+    t->kidx = ki.p;
+    t->bits = bits.p;
+    tk.p = tb.p = ki.p = bits.p = NULL;
+    /* Empty arrays still get a buffer, so packing never copies from NULL. */
+    if (!t->tile_key)
+        t->tile_key = calloc(1, sizeof(int32_t));
+    if (!t->tile_bits)
+        t->tile_bits = calloc(1, sizeof(int32_t));
+    if (!t->kidx)
+        t->kidx = calloc(1, sizeof(int32_t));
+    if (!t->bits)
+        t->bits = calloc(1, sizeof(uint32_t));
+    if (!t->tile_key || !t->tile_bits || !t->kidx || !t->bits)
+        st = CTX_FAIL(ctx, STOF_ERR_NO_MEMORY, "out of memory building attention tiles");
+done:
+    if (have_iter)
+        mask_iter_free(&it);
+    free(rows);
+    free(stamp);
+    free(pos);
+    free(keys);
+    free(tk.p);
+    free(tb.p);
+    free(ki.p);
+    free(bits.p);
+    return st;
+}
+
+stof_status attn_tiles_build(stof_ctx *ctx, const stof_mask *m, attn_kind kind, int bm, int bn,
+                             attn_tiles *out)
+{
+    memset(out, 0, sizeof *out);
+    out->kind = kind;
+    out->bm = bm;
+    out->bn = bn;
+    out->wpr = (bn + 31) / 32;
+    out->period = 1;
+    stof_status st = kind == ATTN_BLOCK ? build_block(ctx, m, out) : build_gather(ctx, m, out);
+    if (st == STOF_OK && !order_groups(out))
+        st = CTX_FAIL(ctx, STOF_ERR_NO_MEMORY, "out of memory building attention tiles");
+    if (st != STOF_OK)
+        attn_tiles_free(out);
+    return st;
+}
+
+static size_t up16(size_t n) { return (n + 15) & ~(size_t)15; }
+
+attn_tiles_layout attn_tiles_layout_of(const attn_tiles *t)
+{
+    attn_tiles_layout l;
+    size_t at = 0, sz;
+#define PLACE(field, bytes) (l.field = at, sz = (bytes), at += up16(sz > 0 ? sz : 4))
+    PLACE(work, 16 * (size_t)t->n_groups);
+    PLACE(qidx, t->qidx ? 4 * (size_t)t->n_groups * (size_t)t->bm : 0);
+    PLACE(tile_key, 4 * (size_t)t->n_tiles);
+    PLACE(tile_bits, 4 * (size_t)t->n_tiles);
+    PLACE(kidx, 4 * (size_t)t->n_kidx_tiles * (size_t)t->bn);
+    PLACE(bits, 4 * (size_t)t->n_bitmaps * (size_t)t->bm * (size_t)t->wpr);
+#undef PLACE
+    l.total = at;
+    return l;
+}
+
+void attn_tiles_pack(const attn_tiles *t, const attn_tiles_layout *l, void *dst)
+{
+    char *d = dst;
+    memset(d, 0, l->total);
+    memcpy(d + l->work, t->work, 16 * (size_t)t->n_groups);
+    if (t->qidx)
+        memcpy(d + l->qidx, t->qidx, 4 * (size_t)t->n_groups * (size_t)t->bm);
+    memcpy(d + l->tile_key, t->tile_key, 4 * (size_t)t->n_tiles);
+    memcpy(d + l->tile_bits, t->tile_bits, 4 * (size_t)t->n_tiles);
+    if (t->kidx)
+        memcpy(d + l->kidx, t->kidx, 4 * (size_t)t->n_kidx_tiles * (size_t)t->bn);
+    memcpy(d + l->bits, t->bits, 4 * (size_t)t->n_bitmaps * (size_t)t->bm * (size_t)t->wpr);
+}
+
+/* The CTA with the least work sits at the top of a binary heap of (load,
+ * cta), ties to the lower CTA, so that the deal is the same on every run. */
+typedef struct sched_slot {
+    long long load;
+    int cta;
+} sched_slot;
+
+static int slot_less(sched_slot a, sched_slot b)
+{
+    return a.load < b.load || (a.load == b.load && a.cta < b.cta);
+}
+
+static void heap_down(sched_slot *h, int n, int i)
+{
+    for (;;) {
+        int l = 2 * i + 1, r = l + 1, m = i;
+        if (l < n && slot_less(h[l], h[m]))
+            m = l;
+        if (r < n && slot_less(h[r], h[m]))
+            m = r;
+        if (m == i)
+            return;
+        sched_slot x = h[i];
+        h[i] = h[m];
+        h[m] = x;
+        i = m;
+    }
+}
+
+int attn_tiles_schedule(const attn_tiles *t, int batch, int heads, int run, int ctas,
+                        int32_t *items, int32_t *first)
+{
+    const long long bh = (long long)batch * heads, n = (long long)t->n_groups * bh;
+    run = run < 1 ? 1 : run > bh ? (int)bh : run;
+    sched_slot *heap = malloc(sizeof *heap * (size_t)(ctas > 0 ? ctas : 1));
+    int32_t *owner = malloc(sizeof *owner * (size_t)(n > 0 ? n : 1));
+    int32_t *order = malloc(4 * sizeof *order * (size_t)(n > 0 ? n : 1));
+    if (!heap || !owner || !order) {
+        free(heap);
+        free(owner);
+        free(order);
+        return 0;
+    }
+    for (int c = 0; c < ctas; c++)
+        heap[c] = (sched_slot){0, c};
+    memset(first, 0, sizeof *first * (size_t)(ctas + 1));
+    long long k = 0;
+    for (long long r0 = 0; r0 < bh; r0 += run)
+        for (int rank = 0; rank < t->n_groups; rank++)
+            for (long long x = r0; x < r0 + run && x < bh; x++, k++) {
+                const int32_t *w = t->work + 4 * (size_t)rank;
+                int32_t *o = order + 4 * k;
+                o[0] = w[0], o[1] = w[1], o[2] = w[2];
+                o[3] = (int32_t)((x / heads) << 16 | (x % heads));
+                owner[k] = heap[0].cta;
+                first[heap[0].cta + 1]++;
+                heap[0].load += w[2] - w[1] + 1;
+                heap_down(heap, ctas, 0);
+            }
+    for (int c = 0; c < ctas; c++)
+        first[c + 1] += first[c];
+    /* Each CTA's items in the order dealt; first[] is the cursor meanwhile. */
+    for (long long i = 0; i < n; i++)
+        memcpy(items + 4 * (size_t)first[owner[i]]++, order + 4 * i, 4 * sizeof *items);
+    for (int c = ctas; c > 0; c--)
+        first[c] = first[c - 1];
+    first[0] = 0;
+    free(heap);
+    free(owner);
+    free(order);
+    return 1;
+}

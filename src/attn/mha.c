@@ -1,0 +1,1146 @@
+#include "attn/mha.h"
+
+#include <limits.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "attn/mask.h"
+#include "attn/model.h"
+#include "attn/reference.h"
+#include "base/half.h"
+#include "base/strbuf.h"
+#include "cache/cache.h"
+#include "gpu/timing.h"
+
+typedef struct mha_launch {
+    CUfunction fn;
+    int wg, bm, bn, threads, smem, n_groups;
+    CUdeviceptr tiles;       /* attn_tiles_pack's arrays, then (wg MHA_WS) the items */
+    attn_tiles_layout lay;
+    size_t items;            /* MHA_WS: byte offset of the work items in tiles, then
+                                each CTA's first item (attn_tiles_schedule) ... */
+    int n_items, ctas;       /* ... how many items, and CTAs */
+    char key[65];            /* the kernel's cache key */
+} mha_launch;
+
+struct stof_mha_plan {
+    stof_ctx *ctx;
+    stof_mha_desc d;
+    mha_candidate c;
+    mha_launch L;
+    int regs, spill;             /* the kernel's registers per thread, local-memory bytes */
+    double predicted_ms, measured_ms;
+    const char *origin;          /* "cache", "search" or "model" */
+    int tried;
+    char mask_hash[65];
+};
+
+/* ---- candidates and requests ------------------------------------------- */
+
+void mha_make_request(const mha_candidate *c, int head_dim, stof_dtype dtype, mha_request *r)
+{
+    const int nums[4] = {head_dim, c->bm, c->bn, c->wg ? c->st : c->mt};
+    static const char *const names[2][4] = {{"HEAD_DIM", "BLOCK_M", "BLOCK_N", "M_TILES"},
+                                            {"HEAD_DIM", "BLOCK_M", "BLOCK_N", "STAGES"}};
+    static const char *const files[3] = {"attn.cu", "attn_wg.cu", "attn_ws.cu"};
+    int n = 0;
+    for (int i = 0; i < 4; i++) {
+        snprintf(r->text[i], sizeof r->text[i], "%d", nums[i]);
+        r->vars[n++] = (render_var){names[c->wg != 0][i], r->text[i]};
+    }
+    r->vars[n++] = (render_var){"MMA_TYPE", dtype == STOF_BF16 ? "bf16" : "f16"};
+    r->req = (jit_request){"mha", files[c->wg], "stof_attn", r->vars, n,
+                           c->wg ? "wgmma.cuh" : NULL};
+    if (c->wg == MHA_WS) /* block kind only: no gathered rows or keys */
+        return;
+    const int g = c->kind == ATTN_GATHER;
+    r->vars[n++] = (render_var){"GATHER_Q", g ? "1" : "0"};
+    r->vars[n++] = (render_var){"BLOCK_Q", g ? "0" : "1"};
+    r->vars[n++] = (render_var){"GATHER_K", g ? "1" : "0"};
+    r->vars[n++] = (render_var){"BLOCK_K", g ? "0" : "1"};
+    if (!c->wg) {
+        r->vars[n++] = (render_var){"Q_IN_REGS", c->qs ? "0" : "1"};
+        r->vars[n++] = (render_var){"Q_IN_SMEM", c->qs ? "1" : "0"};
+    }
+    r->req.nvars = n;
+}
+
+int mha_smem_bytes(const mha_candidate *c, int head_dim)
+{
+    if (c->wg == MHA_WS) /* Q, K and V stages, each consumer's O; barriers; alignment slack */
+        return (2 * c->bm + 2 * c->st * c->bn) * head_dim * 2 + 8 * (2 + 4 * c->st) + 1024;
+    if (c->wg) /* unpadded swizzled tiles, 1 KiB of alignment slack */
+        return (c->bm + 2 * c->st * c->bn) * head_dim * 2 + 16 * c->st + 1024;
+    return (c->bm + 4 * c->bn) * (head_dim + 8) * 2 + 2 * c->bn * 4;
+}
+
+int mha_threads(const mha_candidate *c)
+{
+    /* wgmma: a warpgroup per 64 rows; warp-specialized: and a producer's. */
+    return c->wg == MHA_WS ? c->bm * 2 + 128 : c->wg ? c->bm * 2 : c->bm / c->mt * 2;
+}
+
+int mha_candidates(int head_dim, int smem_max, int wgmma, mha_candidate *out, int cap)
+{
+    static const int sizes[][4] = {{64, 64, 1, 0},  {128, 64, 1, 0}, {128, 64, 2, 0},
+                                   {64, 32, 1, 0},  {128, 32, 1, 0}, {128, 32, 2, 0},
+                                   {64, 128, 1, 0}, {128, 128, 1, 0}, {128, 64, 2, 1},
+                                   {128, 32, 2, 1}};
+    /* Warpgroup MMA: 64 rows per warpgroup, whole 128-byte row halves;
+     * rows, keys, stages. */
+    static const int wg_sizes[][3] = {{128, 128, 3}, {128, 64, 4}, {192, 64, 4}, {192, 128, 3},
+                                      {64, 128, 4},  {64, 64, 4},  {128, 128, 4}, {128, 64, 3},
+                                      {64, 64, 3},   {64, 64, 2}};
+    static const int ws_sizes[][3] = {{128, 128, 2}, {192, 128, 2}, {128, 64, 3},
+                                      {128, 192, 2}, {192, 64, 3},  {128, 128, 3}};
+    int n = 0;
+    for (int kind = 0; kind < 2; kind++) {
+        for (size_t i = 0; i < sizeof sizes / sizeof sizes[0] && n < cap; i++) {
+            mha_candidate c = {(attn_kind)kind, sizes[i][0], sizes[i][1], sizes[i][2], sizes[i][3], 0, 0};
+            /* S, O and Q's fragments live in registers: past head_dim 64,
+             * 128-key tiles spill, and two row tiles per warp fit only with
+             * Q left in shared memory. */
+            if (head_dim > 64 && (c.bn == 128 || (c.mt == 2 && !c.qs)))
+                continue;
+            if (mha_smem_bytes(&c, head_dim) > smem_max)
+                continue;
+            out[n++] = c;
+        }
+        const size_t nwg = wgmma && head_dim % 64 == 0 ? sizeof wg_sizes / sizeof wg_sizes[0] : 0;
+        for (size_t i = 0; i < nwg && n < cap; i++) {
+            mha_candidate c = {(attn_kind)kind, wg_sizes[i][0], wg_sizes[i][1], 1, 0, 1,
+                               wg_sizes[i][2]};
+            if (mha_smem_bytes(&c, head_dim) <= smem_max)
+                out[n++] = c;
+        }
+        /* Warp-specialized: S of 64 x bn and O of 64 x head_dim in each
+         * consumer's registers (232 each with two consumers, 160 with three). */
+        const size_t nws = wgmma && head_dim % 64 == 0 && kind == ATTN_BLOCK
+                               ? sizeof ws_sizes / sizeof ws_sizes[0] : 0;
+        for (size_t i = 0; i < nws && n < cap; i++) {
+            mha_candidate c = {ATTN_BLOCK, ws_sizes[i][0], ws_sizes[i][1], 1, 0, MHA_WS,
+                               ws_sizes[i][2]};
+            const int regs = c.bm == 128 ? 232 : 160;
+            const int live = c.bn / 2 + c.bn / 4 + head_dim / 2; /* S, P, O per thread */
+            if (live + 32 <= regs && mha_smem_bytes(&c, head_dim) <= smem_max)
+                out[n++] = c;
+        }
+    }
+    return n;
+}
+
+static const char *kind_name(attn_kind k) { return k == ATTN_GATHER ? "gather" : "block"; }
+static const char *engine_name(const mha_candidate *c)
+{
+    return c->wg == MHA_WS ? "wgmma-ws" : c->wg ? "wgmma" : "mma.sync";
+}
+
+/* ---- argument checks ---------------------------------------------------- */
+
+static stof_status check_desc(stof_ctx *ctx, const stof_mha_desc *d, const stof_mask *mask)
+{
+    if (!d)
+        return CTX_FAIL(ctx, STOF_ERR_INVALID_ARG, "argument 'desc' is NULL");
+    if (!mask)
+        return CTX_FAIL(ctx, STOF_ERR_INVALID_ARG, "argument 'mask' is NULL");
+    if (d->batch <= 0 || d->heads <= 0 || d->seq_q <= 0 || d->seq_k <= 0)
+        return CTX_FAIL(ctx, STOF_ERR_INVALID_ARG,
+                        "desc.batch, heads, seq_q and seq_k must be positive (got %d, %d, %d, %d)",
+                        d->batch, d->heads, d->seq_q, d->seq_k);
+    if ((long long)d->batch * d->heads > 65535)
+        return CTX_FAIL(ctx, STOF_ERR_UNSUPPORTED, "desc.batch * desc.heads is above 65535");
+    /* The grid's z counts query groups of 64 rows or more. */
+    if (d->seq_q > 65535 * 64)
+        return CTX_FAIL(ctx, STOF_ERR_UNSUPPORTED, "desc.seq_q %d is above %d", d->seq_q,
+                        65535 * 64);
+    if (d->head_dim != 32 && d->head_dim != 64 && d->head_dim != 80 && d->head_dim != 96 &&
+        d->head_dim != 128)
+        return CTX_FAIL(ctx, STOF_ERR_UNSUPPORTED,
+                        "desc.head_dim %d is not supported (32, 64, 80, 96, 128)", d->head_dim);
+    if (d->dtype != STOF_F16 && d->dtype != STOF_BF16)
+        return CTX_FAIL(ctx, STOF_ERR_UNSUPPORTED, "desc.dtype must be STOF_F16 or STOF_BF16");
+    if (d->layout != 0 && d->layout != STOF_LAYOUT_BHLD && d->layout != STOF_LAYOUT_BLHD)
+        return CTX_FAIL(ctx, STOF_ERR_INVALID_ARG, "desc.layout %d is not a stof_layout",
+                        (int)d->layout);
+    if (d->qkv_packed && (d->layout != STOF_LAYOUT_BLHD || d->seq_q != d->seq_k))
+        return CTX_FAIL(ctx, STOF_ERR_INVALID_ARG,
+                        "desc.qkv_packed needs layout STOF_LAYOUT_BLHD and seq_q == seq_k");
+    if (!(d->scale >= 0.f) || isinf(d->scale))
+        return CTX_FAIL(ctx, STOF_ERR_INVALID_ARG, "desc.scale must be finite and >= 0");
+    if (d->tune < STOF_TUNE_DEFAULT || d->tune > STOF_TUNE_FULL)
+        return CTX_FAIL(ctx, STOF_ERR_INVALID_ARG, "desc.tune %d is not a stof_tune", (int)d->tune);
+    if (d->max_candidates < 0 || !(d->max_seconds >= 0))
+        return CTX_FAIL(ctx, STOF_ERR_INVALID_ARG, "desc.max_candidates and max_seconds must be >= 0");
+    int lq, lk;
+    stof_mask_dims(mask, &lq, &lk);
+    if (lq != d->seq_q || lk != d->seq_k)
+        return CTX_FAIL(ctx, STOF_ERR_INVALID_ARG,
+                        "the mask is %d x %d but desc.seq_q x seq_k is %d x %d", lq, lk, d->seq_q,
+                        d->seq_k);
+    return STOF_OK;
+}
+
+static stof_tune tune_level(const stof_mha_desc *d)
+{
+    if (d->tune != STOF_TUNE_DEFAULT)
+        return d->tune;
+    const char *e = getenv("STOF_TUNE");
+    if (e && strcmp(e, "off") == 0)
+        return STOF_TUNE_OFF;
+    if (e && strcmp(e, "full") == 0)
+        return STOF_TUNE_FULL;
+    return STOF_TUNE_FAST;
+}
+
+static void shape_string(const stof_mha_desc *d, char *out, size_t n)
+{
+    snprintf(out, n, "b=%d,h=%d,lq=%d,lk=%d,d=%d,layout=%s%s", d->batch, d->heads, d->seq_q,
+             d->seq_k, d->head_dim, d->layout == STOF_LAYOUT_BLHD ? "blhd" : "bhld",
+             d->qkv_packed ? ",packed" : "");
+}
+
+/* ---- strides and launch ------------------------------------------------- */
+
+typedef struct mha_strides {
+    long long s[4][3];   /* q, k, v, out: batch, head, row strides in elements */
+    long long kv_offset; /* packed QKV: k = q + offset, v = q + 2 * offset */
+} mha_strides;
+
+static mha_strides strides_of(const stof_mha_desc *d)
+{
+    mha_strides s = {0};
+    long long H = d->heads, D = d->head_dim;
+    for (int i = 0; i < 4; i++) {
+        long long L = (i == 1 || i == 2) ? d->seq_k : d->seq_q;
+        if (d->qkv_packed && i < 3) {
+            s.s[i][0] = L * 3 * H * D, s.s[i][1] = D, s.s[i][2] = 3 * H * D;
+        } else if (d->layout == STOF_LAYOUT_BLHD) {
+            s.s[i][0] = L * H * D, s.s[i][1] = D, s.s[i][2] = H * D;
+        } else {
+            s.s[i][0] = H * L * D, s.s[i][1] = L * D, s.s[i][2] = D;
+        }
+    }
+    s.kv_offset = d->qkv_packed ? H * D : 0;
+    return s;
+}
+
+/* A TMA descriptor of one of q, k, v, out as the 4-D tensor (head_dim,
+ * rows, heads, batch) with the given element strides (row, head, batch),
+ * read or written in boxes of 64 x box_rows, 128-byte swizzled; rows past
+ * the end read as zeros and are not written. */
+static stof_status tensor_map(stof_ctx *ctx, CUtensorMap *map, CUdeviceptr p, const stof_mha_desc *d,
+                              int rows, const long long (*stride)[3], int box_rows)
+{
+    const cuuint64_t dims[4] = {(cuuint64_t)d->head_dim, (cuuint64_t)rows, (cuuint64_t)d->heads,
+                                (cuuint64_t)d->batch};
+    const cuuint64_t strides[3] = {(cuuint64_t)(*stride)[2] * 2, (cuuint64_t)(*stride)[1] * 2,
+                                   (cuuint64_t)(*stride)[0] * 2};
+    const cuuint32_t box[4] = {64, (cuuint32_t)box_rows, 1, 1}, elem_strides[4] = {1, 1, 1, 1};
+    return CU(ctx, TensorMapEncodeTiled(
+                       map, d->dtype == STOF_BF16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16
+                                                  : CU_TENSOR_MAP_DATA_TYPE_FLOAT16,
+                       4, (void *)p, dims, strides, box, elem_strides, CU_TENSOR_MAP_INTERLEAVE_NONE,
+                       CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+                       CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE));
+}
+
+/* The warp-specialized engine's launch: descriptors for this run's
+ * pointers, the persistent grid load_candidate dealt the work to. */
+static stof_status launch_ws(stof_ctx *ctx, const stof_mha_desc *d, const mha_launch *L,
+                             const mha_strides *s, CUdeviceptr q, CUdeviceptr k, CUdeviceptr v,
+                             CUdeviceptr out, CUdeviceptr seq_lens, float scale_log2,
+                             CUstream stream)
+{
+    CUtensorMap tq, tk, tv, to;
+    TRY(tensor_map(ctx, &tq, q, d, d->seq_q, &s->s[0], L->bm));
+    TRY(tensor_map(ctx, &tk, k, d, d->seq_k, &s->s[1], L->bn));
+    TRY(tensor_map(ctx, &tv, v, d, d->seq_k, &s->s[2], L->bn));
+    TRY(tensor_map(ctx, &to, out, d, d->seq_q, &s->s[3], 64));
+    int lq = d->seq_q, lk = d->seq_k;
+    CUdeviceptr items = L->tiles + L->items, first = items + 16 * (size_t)L->n_items,
+                tile_key = L->tiles + L->lay.tile_key, tile_bits = L->tiles + L->lay.tile_bits,
+                bits = L->tiles + L->lay.bits;
+    void *args[] = {&tq,    &tk,    &tv,       &to,        &lq,   &lk,        &seq_lens,
+                    &items, &first, &tile_key, &tile_bits, &bits, &scale_log2};
+    return CU(ctx, LaunchKernel(L->fn, (unsigned)L->ctas, 1, 1, (unsigned)L->threads, 1, 1,
+                                (unsigned)L->smem, stream, args, NULL));
+}
+
+/* Enqueues one run; the context must be current. */
+static stof_status launch(stof_ctx *ctx, const stof_mha_desc *d, const mha_launch *L,
+                          CUdeviceptr q, CUdeviceptr k, CUdeviceptr v, CUdeviceptr out,
+                          CUdeviceptr seq_lens, CUstream stream)
+{
+    mha_strides s = strides_of(d);
+    if (d->qkv_packed) {
+        k = q + (CUdeviceptr)(s.kv_offset * 2);
+        v = q + (CUdeviceptr)(s.kv_offset * 4);
+    }
+    int lq = d->seq_q, lk = d->seq_k;
+    float scale = d->scale > 0.f ? d->scale : 1.f / sqrtf((float)d->head_dim);
+    float scale_log2 = scale * 1.4426950408889634f;
+    if (L->n_groups == 0)
+        return STOF_OK;
+    if (L->wg == MHA_WS)
+        return launch_ws(ctx, d, L, &s, q, k, v, out, seq_lens, scale_log2, stream);
+    CUdeviceptr work = L->tiles + L->lay.work, qidx = L->tiles + L->lay.qidx,
+                tile_key = L->tiles + L->lay.tile_key,
+                tile_bits = L->tiles + L->lay.tile_bits, kidx = L->tiles + L->lay.kidx,
+                bits = L->tiles + L->lay.bits;
+    void *args[] = {&q, &k, &v, &out,
+                    &s.s[0][0], &s.s[0][1], &s.s[0][2], &s.s[1][0], &s.s[1][1], &s.s[1][2],
+                    &s.s[2][0], &s.s[2][1], &s.s[2][2], &s.s[3][0], &s.s[3][1], &s.s[3][2],
+                    &lq, &lk, &seq_lens, &work, &qidx, &tile_key,
+                    &tile_bits, &kidx, &bits, &scale_log2};
+    /* Grid (heads, batch, groups by rank): see stof_work_item. */
+    return CU(ctx, LaunchKernel(L->fn, (unsigned)d->heads, (unsigned)d->batch,
+                                (unsigned)L->n_groups, (unsigned)L->threads, 1, 1,
+                                (unsigned)L->smem, stream, args, NULL));
+}
+
+/* Compiles (or finds) a candidate's kernel and uploads its tiles. */
+static stof_status load_candidate(stof_ctx *ctx, const stof_mha_desc *d, const mha_candidate *c,
+                                  const attn_tiles *t, mha_launch *L)
+{
+    memset(L, 0, sizeof *L);
+    mha_request r;
+    mha_make_request(c, d->head_dim, d->dtype, &r);
+    TRY(jit_get(ctx, &r.req, &L->fn, NULL, L->key));
+    L->wg = c->wg;
+    L->bm = c->bm;
+    L->bn = c->bn;
+    L->threads = mha_threads(c);
+    L->smem = mha_smem_bytes(c, d->head_dim);
+    L->n_groups = t->n_groups;
+    L->lay = attn_tiles_layout_of(t);
+    long long n_items = c->wg == MHA_WS ? (long long)t->n_groups * d->batch * d->heads : 0;
+    if (n_items > INT_MAX / 4)
+        return CTX_FAIL(ctx, STOF_ERR_UNSUPPORTED, "%lld work items are more than the kernel counts",
+                        n_items);
+    L->items = L->lay.total;
+    L->n_items = (int)n_items;
+    /* Persistent: one CTA per SM at most, as many as there are items. */
+    L->ctas = n_items < ctx->dev.sm_count ? (int)n_items : ctx->dev.sm_count;
+    const size_t total = L->items + 16 * (size_t)n_items + 4 * (size_t)(L->ctas + 1);
+    void *host = malloc(total);
+    if (!host)
+        return CTX_FAIL(ctx, STOF_ERR_NO_MEMORY, "out of memory packing attention tiles");
+    attn_tiles_pack(t, &L->lay, host);
+    /* Runs of heads whose K and V fill half the L2 (dense attention at L
+     * 4096 read 452 MB from DRAM for 50 MB of K and V when the heaviest
+     * groups went first across all heads). */
+    const double kv = 4.0 * d->seq_k * d->head_dim;
+    const int run = (int)fmin((ctx->dev.l2_bytes > 0 ? ctx->dev.l2_bytes : 50 << 20) / 2 / kv,
+                              (double)d->batch * d->heads);
+    int32_t *items = (int32_t *)((char *)host + L->items);
+    if (n_items && !attn_tiles_schedule(t, d->batch, d->heads, run, L->ctas, items,
+                                        items + 4 * (size_t)n_items)) {
+        free(host);
+        return CTX_FAIL(ctx, STOF_ERR_NO_MEMORY, "out of memory scheduling attention work");
+    }
+    stof_status st = jit_push(ctx);
+    if (st == STOF_OK) {
+        st = CU(ctx, FuncSetAttribute(L->fn, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, L->smem));
+        if (st == STOF_OK)
+            st = CU(ctx, MemAlloc(&L->tiles, total));
+        if (st == STOF_OK && (st = CU(ctx, MemcpyHtoD(L->tiles, host, total))) != STOF_OK) {
+            ctx->dev.api.MemFree(L->tiles);
+            L->tiles = 0;
+        }
+        jit_pop(ctx);
+    }
+    free(host);
+    return st;
+}
+
+static void unload_candidate(stof_ctx *ctx, mha_launch *L)
+{
+    if (L->tiles && jit_push(ctx) == STOF_OK) {
+        ctx->dev.api.MemFree(L->tiles);
+        jit_pop(ctx);
+    }
+    L->tiles = 0;
+}
+
+/* ---- the search --------------------------------------------------------- */
+
+typedef struct cand_state {
+    mha_candidate c;         /* these first fields are an mha_tried */
+    double predicted_ms, ms;
+    const char *verdict;
+    attn_tiles tiles;
+    int built;
+} cand_state;
+
+/* Random inputs for timing, rotated over sets so the L2 does not flatter. */
+typedef struct search_io {
+    int nsets;
+    size_t q_elems, kv_elems, o_elems;
+    CUdeviceptr q[4], k[4], v[4], out;
+    uint16_t *hq, *hk, *hv;  /* set 0 on the host, for the CPU check */
+} search_io;
+
+static uint64_t rng_next(uint64_t *s)
+{
+    *s += 0x9e3779b97f4a7c15ull;
+    uint64_t z = *s;
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+}
+
+void mha_fill_random(uint16_t *p, size_t n, stof_dtype t, uint64_t seed)
+{
+    for (size_t i = 0; i < n; i++) {
+        float x = (float)((rng_next(&seed) >> 40) * 0x1.0p-24 * 2.0 - 1.0);
+        p[i] = t == STOF_BF16 ? bf16_from_float(x) : half_from_float(x);
+    }
+}
+
+static void io_free(stof_ctx *ctx, search_io *io)
+{
+    if (jit_push(ctx) == STOF_OK) {
+        for (int i = 0; i < 4; i++) {
+            if (io->q[i]) ctx->dev.api.MemFree(io->q[i]);
+            if (io->k[i]) ctx->dev.api.MemFree(io->k[i]);
+            if (io->v[i]) ctx->dev.api.MemFree(io->v[i]);
+        }
+        if (io->out)
+            ctx->dev.api.MemFree(io->out);
+        jit_pop(ctx);
+    }
+    free(io->hq);
+    free(io->hk);
+    free(io->hv);
+    memset(io, 0, sizeof *io);
+}
+
+static stof_status io_alloc(stof_ctx *ctx, const stof_mha_desc *d, search_io *io)
+{
+    memset(io, 0, sizeof *io);
+    size_t bh = (size_t)d->batch * d->heads, D = (size_t)d->head_dim;
+    io->q_elems = bh * (size_t)d->seq_q * D * (d->qkv_packed ? 3 : 1);
+    io->kv_elems = d->qkv_packed ? 0 : bh * (size_t)d->seq_k * D;
+    io->o_elems = bh * (size_t)d->seq_q * D;
+    size_t set_bytes = 2 * (io->q_elems + 2 * io->kv_elems);
+    size_t l2 = ctx->dev.l2_bytes > 0 ? (size_t)ctx->dev.l2_bytes : 50u << 20;
+    io->nsets = (int)((2 * l2 + set_bytes - 1) / set_bytes);
+    io->nsets = io->nsets < 1 ? 1 : io->nsets > 4 ? 4 : io->nsets;
+    io->hq = malloc(2 * io->q_elems);
+    io->hk = malloc(2 * (io->kv_elems ? io->kv_elems : 1));
+    io->hv = malloc(2 * (io->kv_elems ? io->kv_elems : 1));
+    if (!io->hq || !io->hk || !io->hv) {
+        io_free(ctx, io);
+        return CTX_FAIL(ctx, STOF_ERR_NO_MEMORY, "out of memory for the search's inputs");
+    }
+    stof_status st = jit_push(ctx);
+    for (int s = 0; st == STOF_OK && s < io->nsets; s++) {
+        mha_fill_random(io->hq, io->q_elems, d->dtype, 1000 + s);
+        mha_fill_random(io->hk, io->kv_elems, d->dtype, 2000 + s);
+        mha_fill_random(io->hv, io->kv_elems, d->dtype, 3000 + s);
+        st = CU(ctx, MemAlloc(&io->q[s], 2 * io->q_elems));
+        if (st == STOF_OK)
+            st = CU(ctx, MemcpyHtoD(io->q[s], io->hq, 2 * io->q_elems));
+        if (st == STOF_OK && io->kv_elems) {
+            st = CU(ctx, MemAlloc(&io->k[s], 2 * io->kv_elems));
+            if (st == STOF_OK)
+                st = CU(ctx, MemcpyHtoD(io->k[s], io->hk, 2 * io->kv_elems));
+            if (st == STOF_OK)
+                st = CU(ctx, MemAlloc(&io->v[s], 2 * io->kv_elems));
+            if (st == STOF_OK)
+                st = CU(ctx, MemcpyHtoD(io->v[s], io->hv, 2 * io->kv_elems));
+        }
+    }
+    if (st == STOF_OK)
+        st = CU(ctx, MemAlloc(&io->out, 2 * io->o_elems));
+    if (st == STOF_OK) {
+        jit_pop(ctx);
+        /* Keep set 0 on the host for the CPU check. */
+        mha_fill_random(io->hq, io->q_elems, d->dtype, 1000);
+        mha_fill_random(io->hk, io->kv_elems, d->dtype, 2000);
+        mha_fill_random(io->hv, io->kv_elems, d->dtype, 3000);
+        return STOF_OK;
+    }
+    jit_pop(ctx);
+    io_free(ctx, io);
+    return st;
+}
+
+static int cmp_double(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
+}
+
+typedef struct timed_launch {
+    const stof_mha_desc *d;
+    const mha_launch *L;
+    const search_io *io;
+} timed_launch;
+
+static stof_status run_timed(stof_ctx *ctx, void *arg, int i)
+{
+    const timed_launch *t = arg;
+    const int s = i % t->io->nsets;
+    return launch(ctx, t->d, t->L, t->io->q[s], t->io->k[s], t->io->v[s], t->io->out, 0, NULL);
+}
+
+/* Median milliseconds of one run; the output left in io->out is input set 0's. */
+static stof_status time_candidate(stof_ctx *ctx, const stof_mha_desc *d, const mha_launch *L,
+                                  const search_io *io, double *ms)
+{
+    timed_launch t = {d, L, io};
+    return timing_median(ctx, run_timed, &t, ms);
+}
+
+/* Output of the last launch, on the host. */
+static stof_status fetch_out(stof_ctx *ctx, const search_io *io, uint16_t **out)
+{
+    *out = malloc(2 * io->o_elems);
+    if (!*out)
+        return CTX_FAIL(ctx, STOF_ERR_NO_MEMORY, "out of memory");
+    stof_status st = jit_push(ctx);
+    if (st == STOF_OK) {
+        st = CU(ctx, MemcpyDtoH(*out, io->out, 2 * io->o_elems));
+        jit_pop(ctx);
+    }
+    if (st != STOF_OK) {
+        free(*out);
+        *out = NULL;
+    }
+    return st;
+}
+
+static double rel_l2(const uint16_t *a, const uint16_t *b, size_t n, stof_dtype t)
+{
+    double num = 0, den = 0;
+    for (size_t i = 0; i < n; i++) {
+        double x = dtype_load(t, a, i), y = dtype_load(t, b, i);
+        if (isnan(x) || isnan(y))
+            return INFINITY;
+        num += (x - y) * (x - y);
+        den += y * y;
+    }
+    return den > 0 ? sqrt(num / den) : sqrt(num);
+}
+
+/* Checks head (0, 0) of a GPU output against the CPU reference; skipped
+ * (*checked = 0) when the reference would take more than a few seconds. */
+static stof_status cpu_check(stof_ctx *ctx, const stof_mha_desc *d, const stof_mask *mask,
+                             const search_io *io, const uint16_t *gpu, int *checked, double *err)
+{
+    *checked = 0;
+    stof_mask_info info;
+    TRY(stof_mask_stats(ctx, mask, 64, 64, &info));
+    if ((double)info.entries * d->head_dim > 2e9)
+        return STOF_OK;
+    mha_strides s = strides_of(d);
+    size_t D = (size_t)d->head_dim, lq = (size_t)d->seq_q, lk = (size_t)d->seq_k;
+    uint16_t *q = malloc(2 * lq * D), *k = malloc(2 * lk * D), *v = malloc(2 * lk * D);
+    double *ref = malloc(sizeof(double) * lq * D);
+    stof_status st = STOF_OK;
+    if (!q || !k || !v || !ref) {
+        st = CTX_FAIL(ctx, STOF_ERR_NO_MEMORY, "out of memory for the CPU check");
+        goto done;
+    }
+    const uint16_t *hk = d->qkv_packed ? io->hq + s.kv_offset : io->hk;
+    const uint16_t *hv = d->qkv_packed ? io->hq + 2 * s.kv_offset : io->hv;
+    for (size_t r = 0; r < lq; r++)
+        memcpy(q + r * D, io->hq + r * s.s[0][2], 2 * D);
+    for (size_t r = 0; r < lk; r++) {
+        memcpy(k + r * D, hk + r * s.s[1][2], 2 * D);
+        memcpy(v + r * D, hv + r * s.s[2][2], 2 * D);
+    }
+    ref_attn_args a = {1, 1, d->seq_q, d->seq_k, d->head_dim, d->dtype, STOF_LAYOUT_BHLD,
+                       d->scale, q, k, v, mask, NULL};
+    if ((st = ref_attention(ctx, &a, ref)) != STOF_OK)
+        goto done;
+    double num = 0, den = 0;
+    for (size_t r = 0; r < lq; r++)
+        for (size_t c = 0; c < D; c++) {
+            double g = dtype_load(d->dtype, gpu, r * s.s[3][2] + c), x = ref[r * D + c];
+            num += (g - x) * (g - x);
+            den += x * x;
+        }
+    *err = isnan(num) ? INFINITY : den > 0 ? sqrt(num / den) : sqrt(num);
+    *checked = 1;
+done:
+    free(q);
+    free(k);
+    free(v);
+    free(ref);
+    return st;
+}
+
+static double now_s(void)
+{
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return t.tv_sec + t.tv_nsec * 1e-9;
+}
+
+/* ---- the model's device figures ----------------------------------------- */
+
+/* What an engine's tiles achieve on dense attention (fp16, b=4, h=16,
+ * l=2048, d=64), timed as the search times candidates, in TFLOP/s. */
+static stof_status measure_engine(stof_ctx *ctx, int wg, double *tflops)
+{
+    const int B = 4, H = 16, L = 2048, D = 64;
+    stof_mha_desc d = {.batch = B, .heads = H, .seq_q = L, .seq_k = L, .head_dim = D,
+                       .dtype = STOF_F16, .layout = STOF_LAYOUT_BHLD};
+    const mha_candidate engines[3] = {{ATTN_BLOCK, 64, 64, 1, 0, 0, 0},
+                                      {ATTN_BLOCK, 128, 64, 1, 0, 1, 4},
+                                      {ATTN_BLOCK, 128, 128, 1, 0, MHA_WS, 2}};
+    const mha_candidate c = engines[wg];
+    stof_mask *m = NULL;
+    TRY(stof_mask_parse(ctx, "dense", L, L, &m));
+    attn_tiles t;
+    stof_status st = attn_tiles_build(ctx, m, c.kind, c.bm, c.bn, &t);
+    stof_mask_free(m);
+    if (st != STOF_OK)
+        return st;
+    search_io io;
+    mha_launch lc;
+    double ms = 0;
+    if ((st = io_alloc(ctx, &d, &io)) == STOF_OK) {
+        if ((st = load_candidate(ctx, &d, &c, &t, &lc)) == STOF_OK) {
+            st = time_candidate(ctx, &d, &lc, &io, &ms);
+            unload_candidate(ctx, &lc);
+        }
+        io_free(ctx, &io);
+    }
+    attn_tiles_free(&t);
+    if (st == STOF_OK && !(ms > 0))
+        st = CTX_FAIL(ctx, STOF_ERR_INTERNAL, "timing the %s engine gave %g ms",
+                      engine_name(&c), ms);
+    if (st == STOF_OK)
+        *tflops = 4.0 * B * H * (double)L * L * D / (ms * 1e-3) / 1e12;
+    return st;
+}
+
+/* Device memory bandwidth, read + write, of a 256 MiB device-to-device copy
+ * (median of 5 after a warm-up), in GB/s. */
+static stof_status measure_bandwidth(stof_ctx *ctx, double *gbs)
+{
+    const size_t bytes = (size_t)256 << 20;
+    CUdeviceptr a = 0, b = 0;
+    CUevent e0 = NULL, e1 = NULL;
+    double t[5];
+    TRY(jit_push(ctx));
+    stof_status st = CU(ctx, MemAlloc(&a, bytes));
+    if (st == STOF_OK)
+        st = CU(ctx, MemAlloc(&b, bytes));
+    if (st == STOF_OK)
+        st = CU(ctx, EventCreate(&e0, CU_EVENT_DEFAULT));
+    if (st == STOF_OK)
+        st = CU(ctx, EventCreate(&e1, CU_EVENT_DEFAULT));
+    for (int rep = -1; st == STOF_OK && rep < 5; rep++) {
+        float ms = 0;
+        st = CU(ctx, EventRecord(e0, NULL));
+        if (st == STOF_OK)
+            st = CU(ctx, MemcpyDtoDAsync(b, a, bytes, NULL));
+        if (st == STOF_OK)
+            st = timing_elapsed(ctx, e0, e1, &ms);
+        if (rep >= 0)
+            t[rep] = ms;
+    }
+    if (e0) ctx->dev.api.EventDestroy(e0);
+    if (e1) ctx->dev.api.EventDestroy(e1);
+    if (a) ctx->dev.api.MemFree(a);
+    if (b) ctx->dev.api.MemFree(b);
+    jit_pop(ctx);
+    if (st != STOF_OK)
+        return st;
+    qsort(t, 5, sizeof t[0], cmp_double);
+    if (!(t[2] > 0))
+        return CTX_FAIL(ctx, STOF_ERR_INTERNAL, "timing a device copy gave %g ms", t[2]);
+    *gbs = 2.0 * (double)bytes / (t[2] * 1e-3) / 1e9;
+    return STOF_OK;
+}
+
+/* The figures, measured only where `measure` allows (compile-only work
+ * takes the arch's defaults rather than time anything). */
+static stof_status device_figures(stof_ctx *ctx, model_device *md, int measure)
+{
+    *md = model_device_of(&ctx->dev, ctx->arch);
+    if (!ctx->dev.ok)
+        return STOF_OK;  /* compiling for a named arch: its defaults */
+    if (ctx->model_known) {
+        *md = ctx->model;
+        return STOF_OK;
+    }
+    /* Once per device and arch, in the cache next to the tuning records. */
+    if (ctx->cache) {
+        cache_tuning rec;
+        int found = 0;
+        TRY(cache_get_tuning(ctx, ctx->cache, "device", "-", ctx->dev.name, "-", ctx->arch, &rec,
+                             &found));
+        model_device got;
+        int ok = found && model_device_parse(rec.record, &got) && got.measured;
+        if (found)
+            cache_tuning_free(&rec);
+        if (ok) {
+            ctx->model = *md = got;
+            ctx->model_known = 1;
+            return STOF_OK;
+        }
+    }
+    if (!measure)
+        return STOF_OK;
+    int khz = 0;
+    TRY(CU(ctx, DeviceGetAttribute(&khz, CU_DEVICE_ATTRIBUTE_CLOCK_RATE, ctx->dev.dev)));
+    md->clock_mhz = khz / 1000;
+    TRY(measure_engine(ctx, 0, &md->mma_tflops));
+    if (strcmp(ctx->arch, "sm_90a") == 0)
+        TRY(measure_engine(ctx, 1, &md->wgmma_tflops));
+    if (strcmp(ctx->arch, "sm_90a") == 0)
+        TRY(measure_engine(ctx, MHA_WS, &md->ws_tflops));
+    TRY(measure_bandwidth(ctx, &md->mem_gbs));
+    md->measured = 1;
+    ctx->model = *md;
+    ctx->model_known = 1;
+    char *record = model_device_format(md, ctx->dev.name);
+    if (!record)
+        return CTX_FAIL(ctx, STOF_ERR_NO_MEMORY, "out of memory");
+    if (ctx->cache) {
+        /* A record that fails to store costs a later measurement, no more. */
+        char saved[sizeof ctx->err];
+        snprintf(saved, sizeof saved, "%s", ctx->err);
+        cache_tuning t = {"device", "-", ctx->dev.name, "-", ctx->arch, record, 0};
+        if (cache_put_tuning(ctx, ctx->cache, &t) == STOF_OK)
+            snprintf(ctx->err, sizeof ctx->err, "%s", saved);
+    }
+    free(record);
+    return STOF_OK;
+}
+
+stof_status mha_device_figures(stof_ctx *ctx, model_device *md)
+{
+    return device_figures(ctx, md, 1);
+}
+
+static int by_prediction(const void *a, const void *b)
+{
+    const cand_state *x = a, *y = b;
+    return x->predicted_ms < y->predicted_ms ? -1 : x->predicted_ms > y->predicted_ms;
+}
+
+/* Builds every candidate's tiles and ranks them by the model. Gathered
+ * tiles are skipped where block tiles already waste little. */
+static stof_status rank_candidates(stof_ctx *ctx, const stof_mha_desc *d, const stof_mask *mask,
+                                   int measure, cand_state *cs, int *n)
+{
+    mha_candidate c[MHA_MAX_CANDIDATES];
+    int smem_max = ctx->dev.ok ? ctx->dev.smem_optin : 227 * 1024;
+    int nc = mha_candidates(d->head_dim, smem_max, strcmp(ctx->arch, "sm_90a") == 0, c,
+                            MHA_MAX_CANDIDATES);
+    stof_mask_info info;
+    TRY(stof_mask_stats(ctx, mask, 64, 64, &info));
+    int want_gather = info.block_efficiency < 0.75;
+    model_device md;
+    TRY(device_figures(ctx, &md, measure));
+    *n = 0;
+    for (int i = 0; i < nc; i++) {
+        if (c[i].kind == ATTN_GATHER && !want_gather)
+            continue;
+        cand_state *s = &cs[(*n)++];
+        memset(s, 0, sizeof *s);
+        s->c = c[i];
+        stof_status st = attn_tiles_build(ctx, mask, c[i].kind, c[i].bm, c[i].bn, &s->tiles);
+        if (st != STOF_OK) {
+            for (int j = 0; j < *n - 1; j++)
+                attn_tiles_free(&cs[j].tiles);
+            *n = 0;
+            return st;
+        }
+        s->built = 1;
+        s->predicted_ms =
+            model_attn_ms(&md, &s->tiles, d->batch * d->heads, d->head_dim, s->c.mt, s->c.wg);
+    }
+    qsort(cs, (size_t)*n, sizeof *cs, by_prediction);
+    return STOF_OK;
+}
+
+static void free_candidates(cand_state *cs, int n)
+{
+    for (int i = 0; i < n; i++)
+        attn_tiles_free(&cs[i].tiles);
+}
+
+/* Stage 1's sizes for each kind: mma.sync's 64x64, wgmma's 64x64 (small
+ * tiles waste least on windows) and 128x64 (dense rows), four stages, and
+ * the warp-specialized engine's 128x128 and 192x128, two stages (long rows). */
+static int is_default_size(const mha_candidate *c)
+{
+    if (c->wg == MHA_WS)
+        return (c->bm == 128 || c->bm == 192) && c->bn == 128 && c->st == 2;
+    if (c->wg)
+        return (c->bm == 64 || c->bm == 128) && c->bn == 64 && c->st == 4;
+    return c->bm == 64 && c->bn == 64 && c->mt == 1 && !c->qs;
+}
+
+/* Times candidate i, checks its output, records the verdict. */
+static stof_status try_candidate(stof_ctx *ctx, const stof_mha_desc *d, const stof_mask *mask,
+                                 cand_state *s, const search_io *io, uint16_t **first_out)
+{
+    mha_launch L;
+    stof_status st = load_candidate(ctx, d, &s->c, &s->tiles, &L);
+    if (st == STOF_OK)
+        st = time_candidate(ctx, d, &L, io, &s->ms);
+    uint16_t *out = NULL;
+    if (st == STOF_OK)
+        st = fetch_out(ctx, io, &out);
+    unload_candidate(ctx, &L);
+    if (st != STOF_OK) {
+        s->verdict = "failed";
+        return st;
+    }
+    if (!*first_out) {
+        int checked = 0;
+        double err = 0;
+        st = cpu_check(ctx, d, mask, io, out, &checked, &err);
+        double tol = d->dtype == STOF_BF16 ? 1.5e-2 : 5e-3;
+        if (st == STOF_OK && checked && !(err <= tol)) {
+            s->verdict = "mismatch";
+            free(out);
+            return CTX_FAIL(ctx, STOF_ERR_INTERNAL,
+                            "attention kernel %s %dx%d (%s, m_tiles %d, q in %s) disagrees "
+                            "with the CPU reference (relative L2 error %.3g)",
+                            kind_name(s->c.kind), s->c.bm, s->c.bn, engine_name(&s->c), s->c.mt,
+                            s->c.qs ? "smem" : "regs", err);
+        }
+        s->verdict = "ok";
+        *first_out = out;
+        return st;
+    }
+    double tol = d->dtype == STOF_BF16 ? 2e-2 : 1e-2;
+    s->verdict = rel_l2(out, *first_out, io->o_elems, d->dtype) <= tol ? "ok" : "mismatch";
+    free(out);
+    return STOF_OK;
+}
+
+/* Stage 1: every kind's default sizes. Stage 2: the winner kind's other
+ * sizes, on either engine, best-ranked first (all of them when tuning full). */
+static stof_status search(stof_ctx *ctx, const stof_mha_desc *d, const stof_mask *mask,
+                          cand_state *cs, int n, stof_tune level, int *winner)
+{
+    search_io io;
+    TRY(io_alloc(ctx, d, &io));
+    uint16_t *first = NULL;
+    double t0 = now_s();
+    int budget = d->max_candidates > 0 ? d->max_candidates : 1 << 30, timed = 0;
+    int stage2_cap = level == STOF_TUNE_FULL ? 1 << 30 : 3;
+    stof_status st = STOF_OK;
+    *winner = -1;
+    for (int stage = 1; stage <= 2 && st == STOF_OK; stage++) {
+        int extra = 0;
+        for (int i = 0; i < n && st == STOF_OK; i++) {
+            cand_state *s = &cs[i];
+            if (s->verdict || timed >= budget)
+                continue;
+            if (d->max_seconds > 0 && now_s() - t0 > d->max_seconds && *winner >= 0)
+                break;
+            if (stage == 1) {
+                if (!is_default_size(&s->c))
+                    continue;
+            } else {
+                if (*winner < 0 || s->c.kind != cs[*winner].c.kind || extra >= stage2_cap)
+                    continue;
+                extra++;
+            }
+            st = try_candidate(ctx, d, mask, s, &io, &first);
+            timed++;
+            if (st == STOF_OK && strcmp(s->verdict, "ok") == 0 &&
+                (*winner < 0 || s->ms < cs[*winner].ms))
+                *winner = i;
+        }
+        /* Stage 1 found no default-sized candidate (the device's shared
+         * memory ruled them out): take the best-ranked one. */
+        if (stage == 1 && *winner < 0 && st == STOF_OK && n > 0 && timed < budget) {
+            st = try_candidate(ctx, d, mask, &cs[0], &io, &first);
+            timed++;
+            if (st == STOF_OK && strcmp(cs[0].verdict, "ok") == 0)
+                *winner = 0;
+        }
+    }
+    free(first);
+    io_free(ctx, &io);
+    if (st == STOF_OK && *winner < 0)
+        st = CTX_FAIL(ctx, STOF_ERR_INTERNAL, "no attention candidate passed its checks");
+    return st;
+}
+
+char *mha_record_format(const mha_tried *cs, int n, int winner, const char *kernel, const char *why)
+{
+    strbuf b = {0};
+    const mha_tried *w = &cs[winner];
+    strbuf_printf(&b,
+                  "{\"winner\":{\"kind\":\"%s\",\"bm\":%d,\"bn\":%d,\"mt\":%d,\"qs\":%d,\"wg\":%d,"
+                  "\"st\":%d,\"ms\":%.6f,\"predicted_ms\":%.6f,\"kernel\":\"%s\"},"
+                  "\"model_error\":%.4f,\"how\":\"%s\",\"tried\":[",
+                  kind_name(w->c.kind), w->c.bm, w->c.bn, w->c.mt, w->c.qs, w->c.wg, w->c.st, w->ms,
+                  w->predicted_ms, kernel,
+                  w->ms > 0 ? w->predicted_ms / w->ms - 1 : 0.0, why);
+    int first = 1;
+    for (int i = 0; i < n; i++) {
+        const mha_tried *s = &cs[i];
+        strbuf_printf(&b, "%s{\"kind\":\"%s\",\"bm\":%d,\"bn\":%d,\"mt\":%d,\"qs\":%d,\"wg\":%d,"
+                      "\"st\":%d,\"predicted_ms\":%.6f",
+                      first ? "" : ",", kind_name(s->c.kind), s->c.bm, s->c.bn, s->c.mt, s->c.qs,
+                      s->c.wg, s->c.st, s->predicted_ms);
+        if (s->verdict)
+            strbuf_printf(&b, ",\"ms\":%.6f,\"verdict\":\"%s\"", s->ms, s->verdict);
+        strbuf_puts(&b, "}");
+        first = 0;
+    }
+    strbuf_puts(&b, "]}");
+    return strbuf_take(&b);
+}
+
+/* The winner stored in a tuning record. */
+int mha_record_parse(const char *rec, mha_candidate *c, double *ms, double *pred)
+{
+    const char *w = rec ? strstr(rec, "\"winner\":{") : NULL;
+    char kind[16];
+    if (!w || sscanf(w, "\"winner\":{\"kind\":\"%15[a-z]\",\"bm\":%d,\"bn\":%d,\"mt\":%d,\"qs\":%d,"
+                        "\"wg\":%d,\"st\":%d,\"ms\":%lf,\"predicted_ms\":%lf",
+                     kind, &c->bm, &c->bn, &c->mt, &c->qs, &c->wg, &c->st, ms, pred) != 9)
+        return 0;
+    if (strcmp(kind, "block") != 0 && strcmp(kind, "gather") != 0)
+        return 0;
+    c->kind = strcmp(kind, "gather") == 0 ? ATTN_GATHER : ATTN_BLOCK;
+    if (c->wg == MHA_WS)
+        return c->kind == ATTN_BLOCK && (c->bm == 128 || c->bm == 192) &&
+               (c->bn == 64 || c->bn == 128 || c->bn == 192) && c->mt == 1 && c->qs == 0 &&
+               c->st >= 2 && c->st <= 4;
+    if (c->wg == 1)
+        return c->bm >= 64 && c->bm <= 192 && c->bm % 64 == 0 && (c->bn == 64 || c->bn == 128) &&
+               c->mt == 1 && c->qs == 0 && c->st >= 2 && c->st <= 4;
+    return c->wg == 0 && c->st == 0 && c->bm >= 16 && c->bm <= 128 && c->bn >= 16 && c->bn <= 128 &&
+           (c->mt == 1 || c->mt == 2) && c->bm % (16 * c->mt) == 0 && (c->qs == 0 || c->qs == 1);
+}
+
+/* ---- public calls ------------------------------------------------------- */
+
+static stof_status finish_plan(stof_ctx *ctx, stof_mha_plan *p, const stof_mask *mask,
+                               const attn_tiles *tiles)
+{
+    attn_tiles own;
+    if (!tiles) {
+        TRY(attn_tiles_build(ctx, mask, p->c.kind, p->c.bm, p->c.bn, &own));
+        tiles = &own;
+    }
+    mha_launch L;
+    stof_status st = load_candidate(ctx, &p->d, &p->c, tiles, &L);
+    if (tiles == &own)
+        attn_tiles_free(&own);
+    if (st == STOF_OK) {
+        p->L = L;
+        if ((st = jit_push(ctx)) == STOF_OK) {
+            st = CU(ctx, FuncGetAttribute(&p->regs, CU_FUNC_ATTRIBUTE_NUM_REGS, L.fn));
+            if (st == STOF_OK)
+                st = CU(ctx, FuncGetAttribute(&p->spill, CU_FUNC_ATTRIBUTE_LOCAL_SIZE_BYTES, L.fn));
+            jit_pop(ctx);
+        }
+    }
+    return st;
+}
+
+/* A new plan for desc, after the checks every plan needs. */
+static stof_status plan_new(stof_ctx *ctx, const stof_mha_desc *desc, const stof_mask *mask,
+                            stof_mha_plan **out)
+{
+    TRY(check_desc(ctx, desc, mask));
+    TRY(ctx_need_device(ctx));
+    stof_mha_plan *p = calloc(1, sizeof *p);
+    if (!p)
+        return CTX_FAIL(ctx, STOF_ERR_NO_MEMORY, "out of memory");
+    p->ctx = ctx;
+    p->d = *desc;
+    if (!p->d.layout)
+        p->d.layout = STOF_LAYOUT_BHLD;
+    stof_status st = stof_mask_hash(mask, p->mask_hash);
+    if (st != STOF_OK) {
+        free(p);
+        return st;
+    }
+    *out = p;
+    return STOF_OK;
+}
+
+stof_status stof_mha_plan_create(stof_ctx *ctx, const stof_mha_desc *desc, const stof_mask *mask,
+                                 stof_mha_plan **plan)
+{
+    if (!ctx)
+        return STOF_ERR_INVALID_ARG;
+    CTX_ARG(ctx, plan, "plan");
+    *plan = NULL;
+    stof_mha_plan *p;
+    TRY(plan_new(ctx, desc, mask, &p));
+    stof_status st = STOF_OK;
+    char shape[160];
+    shape_string(&p->d, shape, sizeof shape);
+    const char *dt = dtype_name(p->d.dtype);
+    stof_tune level = tune_level(&p->d);
+
+    /* A tuning record for this case: no model, no timing. */
+    if (st == STOF_OK && ctx->cache) {
+        cache_tuning rec;
+        int found = 0;
+        if (cache_get_tuning(ctx, ctx->cache, "mha", p->mask_hash, shape, dt, ctx->arch, &rec,
+                             &found) == STOF_OK && found) {
+            if (mha_record_parse(rec.record, &p->c, &p->measured_ms, &p->predicted_ms) &&
+                finish_plan(ctx, p, mask, NULL) == STOF_OK) {
+                p->origin = "cache";
+                cache_tuning_free(&rec);
+                *plan = p;
+                return STOF_OK;
+            }
+            cache_tuning_free(&rec);
+        }
+    }
+    cand_state cs[MHA_MAX_CANDIDATES];
+    int n = 0, winner = 0;
+    if (st == STOF_OK)
+        st = rank_candidates(ctx, &p->d, mask, 1, cs, &n);
+    if (st == STOF_OK && n == 0)
+        st = CTX_FAIL(ctx, STOF_ERR_UNSUPPORTED, "no attention kernel fits this device for head_dim %d",
+                      p->d.head_dim);
+    if (st == STOF_OK && level == STOF_TUNE_OFF) {
+        p->origin = "model";
+    } else if (st == STOF_OK) {
+        st = search(ctx, &p->d, mask, cs, n, level, &winner);
+        p->origin = "search";
+    }
+    if (st == STOF_OK) {
+        p->c = cs[winner].c;
+        p->predicted_ms = cs[winner].predicted_ms;
+        p->measured_ms = cs[winner].ms;
+        for (int i = 0; i < n; i++)
+            p->tried += cs[i].verdict != NULL;
+        st = finish_plan(ctx, p, mask, &cs[winner].tiles);
+    }
+    if (st == STOF_OK && ctx->cache && level != STOF_TUNE_OFF) {
+        mha_tried tried[MHA_MAX_CANDIDATES];
+        for (int i = 0; i < n; i++)
+            tried[i] = (mha_tried){cs[i].c, cs[i].predicted_ms, cs[i].ms, cs[i].verdict};
+        char *record = mha_record_format(tried, n, winner, p->L.key,
+                                         level == STOF_TUNE_FULL ? "full" : "fast");
+        cache_tuning t = {"mha", p->mask_hash, shape, (char *)dt, ctx->arch, record, 0};
+        if (record) {
+            /* A record that fails to store costs a later search, no more. */
+            char saved[sizeof ctx->err];
+            snprintf(saved, sizeof saved, "%s", ctx->err);
+            if (cache_put_tuning(ctx, ctx->cache, &t) == STOF_OK)
+                snprintf(ctx->err, sizeof ctx->err, "%s", saved);
+        }
+        free(record);
+    }
+    free_candidates(cs, n);
+    if (st != STOF_OK) {
+        stof_mha_plan_free(p);
+        return st;
+    }
+    *plan = p;
+    return STOF_OK;
+}
+
+stof_status mha_plan_forced(stof_ctx *ctx, const stof_mha_desc *desc, const stof_mask *mask,
+                            const mha_candidate *c, stof_mha_plan **plan)
+{
+    if (!ctx)
+        return STOF_ERR_INVALID_ARG;
+    CTX_ARG(ctx, plan && c, "plan");
+    *plan = NULL;
+    if (c->wg == MHA_WS && c->kind != ATTN_BLOCK)
+        return CTX_FAIL(ctx, STOF_ERR_UNSUPPORTED,
+                        "the warp-specialized attention engine walks block tiles only");
+    if (c->wg && (strcmp(ctx->arch, "sm_90a") != 0 || (desc && desc->head_dim % 64 != 0)))
+        return CTX_FAIL(ctx, STOF_ERR_UNSUPPORTED,
+                        "wgmma attention kernels need sm_90a and head_dim 64 or 128 (this context "
+                        "compiles for %s, head_dim %d)",
+                        ctx->arch, desc ? desc->head_dim : 0);
+    stof_mha_plan *p;
+    TRY(plan_new(ctx, desc, mask, &p));
+    p->c = *c;
+    p->origin = "forced";
+    stof_status st = finish_plan(ctx, p, mask, NULL);
+    if (st != STOF_OK) {
+        stof_mha_plan_free(p);
+        return st;
+    }
+    *plan = p;
+    return STOF_OK;
+}
+
+stof_status stof_mha_run(stof_mha_plan *p, const void *q, const void *k, const void *v, void *out,
+                         const int *seq_lens, stof_stream stream)
+{
+    if (!p)
+        return STOF_ERR_INVALID_ARG;
+    stof_ctx *ctx = p->ctx;
+    CTX_ARG(ctx, q, "q");
+    CTX_ARG(ctx, p->d.qkv_packed || k, "k");
+    CTX_ARG(ctx, p->d.qkv_packed || v, "v");
+    CTX_ARG(ctx, out, "out");
+    /* 16-byte loads of rows need 16-byte aligned rows. */
+    if (((uintptr_t)q | (uintptr_t)k | (uintptr_t)v | (uintptr_t)out) % 16)
+        return CTX_FAIL(ctx, STOF_ERR_INVALID_ARG, "q, k, v and out must be 16-byte aligned");
+    TRY(jit_push(ctx));
+    stof_status st = launch(ctx, &p->d, &p->L, (CUdeviceptr)q, (CUdeviceptr)k, (CUdeviceptr)v,
+                            (CUdeviceptr)out, (CUdeviceptr)seq_lens, (CUstream)stream);
+    jit_pop(ctx);
+    return st;
+}
+
+stof_status stof_mha_plan_describe(const stof_mha_plan *p, char *buf, size_t n)
+{
+    if (!p || !buf || n == 0)
+        return STOF_ERR_INVALID_ARG;
+    snprintf(buf, n,
+             "kernel=%s engine=%s block_m=%d block_n=%d m_tiles=%d q_in=%s stages=%d head_dim=%d "
+             "%s groups=%d regs=%d local=%d smem=%d chosen_by=%s predicted_ms=%.4f "
+             "measured_ms=%.4f candidates_timed=%d mask=%.16s",
+             kind_name(p->c.kind), engine_name(&p->c), p->c.bm, p->c.bn, p->c.mt,
+             p->c.wg || p->c.qs ? "smem" : "regs", p->c.wg ? p->c.st : 2, p->d.head_dim,
+             dtype_name(p->d.dtype),
+             p->L.n_groups, p->regs, p->spill, p->L.smem, p->origin, p->predicted_ms, p->measured_ms,
+             p->tried, p->mask_hash);
+    return STOF_OK;
+}
+
+void stof_mha_plan_free(stof_mha_plan *p)
+{
+    if (!p)
+        return;
+    if (p->L.tiles && p->ctx->dev.ok && jit_push(p->ctx) == STOF_OK) {
+        p->ctx->dev.api.MemFree(p->L.tiles);
+        jit_pop(p->ctx);
+    }
+    free(p);
+}
+
+stof_status stof_mha_prepare(stof_ctx *ctx, const stof_mha_desc *desc, const stof_mask *mask)
+{
+    if (!ctx)
+        return STOF_ERR_INVALID_ARG;
+    TRY(check_desc(ctx, desc, mask));
+    cand_state cs[MHA_MAX_CANDIDATES];
+    int n = 0;
+    TRY(rank_candidates(ctx, desc, mask, 0, cs, &n));
+    /* The model's first three, and the default size of each kind, so a
+     * later search on the GPU finds its stage 1 compiled. */
+    stof_status st = STOF_OK;
+    for (int i = 0; i < n && st == STOF_OK; i++) {
+        if (i >= 3 && !is_default_size(&cs[i].c))
+            continue;
+        mha_request r;
+        mha_make_request(&cs[i].c, desc->head_dim, desc->dtype, &r);
+        st = jit_prepare(ctx, &r.req, NULL, NULL);
+    }
+    free_candidates(cs, n);
+    return st;
+}

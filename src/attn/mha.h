@@ -1,0 +1,78 @@
+/*
+ * mha — masked multi-head attention plans: argument checks, candidates
+ * (kernel kind and tile sizes), their ranking by the model, the two-stage
+ * search by timing, the tuning record in the cache, and the launch.
+ */
+#ifndef STOF_MHA_H
+#define STOF_MHA_H
+
+#include <stdint.h>
+
+#include "attn/attn_tiles.h"
+#include "attn/model.h"
+#include "gpu/jit.h"
+
+typedef struct mha_candidate {
+    attn_kind kind;
+    int bm, bn;
+    int mt;              /* m16 row tiles per warp: 1 or 2 */
+    int qs;              /* 1: Q re-read from shared memory per tile, not kept in registers */
+    int wg;              /* engine: 0 mma.sync (templates/attn.cu); on sm_90a, 1 warpgroup
+                            MMA (attn_wg.cu), 2 warp-specialized, TMA-fed (attn_ws.cu,
+                            block kind only); with 1 and 2, mt 1 and qs 0 */
+    int st;              /* wgmma: K and V stages in shared memory, 2 to 4; else 0 */
+} mha_candidate;
+
+#define MHA_WS 2         /* mha_candidate.wg of the warp-specialized engine */
+
+/* The kernel request for a candidate; the strings live in *buf. */
+typedef struct mha_request {
+    char text[4][16];
+    render_var vars[11];
+    jit_request req;
+} mha_request;
+void mha_make_request(const mha_candidate *c, int head_dim, stof_dtype dtype, mha_request *r);
+
+/* Dynamic shared memory of a candidate's kernel, in bytes, and its threads. */
+int mha_smem_bytes(const mha_candidate *c, int head_dim);
+int mha_threads(const mha_candidate *c);
+
+/* At most this many candidates: both kinds, every engine, every size. */
+#define MHA_MAX_CANDIDATES 64
+
+/* Every candidate that fits the head size and the device limits (smem_max
+ * bytes of shared memory per block; wgmma: the arch has warpgroup MMA);
+ * returns how many were written. */
+int mha_candidates(int head_dim, int smem_max, int wgmma, mha_candidate *out, int cap);
+
+/* n values uniform in [-1, 1) rounded to t: element i is drawn from
+ * splitmix64 at state seed + (i + 1) * 0x9E3779B97F4A7C15, top 24 bits;
+ * bench/peers_mha.py draws the same numbers. */
+void mha_fill_random(uint16_t *p, size_t n, stof_dtype t, uint64_t seed);
+
+/* One line of a tuning record: a candidate, the model's prediction, and,
+ * once timed, its median ms and verdict ("ok", "mismatch", "failed"). */
+typedef struct mha_tried {
+    mha_candidate c;
+    double predicted_ms, ms;
+    const char *verdict;     /* NULL: not timed */
+} mha_tried;
+
+/* The JSON record of a search (winner = index into tried, kernel = its
+ * cache key); caller frees. */
+char *mha_record_format(const mha_tried *tried, int n, int winner, const char *kernel,
+                        const char *why);
+/* The winner of a record; 0 when the text is not a valid record. */
+int mha_record_parse(const char *record, mha_candidate *c, double *ms, double *predicted_ms);
+
+/* The model's figures for ctx's device: from the cache when this device
+ * and arch were measured before, else measured now (dense attention on each
+ * engine, a device copy) and stored; with no GPU, the arch's defaults. */
+stof_status mha_device_figures(stof_ctx *ctx, model_device *md);
+
+/* A plan for exactly candidate c, skipping the model and the search: for
+ * tests of every kernel and for benchmarks. */
+stof_status mha_plan_forced(stof_ctx *ctx, const stof_mha_desc *desc, const stof_mask *mask,
+                            const mha_candidate *c, stof_mha_plan **plan);
+
+#endif

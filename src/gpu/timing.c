@@ -1,0 +1,72 @@
+#include "gpu/timing.h"
+
+#include <stdlib.h>
+
+#include "gpu/jit.h"
+
+stof_status timing_elapsed(stof_ctx *ctx, CUevent e0, CUevent e1, float *ms)
+{
+    stof_status st = CU(ctx, EventRecord(e1, NULL));
+    if (st == STOF_OK)
+        st = CU(ctx, EventSynchronize(e1));
+    if (st == STOF_OK)
+        st = CU(ctx, EventElapsedTime(ms, e0, e1));
+    return st;
+}
+
+static int cmp_double(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
+}
+
+stof_status timing_median(stof_ctx *ctx, timing_run_fn run, void *arg, double *ms)
+{
+    CUevent e0 = NULL, e1 = NULL;
+    TRY(jit_push(ctx));
+    stof_status st = CU(ctx, EventCreate(&e0, CU_EVENT_DEFAULT));
+    if (st == STOF_OK)
+        st = CU(ctx, EventCreate(&e1, CU_EVENT_DEFAULT));
+    /* A first run, untimed and waited for: what a first use pays (lazy
+     * module loading, library set-up) must not size the batches. A batch
+     * sized on it runs a run or two, and the host's launch latency, which
+     * the GPU waits out at the batch's start, then counts in its time
+     * (cuBLAS products at BERT-base's 4096 rows timed 0.036 ms first in a
+     * process and 0.026 after). */
+    if (st == STOF_OK)
+        st = run(ctx, arg, 0);
+    if (st == STOF_OK)
+        st = CU(ctx, CtxSynchronize());
+    int per_batch = 1;
+    double samples[7];
+    for (int rep = -1; st == STOF_OK && rep < 7; rep++) {
+        st = CU(ctx, EventRecord(e0, NULL));
+        for (int i = 0; st == STOF_OK && i < per_batch; i++)
+            st = run(ctx, arg, i);
+        float t = 0;
+        if (st == STOF_OK)
+            st = timing_elapsed(ctx, e0, e1, &t);
+        if (rep < 0) {
+            /* The warm-up also sizes the batches to about 2 ms. */
+            per_batch = t > 0 ? (int)(2.0 / t) : 50;
+            per_batch = per_batch < 1 ? 1 : per_batch > 50 ? 50 : per_batch;
+        } else {
+            samples[rep] = t / per_batch;
+        }
+    }
+    if (st == STOF_OK)
+        st = run(ctx, arg, 0);
+    if (st == STOF_OK)
+        st = CU(ctx, CtxSynchronize());
+    if (e0)
+        ctx->dev.api.EventDestroy(e0);
+    if (e1)
+        ctx->dev.api.EventDestroy(e1);
+    jit_pop(ctx);
+    if (st == STOF_OK) {
+        qsort(samples, 7, sizeof samples[0], cmp_double);
+        *ms = samples[3];
+        ctx->stats.timing_runs++;
+    }
+    return st;
+}

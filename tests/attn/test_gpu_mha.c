@@ -1,0 +1,337 @@
+/* GPU suite: every attention kernel against the CPU reference (double) on
+ * fresh random inputs, with the output poisoned first so an unwritten
+ * element fails. Runs only where a GPU is present. */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "attn/mha.h"
+#include "attn/reference.h"
+#include "base/half.h"
+#include "ctx.h"
+#include "gpu/jit.h"
+#include "testutil.h"
+
+typedef struct mcase {
+    const char *spec;
+    int batch, heads, lq, lk, d;
+    stof_dtype dtype;
+    stof_layout layout;
+    int packed, lens;
+    int kind, bm, bn;   /* kind -1: the planner chooses (tune fast) */
+    int mt;             /* m16 row tiles per warp; 0 means 1 */
+    int qs;             /* Q re-read from shared memory */
+    int wg;             /* engine: 1 warpgroup MMA, 2 warp-specialized (sm_90a) */
+    int st;             /* its stages; 0 means 2 */
+} mcase;
+
+/* Whether this GPU runs the warpgroup MMA kernels; says so when it does not. */
+static int has_wgmma(void)
+{
+    stof_ctx *ctx;
+    ck_assert_int_eq(stof_open(&ctx, NULL), STOF_OK);
+    char arch[16];
+    int dev = 0;
+    ck_assert_int_eq(stof_device_info(ctx, &dev, arch, sizeof arch, NULL, 0), STOF_OK);
+    stof_close(ctx);
+    if (strcmp(arch, "sm_90a") != 0)
+        printf("gpu_mha: the GPU is %s, not sm_90a: wgmma kernels NOT run\n", arch);
+    return strcmp(arch, "sm_90a") == 0;
+}
+
+static CUdeviceptr upload(stof_ctx *ctx, const void *host, size_t bytes)
+{
+    CUdeviceptr p = 0;
+    ck_assert_int_eq(jit_push(ctx), STOF_OK);
+    ck_assert_int_eq(CU(ctx, MemAlloc(&p, bytes)), STOF_OK);
+    if (host)
+        ck_assert_int_eq(CU(ctx, MemcpyHtoD(p, host, bytes)), STOF_OK);
+    else
+        ck_assert_int_eq(CU(ctx, MemsetD8(p, 0xff, bytes)), STOF_OK); /* poison: NaN */
+    jit_pop(ctx);
+    return p;
+}
+
+static void random_fill(test_rng *r, stof_dtype t, void *p, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        dtype_store(t, p, i, test_rng_uniform(r) * 2 - 1);
+}
+
+static double run_case(const mcase *c, uint64_t salt)
+{
+    stof_ctx *ctx;
+    stof_options o = {.no_cache = 1};
+    ck_assert_int_eq(stof_open(&ctx, &o), STOF_OK);
+    stof_mask *m;
+    ck_assert_msg(stof_mask_parse(ctx, c->spec, c->lq, c->lk, &m) == STOF_OK, "%s",
+                  stof_last_error(ctx));
+    test_rng r = test_rng_make(salt);
+    size_t D = (size_t)c->d, B = (size_t)c->batch, H = (size_t)c->heads;
+    size_t nq = B * H * c->lq * D, nk = B * H * c->lk * D;
+    uint16_t *q = malloc(2 * nq), *k = malloc(2 * nk), *v = malloc(2 * nk), *out = malloc(2 * nq);
+    uint16_t *packed = c->packed ? malloc(2 * 3 * nq) : NULL;
+    double *ref = malloc(sizeof(double) * nq);
+    ck_assert(q && k && v && out && ref && (!c->packed || packed));
+    random_fill(&r, c->dtype, q, nq);
+    random_fill(&r, c->dtype, k, nk);
+    random_fill(&r, c->dtype, v, nk);
+    int lens[64];
+    for (int b = 0; b < c->batch; b++)
+        lens[b] = c->lens ? test_rng_int(&r, 1, c->lq) : c->lq;
+    if (c->packed) /* [B, L, 3, H, D] from the BLHD tensors */
+        for (size_t b = 0; b < B; b++)
+            for (size_t l = 0; l < (size_t)c->lq; l++)
+                for (int w = 0; w < 3; w++)
+                    memcpy(packed + (((b * c->lq + l) * 3 + w) * H) * D,
+                           (w == 0 ? q : w == 1 ? k : v) + (b * c->lq + l) * H * D, 2 * H * D);
+
+    stof_mha_desc d = {.batch = c->batch, .heads = c->heads, .seq_q = c->lq, .seq_k = c->lk,
+                       .head_dim = c->d, .dtype = c->dtype, .layout = c->layout,
+                       .qkv_packed = c->packed, .tune = STOF_TUNE_FAST};
+    stof_mha_plan *plan = NULL;
+    stof_status st;
+    if (c->kind < 0) {
+        st = stof_mha_plan_create(ctx, &d, m, &plan);
+    } else {
+        mha_candidate cand = {(attn_kind)c->kind, c->bm, c->bn, c->mt ? c->mt : 1, c->qs, c->wg,
+                              c->wg ? (c->st ? c->st : 2) : 0};
+        st = mha_plan_forced(ctx, &d, m, &cand, &plan);
+    }
+    ck_assert_msg(st == STOF_OK, "plan %s: %s", c->spec, stof_last_error(ctx));
+    CUdeviceptr dq = upload(ctx, c->packed ? (void *)packed : (void *)q, 2 * nq * (c->packed ? 3 : 1));
+    CUdeviceptr dk = c->packed ? 0 : upload(ctx, k, 2 * nk), dv = c->packed ? 0 : upload(ctx, v, 2 * nk);
+    CUdeviceptr dout = upload(ctx, NULL, 2 * nq);
+    CUdeviceptr dlens = c->lens ? upload(ctx, lens, sizeof(int) * B) : 0;
+    st = stof_mha_run(plan, (void *)dq, (void *)dk, (void *)dv, (void *)dout, (const int *)dlens, NULL);
+    ck_assert_msg(st == STOF_OK, "run: %s", stof_last_error(ctx));
+    ck_assert_int_eq(jit_push(ctx), STOF_OK);
+    ck_assert_int_eq(CU(ctx, CtxSynchronize()), STOF_OK);
+    ck_assert_int_eq(CU(ctx, MemcpyDtoH(out, dout, 2 * nq)), STOF_OK);
+    ctx->dev.api.MemFree(dq);
+    if (dk) ctx->dev.api.MemFree(dk);
+    if (dv) ctx->dev.api.MemFree(dv);
+    ctx->dev.api.MemFree(dout);
+    if (dlens) ctx->dev.api.MemFree(dlens);
+    jit_pop(ctx);
+
+    ref_attn_args a = {c->batch, c->heads, c->lq, c->lk, c->d, c->dtype,
+                       c->layout ? c->layout : STOF_LAYOUT_BHLD, 0, q, k, v, m,
+                       c->lens ? lens : NULL};
+    ck_assert_int_eq(ref_attention(ctx, &a, ref), STOF_OK);
+    double num = 0, den = 0;
+    for (size_t i = 0; i < nq; i++) {
+        double g = dtype_load(c->dtype, out, i);
+        ck_assert_msg(!isnan(g), "%s: element %zu not written or NaN", c->spec, i);
+        num += (g - ref[i]) * (g - ref[i]);
+        den += ref[i] * ref[i];
+    }
+    double err = den > 0 ? sqrt(num / den) : sqrt(num);
+    char desc[512];
+    stof_mha_plan_describe(plan, desc, sizeof desc);
+    printf("mha %-28s b%d h%d %dx%d d%d %s %s%s%s: rel L2 %.2e  [%s]\n", c->spec, c->batch, c->heads,
+           c->lq, c->lk, c->d, dtype_name(c->dtype), c->layout == STOF_LAYOUT_BLHD ? "blhd" : "bhld",
+           c->packed ? " packed" : "", c->lens ? " lens" : "", err, desc);
+    double tol = c->dtype == STOF_BF16 ? 1.5e-2 : 5e-3;
+    ck_assert_msg(err <= tol, "%s: relative L2 error %.3g above %.3g (%s)", c->spec, err, tol, desc);
+    stof_mha_plan_free(plan);
+    stof_mask_free(m);
+    free(q); free(k); free(v); free(out); free(packed); free(ref);
+    stof_close(ctx);
+    return err;
+}
+
+static const char *const SPECS[] = {
+    "dense", "causal", "window:64", "causal_window:48", "dilated:64:2", "global:16",
+    "strided:8", "random:2:32:7", "docs:100,157,120", "window:64+global:16",
+    "window:48+global:16+random:2:32:3", "window:64+strided:8", "causal&window:96",
+    "causal&docs:100,157,120", "dilated:32:3+global:8"};
+#define NSPECS (int)(sizeof SPECS / sizeof SPECS[0])
+
+/* Every mask term and combination, both kernel kinds, odd length 377. */
+START_TEST(every_mask_both_kinds)
+{
+    for (int kind = 0; kind < 2; kind++) {
+        mcase c = {SPECS[_i], 2, 3, 377, 377, 64, STOF_F16, STOF_LAYOUT_BHLD, 0, 0, kind,
+                   kind ? 128 : 64, 64, kind ? 2 : 1, 0, 0, 0};
+        run_case(&c, 100 + _i * 2 + kind);
+    }
+    if (!has_wgmma())
+        return;
+    for (int kind = 0; kind < 2; kind++) {
+        mcase c = {SPECS[_i], 2, 3, 377, 377, 64, STOF_F16, STOF_LAYOUT_BHLD, 0, 0, kind,
+                   kind ? 192 : 128, kind ? 64 : 128, 1, 0, 1, kind ? 3 : 2};
+        run_case(&c, 150 + _i * 2 + kind);
+    }
+    mcase ws = {SPECS[_i], 2, 3, 377, 377, 64, STOF_F16, STOF_LAYOUT_BHLD, 0, 0, ATTN_BLOCK,
+                128, 128, 1, 0, MHA_WS, 2};
+    run_case(&ws, 180 + _i);
+}
+END_TEST
+
+/* Each head size and dtype, both kinds, every mma.sync size the search may pick. */
+START_TEST(head_dims_dtypes_tiles)
+{
+    static const int dims[] = {32, 64, 80, 96, 128};
+    mha_candidate cs[64];
+    int n = mha_candidates(dims[_i], 227 * 1024, 0, cs, 64);
+    for (int i = 0; i < n; i++) {
+        int dt = i % 2;
+        mcase c = {"window:96+global:8", 1, 2, 301, 301, dims[_i], dt ? STOF_BF16 : STOF_F16,
+                   STOF_LAYOUT_BHLD, 0, 0, cs[i].kind, cs[i].bm, cs[i].bn, cs[i].mt, cs[i].qs, 0, 0};
+        run_case(&c, 500 + _i * 50 + i);
+    }
+    ck_assert_int_ge(n, 8);
+}
+END_TEST
+
+/* The warpgroup MMA kernels: each head size and dtype, every size and
+ * stage count the search may pick, both kinds (the warp-specialized
+ * engine: block kind). */
+START_TEST(wgmma_tiles)
+{
+    if (!has_wgmma())
+        return;
+    const int dim = _i ? 128 : 64;
+    mha_candidate cs[64];
+    int n = mha_candidates(dim, 227 * 1024, 1, cs, 64), tested = 0;
+    for (int i = 0; i < n; i++) {
+        if (!cs[i].wg)
+            continue;
+        int dt = tested++ % 2;
+        mcase c = {"window:96+global:8", 1, 2, 301, 301, dim, dt ? STOF_BF16 : STOF_F16,
+                   STOF_LAYOUT_BHLD, 0, 0, cs[i].kind, cs[i].bm, cs[i].bn, 1, 0, cs[i].wg, cs[i].st};
+        run_case(&c, 700 + _i * 50 + i);
+    }
+    ck_assert_int_ge(tested, 8);
+}
+END_TEST
+
+START_TEST(layouts_lens_packed)
+{
+    mcase cases[] = {
+        {"causal", 3, 2, 250, 250, 64, STOF_F16, STOF_LAYOUT_BLHD, 0, 0, 0, 64, 64, 1, 0, 0, 0},
+        {"window:64+global:16", 3, 2, 250, 250, 64, STOF_BF16, STOF_LAYOUT_BHLD, 0, 1, 0, 64, 64, 1, 0, 0, 0},
+        {"dilated:64:2", 3, 2, 250, 250, 128, STOF_F16, STOF_LAYOUT_BLHD, 0, 1, 1, 128, 64, 2, 1, 0, 0},
+        {"window:64+strided:8", 2, 4, 300, 300, 64, STOF_F16, STOF_LAYOUT_BLHD, 1, 0, 0, 64, 64, 1, 0, 0, 0},
+        {"window:64+strided:8", 2, 4, 300, 300, 64, STOF_BF16, STOF_LAYOUT_BLHD, 1, 1, 1, 128, 32, 2, 0, 0, 0},
+        {"causal", 2, 2, 200, 333, 64, STOF_F16, STOF_LAYOUT_BHLD, 0, 0, 0, 64, 64, 1, 0, 0, 0},
+        {"window:64", 2, 2, 333, 200, 96, STOF_BF16, STOF_LAYOUT_BLHD, 0, 0, 1, 64, 64, 1, 0, 0, 0},
+        {"causal", 3, 2, 250, 250, 128, STOF_BF16, STOF_LAYOUT_BLHD, 0, 1, 0, 128, 128, 1, 0, 1, 2},
+        {"window:64+strided:8", 2, 4, 300, 300, 64, STOF_F16, STOF_LAYOUT_BLHD, 1, 1, 1, 192, 64, 1, 0, 1, 3},
+        {"causal", 2, 2, 200, 333, 64, STOF_F16, STOF_LAYOUT_BHLD, 0, 0, 0, 128, 64, 1, 0, 1, 4},
+        {"window:64", 2, 2, 333, 200, 128, STOF_F16, STOF_LAYOUT_BLHD, 0, 0, 1, 64, 128, 1, 0, 1, 3},
+        {"causal", 3, 2, 250, 250, 128, STOF_BF16, STOF_LAYOUT_BLHD, 0, 1, 0, 128, 128, 1, 0, MHA_WS, 2},
+        {"window:64+global:16", 2, 4, 300, 300, 64, STOF_F16, STOF_LAYOUT_BLHD, 1, 1, 0, 192, 64, 1, 0, MHA_WS, 3},
+        {"causal", 2, 2, 200, 333, 64, STOF_F16, STOF_LAYOUT_BHLD, 0, 0, 0, 128, 192, 1, 0, MHA_WS, 2},
+        {"window:64", 2, 2, 333, 200, 128, STOF_F16, STOF_LAYOUT_BLHD, 0, 0, 0, 128, 64, 1, 0, MHA_WS, 3},
+        {"docs:100,157,120", 3, 2, 377, 377, 64, STOF_BF16, STOF_LAYOUT_BHLD, 0, 1, 0, 128, 128, 1, 0, MHA_WS, 2},
+    };
+    if (cases[_i].wg && !has_wgmma())
+        return;
+    run_case(&cases[_i], 900 + _i);
+}
+END_TEST
+
+/* The warp-specialized engine on lengths that are not tile multiples, with
+ * and without per-sequence lengths, batch 1, both head sizes and dtypes. */
+START_TEST(ws_long_rows)
+{
+    if (!has_wgmma())
+        return;
+    static const char *const specs[] = {"dense", "causal", "window:256+global:64", "causal"};
+    static const int lens[] = {1000, 3001, 1000, 3001};
+    const int d = _i % 2 ? 128 : 64;
+    mcase c = {specs[_i], 1, 2, lens[_i], lens[_i], d, _i % 2 ? STOF_BF16 : STOF_F16,
+               STOF_LAYOUT_BHLD, 0, _i >= 2, ATTN_BLOCK, 128, d == 64 ? 192 : 128, 1, 0, MHA_WS, 2};
+    run_case(&c, 1100 + _i);
+}
+END_TEST
+
+/* The warp-specialized engine with several items per CTA (its persistent
+ * grid has one CTA per SM), so that an item's last P V runs with the next
+ * item's first S, items with no tile (Lq > Lk under a window) among them. */
+START_TEST(ws_items_in_turn)
+{
+    if (!has_wgmma())
+        return;
+    mcase cases[] = {
+        {"dense", 4, 8, 1000, 1000, 64, STOF_F16, STOF_LAYOUT_BHLD, 0, 0, ATTN_BLOCK, 128, 128, 1, 0, MHA_WS, 2},
+        {"window:64", 4, 8, 1000, 300, 64, STOF_BF16, STOF_LAYOUT_BHLD, 0, 0, ATTN_BLOCK, 128, 64, 1, 0, MHA_WS, 3},
+        {"causal", 4, 8, 1000, 1000, 128, STOF_BF16, STOF_LAYOUT_BLHD, 0, 1, ATTN_BLOCK, 128, 128, 1, 0, MHA_WS, 2},
+        {"window:256+global:64", 4, 8, 1000, 1000, 64, STOF_F16, STOF_LAYOUT_BHLD, 0, 1, ATTN_BLOCK, 192, 128, 1, 0, MHA_WS, 2},
+    };
+    run_case(&cases[_i], 1300 + _i);
+}
+END_TEST
+
+/* The planner's own choice (model + search) is right too. */
+START_TEST(planner_choice)
+{
+    static const char *const specs[] = {"window:128+global:32", "dilated:128:2", "causal"};
+    mcase c = {specs[_i], 2, 4, 640, 640, 64, _i == 2 ? STOF_BF16 : STOF_F16, STOF_LAYOUT_BHLD, 0, 0,
+               -1, 0, 0, 0, 0, 0, 0};
+    run_case(&c, 1200 + _i);
+}
+END_TEST
+
+/* The model's device figures: measured on this GPU the first time, stored in
+ * the cache, and read back by a second context with no compile and no
+ * timing. The rates are what a kernel library's users would recognise. */
+START_TEST(device_figures_once)
+{
+    char *dir = test_tmpdir(), path[1200];
+    ck_assert_ptr_nonnull(dir);
+    snprintf(path, sizeof path, "%s/c.db", dir);
+    stof_options o = {.cache_path = path};
+    stof_ctx *ctx;
+    ck_assert_int_eq(stof_open(&ctx, &o), STOF_OK);
+    model_device md;
+    ck_assert_msg(mha_device_figures(ctx, &md) == STOF_OK, "%s", stof_last_error(ctx));
+    printf("device figures: %d SMs at %d MHz, dense attention %.0f TFLOP/s on mma.sync, "
+           "%.0f on wgmma, %.0f warp-specialized, memory %.0f GB/s\n", md.sm_count, md.clock_mhz,
+           md.mma_tflops, md.wgmma_tflops, md.ws_tflops, md.mem_gbs);
+    ck_assert_int_eq(md.measured, 1);
+    ck_assert_int_eq(md.sm_count, ctx->dev.sm_count);
+    ck_assert(md.mma_tflops > 20 && md.mma_tflops < 3000);
+    ck_assert(md.mem_gbs > 200 && md.mem_gbs < 30000);
+    if (strcmp(ctx->arch, "sm_90a") == 0)
+        ck_assert(md.wgmma_tflops > md.mma_tflops && md.wgmma_tflops < 3000 &&
+                  md.ws_tflops > md.wgmma_tflops && md.ws_tflops < 3000);
+    else
+        ck_assert(md.wgmma_tflops == 0 && md.ws_tflops == 0);
+    stof_close(ctx);
+
+    ck_assert_int_eq(stof_open(&ctx, &o), STOF_OK);
+    model_device again;
+    ck_assert_int_eq(mha_device_figures(ctx, &again), STOF_OK);
+    stof_stats st;
+    stof_get_stats(ctx, &st);
+    ck_assert_int_eq(st.nvrtc_compiles, 0);
+    ck_assert_int_eq(st.timing_runs, 0);
+    ck_assert_int_eq(again.measured, 1);
+    ck_assert_double_eq_tol(again.mma_tflops, md.mma_tflops, 0.06);
+    ck_assert_double_eq_tol(again.ws_tflops, md.ws_tflops, 0.06);
+    ck_assert_double_eq_tol(again.mem_gbs, md.mem_gbs, 0.6);
+    stof_close(ctx);
+    test_rmtree(dir);
+    free(dir);
+}
+END_TEST
+
+Suite *suite_gpu_mha(void)
+{
+    Suite *s = suite_create("gpu_mha");
+    TCase *t = tcase_create("kernels");
+    tcase_set_timeout(t, 600);
+    tcase_add_loop_test(t, every_mask_both_kinds, 0, NSPECS);
+    tcase_add_loop_test(t, head_dims_dtypes_tiles, 0, 5);
+    tcase_add_loop_test(t, wgmma_tiles, 0, 2);
+    tcase_add_loop_test(t, layouts_lens_packed, 0, 16);
+    tcase_add_loop_test(t, ws_long_rows, 0, 4);
+    tcase_add_loop_test(t, ws_items_in_turn, 0, 4);
+    tcase_add_loop_test(t, planner_choice, 0, 3);
+    tcase_add_test(t, device_figures_once);
+    suite_add_tcase(s, t);
+    return s;
+}

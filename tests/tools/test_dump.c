@@ -1,0 +1,914 @@
+/*
+ * test_dump — stof-dump run as a program on a real cache that stof-warm
+ * filled (compile-only for sm_90a, no GPU): list, show every part (SASS
+ * through a stand-in cuobjdump, and the plain message when there is none),
+ * tuning records (written with cache_put_tuning in the search's format) and
+ * the --mask filter, stats, check on sound and deliberately damaged caches
+ * (bytes flipped through SQLite, stale versions, orphans, unreadable
+ * records), prune, an export/import round trip, and bad input: exit 2,
+ * nothing created, nothing changed.
+ */
+#include <sqlite3.h>
+#include <stdarg.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "base/json.h"
+#include "cache/cache.h"
+#include "testutil.h"
+
+/* ---- helpers ---- */
+
+/* stof-dump --cache CACHE ARGS: its exit status, output in *out. */
+static int dump(char **out, const char *db, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+
+static int dump(char **out, const char *db, const char *fmt, ...)
+{
+    char *args = NULL;
+    va_list ap;
+    va_start(ap, fmt);
+    ck_assert_int_ge(vasprintf(&args, fmt, ap), 0);
+    va_end(ap);
+    int rc = test_sh(out, "%s --cache '%s' %s", test_build_path("stof-dump"), db, args);
+    free(args);
+    return rc;
+}
+
+static char *path_in(const char *dir, const char *name)
+{
+    char *p = NULL;
+    ck_assert_int_ge(asprintf(&p, "%s/%s", dir, name), 0);
+    return p;
+}
+
+static int exists(const char *path)
+{
+    struct stat st;
+    return stat(path, &st) == 0;
+}
+
+static void write_file(const char *path, const char *text)
+{
+    FILE *f = fopen(path, "w");
+    ck_assert_ptr_nonnull(f);
+    fputs(text, f);
+    fclose(f);
+}
+
+static void sql(const char *path, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+
+static void sql(const char *path, const char *fmt, ...)
+{
+    char *q = NULL;
+    va_list ap;
+    va_start(ap, fmt);
+    ck_assert_int_ge(vasprintf(&q, fmt, ap), 0);
+    va_end(ap);
+    sqlite3 *db = NULL;
+    char *err = NULL;
+    ck_assert_int_eq(sqlite3_open(path, &db), SQLITE_OK);
+    sqlite3_busy_timeout(db, 10000);
+    int rc = sqlite3_exec(db, q, NULL, NULL, &err);
+    ck_assert_msg(rc == SQLITE_OK, "%s: %s", q, err ? err : "");
+    sqlite3_close(db);
+    free(q);
+}
+
+/* Flips one byte in the middle of a blob of a kernel row, through SQLite. */
+static void flip_byte(const char *path, const char *key, const char *column)
+{
+    sqlite3 *db = NULL;
+    sqlite3_stmt *s = NULL;
+    char q[128];
+    ck_assert_int_eq(sqlite3_open(path, &db), SQLITE_OK);
+    snprintf(q, sizeof q, "SELECT %s FROM kernels WHERE key=?", column);
+    ck_assert_int_eq(sqlite3_prepare_v2(db, q, -1, &s, NULL), SQLITE_OK);
+    sqlite3_bind_text(s, 1, key, -1, SQLITE_TRANSIENT);
+    ck_assert_int_eq(sqlite3_step(s), SQLITE_ROW);
+    int n = sqlite3_column_bytes(s, 0);
+    ck_assert_int_gt(n, 0);
+    unsigned char *b = malloc((size_t)n);
+    memcpy(b, sqlite3_column_blob(s, 0), (size_t)n);
+    sqlite3_finalize(s);
+    b[n / 2] ^= 0x5a;
+    snprintf(q, sizeof q, "UPDATE kernels SET %s=? WHERE key=?", column);
+    ck_assert_int_eq(sqlite3_prepare_v2(db, q, -1, &s, NULL), SQLITE_OK);
+    sqlite3_bind_blob(s, 1, b, n, SQLITE_TRANSIENT);
+    sqlite3_bind_text(s, 2, key, -1, SQLITE_TRANSIENT);
+    ck_assert_int_eq(sqlite3_step(s), SQLITE_DONE);
+    sqlite3_finalize(s);
+    sqlite3_close(db);
+    free(b);
+}
+
+typedef struct fixture {
+    char *dir, *cache;
+    char keys[2][65];       /* the LayerNorm kernels: hidden 256, then 512 */
+} fixture;
+
+static int find_hidden(const cache_kernel *k, void *arg)
+{
+    fixture *f = arg;
+    int slot = strstr(k->params, "HIDDEN=256;") ? 0 : strstr(k->params, "HIDDEN=512;") ? 1 : -1;
+    if (slot >= 0)
+        snprintf(f->keys[slot], 65, "%s", k->key);
+    return 0;
+}
+
+/* An open cache in this process, for what the tools cannot do. */
+typedef struct handle {
+    stof_ctx *ctx;
+    cache *c;
+} handle;
+
+static handle open_cache(const char *path)
+{
+    handle h = {0};
+    ck_assert_int_eq(stof_open(&h.ctx, &(stof_options){.no_cache = 1}), STOF_OK);
+    ck_assert_int_eq(cache_open(h.ctx, path, 0, &h.c), STOF_OK);
+    return h;
+}
+
+static void close_cache(handle *h)
+{
+    cache_close(h->c);
+    stof_close(h->ctx);
+}
+
+/* A cache that stof-warm filled with two LayerNorm kernels, warmed twice
+ * (so each has one hit). */
+static void setup(fixture *f)
+{
+    setenv("STOF_NO_GPU", "1", 1);
+    unsetenv("STOF_CACHE");
+    memset(f, 0, sizeof *f);
+    f->dir = test_tmpdir();
+    ck_assert_ptr_nonnull(f->dir);
+    f->cache = path_in(f->dir, "cache.db");
+    for (int run = 0; run < 2; run++) {
+        char *out;
+        int rc = test_sh(&out, "%s --cache '%s' --arch sm_90a --compile-only --quiet"
+                          " --ln rows=8,hidden=256,fp16 --ln rows=8,hidden=512,fp16",
+                    test_build_path("stof-warm"), f->cache);
+        ck_assert_msg(rc == 0, "warm: rc %d:\n%s", rc, out);
+        free(out);
+    }
+    handle h = open_cache(f->cache);
+    ck_assert_int_eq(cache_list_kernels(h.ctx, h.c, "layernorm", NULL, find_hidden, f), STOF_OK);
+    close_cache(&h);
+    ck_assert(f->keys[0][0] && f->keys[1][0]);
+}
+
+static void teardown(fixture *f)
+{
+    test_rmtree(f->dir);
+    free(f->dir);
+    free(f->cache);
+}
+
+static json_value *parse_json(const char *out)
+{
+    json_error e;
+    json_value *v = json_parse(out, strlen(out), &e);
+    ck_assert_msg(v, "not JSON (%s at %d:%d):\n%s", e.msg, e.line, e.col, out);
+    return v;
+}
+
+static void mask_hash(const char *spec, int l, char hex[65])
+{
+    stof_ctx *ctx = NULL;
+    stof_mask *m = NULL;
+    ck_assert_int_eq(stof_open(&ctx, &(stof_options){.no_cache = 1}), STOF_OK);
+    ck_assert_int_eq(stof_mask_parse(ctx, spec, l, l, &m), STOF_OK);
+    ck_assert_int_eq(stof_mask_hash(m, hex), STOF_OK);
+    stof_mask_free(m);
+    stof_close(ctx);
+}
+
+static void put_tuning(const char *path, const char *mask_hex, const char *record)
+{
+    handle h = open_cache(path);
+    cache_tuning t = {"mha", (char *)mask_hex, "b=1,h=2,lq=128,lk=128,d=64,layout=bhld", "fp16",
+                      "sm_90a", (char *)record, 0};
+    ck_assert_int_eq(cache_put_tuning(h.ctx, h.c, &t), STOF_OK);
+    close_cache(&h);
+}
+
+/* A record as the attention search writes it, naming kernel `key`. */
+static char *record_for(const char *key)
+{
+    char *r = NULL;
+    ck_assert_int_ge(asprintf(&r,
+        "{\"winner\":{\"kind\":\"block\",\"bm\":64,\"bn\":64,\"ms\":0.500000,\"predicted_ms\":0.450000,"
+        "\"kernel\":\"%s\"},\"model_error\":-0.1000,\"how\":\"fast\",\"tried\":["
+        "{\"kind\":\"block\",\"bm\":64,\"bn\":64,\"predicted_ms\":0.450000,\"ms\":0.500000,\"verdict\":\"ok\"},"
+        "{\"kind\":\"gather\",\"bm\":64,\"bn\":64,\"predicted_ms\":0.600000,\"ms\":0.800000,\"verdict\":\"ok\"},"
+        "{\"kind\":\"block\",\"bm\":128,\"bn\":64,\"predicted_ms\":0.400000,\"ms\":0.700000,\"verdict\":\"mismatch\"},"
+        "{\"kind\":\"block\",\"bm\":32,\"bn\":64,\"predicted_ms\":0.900000}]}", key), 0);
+    return r;
+}
+
+/* Two fake kernel rows whose keys share the prefix "abcd". */
+static void put_fake_kernels(const char *path, char keys[2][65])
+{
+    handle h = open_cache(path);
+    for (int i = 0; i < 2; i++) {
+        snprintf(keys[i], 65, "abcd%059d%d", 0, i + 1);
+        cache_kernel k = {0};
+        snprintf(k.key, sizeof k.key, "%s", keys[i]);
+        k.op = "mha";
+        k.name = "attn.cu";
+        k.entry = "stof_attn";
+        k.arch = "sm_90a";
+        k.options = "-std=c++17";
+        k.params = "BM=64;BN=64";
+        k.source = "// fake";
+        k.log = "";
+        k.cubin = "cubin bytes";
+        k.cubin_size = 11;
+        k.ptx = "ptx text";
+        k.ptx_size = 8;
+        ck_assert_int_eq(cache_put_kernel(h.ctx, h.c, &k), STOF_OK);
+    }
+    close_cache(&h);
+}
+
+/* ---- list and show ---- */
+
+START_TEST(test_list)
+{
+    fixture f;
+    setup(&f);
+    char *out;
+    int rc = dump(&out, f.cache, "list");
+    ck_assert_msg(rc == 0, "%s", out);
+    ck_assert_ptr_nonnull(strstr(out, "layernorm"));
+    ck_assert_ptr_nonnull(strstr(out, "sm_90a"));
+    ck_assert_ptr_nonnull(strstr(out, "stof_layernorm"));
+    ck_assert_ptr_nonnull(strstr(out, "HIDDEN=256;"));
+    char prefix[13];
+    snprintf(prefix, sizeof prefix, "%.12s", f.keys[1]);
+    ck_assert_ptr_nonnull(strstr(out, prefix));
+    ck_assert_ptr_nonnull(strstr(out, "\n2 kernels\n"));
+    free(out);
+
+    ck_assert_int_eq(dump(&out, f.cache, "list --json"), 0);
+    json_value *v = parse_json(out);
+    const json_value *ks = json_get(v, "kernels");
+    ck_assert_ptr_nonnull(ks);
+    ck_assert_uint_eq(ks->n, 2);
+    int seen = 0;
+    for (size_t i = 0; i < ks->n; i++) {
+        const json_value *k = ks->items[i];
+        ck_assert_str_eq(json_get(k, "op")->str, "layernorm");
+        ck_assert_str_eq(json_get(k, "arch")->str, "sm_90a");
+        ck_assert_int_eq(json_get(k, "current")->boolean, 1);
+        ck_assert(json_get(k, "cubin_bytes")->number > 1000);
+        ck_assert(json_get(k, "hits")->number == 1);
+        seen |= strcmp(json_get(k, "key")->str, f.keys[0]) == 0 ? 1
+              : strcmp(json_get(k, "key")->str, f.keys[1]) == 0 ? 2 : 0;
+    }
+    ck_assert_int_eq(seen, 3);
+    ck_assert_str_eq(json_get(v, "cache")->str, f.cache);
+    json_free(v);
+    free(out);
+
+    ck_assert_int_eq(dump(&out, f.cache, "list --op layernorm --arch sm_90a"), 0);
+    ck_assert_ptr_nonnull(strstr(out, "2 kernels (op layernorm, arch sm_90a)"));
+    free(out);
+    ck_assert_int_eq(dump(&out, f.cache, "list --arch sm_80"), 0);
+    ck_assert_ptr_nonnull(strstr(out, "0 kernels"));
+    free(out);
+    ck_assert_int_eq(dump(&out, f.cache, "list --op mha --json"), 0);
+    v = parse_json(out);
+    ck_assert_uint_eq(json_get(v, "kernels")->n, 0);
+    json_free(v);
+    free(out);
+    ck_assert_int_eq(dump(&out, f.cache, "list --op bogus"), 2);
+    ck_assert_ptr_nonnull(strstr(out, "unknown op \"bogus\""));
+    free(out);
+    ck_assert_int_eq(dump(&out, f.cache, "list --arch hopper"), 2);
+    ck_assert_ptr_nonnull(strstr(out, "unknown arch \"hopper\""));
+    free(out);
+    teardown(&f);
+}
+END_TEST
+
+START_TEST(test_show)
+{
+    fixture f;
+    setup(&f);
+    char *out, prefix[9];
+    snprintf(prefix, sizeof prefix, "%.8s", f.keys[0]);
+    ck_assert_int_eq(dump(&out, f.cache, "show %s", prefix), 0);
+    ck_assert_ptr_nonnull(strstr(out, f.keys[0]));
+    ck_assert_ptr_nonnull(strstr(out, "op            layernorm"));
+    ck_assert_ptr_nonnull(strstr(out, "entry         stof_layernorm"));
+    ck_assert_ptr_nonnull(strstr(out, "checksum      ok"));
+    ck_assert_ptr_nonnull(strstr(out, "hits          1"));
+    free(out);
+    ck_assert_int_eq(dump(&out, f.cache, "show %s --source", prefix), 0);
+    ck_assert_ptr_nonnull(strstr(out, "stof_layernorm"));
+    ck_assert_ptr_nonnull(strstr(out, "__global__"));
+    free(out);
+    ck_assert_int_eq(dump(&out, f.cache, "show %s --ptx", prefix), 0);
+    ck_assert_ptr_nonnull(strstr(out, ".entry stof_layernorm"));
+    ck_assert_ptr_nonnull(strstr(out, ".target sm_90a"));
+    free(out);
+    ck_assert_int_eq(dump(&out, f.cache, "show %s --params", prefix), 0);
+    ck_assert_ptr_nonnull(strstr(out, "HIDDEN=256\n"));
+    ck_assert_ptr_nonnull(strstr(out, "HAS_RESIDUAL=1\n"));
+    free(out);
+    ck_assert_int_eq(dump(&out, f.cache, "show %s --log", prefix), 0);
+    free(out);
+    /* The whole key works too; show counts no use. */
+    ck_assert_int_eq(dump(&out, f.cache, "show %s", f.keys[0]), 0);
+    ck_assert_ptr_nonnull(strstr(out, "hits          1"));
+    free(out);
+    teardown(&f);
+}
+END_TEST
+
+START_TEST(test_show_sass)
+{
+    fixture f;
+    setup(&f);
+    char *out, *bin = path_in(f.dir, "bin");
+    ck_assert_int_eq(mkdir(bin, 0755), 0);
+    /* A stand-in cuobjdump that shows how it was called and what it got. */
+    char *tool = path_in(bin, "cuobjdump");
+    write_file(tool, "#!/bin/sh\necho \"FAKE-SASS $1 bytes=$(wc -c < \"$2\")\"\n");
+    ck_assert_int_eq(chmod(tool, 0755), 0);
+    int rc = test_sh(&out, "PATH='%s':\"$PATH\" %s --cache '%s' show %.10s --sass", bin,
+                test_build_path("stof-dump"), f.cache, f.keys[1]);
+    ck_assert_msg(rc == 0, "%s", out);
+    ck_assert_ptr_nonnull(strstr(out, "FAKE-SASS -sass bytes="));
+    /* It got the whole cubin, in a file removed afterwards. */
+    char *list;
+    ck_assert_int_eq(dump(&list, f.cache, "list --json"), 0);
+    json_value *v = parse_json(list);
+    const json_value *ks = json_get(v, "kernels");
+    long long size = 0;
+    for (size_t i = 0; i < ks->n; i++)
+        if (strcmp(json_get(ks->items[i], "key")->str, f.keys[1]) == 0)
+            size = (long long)json_get(ks->items[i], "cubin_bytes")->number;
+    char want[64];
+    snprintf(want, sizeof want, "bytes=%lld", size);
+    ck_assert_msg(strstr(out, want), "wanted %s in %s", want, out);
+    json_free(v);
+    free(list);
+    free(out);
+
+    /* With neither tool anywhere, it says so plainly. */
+    int have = access("/usr/local/cuda/bin/cuobjdump", X_OK) == 0 ||
+               access("/usr/local/cuda/bin/nvdisasm", X_OK) == 0;
+    rc = test_sh(&out, "PATH=/nonexistent CUDA_HOME= %s --cache '%s' show %.10s --sass",
+            test_build_path("stof-dump"), f.cache, f.keys[1]);
+    if (have) {
+        ck_assert_msg(rc == 0, "%s", out);
+    } else {
+        ck_assert_int_eq(rc, 1);
+        ck_assert_ptr_nonnull(strstr(out, "neither cuobjdump nor nvdisasm"));
+    }
+    free(out);
+    free(tool);
+    free(bin);
+    teardown(&f);
+}
+END_TEST
+
+START_TEST(test_show_bad_keys)
+{
+    fixture f;
+    setup(&f);
+    char fake[2][65], *out;
+    put_fake_kernels(f.cache, fake);
+    ck_assert_int_eq(dump(&out, f.cache, "show abcd"), 2);
+    ck_assert_ptr_nonnull(strstr(out, "ambiguous"));
+    free(out);
+    ck_assert_int_eq(dump(&out, f.cache, "show %s --params", fake[1]), 0);
+    ck_assert_str_eq(out, "BM=64\nBN=64\n");
+    free(out);
+    ck_assert_int_eq(dump(&out, f.cache, "show xyz"), 2);
+    ck_assert_ptr_nonnull(strstr(out, "not a kernel key"));
+    free(out);
+    ck_assert_int_eq(dump(&out, f.cache, "show abcd00000000000000000009"), 2);
+    ck_assert_ptr_nonnull(strstr(out, "no kernel key starts with"));
+    free(out);
+    ck_assert_int_eq(dump(&out, f.cache, "show %s --ptx --log", fake[0]), 2);
+    ck_assert_ptr_nonnull(strstr(out, "one of --source"));
+    free(out);
+    ck_assert_int_eq(dump(&out, f.cache, "show"), 2);
+    ck_assert_ptr_nonnull(strstr(out, "needs its operand"));
+    free(out);
+    teardown(&f);
+}
+END_TEST
+
+/* ---- tuning ---- */
+
+START_TEST(test_tuning)
+{
+    fixture f;
+    setup(&f);
+    char causal[65], window[65], *out;
+    mask_hash("causal", 128, causal);
+    mask_hash("window:32", 128, window);
+    char *rec = record_for(f.keys[0]);
+    put_tuning(f.cache, causal, rec);
+    free(rec);
+    put_tuning(f.cache, window, "{\"note\": \"a record of another form\", \"n\": [1, 2]}");
+
+    ck_assert_int_eq(dump(&out, f.cache, "tuning"), 0);
+    ck_assert_ptr_nonnull(strstr(out, "mha  b=1,h=2,lq=128,lk=128,d=64,layout=bhld  fp16  sm_90a"));
+    ck_assert_ptr_nonnull(strstr(out, "winner    block bm=64,bn=64"));
+    ck_assert_ptr_nonnull(strstr(out, "0.500 ms"));
+    ck_assert_ptr_nonnull(strstr(out, "model 0.450 ms (-10.0%)"));
+    ck_assert_ptr_nonnull(strstr(out, "beat      gather bm=64,bn=64"));
+    ck_assert_ptr_nonnull(strstr(out, "1.60x  model 0.600 ms (-25.0%)"));
+    ck_assert_ptr_nonnull(strstr(out, "mismatch  block bm=128,bn=64"));
+    ck_assert_ptr_nonnull(strstr(out, "untimed   block bm=32,bn=64"));
+    ck_assert_ptr_nonnull(strstr(out, "searched 4 candidates, 3 timed (tune fast)"));
+    ck_assert_ptr_nonnull(strstr(out, "model error on the winner -10.0%"));
+    ck_assert_ptr_nonnull(strstr(out, "the model ranked it #2"));
+    ck_assert_ptr_nonnull(strstr(out, "\"note\": \"a record of another form\""));
+    ck_assert_ptr_nonnull(strstr(out, "2 tuning records"));
+    char *at = strstr(out, "beat "), *mis = strstr(out, "mismatch "), *unt = strstr(out, "untimed ");
+    ck_assert(at < mis && mis < unt);   /* beaten first, then the rest */
+    free(out);
+
+    ck_assert_int_eq(dump(&out, f.cache, "tuning --json"), 0);
+    json_value *v = parse_json(out);
+    const json_value *t = json_get(v, "tuning");
+    ck_assert_uint_eq(t->n, 2);
+    for (size_t i = 0; i < t->n; i++) {
+        ck_assert_int_eq(json_get(t->items[i], "record_is_json")->boolean, 1);
+        ck_assert_int_eq(json_get(t->items[i], "record")->type, JSON_OBJECT);
+        ck_assert_str_eq(json_get(t->items[i], "stof_version")->str, stof_version());
+    }
+    json_free(v);
+    free(out);
+
+    /* --mask: hashes the spec at each row's lengths. */
+    ck_assert_int_eq(dump(&out, f.cache, "tuning --mask causal"), 0);
+    ck_assert_ptr_nonnull(strstr(out, "1 tuning record\n"));
+    ck_assert_ptr_nonnull(strstr(out, "winner"));
+    free(out);
+    ck_assert_int_eq(dump(&out, f.cache, "tuning --mask 'window:32' --json"), 0);
+    v = parse_json(out);
+    t = json_get(v, "tuning");
+    ck_assert_uint_eq(t->n, 1);
+    ck_assert_str_eq(json_get(t->items[0], "mask_hash")->str, window);
+    json_free(v);
+    free(out);
+    /* The same entries, however spelled, hash alike. */
+    ck_assert_int_eq(dump(&out, f.cache, "tuning --mask 'causal_window:128'"), 0);
+    ck_assert_ptr_nonnull(strstr(out, "1 tuning record\n"));
+    free(out);
+    ck_assert_int_eq(dump(&out, f.cache, "tuning --mask 'window:64'"), 0);
+    ck_assert_ptr_nonnull(strstr(out, "0 tuning records"));
+    free(out);
+    ck_assert_int_eq(dump(&out, f.cache, "tuning --mask 'bogus:1'"), 2);
+    ck_assert_ptr_nonnull(strstr(out, "bad --mask \"bogus:1\""));
+    ck_assert_ptr_null(strstr(out, "winner"));   /* refused before printing */
+    free(out);
+    ck_assert_int_eq(dump(&out, f.cache, "tuning --op layernorm"), 0);
+    ck_assert_ptr_nonnull(strstr(out, "0 tuning records"));
+    free(out);
+    ck_assert_int_eq(dump(&out, f.cache, "tuning --op mha --json"), 0);
+    v = parse_json(out);
+    ck_assert_uint_eq(json_get(v, "tuning")->n, 2);
+    json_free(v);
+    free(out);
+    teardown(&f);
+}
+END_TEST
+
+/* ---- stats and check ---- */
+
+START_TEST(test_stats)
+{
+    fixture f;
+    setup(&f);
+    char causal[65], *out;
+    mask_hash("causal", 128, causal);
+    put_tuning(f.cache, causal, "{}");
+    ck_assert_int_eq(dump(&out, f.cache, "stats"), 0);
+    ck_assert_ptr_nonnull(strstr(out, "schema 1"));
+    ck_assert_ptr_nonnull(strstr(out, "layernorm     sm_90a          2"));
+    ck_assert_ptr_nonnull(strstr(out, "50.0%"));
+    ck_assert_ptr_nonnull(strstr(out, "total"));
+    ck_assert_ptr_nonnull(strstr(out, "tuning records: 1"));
+    free(out);
+    ck_assert_int_eq(dump(&out, f.cache, "stats --json"), 0);
+    json_value *v = parse_json(out);
+    ck_assert(json_get(v, "kernels")->number == 2);
+    ck_assert(json_get(v, "tuning")->number == 1);
+    ck_assert(json_get(v, "schema")->number == 1);
+    ck_assert(json_get(v, "file_bytes")->number > 0);
+    const json_value *g = json_get(v, "groups");
+    ck_assert_uint_eq(g->n, 1);
+    ck_assert_str_eq(json_get(g->items[0], "op")->str, "layernorm");
+    ck_assert(json_get(g->items[0], "hits")->number == 2);
+    ck_assert(json_get(g->items[0], "used")->number == 2);
+    ck_assert(json_get(g->items[0], "hit_rate")->number == 0.5);
+    ck_assert(json_get(g->items[0], "compile_ms")->number > 0);
+    ck_assert(json_get(json_get(v, "total"), "kernels")->number == 2);
+    json_free(v);
+    free(out);
+    teardown(&f);
+}
+END_TEST
+
+START_TEST(test_check)
+{
+    fixture f;
+    setup(&f);
+    char causal[65], window[65], *out;
+    ck_assert_int_eq(dump(&out, f.cache, "check"), 0);
+    ck_assert_ptr_nonnull(strstr(out, "integrity  ok"));
+    ck_assert_ptr_nonnull(strstr(out, "kernels    2 (0 damaged, 0 stale)"));
+    ck_assert_ptr_nonnull(strstr(out, "result     ok\n"));
+    free(out);
+
+    /* A record naming a kernel that is not here is an orphan, not damage. */
+    mask_hash("causal", 128, causal);
+    mask_hash("window:32", 128, window);
+    char *rec = record_for(f.keys[0]);
+    put_tuning(f.cache, causal, rec);
+    free(rec);
+    rec = record_for("deadbeef00000000000000000000000000000000000000000000000000000000");
+    put_tuning(f.cache, window, rec);
+    free(rec);
+    ck_assert_int_eq(dump(&out, f.cache, "check"), 0);
+    ck_assert_ptr_nonnull(strstr(out, "tuning     2 (0 stale, 1 orphaned, 0 unreadable)"));
+    ck_assert_ptr_nonnull(strstr(out, "orphan     deadbeef0000"));
+    free(out);
+
+    /* Damage: a byte of one cubin and one PTX flipped; one row from another NVRTC. */
+    flip_byte(f.cache, f.keys[0], "cubin");
+    ck_assert_int_eq(dump(&out, f.cache, "check"), 1);
+    char line[64];
+    snprintf(line, sizeof line, "damaged    %.12s", f.keys[0]);
+    ck_assert_msg(strstr(out, line), "%s", out);
+    ck_assert_ptr_nonnull(strstr(out, "checksum mismatch"));
+    ck_assert_ptr_nonnull(strstr(out, "kernels    2 (1 damaged, 0 stale)"));
+    ck_assert_ptr_nonnull(strstr(out, "result     DAMAGED"));
+    free(out);
+    flip_byte(f.cache, f.keys[1], "ptx");
+    sql(f.cache, "UPDATE kernels SET nvrtc_version='0.1' WHERE key='%s'", f.keys[1]);
+    ck_assert_int_eq(dump(&out, f.cache, "check --json"), 1);
+    json_value *v = parse_json(out);
+    ck_assert_int_eq(json_get(v, "ok")->boolean, 0);
+    ck_assert_str_eq(json_get(v, "integrity")->str, "ok");
+    ck_assert(json_get(v, "damaged")->number == 2);
+    ck_assert(json_get(v, "stale_kernels")->number == 1);
+    ck_assert(json_get(v, "orphans")->number == 1);
+    const json_value *p = json_get(v, "problems");
+    int damaged0 = 0, stale1 = 0;
+    for (size_t i = 0; i < p->n; i++) {
+        const char *kind = json_get(p->items[i], "kind")->str, *key = json_get(p->items[i], "key")->str;
+        damaged0 |= strcmp(kind, "damaged") == 0 && strcmp(key, f.keys[0]) == 0;
+        stale1 |= strcmp(kind, "stale") == 0 && strcmp(key, f.keys[1]) == 0;
+    }
+    ck_assert(damaged0 && stale1);
+    json_free(v);
+    free(out);
+    /* show says so too. */
+    ck_assert_int_eq(dump(&out, f.cache, "show %.12s", f.keys[1]), 0);
+    ck_assert_ptr_nonnull(strstr(out, "checksum      DAMAGED"));
+    ck_assert_ptr_nonnull(strstr(out, "STALE"));
+    free(out);
+    teardown(&f);
+}
+END_TEST
+
+START_TEST(test_check_bad_record)
+{
+    fixture f;
+    setup(&f);
+    char causal[65], *out;
+    mask_hash("causal", 128, causal);
+    put_tuning(f.cache, causal, "winner: block 64x64 (not JSON)");
+    ck_assert_int_eq(dump(&out, f.cache, "check"), 1);
+    ck_assert_ptr_nonnull(strstr(out, "bad-record"));
+    ck_assert_ptr_nonnull(strstr(out, "1 unreadable"));
+    free(out);
+    ck_assert_int_eq(dump(&out, f.cache, "tuning"), 0);
+    ck_assert_ptr_nonnull(strstr(out, "(the record is not JSON) winner: block 64x64"));
+    free(out);
+    ck_assert_int_eq(dump(&out, f.cache, "tuning --json"), 0);
+    json_value *v = parse_json(out);
+    const json_value *t = json_get(v, "tuning")->items[0];
+    ck_assert_int_eq(json_get(t, "record_is_json")->boolean, 0);
+    ck_assert_str_eq(json_get(t, "record")->str, "winner: block 64x64 (not JSON)");
+    json_free(v);
+    free(out);
+    teardown(&f);
+}
+END_TEST
+
+/* ---- prune ---- */
+
+START_TEST(test_prune)
+{
+    fixture f;
+    setup(&f);
+    char fake[2][65], causal[65], window[65], *out;
+    put_fake_kernels(f.cache, fake);
+    flip_byte(f.cache, fake[0], "cubin");
+    sql(f.cache, "UPDATE kernels SET stof_version='0.0.1' WHERE key='%s'", fake[1]);
+    mask_hash("causal", 128, causal);
+    mask_hash("window:32", 128, window);
+    put_tuning(f.cache, causal, "{}");
+    put_tuning(f.cache, window, "{}");
+    sql(f.cache, "UPDATE tuning SET stof_version='0.0.1' WHERE mask_hash='%s'", window);
+
+    const char *bad[] = {"", "--older-than abc", "--older-than 0", "--older-than -3",
+                         "--max-bytes 0", "--max-bytes 12Q", "--max-bytes", "--json"};
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        ck_assert_msg(dump(&out, f.cache, "prune %s", bad[i]) == 2, "prune %s: %s", bad[i], out);
+        free(out);
+    }
+    ck_assert_int_eq(dump(&out, f.cache, "list"), 0);
+    ck_assert_ptr_nonnull(strstr(out, "4 kernels"));   /* nothing was pruned by those */
+    free(out);
+
+    ck_assert_int_eq(dump(&out, f.cache, "prune --stale"), 0);
+    ck_assert_msg(strstr(out, "pruned 2 kernels") && strstr(out, "and 1 tuning record"), "%s", out);
+    free(out);
+    ck_assert_int_eq(dump(&out, f.cache, "list"), 0);
+    ck_assert_ptr_nonnull(strstr(out, "2 kernels"));
+    ck_assert_ptr_null(strstr(out, "abcd"));
+    free(out);
+    ck_assert_int_eq(dump(&out, f.cache, "tuning"), 0);
+    ck_assert_ptr_nonnull(strstr(out, "1 tuning record\n"));
+    free(out);
+
+    /* Unused for ten days: gone at --older-than 5, not at 20. */
+    sql(f.cache, "UPDATE kernels SET last_used = last_used - 10 * 86400 WHERE key='%s'", f.keys[0]);
+    ck_assert_int_eq(dump(&out, f.cache, "prune --older-than 20"), 0);
+    ck_assert_ptr_nonnull(strstr(out, "nothing to prune"));
+    free(out);
+    ck_assert_int_eq(dump(&out, f.cache, "prune --older-than 5"), 0);
+    ck_assert_msg(strstr(out, "pruned 1 kernel ("), "%s", out);
+    free(out);
+    ck_assert_int_eq(dump(&out, f.cache, "list --json"), 0);
+    json_value *v = parse_json(out);
+    ck_assert_uint_eq(json_get(v, "kernels")->n, 1);
+    ck_assert_str_eq(json_get(json_get(v, "kernels")->items[0], "key")->str, f.keys[1]);
+    json_free(v);
+    free(out);
+
+    /* A size cap: 1 GiB keeps it, 1 byte does not. */
+    ck_assert_int_eq(dump(&out, f.cache, "prune --max-bytes 1G"), 0);
+    ck_assert_ptr_nonnull(strstr(out, "nothing to prune"));
+    free(out);
+    ck_assert_int_eq(dump(&out, f.cache, "prune --max-bytes 1"), 0);
+    ck_assert_ptr_nonnull(strstr(out, "pruned 1 kernel"));
+    free(out);
+    ck_assert_int_eq(dump(&out, f.cache, "list"), 0);
+    ck_assert_ptr_nonnull(strstr(out, "0 kernels"));
+    free(out);
+    ck_assert_int_eq(dump(&out, f.cache, "check"), 0);
+    free(out);
+    teardown(&f);
+}
+END_TEST
+
+/* ---- export and import ---- */
+
+static void keys_of(const char *db, char *out, size_t n)
+{
+    char *o;
+    ck_assert_int_eq(dump(&o, db, "list --json"), 0);
+    json_value *v = parse_json(o);
+    const json_value *ks = json_get(v, "kernels");
+    out[0] = 0;
+    for (size_t i = 0; i < ks->n; i++)
+        snprintf(out + strlen(out), n - strlen(out), "%s\n", json_get(ks->items[i], "key")->str);
+    json_free(v);
+    free(o);
+}
+
+static void journal_mode(const char *path, char *out, size_t n)
+{
+    sqlite3 *db = NULL;
+    sqlite3_stmt *s = NULL;
+    ck_assert_int_eq(sqlite3_open_v2(path, &db, SQLITE_OPEN_READONLY, NULL), SQLITE_OK);
+    ck_assert_int_eq(sqlite3_prepare_v2(db, "PRAGMA journal_mode", -1, &s, NULL), SQLITE_OK);
+    ck_assert_int_eq(sqlite3_step(s), SQLITE_ROW);
+    snprintf(out, n, "%s", (const char *)sqlite3_column_text(s, 0));
+    sqlite3_finalize(s);
+    sqlite3_close(db);
+}
+
+START_TEST(test_export_import)
+{
+    fixture f;
+    setup(&f);
+    char causal[65], *out, mode[16];
+    mask_hash("causal", 128, causal);
+    put_tuning(f.cache, causal, "{\"winner\": {\"kind\": \"block\", \"ms\": 1}}");
+    char *exp = path_in(f.dir, "export.db"), *dst = path_in(f.dir, "sub/dst.db");
+    ck_assert_int_eq(dump(&out, f.cache, "export '%s'", exp), 0);
+    ck_assert_ptr_nonnull(strstr(out, "exported 2 kernels and 1 tuning record to"));
+    free(out);
+    journal_mode(exp, mode, sizeof mode);
+    ck_assert_str_eq(mode, "delete");   /* one self-contained file */
+    ck_assert_int_eq(dump(&out, f.cache, "export '%s'", exp), 2);
+    ck_assert_ptr_nonnull(strstr(out, "exists"));
+    free(out);
+
+    /* Into a new cache (import may create one), then again: all present. */
+    ck_assert_int_eq(dump(&out, dst, "import '%s'", exp), 0);
+    ck_assert_msg(strstr(out, "kernels  2 added, 0 already here, 0 damaged (skipped), 0 stale"),
+                  "%s", out);
+    ck_assert_ptr_nonnull(strstr(out, "tuning   1 added"));
+    free(out);
+    char a[512], b[512];
+    keys_of(f.cache, a, sizeof a);
+    keys_of(dst, b, sizeof b);
+    ck_assert_str_eq(a, b);
+    ck_assert_int_eq(dump(&out, dst, "check"), 0);
+    free(out);
+    ck_assert_int_eq(dump(&out, dst, "import '%s'", exp), 0);
+    ck_assert_ptr_nonnull(strstr(out, "kernels  0 added, 2 already here"));
+    ck_assert_ptr_nonnull(strstr(out, "tuning   0 added, 1 kept"));
+    free(out);
+    ck_assert_int_eq(dump(&out, dst, "tuning --mask causal"), 0);
+    ck_assert_ptr_nonnull(strstr(out, "1 tuning record\n"));
+    free(out);
+
+    /* A damaged and a stale row in the file are skipped and counted. */
+    flip_byte(exp, f.keys[0], "ptx");
+    char *dst2 = path_in(f.dir, "dst2.db");
+    ck_assert_int_eq(dump(&out, dst2, "import '%s'", exp), 0);
+    ck_assert_msg(strstr(out, "kernels  1 added, 0 already here, 1 damaged (skipped), 0 stale"),
+                  "%s", out);
+    free(out);
+    sql(exp, "UPDATE kernels SET stof_version='9.9.9' WHERE key='%s'", f.keys[1]);
+    sql(exp, "UPDATE tuning SET stof_version='9.9.9'");
+    char *dst3 = path_in(f.dir, "dst3.db");
+    ck_assert_int_eq(dump(&out, dst3, "import '%s'", exp), 0);
+    ck_assert_msg(strstr(out, "kernels  0 added, 0 already here, 1 damaged (skipped), 1 stale"),
+                  "%s", out);
+    ck_assert_ptr_nonnull(strstr(out, "tuning   0 added, 0 kept (as new or newer here), 1 stale"));
+    free(out);
+
+    /* Not a stof cache, absent, or itself: refused, nothing changed or made. */
+    char *text = path_in(f.dir, "text.db"), *dst4 = path_in(f.dir, "dst4.db");
+    write_file(text, "not a database at all, not even close to one\n");
+    keys_of(dst, a, sizeof a);
+    ck_assert_int_eq(dump(&out, dst, "import '%s'", text), 2);
+    ck_assert_ptr_nonnull(strstr(out, "cannot import"));
+    ck_assert_ptr_nonnull(strstr(out, "not a SQLite database"));
+    free(out);
+    keys_of(dst, b, sizeof b);
+    ck_assert_str_eq(a, b);
+    ck_assert_int_eq(dump(&out, dst4, "import '%s/none.db'", f.dir), 2);
+    ck_assert(!exists(dst4));
+    free(out);
+    ck_assert_int_eq(dump(&out, f.cache, "import '%s'", f.cache), 2);
+    ck_assert_ptr_nonnull(strstr(out, "into itself"));
+    free(out);
+    free(text);
+    free(dst4);
+    free(dst3);
+    free(dst2);
+    free(dst);
+    free(exp);
+    teardown(&f);
+}
+END_TEST
+
+/* ---- bad input ---- */
+
+START_TEST(test_no_cache)
+{
+    fixture f;
+    setup(&f);
+    char *out, *none = path_in(f.dir, "sub/none.db"), *sub = path_in(f.dir, "sub");
+    const char *cmds[] = {"list", "stats", "check", "tuning", "prune --stale", "show abc"};
+    for (size_t i = 0; i < sizeof cmds / sizeof cmds[0]; i++) {
+        ck_assert_msg(dump(&out, none, "%s", cmds[i]) == 2, "%s: %s", cmds[i], out);
+        ck_assert_ptr_nonnull(strstr(out, "no stof cache there; nothing was created"));
+        ck_assert(!exists(none) && !exists(sub));
+        free(out);
+    }
+    /* The library's default path: $STOF_CACHE. */
+    int rc = test_sh(&out, "STOF_CACHE='%s' %s list", none, test_build_path("stof-dump"));
+    ck_assert_int_eq(rc, 2);
+    ck_assert_ptr_nonnull(strstr(out, none));
+    ck_assert(!exists(none));
+    free(out);
+    rc = test_sh(&out, "STOF_CACHE='%s' %s list", f.cache, test_build_path("stof-dump"));
+    ck_assert_int_eq(rc, 0);
+    ck_assert_ptr_nonnull(strstr(out, "2 kernels"));
+    free(out);
+    rc = test_sh(&out, "STOF_CACHE=off %s list", test_build_path("stof-dump"));
+    ck_assert_int_eq(rc, 2);
+    ck_assert_ptr_nonnull(strstr(out, "STOF_CACHE is off"));
+    free(out);
+    rc = test_sh(&out, "unset STOF_CACHE; HOME='%s' XDG_CACHE_HOME= %s list", f.dir,
+            test_build_path("stof-dump"));
+    ck_assert_int_eq(rc, 2);
+    ck_assert_ptr_nonnull(strstr(out, "/.cache/stof/cache.db"));
+    free(out);
+    free(sub);
+    free(none);
+    teardown(&f);
+}
+END_TEST
+
+START_TEST(test_not_a_stof_cache)
+{
+    fixture f;
+    setup(&f);
+    char *text = path_in(f.dir, "text.db"), *foreign = path_in(f.dir, "foreign.db"),
+         *newer = path_in(f.dir, "newer.db"), *empty = path_in(f.dir, "empty.db");
+    write_file(text, "SQLite format 2, or so it says; it is only text\n");
+    write_file(empty, "");
+    sql(foreign, "CREATE TABLE notes (x TEXT); INSERT INTO notes VALUES ('mine');");
+    sql(newer, "CREATE TABLE kernels (key TEXT); PRAGMA user_version = 7;");
+    struct { const char *path, *what; } cases[] = {
+        {text, "not a SQLite database"}, {foreign, "not a stof cache"},
+        {newer, "schema version 7 is newer"}, {empty, "empty file"}};
+    for (size_t i = 0; i < 4; i++) {
+        size_t n0, n1;
+        char *before = test_slurp(cases[i].path, &n0), *out;
+        ck_assert_int_eq(dump(&out, cases[i].path, "list"), 2);
+        ck_assert_msg(strstr(out, cases[i].what), "%s: %s", cases[i].path, out);
+        free(out);
+        ck_assert_int_eq(dump(&out, cases[i].path, "prune --stale"), 2);
+        free(out);
+        char *after = test_slurp(cases[i].path, &n1);
+        ck_assert_msg(n0 == n1 && memcmp(before, after, n0) == 0, "%s changed", cases[i].path);
+        free(before);
+        free(after);
+    }
+    free(text);
+    free(foreign);
+    free(newer);
+    free(empty);
+    teardown(&f);
+}
+END_TEST
+
+START_TEST(test_usage)
+{
+    fixture f;
+    setup(&f);
+    struct { const char *args, *what; } bad[] = {
+        {"", "no command given"},
+        {"frob", "unknown command \"frob\""},
+        {"list --stale", "\"list\" does not take --stale"},
+        {"stats --mask causal", "\"stats\" does not take --mask"},
+        {"list --source", "\"list\" does not take a part"},
+        {"stats extra", "unexpected argument \"extra\""},
+        {"list --op", "--op needs a value"},
+        {"list --bogus", "unknown option --bogus"},
+        {"export", "needs its operand"},
+    };
+    char *out;
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        ck_assert_msg(dump(&out, f.cache, "%s", bad[i].args) == 2, "[%s]: %s", bad[i].args, out);
+        ck_assert_msg(strstr(out, bad[i].what), "[%s]: %s", bad[i].args, out);
+        free(out);
+    }
+    int rc = test_sh(&out, "%s --help", test_build_path("stof-dump"));
+    ck_assert_int_eq(rc, 0);
+    ck_assert_ptr_nonnull(strstr(out, "usage: stof-dump"));
+    free(out);
+    /* --cache may come after the command, as --cache=PATH too. */
+    rc = test_sh(&out, "%s list --cache='%s'", test_build_path("stof-dump"), f.cache);
+    ck_assert_int_eq(rc, 0);
+    ck_assert_ptr_nonnull(strstr(out, "2 kernels"));
+    free(out);
+    teardown(&f);
+}
+END_TEST
+
+Suite *suite_dump(void)
+{
+    Suite *s = suite_create("dump");
+    TCase *tc = tcase_create("dump");
+    tcase_add_test(tc, test_list);
+    tcase_add_test(tc, test_show);
+    tcase_add_test(tc, test_show_sass);
+    tcase_add_test(tc, test_show_bad_keys);
+    tcase_add_test(tc, test_tuning);
+    tcase_add_test(tc, test_stats);
+    tcase_add_test(tc, test_check);
+    tcase_add_test(tc, test_check_bad_record);
+    tcase_add_test(tc, test_prune);
+    tcase_add_test(tc, test_export_import);
+    tcase_add_test(tc, test_no_cache);
+    tcase_add_test(tc, test_not_a_stof_cache);
+    tcase_add_test(tc, test_usage);
+    suite_add_tcase(s, tc);
+    return s;
+}

@@ -1,0 +1,486 @@
+/*
+ * test_workload — reading workloads: the shared workload files (and
+ * embedded copies of them) expand to the right cases, every malformed or
+ * out-of-range field is refused with its file, line, column and JSON path
+ * and leaves the list unchanged, the --mha / --ln one-liners, mask specs
+ * checked by the library, and randomly damaged files never crashing.
+ */
+#include <dirent.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "testutil.h"
+#include "tools/workload.h"
+
+/* Copies of the shared workload files (attention.json, layers.json), so the formats are tested where
+ * the shared folder is absent; the real files are read too when present. */
+static const char ATTENTION_JSON[] =
+    "{\n"
+    "  \"about\": \"Masked multi-head attention cases.\",\n"
+    "  \"suites\": [\n"
+    "    {\"name\": \"bert-heads\", \"batch\": 8, \"heads\": 12, \"head_dim\": 64, \"dtype\": \"fp16\",\n"
+    "     \"seq\": [512, 1024, 2048, 4096],\n"
+    "     \"masks\": {\"dense\": \"dense\", \"causal\": \"causal\", \"window\": \"window:256\",\n"
+    "               \"longformer\": \"window:256+global:64\",\n"
+    "               \"bigbird\": \"window:192+global:64+random:3:64:1\",\n"
+    "               \"strided\": \"window:256+strided:8\", \"dilated\": \"dilated:256:2\"}},\n"
+    "    {\"name\": \"long-heads\", \"batch\": 2, \"heads\": 16, \"head_dim\": 128, \"dtype\": \"bf16\",\n"
+    "     \"seq\": [4096, 8192],\n"
+    "     \"masks\": {\"causal\": \"causal\", \"window\": \"window:1024\",\n"
+    "               \"longformer\": \"window:512+global:128\"}},\n"
+    "    {\"name\": \"packed-docs\", \"batch\": 2, \"heads\": 16, \"head_dim\": 128, \"dtype\": \"bf16\",\n"
+    "     \"seq\": [8192],\n"
+    "     \"masks\": {\"docs\": \"docs:1024,3072,4096\",\n"
+    "               \"causal-docs\": \"causal&docs:1024,3072,4096\"}}\n"
+    "  ]\n"
+    "}\n";
+
+static const char LAYERS_JSON[] =
+    "{\n"
+    "  \"about\": \"Encoder layers.\",\n"
+    "  \"models\": {\n"
+    "    \"bert-base\":  {\"hidden\": 768,  \"heads\": 12, \"ffn\": 4.0, \"activation\": \"gelu\", \"norm\": \"post_ln\"},\n"
+    "    \"bert-large\": {\"hidden\": 1024, \"heads\": 16, \"ffn\": 4.0, \"activation\": \"gelu\", \"norm\": \"post_ln\"},\n"
+    "    \"vit-base-local\": {\"hidden\": 768, \"heads\": 12, \"ffn\": 4.0, \"activation\": \"gelu\", \"norm\": \"pre_ln\"}\n"
+    "  },\n"
+    "  \"cases\": [\n"
+    "    {\"model\": \"bert-base\",  \"batch\": 8, \"seq\": [512, 2048], \"dtype\": \"fp16\",\n"
+    "     \"masks\": [\"window:256\", \"window:256+global:64\", \"window:192+global:64+random:3:64:1\"]},\n"
+    "    {\"model\": \"bert-large\", \"batch\": 8, \"seq\": [512, 2048], \"dtype\": \"fp16\",\n"
+    "     \"masks\": [\"window:256+global:64\"]},\n"
+    "    {\"model\": \"vit-base-local\", \"batch\": 16, \"seq\": [1024], \"dtype\": \"fp16\",\n"
+    "     \"masks\": [\"window:128\"]}\n"
+    "  ]\n"
+    "}\n";
+
+static int read_text(workload *w, const char *text, char *err)
+{
+    return workload_read_text(w, text, strlen(text), "t.json", err, 1024);
+}
+
+static const workload_case *find(const workload *w, const char *name)
+{
+    for (int i = 0; i < w->n; i++)
+        if (strcmp(w->cases[i].name, name) == 0)
+            return &w->cases[i];
+    return NULL;
+}
+
+static void check_attention(const workload *w)
+{
+    ck_assert_int_eq(w->n, 4 * 7 + 2 * 3 + 1 * 2);
+    int per_suite[3] = {0};
+    for (int i = 0; i < w->n; i++) {
+        ck_assert_int_eq(w->cases[i].op, WORKLOAD_MHA);
+        per_suite[strncmp(w->cases[i].name, "bert", 4) == 0 ? 0
+                  : strncmp(w->cases[i].name, "long", 4) == 0 ? 1 : 2]++;
+    }
+    ck_assert_int_eq(per_suite[0], 28);
+    ck_assert_int_eq(per_suite[1], 6);
+    ck_assert_int_eq(per_suite[2], 2);
+    /* Order: suite, then seq, then mask in file order. */
+    ck_assert_str_eq(w->cases[0].name, "bert-heads/dense/l=512");
+    ck_assert_str_eq(w->cases[1].name, "bert-heads/causal/l=512");
+    ck_assert_str_eq(w->cases[7].name, "bert-heads/dense/l=1024");
+    const workload_case *c = find(w, "bert-heads/bigbird/l=2048");
+    ck_assert_ptr_nonnull(c);
+    ck_assert_int_eq(c->batch, 8);
+    ck_assert_int_eq(c->heads, 12);
+    ck_assert_int_eq(c->head_dim, 64);
+    ck_assert_int_eq(c->seq_q, 2048);
+    ck_assert_int_eq(c->seq_k, 2048);
+    ck_assert_int_eq(c->dtype, STOF_F16);
+    ck_assert_str_eq(c->mask, "window:192+global:64+random:3:64:1");
+    ck_assert_ptr_nonnull(strstr(c->origin, "$.suites[0].masks.bigbird"));
+    c = find(w, "packed-docs/causal-docs/l=8192");
+    ck_assert_ptr_nonnull(c);
+    ck_assert_int_eq(c->dtype, STOF_BF16);
+    ck_assert_int_eq(c->head_dim, 128);
+    ck_assert_str_eq(c->mask, "causal&docs:1024,3072,4096");
+    ck_assert_ptr_nonnull(find(w, "long-heads/longformer/l=8192"));
+}
+
+static void check_layers(const workload *w)
+{
+    ck_assert_int_eq(w->n, 2 * 3 + 2 * 1 + 1 * 1);
+    const workload_case *c = find(w, "bert-large/l=2048/window:256+global:64");
+    ck_assert_ptr_nonnull(c);
+    ck_assert_int_eq(c->op, WORKLOAD_LAYER);
+    ck_assert_str_eq(c->model, "bert-large");
+    ck_assert_int_eq(c->hidden, 1024);
+    ck_assert_int_eq(c->heads, 16);
+    ck_assert_int_eq(c->head_dim, 64);
+    ck_assert(c->ffn == 4.0);
+    ck_assert_str_eq(c->activation, "gelu");
+    ck_assert_str_eq(c->norm, "post_ln");
+    ck_assert_int_eq(c->rows, 8 * 2048);
+    c = find(w, "vit-base-local/l=1024/window:128");
+    ck_assert_ptr_nonnull(c);
+    ck_assert_str_eq(c->norm, "pre_ln");
+    ck_assert_int_eq(c->batch, 16);
+    ck_assert_int_eq(c->rows, 16 * 1024);
+    ck_assert_ptr_nonnull(strstr(c->origin, "$.cases[2].masks[0]"));
+}
+
+START_TEST(test_embedded_copies)
+{
+    workload w = {0};
+    char err[1024];
+    ck_assert_msg(read_text(&w, ATTENTION_JSON, err) == 0, "%s", err);
+    check_attention(&w);
+    workload_free(&w);
+    ck_assert_msg(read_text(&w, LAYERS_JSON, err) == 0, "%s", err);
+    check_layers(&w);
+    workload_free(&w);
+}
+END_TEST
+
+/* The shared folder: $STOF_WORKLOADS, else the usual places. */
+static const char *shared_dir(void)
+{
+    static const char *const dirs[] = {"bench/workloads", "workloads", "../shared/workloads",
+                                       "/work/shared/workloads"};
+    const char *e = getenv("STOF_WORKLOADS");
+    if (e && *e)
+        return e;
+    for (size_t i = 0; i < sizeof dirs / sizeof dirs[0]; i++) {
+        char p[512];
+        snprintf(p, sizeof p, "%s/attention.json", dirs[i]);
+        if (access(p, R_OK) == 0)
+            return dirs[i];
+    }
+    return NULL;
+}
+
+START_TEST(test_shared_files)
+{
+    const char *dir = shared_dir();
+    if (!dir) {
+        printf("test_workload: no shared workload folder (set STOF_WORKLOADS); the embedded "
+               "copies were tested\n");
+        return;
+    }
+    DIR *d = opendir(dir);
+    ck_assert_ptr_nonnull(d);
+    struct dirent *e;
+    int files = 0;
+    while ((e = readdir(d))) {
+        size_t n = strlen(e->d_name);
+        if (n < 6 || strcmp(e->d_name + n - 5, ".json") != 0)
+            continue;
+        char path[1024], err[1024];
+        snprintf(path, sizeof path, "%s/%s", dir, e->d_name);
+        workload w = {0};
+        ck_assert_msg(workload_read_file(&w, path, err, sizeof err) == 0, "%s", err);
+        ck_assert_int_gt(w.n, 0);
+        if (strcmp(e->d_name, "attention.json") == 0)
+            check_attention(&w);
+        if (strcmp(e->d_name, "layers.json") == 0)
+            check_layers(&w);
+        /* Every mask of every case parses for its lengths. */
+        stof_ctx *ctx = NULL;
+        ck_assert_int_eq(stof_open(&ctx, &(stof_options){.no_cache = 1}), STOF_OK);
+        ck_assert_msg(workload_check(ctx, &w, err, sizeof err) == STOF_OK, "%s", err);
+        stof_close(ctx);
+        workload_free(&w);
+        files++;
+    }
+    closedir(d);
+    ck_assert_int_ge(files, 2);
+}
+END_TEST
+
+START_TEST(test_both_formats_append)
+{
+    workload w = {0};
+    char err[1024];
+    ck_assert(read_text(&w, ATTENTION_JSON, err) == 0);
+    ck_assert(read_text(&w, LAYERS_JSON, err) == 0);
+    ck_assert(workload_add_ln(&w, "rows=16384,hidden=768,fp16", err, sizeof err) == 0);
+    ck_assert_int_eq(w.n, 36 + 9 + 1);
+    ck_assert_int_eq(w.cases[45].op, WORKLOAD_LN);
+    workload_free(&w);
+    /* One file may hold both kinds. */
+    const char *both = "{\"suites\": [{\"name\": \"s\", \"batch\": 1, \"heads\": 2, \"head_dim\": 64,"
+                       " \"dtype\": \"fp16\", \"seq\": 128, \"masks\": [\"causal\"]}],"
+                       " \"models\": {\"m\": {\"hidden\": 256, \"heads\": 4, \"ffn\": 2,"
+                       " \"activation\": \"relu\", \"norm\": \"pre_ln\"}},"
+                       " \"cases\": [{\"model\": \"m\", \"batch\": 2, \"seq\": [64, 128],"
+                       " \"dtype\": \"bf16\", \"masks\": {\"all\": \"dense\"}}]}";
+    ck_assert_msg(read_text(&w, both, err) == 0, "%s", err);
+    ck_assert_int_eq(w.n, 3);
+    ck_assert_str_eq(w.cases[0].name, "s/causal/l=128");
+    ck_assert_str_eq(w.cases[2].name, "m/l=128/dense");
+    ck_assert_int_eq(w.cases[2].rows, 256);
+    workload_free(&w);
+}
+END_TEST
+
+/* A bad document: what the message must hold (position and path). */
+typedef struct bad_doc {
+    const char *text, *where, *what;
+} bad_doc;
+
+#define SUITE_OK "\"name\": \"s\", \"batch\": 1, \"heads\": 2, \"head_dim\": 64, \"dtype\": \"fp16\""
+#define MODEL_OK "\"hidden\": 256, \"heads\": 4, \"ffn\": 4, \"activation\": \"gelu\", \"norm\": \"post_ln\""
+
+static const bad_doc BAD_DOCS[] = {
+    {"[]", "t.json:1:1: $", "expected a workload object"},
+    {"{}", "t.json:1:1: $", "neither an attention workload"},
+    {"{\"about\": \"x\"}", "t.json:1:1: $", "neither"},
+    {"{\"models\": {}}", "t.json:1:1: $", "needs both"},
+    {"{\"suites\": [], \"extra\": 1}", "t.json:1:25: $.extra", "unknown member \"extra\""},
+    {"{\"suites\": {}}", "$.suites", "expected an array of suites"},
+    {"{\"suites\": [5]}", "t.json:1:13: $.suites[0]", "expected an attention suite object"},
+    {"{\"suites\": [{" SUITE_OK ", \"seq\": 64, \"masks\": [\"dense\"], \"head\": 2}]}",
+     "$.suites[0].head", "unknown member \"head\""},
+    {"{\"suites\": [{\"name\": \"s\", \"batch\": 1, \"heads\": 2, \"head_dim\": 64, \"seq\": 64,"
+     " \"masks\": [\"dense\"]}]}",
+     "$.suites[0]", "missing member \"dtype\""},
+    {"{\"suites\": [{\"name\": \"s\", \"batch\": \"8\", \"heads\": 2, \"head_dim\": 64, \"dtype\":"
+     " \"fp16\", \"seq\": 64, \"masks\": [\"dense\"]}]}",
+     "$.suites[0].batch", "expected an integer from 1 to"},
+    {"{\"suites\": [{\"name\": \"s\", \"batch\": 0, \"heads\": 2, \"head_dim\": 64, \"dtype\":"
+     " \"fp16\", \"seq\": 64, \"masks\": [\"dense\"]}]}",
+     "$.suites[0].batch", "got 0"},
+    {"{\"suites\": [{" SUITE_OK ", \"seq\": [128, -3], \"masks\": [\"dense\"]}]}",
+     "t.json:1:97: $.suites[0].seq[1]", "got -3"},
+    {"{\"suites\": [{" SUITE_OK ", \"seq\": [1.5], \"masks\": [\"dense\"]}]}", "$.suites[0].seq[0]",
+     "got 1.5"},
+    {"{\"suites\": [{" SUITE_OK ", \"seq\": [], \"masks\": [\"dense\"]}]}", "$.suites[0].seq",
+     "non-empty array"},
+    {"{\"suites\": [{" SUITE_OK ", \"seq\": 64, \"masks\": {}}]}", "$.suites[0].masks",
+     "non-empty object"},
+    {"{\"suites\": [{" SUITE_OK ", \"seq\": 64, \"masks\": {\"a\": 5}}]}", "$.suites[0].masks.a",
+     "expected a mask spec string"},
+    {"{\"suites\": [{" SUITE_OK ", \"seq\": 64, \"masks\": [\"\"]}]}", "$.suites[0].masks[0]",
+     "expected a mask spec string"},
+    {"{\"suites\": [{\"name\": \"s\", \"batch\": 1, \"heads\": 2, \"head_dim\": 64, \"dtype\":"
+     " \"fp8\", \"seq\": 64, \"masks\": [\"dense\"]}]}",
+     "$.suites[0].dtype", "unknown dtype \"fp8\""},
+    {"{\"suites\": [{\"name\": 3, \"batch\": 1, \"heads\": 2, \"head_dim\": 64, \"dtype\":"
+     " \"fp16\", \"seq\": 64, \"masks\": [\"dense\"]}]}",
+     "$.suites[0].name", "expected a string, got a number"},
+    {"{\"models\": {\"m\": {" MODEL_OK "}}, \"cases\": [{\"model\": \"x\", \"batch\": 1,"
+     " \"seq\": 64, \"dtype\": \"fp16\", \"masks\": [\"dense\"]}]}",
+     "$.cases[0].model", "unknown model \"x\""},
+    {"{\"models\": {\"m\": {\"hidden\": 250, \"heads\": 4, \"ffn\": 4, \"activation\": \"gelu\","
+     " \"norm\": \"post_ln\"}}, \"cases\": []}",
+     "$.models.m", "not a multiple of heads"},
+    {"{\"models\": {\"m\": {\"hidden\": 256, \"heads\": 4, \"ffn\": 4, \"activation\": \"swish\","
+     " \"norm\": \"post_ln\"}}, \"cases\": []}",
+     "$.models.m.activation", "unknown activation \"swish\""},
+    {"{\"models\": {\"m\": {\"hidden\": 256, \"heads\": 4, \"ffn\": 4, \"activation\": \"gelu\","
+     " \"norm\": \"mid_ln\"}}, \"cases\": []}",
+     "$.models.m.norm", "unknown norm"},
+    {"{\"models\": {\"m\": {\"hidden\": 256, \"heads\": 4, \"ffn\": -1, \"activation\": \"gelu\","
+     " \"norm\": \"post_ln\"}}, \"cases\": []}",
+     "$.models.m.ffn", "expected a multiple of hidden"},
+    {"{\"models\": {\"m\": {" MODEL_OK "}}, \"cases\": [{\"model\": \"m\", \"batch\": 1,"
+     " \"seq\": 64, \"dtype\": \"fp16\", \"masks\": [\"dense\"], \"heads\": 3}]}",
+     "$.cases[0].heads", "unknown member \"heads\""},
+    {"{\"models\": {\"m\": {" MODEL_OK "}}, \"cases\": {}}", "$.cases", "expected an array"},
+    {"{\"suites\": [\n  {\"name\": \"x\",, }]}", "t.json:2:16: $.suites[0]",
+     "expected a member name in double quotes"},
+    {"{\"suites\": [{" SUITE_OK ", \"seq\": 64, \"masks\": [\"dense\"], \"seq\": 1}]}",
+     "$.suites[0]", "duplicate member name \"seq\""},
+};
+
+START_TEST(test_bad_docs)
+{
+    const bad_doc *b = &BAD_DOCS[_i];
+    workload w = {0};
+    char err[1024] = "";
+    ck_assert(workload_add_ln(&w, "rows=1,hidden=8", err, sizeof err) == 0);
+    ck_assert_msg(read_text(&w, b->text, err) != 0, "accepted: %s", b->text);
+    ck_assert_msg(strstr(err, b->where) && strstr(err, b->what), "[%s]\n  said: %s\n  wanted: %s ... %s",
+                  b->text, err, b->where, b->what);
+    ck_assert_int_eq(w.n, 1);   /* unchanged */
+    workload_free(&w);
+}
+END_TEST
+
+START_TEST(test_missing_file)
+{
+    workload w = {0};
+    char err[1024];
+    ck_assert(workload_read_file(&w, "/nonexistent/x.json", err, sizeof err) != 0);
+    ck_assert_ptr_nonnull(strstr(err, "/nonexistent/x.json"));
+    ck_assert_ptr_nonnull(strstr(err, "No such file"));
+    ck_assert_int_eq(w.n, 0);
+}
+END_TEST
+
+START_TEST(test_masks_checked)
+{
+    workload w = {0};
+    char err[2048];
+    const char *doc = "{\"suites\": [{" SUITE_OK ", \"seq\": [64, 128],"
+                      " \"masks\": {\"ok\": \"causal\", \"w\": \"window:3\"}}]}";
+    ck_assert(read_text(&w, doc, err) == 0);
+    stof_ctx *ctx = NULL;
+    ck_assert_int_eq(stof_open(&ctx, &(stof_options){.no_cache = 1}), STOF_OK);
+    ck_assert_int_eq(workload_check(ctx, &w, err, sizeof err), STOF_ERR_INVALID_ARG);
+    ck_assert_msg(strstr(err, "s/w/l=64") && strstr(err, "$.suites[0].masks.w") &&
+                  strstr(err, "window:3"), "%s", err);
+    workload_free(&w);
+    /* A spec that fits one length but not another. */
+    ck_assert(workload_add_mha(&w, "b=1,h=1,l=300,d=64,docs:100,200", err, sizeof err) == 0);
+    ck_assert_int_eq(workload_check(ctx, &w, err, sizeof err), STOF_OK);
+    ck_assert(workload_add_mha(&w, "b=1,h=1,l=256,d=64,docs:100,200", err, sizeof err) == 0);
+    ck_assert_int_eq(workload_check(ctx, &w, err, sizeof err), STOF_ERR_INVALID_ARG);
+    ck_assert_ptr_nonnull(strstr(err, "--mha \"b=1,h=1,l=256"));
+    workload_free(&w);
+    stof_close(ctx);
+}
+END_TEST
+
+START_TEST(test_mha_lines)
+{
+    workload w = {0};
+    char err[1024];
+    ck_assert(workload_add_mha(&w, "b=8,h=12,l=2048,d=64,fp16,window:256", err, sizeof err) == 0);
+    ck_assert(workload_add_mha(&w, "b=2, h=16, l=8192, d=128, bf16, docs:1024,3072,4096", err,
+                               sizeof err) == 0);
+    ck_assert(workload_add_mha(&w, "batch=1,heads=2,lq=128,lk=256,head_dim=64", err, sizeof err) == 0);
+    ck_assert(workload_add_mha(&w, "b=1,h=1,l=64,d=32,mask=causal_window:32, ", err, sizeof err) == 0);
+    ck_assert(workload_add_mha(&w, "dtype=bf16,b=1,h=1,l=64,d=64,causal+global:4", err, sizeof err) == 0);
+    ck_assert_int_eq(w.n, 5);
+    const workload_case *c = &w.cases[0];
+    ck_assert(c->op == WORKLOAD_MHA && c->batch == 8 && c->heads == 12 && c->seq_q == 2048 &&
+              c->seq_k == 2048 && c->head_dim == 64 && c->dtype == STOF_F16);
+    ck_assert_str_eq(c->mask, "window:256");
+    ck_assert_str_eq(c->name, "mha b=8,h=12,l=2048,d=64,fp16,window:256");
+    ck_assert_str_eq(w.cases[1].mask, "docs:1024,3072,4096");
+    ck_assert_int_eq(w.cases[1].dtype, STOF_BF16);
+    ck_assert_str_eq(w.cases[2].mask, "dense");
+    ck_assert_int_eq(w.cases[2].seq_q, 128);
+    ck_assert_int_eq(w.cases[2].seq_k, 256);
+    ck_assert_int_eq(w.cases[2].dtype, STOF_F16);
+    ck_assert_str_eq(w.cases[3].mask, "causal_window:32,");
+    ck_assert_str_eq(w.cases[4].mask, "causal+global:4");
+    ck_assert_int_eq(w.cases[4].dtype, STOF_BF16);
+    stof_mha_desc d;
+    workload_mha_desc(&w.cases[2], STOF_TUNE_FULL, &d);
+    ck_assert(d.batch == 1 && d.heads == 2 && d.seq_q == 128 && d.seq_k == 256 &&
+              d.head_dim == 64 && d.dtype == STOF_F16 && d.layout == STOF_LAYOUT_BHLD &&
+              d.tune == STOF_TUNE_FULL && d.scale == 0);
+    workload_free(&w);
+}
+END_TEST
+
+typedef struct bad_line {
+    int ln;
+    const char *line, *what;
+} bad_line;
+
+static const bad_line BAD_LINES[] = {
+    {0, "h=12,l=2048,d=64", "missing b="},
+    {0, "b=8,l=2048,d=64", "missing h="},
+    {0, "b=8,h=12,l=2048", "missing d="},
+    {0, "b=8,h=12,d=64", "missing l= (or lq= and lk=)"},
+    {0, "b=8,h=12,d=64,lq=4", "missing l="},
+    {0, "b=8,h=12,l=5,lq=5,d=64", "not both"},
+    {0, "b=0,h=12,l=2048,d=64", "b=0: expected an integer from 1"},
+    {0, "b=x,h=12,l=2048,d=64", "b=x"},
+    {0, "b=-1,h=12,l=2048,d=64", "b=-1"},
+    {0, "b=8,b=9,h=12,l=2048,d=64", "b is given twice"},
+    {0, "b=8,x=3,h=12,l=2048,d=64", "unknown field \"x\""},
+    {0, "b=8,,h=12,l=2048,d=64", "empty field"},
+    {0, "b=8,h=12,l=2048,d=64,dtype=fp8", "unknown dtype \"fp8\""},
+    {1, "rows=4", "missing hidden="},
+    {1, "hidden=8", "missing rows="},
+    {1, "rows=4,hidden=8,causal", "unexpected \"causal\""},
+    {1, "rows=4,hidden=8,mask=causal", "unknown field \"mask\""},
+    {1, "rows=4,hidden=99999999999999", "hidden="},
+};
+
+START_TEST(test_bad_lines)
+{
+    const bad_line *b = &BAD_LINES[_i];
+    workload w = {0};
+    char err[1024] = "";
+    int rc = b->ln ? workload_add_ln(&w, b->line, err, sizeof err)
+                   : workload_add_mha(&w, b->line, err, sizeof err);
+    ck_assert_msg(rc != 0, "accepted: %s", b->line);
+    ck_assert_msg(strstr(err, b->what), "[%s] said: %s; wanted: %s", b->line, err, b->what);
+    ck_assert_ptr_nonnull(strstr(err, b->ln ? "--ln" : "--mha"));
+    ck_assert_int_eq(w.n, 0);
+}
+END_TEST
+
+START_TEST(test_ln_lines)
+{
+    workload w = {0};
+    char err[1024];
+    ck_assert(workload_add_ln(&w, "rows=16384,hidden=768,fp16", err, sizeof err) == 0);
+    ck_assert(workload_add_ln(&w, "r=4,n=8", err, sizeof err) == 0);
+    ck_assert(workload_add_ln(&w, "hidden=1024,rows=2,dtype=fp32", err, sizeof err) == 0);
+    ck_assert_int_eq(w.n, 3);
+    ck_assert(w.cases[0].op == WORKLOAD_LN && w.cases[0].rows == 16384 &&
+              w.cases[0].hidden == 768 && w.cases[0].dtype == STOF_F16 && !w.cases[0].mask);
+    ck_assert_int_eq(w.cases[1].dtype, STOF_F16);
+    ck_assert_int_eq(w.cases[2].dtype, STOF_F32);
+    stof_ln_desc d;
+    workload_ln_desc(&w.cases[0], &d);
+    ck_assert(d.rows == 16384 && d.hidden == 768 && d.dtype == STOF_F16 && d.eps == 0);
+    ck_assert_str_eq(workload_op_name(w.cases[0].op), "layernorm");
+    workload_free(&w);
+}
+END_TEST
+
+/* Randomly damaged copies of the shared files: accepted or refused with a
+ * positioned message, never a crash, and a refusal changes nothing. */
+START_TEST(test_damaged_files)
+{
+    test_rng r = test_rng_make(0x776b);
+    const char *src[2] = {ATTENTION_JSON, LAYERS_JSON};
+    for (int iter = 0; iter < 400; iter++) {
+        char buf[4096];
+        const char *s = src[iter & 1];
+        size_t n = strlen(s);
+        memcpy(buf, s, n + 1);
+        int edits = test_rng_int(&r, 1, 3);
+        for (int e = 0; e < edits; e++) {
+            size_t at = (size_t)test_rng_int(&r, 0, (int)n - 1);
+            int how = test_rng_int(&r, 0, 2);
+            static const char pick[] = "{}[]\",:0-9a \\\x01\xff";
+            if (how == 0)
+                buf[at] = pick[test_rng_int(&r, 0, (int)sizeof pick - 2)];
+            else if (how == 1)
+                memmove(buf + at, buf + at + 1, n - at), n--;
+            else
+                buf[at] = (char)(test_rng_next(&r) & 0xff);
+        }
+        workload w = {0};
+        char err[1024] = "";
+        if (workload_read_text(&w, buf, n, "t.json", err, sizeof err) == 0) {
+            ck_assert_int_gt(w.n, 0);
+        } else {
+            ck_assert_msg(strncmp(err, "t.json:", 7) == 0 && strstr(err, ": $"),
+                          "seed %llu iter %d: %s", (unsigned long long)test_seed(), iter, err);
+            ck_assert_int_eq(w.n, 0);
+        }
+        workload_free(&w);
+    }
+}
+END_TEST
+
+Suite *suite_workload(void)
+{
+    Suite *s = suite_create("workload");
+    TCase *tc = tcase_create("workload");
+    tcase_add_test(tc, test_embedded_copies);
+    tcase_add_test(tc, test_shared_files);
+    tcase_add_test(tc, test_both_formats_append);
+    tcase_add_loop_test(tc, test_bad_docs, 0, (int)(sizeof BAD_DOCS / sizeof BAD_DOCS[0]));
+    tcase_add_test(tc, test_missing_file);
+    tcase_add_test(tc, test_masks_checked);
+    tcase_add_test(tc, test_mha_lines);
+    tcase_add_loop_test(tc, test_bad_lines, 0, (int)(sizeof BAD_LINES / sizeof BAD_LINES[0]));
+    tcase_add_test(tc, test_ln_lines);
+    tcase_add_test(tc, test_damaged_files);
+    suite_add_tcase(s, tc);
+    return s;
+}

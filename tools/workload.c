@@ -1,0 +1,780 @@
+#include "tools/workload.h"
+
+#include <errno.h>
+#include <stdarg.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "base/json.h"
+
+#define MAX_BATCH (1 << 20)
+#define MAX_HEADS 1024
+#define MAX_HEAD_DIM 1024
+#define MAX_SEQ (1 << 24)
+#define MAX_HIDDEN (1 << 20)
+#define MAX_ROWS 2147483647LL
+#define MAX_FILE_BYTES (64L << 20)
+
+const char *workload_op_name(workload_op op)
+{
+    switch (op) {
+    case WORKLOAD_MHA: return "mha";
+    case WORKLOAD_LAYER: return "layer";
+    case WORKLOAD_LN: return "layernorm";
+    }
+    return "?";
+}
+
+stof_dtype workload_dtype(const char *name)
+{
+    if (!name)
+        return STOF_DTYPE_INVALID;
+    if (strcmp(name, "fp16") == 0)
+        return STOF_F16;
+    if (strcmp(name, "bf16") == 0)
+        return STOF_BF16;
+    if (strcmp(name, "fp32") == 0)
+        return STOF_F32;
+    return STOF_DTYPE_INVALID;
+}
+
+/* ---- the case list ---- */
+
+static void case_free(workload_case *c)
+{
+    free(c->name);
+    free(c->origin);
+    free(c->mask);
+    free(c->model);
+    free(c->activation);
+    free(c->norm);
+    memset(c, 0, sizeof *c);
+}
+
+void workload_free(workload *w)
+{
+    for (int i = 0; i < w->n; i++)
+        case_free(&w->cases[i]);
+    free(w->cases);
+    memset(w, 0, sizeof *w);
+}
+
+static char *dup_or_null(const char *s) { return s ? strdup(s) : NULL; }
+
+/* Appends a deep copy of c (its strings are borrowed); 0 on out of memory. */
+static int add_case(workload *w, const workload_case *c)
+{
+    if (w->n == w->cap) {
+        int cap = w->cap ? w->cap * 2 : 16;
+        workload_case *p = realloc(w->cases, (size_t)cap * sizeof *p);
+        if (!p)
+            return 0;
+        w->cases = p;
+        w->cap = cap;
+    }
+    workload_case *d = &w->cases[w->n];
+    *d = *c;
+    d->name = dup_or_null(c->name);
+    d->origin = dup_or_null(c->origin);
+    d->mask = dup_or_null(c->mask);
+    d->model = dup_or_null(c->model);
+    d->activation = dup_or_null(c->activation);
+    d->norm = dup_or_null(c->norm);
+    if (!d->name || !d->origin || (c->mask && !d->mask) || (c->model && !d->model) ||
+        (c->activation && !d->activation) || (c->norm && !d->norm)) {
+        case_free(d);
+        return 0;
+    }
+    w->n++;
+    return 1;
+}
+
+/* Moves every case of from to the end of to; 0 on out of memory. */
+static int take_all(workload *to, workload *from)
+{
+    if (to->n + from->n > to->cap) {
+        int cap = to->n + from->n;
+        workload_case *p = realloc(to->cases, (size_t)cap * sizeof *p);
+        if (!p)
+            return 0;
+        to->cases = p;
+        to->cap = cap;
+    }
+    if (from->n)
+        memcpy(to->cases + to->n, from->cases, (size_t)from->n * sizeof *from->cases);
+    to->n += from->n;
+    free(from->cases);
+    memset(from, 0, sizeof *from);
+    return 1;
+}
+
+/* ---- reading JSON ---- */
+
+typedef struct reader {
+    const char *file;
+    char *err;
+    size_t errlen;
+    workload got;
+} reader;
+
+static int bad(reader *r, const json_value *v, const char *path, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+
+static int bad(reader *r, const json_value *v, const char *path, const char *fmt, ...)
+{
+    char msg[512];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    snprintf(r->err, r->errlen, "%s:%d:%d: %s: %s", r->file, v ? v->line : 1, v ? v->col : 1,
+             path, msg);
+    return 0;
+}
+
+static void child(char *out, size_t n, const char *path, const char *key)
+{
+    snprintf(out, n, "%s", path);
+    json_path_key(out, n, key);
+}
+
+static void item(char *out, size_t n, const char *path, size_t i)
+{
+    snprintf(out, n, "%s", path);
+    json_path_index(out, n, i);
+}
+
+/* Refuses members other than `allowed` (NULL-terminated); "about" is
+ * always allowed, as a comment. */
+static int only_keys(reader *r, const json_value *obj, const char *path,
+                     const char *const *allowed)
+{
+    for (size_t i = 0; i < obj->n; i++) {
+        int ok = strcmp(obj->keys[i], "about") == 0;
+        for (const char *const *a = allowed; *a && !ok; a++)
+            ok = strcmp(obj->keys[i], *a) == 0;
+        if (ok)
+            continue;
+        char list[256] = "", p[300];
+        for (const char *const *a = allowed; *a; a++)
+            snprintf(list + strlen(list), sizeof list - strlen(list), "%s%s",
+                     a == allowed ? "" : ", ", *a);
+        child(p, sizeof p, path, obj->keys[i]);
+        return bad(r, obj->items[i], p, "unknown member \"%s\" (expected %s)", obj->keys[i],
+                   list);
+    }
+    return 1;
+}
+
+static const json_value *need(reader *r, const json_value *obj, const char *path,
+                              const char *key, json_type t)
+{
+    const json_value *v = json_get(obj, key);
+    char p[300];
+    child(p, sizeof p, path, key);
+    if (!v) {
+        bad(r, obj, path, "missing member \"%s\"", key);
+        return NULL;
+    }
+    if (v->type != t) {
+        bad(r, v, p, "expected %s, got %s", json_type_name(t), json_type_name(v->type));
+        return NULL;
+    }
+    return v;
+}
+
+static int int_value(reader *r, const json_value *v, const char *path, long long lo,
+                     long long hi, int *out)
+{
+    long long x;
+    if (!json_int(v, lo, hi, &x)) {
+        if (v->type == JSON_NUMBER)
+            return bad(r, v, path, "expected an integer from %lld to %lld, got %g", lo, hi,
+                       v->number);
+        return bad(r, v, path, "expected an integer from %lld to %lld, got %s", lo, hi,
+                   json_type_name(v->type));
+    }
+    *out = (int)x;
+    return 1;
+}
+
+static int get_int(reader *r, const json_value *obj, const char *path, const char *key,
+                   long long lo, long long hi, int *out)
+{
+    const json_value *v = json_get(obj, key);
+    char p[300];
+    if (!v)
+        return bad(r, obj, path, "missing member \"%s\"", key);
+    child(p, sizeof p, path, key);
+    return int_value(r, v, p, lo, hi, out);
+}
+
+static int get_dtype(reader *r, const json_value *obj, const char *path, stof_dtype *out)
+{
+    const json_value *v = need(r, obj, path, "dtype", JSON_STRING);
+    char p[300];
+    if (!v)
+        return 0;
+    child(p, sizeof p, path, "dtype");
+    if ((*out = workload_dtype(v->str)) == STOF_DTYPE_INVALID)
+        return bad(r, v, p, "unknown dtype \"%s\" (expected fp16, bf16 or fp32)", v->str);
+    return 1;
+}
+
+/* "seq": an integer or a non-empty array of them. */
+typedef struct int_list {
+    int v[64];
+    const json_value *at[64];
+    int n;
+} int_list;
+
+static int get_seqs(reader *r, const json_value *obj, const char *path, int_list *out)
+{
+    const json_value *v = json_get(obj, "seq");
+    char p[300], q[320];
+    if (!v)
+        return bad(r, obj, path, "missing member \"seq\"");
+    child(p, sizeof p, path, "seq");
+    out->n = 0;
+    if (v->type == JSON_NUMBER) {
+        out->at[0] = v;
+        out->n = 1;
+        return int_value(r, v, p, 1, MAX_SEQ, &out->v[0]);
+    }
+    if (v->type != JSON_ARRAY || v->n == 0)
+        return bad(r, v, p, "expected a sequence length or a non-empty array of them");
+    if (v->n > 64)
+        return bad(r, v, p, "more than 64 sequence lengths");
+    for (size_t i = 0; i < v->n; i++) {
+        item(q, sizeof q, p, i);
+        out->at[i] = v->items[i];
+        if (!int_value(r, v->items[i], q, 1, MAX_SEQ, &out->v[i]))
+            return 0;
+    }
+    out->n = (int)v->n;
+    return 1;
+}
+
+/* "masks": {"name": "spec", ...} or ["spec", ...] (each spec names itself). */
+typedef struct mask_list {
+    const char *name[64], *spec[64];
+    const json_value *at[64];
+    char path[64][320];
+    int n;
+} mask_list;
+
+static int get_masks(reader *r, const json_value *obj, const char *path, mask_list *out)
+{
+    const json_value *v = json_get(obj, "masks");
+    char p[300];
+    if (!v)
+        return bad(r, obj, path, "missing member \"masks\"");
+    child(p, sizeof p, path, "masks");
+    if ((v->type != JSON_ARRAY && v->type != JSON_OBJECT) || v->n == 0)
+        return bad(r, v, p, "expected a non-empty object of named mask specs or array of specs");
+    if (v->n > 64)
+        return bad(r, v, p, "more than 64 masks");
+    for (size_t i = 0; i < v->n; i++) {
+        const json_value *s = v->items[i];
+        if (v->type == JSON_OBJECT)
+            child(out->path[i], sizeof out->path[i], p, v->keys[i]);
+        else
+            item(out->path[i], sizeof out->path[i], p, i);
+        if (s->type != JSON_STRING || s->len == 0 || strlen(s->str) != s->len)
+            return bad(r, s, out->path[i], "expected a mask spec string such as \"window:256\"");
+        out->spec[i] = s->str;
+        out->name[i] = v->type == JSON_OBJECT ? v->keys[i] : s->str;
+        out->at[i] = s;
+    }
+    out->n = (int)v->n;
+    return 1;
+}
+
+static int add(reader *r, const workload_case *c)
+{
+    if (!add_case(&r->got, c))
+        return bad(r, NULL, "$", "out of memory");
+    return 1;
+}
+
+static char *origin_of(reader *r, const json_value *v, const char *path)
+{
+    char *s = NULL;
+    if (asprintf(&s, "%s:%d:%d (%s)", r->file, v->line, v->col, path) < 0)
+        return NULL;
+    return s;
+}
+
+/* Expands one case per (seq, mask); c carries the fields they share. */
+static int expand(reader *r, workload_case c, const char *prefix, const int_list *seqs,
+                  const mask_list *masks, int name_by_mask)
+{
+    for (int i = 0; i < seqs->n; i++) {
+        for (int j = 0; j < masks->n; j++) {
+            char name[512];
+            if (name_by_mask)
+                snprintf(name, sizeof name, "%s/%s/l=%d", prefix, masks->name[j], seqs->v[i]);
+            else
+                snprintf(name, sizeof name, "%s/l=%d/%s", prefix, seqs->v[i], masks->spec[j]);
+            c.seq_q = c.seq_k = seqs->v[i];
+            c.rows = c.batch * seqs->v[i];
+            char *origin = origin_of(r, masks->at[j], masks->path[j]);
+            if (!origin)
+                return bad(r, NULL, "$", "out of memory");
+            c.mask = (char *)masks->spec[j];
+            c.name = name;
+            c.origin = origin;
+            int ok = add(r, &c);
+            free(origin);
+            if (!ok)
+                return 0;
+        }
+    }
+    return 1;
+}
+
+static int read_suite(reader *r, const json_value *s, const char *path)
+{
+    static const char *const keys[] = {"name", "batch", "heads", "head_dim", "dtype", "seq",
+                                       "masks", NULL};
+    if (s->type != JSON_OBJECT)
+        return bad(r, s, path, "expected an attention suite object, got %s",
+                   json_type_name(s->type));
+    workload_case c = {.op = WORKLOAD_MHA};
+    int_list seqs;
+    mask_list masks;
+    const json_value *name;
+    if (!only_keys(r, s, path, keys) || !(name = need(r, s, path, "name", JSON_STRING)) ||
+        !get_int(r, s, path, "batch", 1, MAX_BATCH, &c.batch) ||
+        !get_int(r, s, path, "heads", 1, MAX_HEADS, &c.heads) ||
+        !get_int(r, s, path, "head_dim", 1, MAX_HEAD_DIM, &c.head_dim) ||
+        !get_dtype(r, s, path, &c.dtype) || !get_seqs(r, s, path, &seqs) ||
+        !get_masks(r, s, path, &masks))
+        return 0;
+    return expand(r, c, name->str, &seqs, &masks, 1);
+}
+
+static int read_suites(reader *r, const json_value *v)
+{
+    char p[300];
+    if (v->type != JSON_ARRAY)
+        return bad(r, v, "$.suites", "expected an array of suites, got %s",
+                   json_type_name(v->type));
+    for (size_t i = 0; i < v->n; i++) {
+        item(p, sizeof p, "$.suites", i);
+        if (!read_suite(r, v->items[i], p))
+            return 0;
+    }
+    return 1;
+}
+
+static int check_model(reader *r, const json_value *m, const char *path)
+{
+    static const char *const keys[] = {"hidden", "heads", "ffn", "activation", "norm", NULL};
+    static const char *const acts[] = {"gelu", "gelu_tanh", "relu", NULL};
+    static const char *const norms[] = {"post_ln", "pre_ln", NULL};
+    int hidden, heads;
+    const json_value *ffn, *act, *norm;
+    char p[300];
+    if (m->type != JSON_OBJECT)
+        return bad(r, m, path, "expected a model object, got %s", json_type_name(m->type));
+    if (!only_keys(r, m, path, keys) || !get_int(r, m, path, "hidden", 1, MAX_HIDDEN, &hidden) ||
+        !get_int(r, m, path, "heads", 1, MAX_HEADS, &heads) ||
+        !(ffn = need(r, m, path, "ffn", JSON_NUMBER)) ||
+        !(act = need(r, m, path, "activation", JSON_STRING)) ||
+        !(norm = need(r, m, path, "norm", JSON_STRING)))
+        return 0;
+    if (hidden % heads != 0)
+        return bad(r, m, path, "hidden %d is not a multiple of heads %d", hidden, heads);
+    child(p, sizeof p, path, "ffn");
+    if (!(ffn->number > 0 && ffn->number <= 64))
+        return bad(r, ffn, p, "expected a multiple of hidden in (0, 64], got %g", ffn->number);
+    int ok = 0;
+    for (const char *const *a = acts; *a; a++)
+        ok |= strcmp(*a, act->str) == 0;
+    child(p, sizeof p, path, "activation");
+    if (!ok)
+        return bad(r, act, p, "unknown activation \"%s\" (expected gelu, gelu_tanh or relu)",
+                   act->str);
+    ok = 0;
+    for (const char *const *a = norms; *a; a++)
+        ok |= strcmp(*a, norm->str) == 0;
+    child(p, sizeof p, path, "norm");
+    if (!ok)
+        return bad(r, norm, p, "unknown norm \"%s\" (expected post_ln or pre_ln)", norm->str);
+    return 1;
+}
+
+static int read_models(reader *r, const json_value *models)
+{
+    char p[300];
+    if (models->type != JSON_OBJECT || models->n == 0)
+        return bad(r, models, "$.models", "expected a non-empty object of models");
+    for (size_t i = 0; i < models->n; i++) {
+        child(p, sizeof p, "$.models", models->keys[i]);
+        if (!check_model(r, models->items[i], p))
+            return 0;
+    }
+    return 1;
+}
+
+static int read_layer_case(reader *r, const json_value *models, const json_value *v,
+                           const char *path)
+{
+    static const char *const keys[] = {"model", "batch", "seq", "dtype", "masks", NULL};
+    if (v->type != JSON_OBJECT)
+        return bad(r, v, path, "expected a layer case object, got %s", json_type_name(v->type));
+    workload_case c = {.op = WORKLOAD_LAYER};
+    int_list seqs;
+    mask_list masks;
+    const json_value *model;
+    char p[300];
+    if (!only_keys(r, v, path, keys) || !(model = need(r, v, path, "model", JSON_STRING)))
+        return 0;
+    const json_value *m = json_get(models, model->str);
+    child(p, sizeof p, path, "model");
+    if (!m)
+        return bad(r, model, p, "unknown model \"%s\" (not in $.models)", model->str);
+    if (!get_int(r, v, path, "batch", 1, MAX_BATCH, &c.batch) || !get_dtype(r, v, path, &c.dtype) ||
+        !get_seqs(r, v, path, &seqs) || !get_masks(r, v, path, &masks))
+        return 0;
+    long long x;
+    json_int(json_get(m, "hidden"), 1, MAX_HIDDEN, &x);
+    c.hidden = (int)x;
+    json_int(json_get(m, "heads"), 1, MAX_HEADS, &x);
+    c.heads = (int)x;
+    c.head_dim = c.hidden / c.heads;
+    c.ffn = json_get(m, "ffn")->number;
+    c.model = model->str;
+    c.activation = json_get(m, "activation")->str;
+    c.norm = json_get(m, "norm")->str;
+    for (int i = 0; i < seqs.n; i++)
+        if ((long long)c.batch * seqs.v[i] > MAX_ROWS)
+            return bad(r, seqs.at[i], path, "batch x seq is too large");
+    return expand(r, c, model->str, &seqs, &masks, 0);
+}
+
+static int read_layers(reader *r, const json_value *models, const json_value *cases)
+{
+    char p[300];
+    if (!read_models(r, models))
+        return 0;
+    if (cases->type != JSON_ARRAY)
+        return bad(r, cases, "$.cases", "expected an array of layer cases, got %s",
+                   json_type_name(cases->type));
+    for (size_t i = 0; i < cases->n; i++) {
+        item(p, sizeof p, "$.cases", i);
+        if (!read_layer_case(r, models, cases->items[i], p))
+            return 0;
+    }
+    return 1;
+}
+
+static int read_doc(reader *r, const json_value *root)
+{
+    static const char *const keys[] = {"suites", "models", "cases", NULL};
+    if (root->type != JSON_OBJECT)
+        return bad(r, root, "$", "expected a workload object, got %s", json_type_name(root->type));
+    if (!only_keys(r, root, "$", keys))
+        return 0;
+    const json_value *suites = json_get(root, "suites"), *models = json_get(root, "models"),
+                     *cases = json_get(root, "cases");
+    if (!suites && !models && !cases)
+        return bad(r, root, "$",
+                   "neither an attention workload (\"suites\") nor a layer workload "
+                   "(\"models\" and \"cases\")");
+    if (!models != !cases)
+        return bad(r, root, "$", "a layer workload needs both \"models\" and \"cases\"");
+    if (suites && !read_suites(r, suites))
+        return 0;
+    return !models || read_layers(r, models, cases);
+}
+
+int workload_read_text(workload *w, const char *text, size_t len, const char *file, char *err,
+                       size_t errlen)
+{
+    reader r = {.file = file ? file : "<text>", .err = err, .errlen = errlen};
+    json_error je;
+    json_value *root = json_parse(text, len, &je);
+    if (!root) {
+        snprintf(err, errlen, "%s:%d:%d: %s: %s", r.file, je.line, je.col, je.path, je.msg);
+        return -1;
+    }
+    int ok = read_doc(&r, root);
+    json_free(root);
+    if (ok && !take_all(w, &r.got))
+        ok = bad(&r, NULL, "$", "out of memory");
+    workload_free(&r.got);
+    return ok ? 0 : -1;
+}
+
+int workload_read_file(workload *w, const char *path, char *err, size_t errlen)
+{
+    FILE *f = fopen(path, "rb");
+    if (!f) {
+        snprintf(err, errlen, "%s: cannot open the workload file: %s", path, strerror(errno));
+        return -1;
+    }
+    char *buf = malloc(MAX_FILE_BYTES + 1);
+    size_t n = buf ? fread(buf, 1, MAX_FILE_BYTES + 1, f) : 0;
+    int rd_err = ferror(f);
+    fclose(f);
+    int rc = -1;
+    if (!buf)
+        snprintf(err, errlen, "%s: out of memory", path);
+    else if (rd_err)
+        snprintf(err, errlen, "%s: cannot read the workload file", path);
+    else if (n > MAX_FILE_BYTES)
+        snprintf(err, errlen, "%s: larger than %ld MiB: not a workload file", path,
+                 MAX_FILE_BYTES >> 20);
+    else
+        rc = workload_read_text(w, buf, n, path, err, errlen);
+    free(buf);
+    return rc;
+}
+
+/* ---- the one-line forms ---- */
+
+typedef struct field {
+    const char *names[3];   /* accepted spellings */
+    long long lo, hi;
+    long long value;        /* -1: not given */
+} field;
+
+/* "  x " -> "x" in place. */
+static char *trim(char *s)
+{
+    while (*s == ' ' || *s == '\t')
+        s++;
+    size_t n = strlen(s);
+    while (n && (s[n - 1] == ' ' || s[n - 1] == '\t'))
+        s[--n] = 0;
+    return s;
+}
+
+static int parse_count(const char *s, long long lo, long long hi, long long *out)
+{
+    if (!*s || strspn(s, "0123456789") != strlen(s) || strlen(s) > 12)
+        return 0;
+    *out = strtoll(s, NULL, 10);
+    return *out >= lo && *out <= hi;
+}
+
+/* Sets the field `key` names from `val`; 0 with err set when it fails. */
+static int set_field(field *f, int nf, const char *opt, const char *key, const char *val,
+                     char *err, size_t errlen)
+{
+    for (int i = 0; i < nf; i++) {
+        for (int j = 0; j < 3 && f[i].names[j]; j++) {
+            if (strcmp(key, f[i].names[j]) != 0)
+                continue;
+            if (f[i].value >= 0) {
+                snprintf(err, errlen, "%s: %s is given twice", opt, key);
+                return 0;
+            }
+            if (!parse_count(val, f[i].lo, f[i].hi, &f[i].value)) {
+                snprintf(err, errlen, "%s: %s=%s: expected an integer from %lld to %lld", opt,
+                         key, val, f[i].lo, f[i].hi);
+                return 0;
+            }
+            return 1;
+        }
+    }
+    char list[256] = "";
+    for (int i = 0; i < nf; i++)
+        snprintf(list + strlen(list), sizeof list - strlen(list), "%s=, ", f[i].names[0]);
+    snprintf(err, errlen, "%s: unknown field \"%s\" (expected %sdtype=%s)", opt, key, list,
+             strcmp(opt, "--mha") == 0 ? ", mask=" : "");
+    return 0;
+}
+
+/* Splits "k=v,fp16,...,rest" into fields and a dtype; with allow_rest, the
+ * first token that is neither starts the rest (a mask spec may hold commas).
+ * Returns 0 with err set on a fault. */
+static int parse_line(const char *opt, const char *line, field *f, int nf, stof_dtype *dtype,
+                      int allow_rest, char **rest, char *err, size_t errlen)
+{
+    char *copy = strdup(line), *save = NULL;
+    if (!copy) {
+        snprintf(err, errlen, "out of memory");
+        return 0;
+    }
+    int ok = 1;
+    *dtype = STOF_DTYPE_INVALID;
+    for (char *at = copy; ok && at;) {
+        char *comma = strchr(at, ',');
+        if (comma)
+            *comma = 0;
+        char *tok = trim(at), *eq = strchr(tok, '=');
+        char *next = comma ? comma + 1 : NULL;
+        if (!*tok) {
+            snprintf(err, errlen, "%s: an empty field (two commas, or one at an end)", opt);
+            ok = 0;
+        } else if (eq) {
+            *eq = 0;
+            char *key = trim(tok), *val = trim(eq + 1);
+            if (strcmp(key, "dtype") == 0) {
+                if ((*dtype = workload_dtype(val)) == STOF_DTYPE_INVALID) {
+                    snprintf(err, errlen, "%s: unknown dtype \"%s\" (expected fp16, bf16 or fp32)",
+                             opt, val);
+                    ok = 0;
+                }
+            } else if (allow_rest && strcmp(key, "mask") == 0) {
+                /* The rest of the line, commas and all, is the spec. */
+                save = strdup(line + (val - copy));
+                ok = save != NULL;
+                break;
+            } else {
+                ok = set_field(f, nf, opt, key, val, err, errlen);
+            }
+        } else if (workload_dtype(tok) != STOF_DTYPE_INVALID) {
+            *dtype = workload_dtype(tok);
+        } else if (allow_rest) {
+            save = strdup(line + (tok - copy));
+            ok = save != NULL;
+            break;
+        } else {
+            snprintf(err, errlen, "%s: unexpected \"%s\" (expected name=value or a dtype)", opt,
+                     tok);
+            ok = 0;
+        }
+        at = next;
+    }
+    free(copy);
+    if (ok && save) {
+        trim(save);  /* it starts at a trimmed token: only its end can hold blanks */
+        *rest = save;
+    } else {
+        free(save);
+    }
+    if (!ok && !err[0])
+        snprintf(err, errlen, "out of memory");
+    return ok;
+}
+
+static int add_line_case(workload *w, workload_case *c, const char *opt, const char *line,
+                         char *err, size_t errlen)
+{
+    char *name = NULL, *origin = NULL;
+    int ok = asprintf(&name, "%s %s", opt + 2, line) >= 0;
+    ok = ok && asprintf(&origin, "%s \"%s\"", opt, line) >= 0;
+    c->name = name;
+    c->origin = origin;
+    ok = ok && add_case(w, c);
+    free(name);
+    free(origin);
+    if (!ok)
+        snprintf(err, errlen, "out of memory");
+    return ok ? 0 : -1;
+}
+
+int workload_add_mha(workload *w, const char *line, char *err, size_t errlen)
+{
+    field f[] = {{{"b", "batch", NULL}, 1, MAX_BATCH, -1},   {{"h", "heads", NULL}, 1, MAX_HEADS, -1},
+                 {{"l", "seq", NULL}, 1, MAX_SEQ, -1},       {{"lq", "seq_q", NULL}, 1, MAX_SEQ, -1},
+                 {{"lk", "seq_k", NULL}, 1, MAX_SEQ, -1},    {{"d", "head_dim", NULL}, 1, MAX_HEAD_DIM, -1}};
+    workload_case c = {.op = WORKLOAD_MHA};
+    char *mask = NULL;
+    err[0] = 0;
+    if (!parse_line("--mha", line, f, 6, &c.dtype, 1, &mask, err, errlen))
+        return -1;
+    const char *missing = f[0].value < 0 ? "b=" : f[1].value < 0 ? "h=" : f[5].value < 0 ? "d=" : NULL;
+    if (!missing && f[2].value < 0 && (f[3].value < 0 || f[4].value < 0))
+        missing = "l= (or lq= and lk=)";
+    if (missing || (f[2].value >= 0 && (f[3].value >= 0 || f[4].value >= 0))) {
+        if (missing)
+            snprintf(err, errlen, "--mha \"%s\": missing %s", line, missing);
+        else
+            snprintf(err, errlen, "--mha \"%s\": give l= or lq= and lk=, not both", line);
+        free(mask);
+        return -1;
+    }
+    c.batch = (int)f[0].value;
+    c.heads = (int)f[1].value;
+    c.seq_q = (int)(f[2].value >= 0 ? f[2].value : f[3].value);
+    c.seq_k = (int)(f[2].value >= 0 ? f[2].value : f[4].value);
+    c.head_dim = (int)f[5].value;
+    if (c.dtype == STOF_DTYPE_INVALID)
+        c.dtype = STOF_F16;
+    c.mask = mask ? mask : "dense";
+    int rc = add_line_case(w, &c, "--mha", line, err, errlen);
+    free(mask);
+    return rc;
+}
+
+int workload_add_ln(workload *w, const char *line, char *err, size_t errlen)
+{
+    field f[] = {{{"rows", "r", NULL}, 1, MAX_ROWS, -1}, {{"hidden", "n", NULL}, 1, MAX_HIDDEN, -1}};
+    workload_case c = {.op = WORKLOAD_LN};
+    err[0] = 0;
+    if (!parse_line("--ln", line, f, 2, &c.dtype, 0, NULL, err, errlen))
+        return -1;
+    if (f[0].value < 0 || f[1].value < 0) {
+        snprintf(err, errlen, "--ln \"%s\": missing %s=", line, f[0].value < 0 ? "rows" : "hidden");
+        return -1;
+    }
+    c.rows = (int)f[0].value;
+    c.hidden = (int)f[1].value;
+    if (c.dtype == STOF_DTYPE_INVALID)
+        c.dtype = STOF_F16;
+    return add_line_case(w, &c, "--ln", line, err, errlen);
+}
+
+/* ---- what the library must say ---- */
+
+stof_status workload_check(stof_ctx *ctx, const workload *w, char *err, size_t errlen)
+{
+    for (int i = 0; i < w->n; i++) {
+        const workload_case *c = &w->cases[i];
+        if (!c->mask)
+            continue;
+        stof_mask *m = NULL;
+        stof_status st = stof_mask_parse(ctx, c->mask, c->seq_q, c->seq_k, &m);
+        stof_mask_free(m);
+        if (st != STOF_OK) {
+            snprintf(err, errlen, "%s (%s): mask \"%s\" for lq=%d lk=%d: %s", c->name, c->origin,
+                     c->mask, c->seq_q, c->seq_k, stof_last_error(ctx));
+            return st;
+        }
+    }
+    return STOF_OK;
+}
+
+void workload_mha_desc(const workload_case *c, stof_tune tune, stof_mha_desc *d)
+{
+    memset(d, 0, sizeof *d);
+    d->batch = c->batch;
+    d->heads = c->heads;
+    d->seq_q = c->seq_q;
+    d->seq_k = c->seq_k;
+    d->head_dim = c->head_dim;
+    d->dtype = c->dtype;
+    d->layout = STOF_LAYOUT_BHLD;
+    d->tune = tune;
+}
+
+void workload_ln_desc(const workload_case *c, stof_ln_desc *d)
+{
+    memset(d, 0, sizeof *d);
+    d->rows = c->rows;
+    d->hidden = c->hidden;
+    d->dtype = c->dtype;
+}
+
+void workload_layer_desc(const workload_case *c, stof_tune tune, stof_layer_desc *d)
+{
+    memset(d, 0, sizeof *d);
+    d->batch = c->batch;
+    d->seq = c->seq_q;
+    d->hidden = c->hidden;
+    d->heads = c->heads;
+    d->ffn_hidden = (int)lround(c->ffn * c->hidden);
+    d->activation = !strcmp(c->activation, "relu")        ? STOF_ACT_RELU
+                    : !strcmp(c->activation, "gelu_tanh") ? STOF_ACT_GELU_TANH
+                                                          : STOF_ACT_GELU;
+    d->norm = !strcmp(c->norm, "pre_ln") ? STOF_PRE_LN : STOF_POST_LN;
+    d->dtype = c->dtype;
+    d->tune = tune;
+}
