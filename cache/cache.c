@@ -9,13 +9,12 @@
 #include <time.h>
 
 #include "base/hash.h"
-#include "codegen/nvrtc_drv.h"
-#include "ctx.h"
 
 struct cache {
     sqlite3 *db;
     long long max_bytes;
     char path[1024];
+    char nvrtc_version[32];   /* the caller's compiler: rows of another are stale */
 };
 
 static const char *SCHEMA =
@@ -34,17 +33,17 @@ static const char *SCHEMA =
 
 #define BUSY_TIMEOUT_MS 30000
 
-#define SQL_FAIL(ctx, c, what)                                                           \
-    CTX_FAIL((ctx), STOF_ERR_CACHE, "cache %s: %s: %s", (c)->path, (what),                \
+#define SQL_FAIL(err, c, what)                                                           \
+    ERR_FAIL((err), STOF_ERR_CACHE, "cache %s: %s: %s", (c)->path, (what),                \
              sqlite3_errmsg((c)->db))
 
 static long long now_s(void) { return (long long)time(NULL); }
 
-static stof_status exec(stof_ctx *ctx, cache *c, const char *sql)
+static stof_status exec(err_record *err, cache *c, const char *sql)
 {
     char *msg = NULL;
     if (sqlite3_exec(c->db, sql, NULL, NULL, &msg) != SQLITE_OK) {
-        stof_status st = CTX_FAIL(ctx, STOF_ERR_CACHE, "cache %s: %.60s...: %s", c->path, sql,
+        stof_status st = ERR_FAIL(err, STOF_ERR_CACHE, "cache %s: %.60s...: %s", c->path, sql,
                                   msg ? msg : sqlite3_errmsg(c->db));
         sqlite3_free(msg);
         return st;
@@ -103,7 +102,7 @@ static int foreign_tables(sqlite3 *db)
 /* Switching a file to WAL needs a moment alone with it, and SQLite answers
  * "locked" at once instead of calling the busy handler: two processes
  * opening a new cache together would fail. Wait as the busy timeout would. */
-static stof_status set_wal(stof_ctx *ctx, cache *c)
+static stof_status set_wal(err_record *err, cache *c)
 {
     for (int waited_ms = 0;; waited_ms += 5) {
         sqlite3_stmt *s = NULL;
@@ -114,57 +113,59 @@ static stof_status set_wal(stof_ctx *ctx, cache *c)
         if (rc == SQLITE_ROW)
             return STOF_OK;
         if ((rc != SQLITE_BUSY && rc != SQLITE_LOCKED) || waited_ms >= BUSY_TIMEOUT_MS)
-            return SQL_FAIL(ctx, c, "PRAGMA journal_mode=WAL");
+            return SQL_FAIL(err, c, "PRAGMA journal_mode=WAL");
         nanosleep(&(struct timespec){0, 5 * 1000 * 1000}, NULL);
     }
 }
 
-stof_status cache_open(stof_ctx *ctx, const char *path, long long max_bytes, cache **out)
+stof_status cache_open(err_record *err, const char *path, long long max_bytes,
+                       const char *nvrtc_version, cache **out)
 {
     *out = NULL;
     if (!path || !*path)
-        return CTX_FAIL(ctx, STOF_ERR_INVALID_ARG, "empty cache path");
+        return ERR_FAIL(err, STOF_ERR_INVALID_ARG, "empty cache path");
     if (make_parent(path) != 0)
-        return CTX_FAIL(ctx, STOF_ERR_CACHE, "cache %s: cannot create its folder: %s", path,
+        return ERR_FAIL(err, STOF_ERR_CACHE, "cache %s: cannot create its folder: %s", path,
                         strerror(errno));
     cache *c = calloc(1, sizeof *c);
     if (!c)
-        return CTX_FAIL(ctx, STOF_ERR_NO_MEMORY, "out of memory opening the cache");
+        return ERR_FAIL(err, STOF_ERR_NO_MEMORY, "out of memory opening the cache");
     snprintf(c->path, sizeof c->path, "%s", path);
+    snprintf(c->nvrtc_version, sizeof c->nvrtc_version, "%s", nvrtc_version);
     c->max_bytes = max_bytes > 0 ? max_bytes : 2LL << 30;
     stof_status st = STOF_OK;
     int v = 0;
     if (sqlite3_open_v2(path, &c->db, SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE | SQLITE_OPEN_FULLMUTEX,
                         NULL) != SQLITE_OK) {
-        st = SQL_FAIL(ctx, c, "cannot open");
+        st = SQL_FAIL(err, c, "cannot open");
         goto fail;
     }
     sqlite3_busy_timeout(c->db, BUSY_TIMEOUT_MS);
     if (user_version(c->db, &v) != 0) {
-        st = SQL_FAIL(ctx, c, "not a readable SQLite file");
+        st = SQL_FAIL(err, c, "not a readable SQLite file");
         goto fail;
     }
     if (v > CACHE_SCHEMA_VERSION) {
-        st = CTX_FAIL(ctx, STOF_ERR_CACHE,
+        st = ERR_FAIL(err, STOF_ERR_CACHE,
                       "cache %s: schema version %d is newer than this stof's %d", path, v,
                       CACHE_SCHEMA_VERSION);
         goto fail;
     }
     if (v == 0 && foreign_tables(c->db) != 0) {
         /* Never write our tables into someone else's database. */
-        st = CTX_FAIL(ctx, STOF_ERR_CACHE,
+        st = ERR_FAIL(err, STOF_ERR_CACHE,
                       "cache %s: a SQLite database with other tables, not a stof cache", path);
         goto fail;
     }
-    if ((st = set_wal(ctx, c)) != STOF_OK)
+    if ((st = set_wal(err, c)) != STOF_OK)
         goto fail;
     if (v < CACHE_SCHEMA_VERSION) {
         /* Version 1 is the first schema: there is nothing older to migrate. */
-        if ((st = exec(ctx, c, "BEGIN IMMEDIATE")) != STOF_OK)
+        if ((st = exec(err, c, "BEGIN IMMEDIATE")) != STOF_OK)
             goto fail;
-        if ((st = exec(ctx, c, SCHEMA)) != STOF_OK ||
-            (st = exec(ctx, c, "PRAGMA user_version=1")) != STOF_OK ||
-            (st = exec(ctx, c, "COMMIT")) != STOF_OK) {
+        if ((st = exec(err, c, SCHEMA)) != STOF_OK ||
+            (st = exec(err, c, "PRAGMA user_version=1")) != STOF_OK ||
+            (st = exec(err, c, "COMMIT")) != STOF_OK) {
             sqlite3_exec(c->db, "ROLLBACK", NULL, NULL, NULL);
             goto fail;
         }
@@ -173,7 +174,7 @@ stof_status cache_open(stof_ctx *ctx, const char *path, long long max_bytes, cac
     sqlite3_stmt *s;
     if (sqlite3_prepare_v2(c->db, "SELECT key, cubin, ptx, checksum FROM kernels LIMIT 0", -1, &s,
                            NULL) != SQLITE_OK) {
-        st = SQL_FAIL(ctx, c, "not a stof cache");
+        st = SQL_FAIL(err, c, "not a stof cache");
         goto fail;
     }
     sqlite3_finalize(s);
@@ -194,11 +195,12 @@ void cache_close(cache *c)
 
 sqlite3 *cache_db(cache *c) { return c->db; }
 
-int cache_versions_current(const char *nvrtc_version, const char *stof_version_)
+int cache_versions_current(const char *nvrtc_version, const char *stof_version_,
+                           const char *current_nvrtc)
 {
-    return strcmp(nvrtc_version, nvrtc_version_string()) == 0 &&
-           strcmp(stof_version_, stof_version()) == 0;
+    return strcmp(nvrtc_version, current_nvrtc) == 0 && strcmp(stof_version_, stof_version()) == 0;
 }
+const char *cache_nvrtc_version(const cache *c) { return c->nvrtc_version; }
 const char *cache_file(const cache *c) { return c->path; }
 
 void cache_checksum(const void *cubin, size_t cubin_size, const char *ptx, size_t ptx_size,
@@ -257,7 +259,7 @@ static int read_row(sqlite3_stmt *s, cache_kernel *k)
     return 1;
 }
 
-stof_status cache_get_kernel(stof_ctx *ctx, cache *c, const char *key, cache_kernel *out,
+stof_status cache_get_kernel(err_record *err, cache *c, const char *key, cache_kernel *out,
                              int *found, int *rejected)
 {
     *found = 0;
@@ -266,23 +268,24 @@ stof_status cache_get_kernel(stof_ctx *ctx, cache *c, const char *key, cache_ker
     sqlite3_stmt *s = NULL;
     if (sqlite3_prepare_v2(c->db, "SELECT " KERNEL_COLS ", cubin, ptx FROM kernels WHERE key=?", -1,
                            &s, NULL) != SQLITE_OK)
-        return SQL_FAIL(ctx, c, "looking up a kernel");
+        return SQL_FAIL(err, c, "looking up a kernel");
     sqlite3_bind_text(s, 1, key, -1, SQLITE_TRANSIENT);
     int rc = sqlite3_step(s);
     stof_status st = STOF_OK;
     if (rc == SQLITE_ROW) {
         if (!read_row(s, out))
-            st = CTX_FAIL(ctx, STOF_ERR_NO_MEMORY, "out of memory reading the cache");
+            st = ERR_FAIL(err, STOF_ERR_NO_MEMORY, "out of memory reading the cache");
         size_t pn = 0;
         out->cubin = cache_col_blob(s, 18, &out->cubin_size);
         out->ptx = cache_col_blob(s, 19, &pn);
         out->ptx_size = pn;
         if (st == STOF_OK && (!out->cubin || !out->ptx))
-            st = CTX_FAIL(ctx, STOF_ERR_NO_MEMORY, "out of memory reading the cache");
+            st = ERR_FAIL(err, STOF_ERR_NO_MEMORY, "out of memory reading the cache");
         if (st == STOF_OK) {
             char sum[65];
             cache_checksum(out->cubin, out->cubin_size, out->ptx, out->ptx_size, sum);
-            int stale = !cache_versions_current(out->nvrtc_version, out->stof_version);
+            int stale =
+                !cache_versions_current(out->nvrtc_version, out->stof_version, c->nvrtc_version);
             if (strcmp(sum, out->checksum) != 0 || stale || out->cubin_size == 0) {
                 *rejected = 1;
                 cache_kernel_free(out);
@@ -291,7 +294,7 @@ stof_status cache_get_kernel(stof_ctx *ctx, cache *c, const char *key, cache_ker
             }
         }
     } else if (rc != SQLITE_DONE) {
-        st = SQL_FAIL(ctx, c, "looking up a kernel");
+        st = SQL_FAIL(err, c, "looking up a kernel");
     }
     sqlite3_finalize(s);
     if (*found) {
@@ -308,14 +311,14 @@ stof_status cache_get_kernel(stof_ctx *ctx, cache *c, const char *key, cache_ker
     return st;
 }
 
-static stof_status evict(stof_ctx *ctx, cache *c, const char *keep)
+static stof_status evict(err_record *err, cache *c, const char *keep)
 {
     sqlite3_stmt *s = NULL;
     long long total = 0;
     if (sqlite3_prepare_v2(c->db,
                            "SELECT coalesce(sum(length(cubin)+length(ptx)+length(source)),0) FROM kernels",
                            -1, &s, NULL) != SQLITE_OK)
-        return SQL_FAIL(ctx, c, "measuring");
+        return SQL_FAIL(err, c, "measuring");
     if (sqlite3_step(s) == SQLITE_ROW)
         total = sqlite3_column_int64(s, 0);
     sqlite3_finalize(s);
@@ -326,12 +329,12 @@ static stof_status evict(stof_ctx *ctx, cache *c, const char *keep)
                            "SELECT key, length(cubin)+length(ptx)+length(source) FROM kernels"
                            " WHERE key != ? ORDER BY last_used ASC, created ASC, rowid ASC",
                            -1, &s, NULL) != SQLITE_OK)
-        return SQL_FAIL(ctx, c, "evicting");
+        return SQL_FAIL(err, c, "evicting");
     sqlite3_bind_text(s, 1, keep, -1, SQLITE_TRANSIENT);
     sqlite3_stmt *d = NULL;
     if (sqlite3_prepare_v2(c->db, "DELETE FROM kernels WHERE key=?", -1, &d, NULL) != SQLITE_OK) {
         sqlite3_finalize(s);
-        return SQL_FAIL(ctx, c, "evicting");
+        return SQL_FAIL(err, c, "evicting");
     }
     stof_status st = STOF_OK;
     char keys[64][65];
@@ -345,16 +348,16 @@ static stof_status evict(stof_ctx *ctx, cache *c, const char *keep)
         sqlite3_reset(d);
         sqlite3_bind_text(d, 1, keys[i], -1, SQLITE_TRANSIENT);
         if (sqlite3_step(d) != SQLITE_DONE)
-            st = SQL_FAIL(ctx, c, "evicting");
+            st = SQL_FAIL(err, c, "evicting");
     }
     sqlite3_finalize(d);
     return st;
 }
 
-stof_status cache_put_kernel(stof_ctx *ctx, cache *c, cache_kernel *k)
+stof_status cache_put_kernel(err_record *err, cache *c, cache_kernel *k)
 {
     cache_checksum(k->cubin, k->cubin_size, k->ptx, k->ptx_size, k->checksum);
-    stof_status st = exec(ctx, c, "BEGIN IMMEDIATE");
+    stof_status st = exec(err, c, "BEGIN IMMEDIATE");
     if (st != STOF_OK)
         return st;
     sqlite3_stmt *s = NULL;
@@ -364,11 +367,11 @@ stof_status cache_put_kernel(stof_ctx *ctx, cache *c, cache_kernel *k)
                            " compile_ms, created, last_used, hits)"
                            " VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,0)",
                            -1, &s, NULL) != SQLITE_OK) {
-        st = SQL_FAIL(ctx, c, "storing a kernel");
+        st = SQL_FAIL(err, c, "storing a kernel");
         goto done;
     }
     const char *txt[] = {k->key,     k->op,      k->name,   k->entry,
-                         k->arch,    nvrtc_version_string(), stof_version(),
+                         k->arch,    c->nvrtc_version, stof_version(),
                          k->options, k->params ? k->params : "", k->source,
                          k->log ? k->log : ""};
     for (int i = 0; i < 11; i++)
@@ -380,13 +383,13 @@ stof_status cache_put_kernel(stof_ctx *ctx, cache *c, cache_kernel *k)
     sqlite3_bind_int64(s, 16, now_s());
     sqlite3_bind_int64(s, 17, now_s());
     if (sqlite3_step(s) != SQLITE_DONE)
-        st = SQL_FAIL(ctx, c, "storing a kernel");
+        st = SQL_FAIL(err, c, "storing a kernel");
     sqlite3_finalize(s);
     if (st == STOF_OK)
-        st = evict(ctx, c, k->key);
+        st = evict(err, c, k->key);
 done:
     if (st == STOF_OK)
-        st = exec(ctx, c, "COMMIT");
+        st = exec(err, c, "COMMIT");
     if (st != STOF_OK)
         sqlite3_exec(c->db, "ROLLBACK", NULL, NULL, NULL);
     return st;
@@ -402,9 +405,9 @@ void cache_kernel_free(cache_kernel *k)
     memset(k, 0, sizeof *k);
 }
 
-stof_status cache_put_tuning(stof_ctx *ctx, cache *c, const cache_tuning *t)
+stof_status cache_put_tuning(err_record *err, cache *c, const cache_tuning *t)
 {
-    stof_status st = exec(ctx, c, "BEGIN IMMEDIATE");
+    stof_status st = exec(err, c, "BEGIN IMMEDIATE");
     if (st != STOF_OK)
         return st;
     sqlite3_stmt *s = NULL;
@@ -412,7 +415,7 @@ stof_status cache_put_tuning(stof_ctx *ctx, cache *c, const cache_tuning *t)
                            "INSERT OR REPLACE INTO tuning (op, mask_hash, shape, dtype, arch,"
                            " stof_version, record, created) VALUES (?,?,?,?,?,?,?,?)",
                            -1, &s, NULL) != SQLITE_OK) {
-        st = SQL_FAIL(ctx, c, "storing a tuning record");
+        st = SQL_FAIL(err, c, "storing a tuning record");
     } else {
         const char *txt[] = {t->op, t->mask_hash, t->shape, t->dtype, t->arch, stof_version(),
                              t->record};
@@ -420,17 +423,17 @@ stof_status cache_put_tuning(stof_ctx *ctx, cache *c, const cache_tuning *t)
             sqlite3_bind_text(s, i + 1, txt[i] ? txt[i] : "", -1, SQLITE_TRANSIENT);
         sqlite3_bind_int64(s, 8, now_s());
         if (sqlite3_step(s) != SQLITE_DONE)
-            st = SQL_FAIL(ctx, c, "storing a tuning record");
+            st = SQL_FAIL(err, c, "storing a tuning record");
         sqlite3_finalize(s);
     }
     if (st == STOF_OK)
-        st = exec(ctx, c, "COMMIT");
+        st = exec(err, c, "COMMIT");
     if (st != STOF_OK)
         sqlite3_exec(c->db, "ROLLBACK", NULL, NULL, NULL);
     return st;
 }
 
-stof_status cache_get_tuning(stof_ctx *ctx, cache *c, const char *op, const char *mask_hash,
+stof_status cache_get_tuning(err_record *err, cache *c, const char *op, const char *mask_hash,
                              const char *shape, const char *dtype, const char *arch,
                              cache_tuning *out, int *found)
 {
@@ -441,7 +444,7 @@ stof_status cache_get_tuning(stof_ctx *ctx, cache *c, const char *op, const char
                            "SELECT record, created FROM tuning WHERE op=? AND mask_hash=? AND shape=?"
                            " AND dtype=? AND arch=? AND stof_version=?",
                            -1, &s, NULL) != SQLITE_OK)
-        return SQL_FAIL(ctx, c, "looking up a tuning record");
+        return SQL_FAIL(err, c, "looking up a tuning record");
     const char *txt[] = {op, mask_hash, shape, dtype, arch, stof_version()};
     for (int i = 0; i < 6; i++)
         sqlite3_bind_text(s, i + 1, txt[i], -1, SQLITE_TRANSIENT);
@@ -457,12 +460,12 @@ stof_status cache_get_tuning(stof_ctx *ctx, cache *c, const char *op, const char
         out->created = sqlite3_column_int64(s, 1);
         if (!out->op || !out->mask_hash || !out->shape || !out->dtype || !out->arch || !out->record) {
             cache_tuning_free(out);
-            st = CTX_FAIL(ctx, STOF_ERR_NO_MEMORY, "out of memory reading the cache");
+            st = ERR_FAIL(err, STOF_ERR_NO_MEMORY, "out of memory reading the cache");
         } else {
             *found = 1;
         }
     } else if (rc != SQLITE_DONE) {
-        st = SQL_FAIL(ctx, c, "looking up a tuning record");
+        st = SQL_FAIL(err, c, "looking up a tuning record");
     }
     sqlite3_finalize(s);
     return st;
@@ -479,7 +482,7 @@ void cache_tuning_free(cache_tuning *t)
     memset(t, 0, sizeof *t);
 }
 
-stof_status cache_list_kernels(stof_ctx *ctx, cache *c, const char *op, const char *arch,
+stof_status cache_list_kernels(err_record *err, cache *c, const char *op, const char *arch,
                                cache_list_fn fn, void *arg)
 {
     sqlite3_stmt *s = NULL;
@@ -487,7 +490,7 @@ stof_status cache_list_kernels(stof_ctx *ctx, cache *c, const char *op, const ch
                            "SELECT " KERNEL_COLS " FROM kernels WHERE (?1 IS NULL OR op=?1)"
                            " AND (?2 IS NULL OR arch=?2) ORDER BY op, created, key",
                            -1, &s, NULL) != SQLITE_OK)
-        return SQL_FAIL(ctx, c, "listing kernels");
+        return SQL_FAIL(err, c, "listing kernels");
     if (op)
         sqlite3_bind_text(s, 1, op, -1, SQLITE_TRANSIENT);
     if (arch)
@@ -498,7 +501,7 @@ stof_status cache_list_kernels(stof_ctx *ctx, cache *c, const char *op, const ch
         cache_kernel k;
         if (!read_row(s, &k)) {
             cache_kernel_free(&k);
-            st = CTX_FAIL(ctx, STOF_ERR_NO_MEMORY, "out of memory listing the cache");
+            st = ERR_FAIL(err, STOF_ERR_NO_MEMORY, "out of memory listing the cache");
             break;
         }
         int stop = fn(&k, arg);
@@ -507,21 +510,21 @@ stof_status cache_list_kernels(stof_ctx *ctx, cache *c, const char *op, const ch
             break;
     }
     if (st == STOF_OK && rc != SQLITE_ROW && rc != SQLITE_DONE)
-        st = SQL_FAIL(ctx, c, "listing kernels");
+        st = SQL_FAIL(err, c, "listing kernels");
     sqlite3_finalize(s);
     return st;
 }
 
-stof_status cache_resolve_key(stof_ctx *ctx, cache *c, const char *prefix, char key[65])
+stof_status cache_resolve_key(err_record *err, cache *c, const char *prefix, char key[65])
 {
     size_t n = prefix ? strlen(prefix) : 0;
     if (n == 0 || n > 64 || strspn(prefix, "0123456789abcdef") != n)
-        return CTX_FAIL(ctx, STOF_ERR_INVALID_ARG, "\"%s\" is not a kernel key or key prefix",
+        return ERR_FAIL(err, STOF_ERR_INVALID_ARG, "\"%s\" is not a kernel key or key prefix",
                         prefix ? prefix : "");
     sqlite3_stmt *s = NULL;
     if (sqlite3_prepare_v2(c->db, "SELECT key FROM kernels WHERE substr(key,1,?1)=?2 LIMIT 2", -1, &s,
                            NULL) != SQLITE_OK)
-        return SQL_FAIL(ctx, c, "resolving a key");
+        return SQL_FAIL(err, c, "resolving a key");
     sqlite3_bind_int(s, 1, (int)n);
     sqlite3_bind_text(s, 2, prefix, -1, SQLITE_TRANSIENT);
     int hits = 0, rc;
@@ -530,10 +533,10 @@ stof_status cache_resolve_key(stof_ctx *ctx, cache *c, const char *prefix, char 
             snprintf(key, 65, "%s", (const char *)sqlite3_column_text(s, 0));
     sqlite3_finalize(s);
     if (rc != SQLITE_DONE)
-        return SQL_FAIL(ctx, c, "resolving a key");
+        return SQL_FAIL(err, c, "resolving a key");
     if (hits == 0)
-        return CTX_FAIL(ctx, STOF_ERR_INVALID_ARG, "no kernel key starts with \"%s\"", prefix);
+        return ERR_FAIL(err, STOF_ERR_INVALID_ARG, "no kernel key starts with \"%s\"", prefix);
     if (hits > 1)
-        return CTX_FAIL(ctx, STOF_ERR_INVALID_ARG, "key prefix \"%s\" is ambiguous", prefix);
+        return ERR_FAIL(err, STOF_ERR_INVALID_ARG, "key prefix \"%s\" is ambiguous", prefix);
     return STOF_OK;
 }

@@ -10,7 +10,7 @@
 #define STOF_CACHE_H
 
 #include <stddef.h>
-#include "stof.h"
+#include "base/err.h"
 
 #define CACHE_SCHEMA_VERSION 1
 
@@ -43,21 +43,24 @@ typedef struct cache_tuning {
     long long created;
 } cache_tuning;
 
-/* Opens (creating the folder and file as needed) the cache at path. */
-stof_status cache_open(stof_ctx *ctx, const char *path, long long max_bytes, cache **out);
+/* Opens (creating the folder and file as needed) the cache at path, for
+ * kernels compiled by NVRTC nvrtc_version ("13.0"; the caller knows its
+ * compiler): rows of another version are stale. */
+stof_status cache_open(err_record *err, const char *path, long long max_bytes,
+                       const char *nvrtc_version, cache **out);
 void cache_close(cache *c);
 
 /* *found is 0 when absent, and also when the row is damaged or stale
  * (*rejected is then 1). A found row has its use counted. */
-stof_status cache_get_kernel(stof_ctx *ctx, cache *c, const char *key, cache_kernel *out,
+stof_status cache_get_kernel(err_record *err, cache *c, const char *key, cache_kernel *out,
                              int *found, int *rejected);
 /* Inserts or replaces k (checksum computed here), then evicts least
  * recently used kernels beyond the size cap. */
-stof_status cache_put_kernel(stof_ctx *ctx, cache *c, cache_kernel *k);
+stof_status cache_put_kernel(err_record *err, cache *c, cache_kernel *k);
 void cache_kernel_free(cache_kernel *k);
 
-stof_status cache_put_tuning(stof_ctx *ctx, cache *c, const cache_tuning *t);
-stof_status cache_get_tuning(stof_ctx *ctx, cache *c, const char *op, const char *mask_hash,
+stof_status cache_put_tuning(err_record *err, cache *c, const cache_tuning *t);
+stof_status cache_get_tuning(err_record *err, cache *c, const char *op, const char *mask_hash,
                              const char *shape, const char *dtype, const char *arch,
                              cache_tuning *out, int *found);
 void cache_tuning_free(cache_tuning *t);
@@ -66,11 +69,11 @@ void cache_tuning_free(cache_tuning *t);
  * row's cubin_size and ptx_size are set). Stops early when fn returns
  * nonzero. */
 typedef int (*cache_list_fn)(const cache_kernel *k, void *arg);
-stof_status cache_list_kernels(stof_ctx *ctx, cache *c, const char *op, const char *arch,
+stof_status cache_list_kernels(err_record *err, cache *c, const char *op, const char *arch,
                                cache_list_fn fn, void *arg);
 
 /* The one key starting with prefix; STOF_ERR_INVALID_ARG if none or several. */
-stof_status cache_resolve_key(stof_ctx *ctx, cache *c, const char *prefix, char key[65]);
+stof_status cache_resolve_key(err_record *err, cache *c, const char *prefix, char key[65]);
 
 /* For cache_admin (the tools' maintenance: stats, check, prune, export,
  * import): the open database and the path it was opened from. */
@@ -83,9 +86,12 @@ struct sqlite3 *cache_db(cache *c);
 char *cache_col_text(struct sqlite3_stmt *s, int i);
 void *cache_col_blob(struct sqlite3_stmt *s, int i, size_t *n);
 
-/* 1 when a row's versions are this NVRTC's and this stof's: only such rows
- * are ever loaded. */
-int cache_versions_current(const char *nvrtc_version, const char *stof_version);
+/* 1 when a row's versions are current_nvrtc's and this stof's: only such
+ * rows are ever loaded. */
+int cache_versions_current(const char *nvrtc_version, const char *stof_version,
+                           const char *current_nvrtc);
+/* The NVRTC version c was opened for. */
+const char *cache_nvrtc_version(const cache *c);
 const char *cache_file(const cache *c);
 
 /* SHA-256 of cubin then ptx, as stored in the checksum column. */

@@ -12,11 +12,9 @@
 #include <unistd.h>
 
 #include "base/json.h"
-#include "codegen/nvrtc_drv.h"
-#include "ctx.h"
 
-#define ADMIN_FAIL(ctx, c, what)                                                          \
-    CTX_FAIL((ctx), STOF_ERR_CACHE, "cache %s: %s: %s", cache_file(c), (what),            \
+#define ADMIN_FAIL(err, c, what)                                                          \
+    ERR_FAIL((err), STOF_ERR_CACHE, "cache %s: %s: %s", cache_file(c), (what),            \
              sqlite3_errmsg(cache_db(c)))
 
 /* Every column of a kernel row, blobs last. */
@@ -176,7 +174,13 @@ static int row_sound(const cache_kernel *k)
     return k->cubin_size > 0 && strcmp(sum, k->checksum) == 0;
 }
 
-stof_status cache_admin_read_kernel(stof_ctx *ctx, cache *c, const char *key, cache_kernel *out,
+/* 1 when the row was compiled by this stof with the NVRTC c was opened for. */
+static int row_current(const cache *c, const cache_kernel *k)
+{
+    return cache_versions_current(k->nvrtc_version, k->stof_version, cache_nvrtc_version(c));
+}
+
+stof_status cache_admin_read_kernel(err_record *err, cache *c, const char *key, cache_kernel *out,
                                     int *found)
 {
     sqlite3_stmt *s = NULL;
@@ -184,7 +188,7 @@ stof_status cache_admin_read_kernel(stof_ctx *ctx, cache *c, const char *key, ca
     memset(out, 0, sizeof *out);
     if (sqlite3_prepare_v2(cache_db(c), "SELECT " ROW_COLS " FROM kernels WHERE key=?", -1, &s,
                            NULL) != SQLITE_OK)
-        return ADMIN_FAIL(ctx, c, "reading a kernel");
+        return ADMIN_FAIL(err, c, "reading a kernel");
     sqlite3_bind_text(s, 1, key, -1, SQLITE_TRANSIENT);
     stof_status st = STOF_OK;
     int rc = sqlite3_step(s);
@@ -192,15 +196,15 @@ stof_status cache_admin_read_kernel(stof_ctx *ctx, cache *c, const char *key, ca
         if (row_read(s, out))
             *found = 1;
         else
-            st = CTX_FAIL(ctx, STOF_ERR_NO_MEMORY, "out of memory reading the cache");
+            st = ERR_FAIL(err, STOF_ERR_NO_MEMORY, "out of memory reading the cache");
     } else if (rc != SQLITE_DONE) {
-        st = ADMIN_FAIL(ctx, c, "reading a kernel");
+        st = ADMIN_FAIL(err, c, "reading a kernel");
     }
     sqlite3_finalize(s);
     return st;
 }
 
-stof_status cache_admin_list_tuning(stof_ctx *ctx, cache *c, const char *op, cache_tuning_fn fn,
+stof_status cache_admin_list_tuning(err_record *err, cache *c, const char *op, cache_tuning_fn fn,
                                     void *arg)
 {
     sqlite3_stmt *s = NULL;
@@ -209,7 +213,7 @@ stof_status cache_admin_list_tuning(stof_ctx *ctx, cache *c, const char *op, cac
                            " FROM tuning WHERE (?1 IS NULL OR op=?1)"
                            " ORDER BY op, shape, dtype, arch, created, mask_hash",
                            -1, &s, NULL) != SQLITE_OK)
-        return ADMIN_FAIL(ctx, c, "listing tuning records");
+        return ADMIN_FAIL(err, c, "listing tuning records");
     if (op)
         sqlite3_bind_text(s, 1, op, -1, SQLITE_TRANSIENT);
     stof_status st = STOF_OK;
@@ -220,7 +224,7 @@ stof_status cache_admin_list_tuning(stof_ctx *ctx, cache *c, const char *op, cac
         char *ver = cache_col_text(s, 7);
         int stop = 0;
         if (!t.op || !t.mask_hash || !t.shape || !t.dtype || !t.arch || !t.record || !ver)
-            st = CTX_FAIL(ctx, STOF_ERR_NO_MEMORY, "out of memory listing the cache");
+            st = ERR_FAIL(err, STOF_ERR_NO_MEMORY, "out of memory listing the cache");
         else
             stop = fn(&t, ver, arg);
         cache_tuning_free(&t);
@@ -229,7 +233,7 @@ stof_status cache_admin_list_tuning(stof_ctx *ctx, cache *c, const char *op, cac
             break;
     }
     if (st == STOF_OK && rc != SQLITE_ROW && rc != SQLITE_DONE)
-        st = ADMIN_FAIL(ctx, c, "listing tuning records");
+        st = ADMIN_FAIL(err, c, "listing tuning records");
     sqlite3_finalize(s);
     return st;
 }
@@ -312,14 +316,14 @@ static long long file_size(const char *path, const char *suffix)
     return stat(p, &st) == 0 ? (long long)st.st_size : 0;
 }
 
-stof_status cache_admin_stats(stof_ctx *ctx, cache *c, cache_stats *out)
+stof_status cache_admin_stats(err_record *err, cache *c, cache_stats *out)
 {
     memset(out, 0, sizeof *out);
     sqlite3 *db = cache_db(c);
     long long v = 0;
     if (!int_query(db, "PRAGMA user_version", &v) ||
         !int_query(db, "SELECT count(*) FROM tuning", &out->tuning))
-        return ADMIN_FAIL(ctx, c, "reading statistics");
+        return ADMIN_FAIL(err, c, "reading statistics");
     out->schema = (int)v;
     out->file_bytes = file_size(cache_file(c), "");
     out->wal_bytes = file_size(cache_file(c), "-wal");
@@ -329,7 +333,7 @@ stof_status cache_admin_stats(stof_ctx *ctx, cache *c, cache_stats *out)
                            " sum(length(source)), sum(hits), sum(hits > 0), sum(compile_ms),"
                            " sum(hits * compile_ms) FROM kernels GROUP BY op, arch ORDER BY op, arch",
                            -1, &s, NULL) != SQLITE_OK)
-        return ADMIN_FAIL(ctx, c, "reading statistics");
+        return ADMIN_FAIL(err, c, "reading statistics");
     stof_status st = STOF_OK;
     int rc, cap = 0;
     while ((rc = sqlite3_step(s)) == SQLITE_ROW) {
@@ -337,7 +341,7 @@ stof_status cache_admin_stats(stof_ctx *ctx, cache *c, cache_stats *out)
             cap = cap ? cap * 2 : 8;
             cache_group_stats *g = realloc(out->groups, (size_t)cap * sizeof *g);
             if (!g) {
-                st = CTX_FAIL(ctx, STOF_ERR_NO_MEMORY, "out of memory reading statistics");
+                st = ERR_FAIL(err, STOF_ERR_NO_MEMORY, "out of memory reading statistics");
                 break;
             }
             out->groups = g;
@@ -355,7 +359,7 @@ stof_status cache_admin_stats(stof_ctx *ctx, cache *c, cache_stats *out)
         add_group(&out->total, g);
     }
     if (st == STOF_OK && rc != SQLITE_DONE)
-        st = ADMIN_FAIL(ctx, c, "reading statistics");
+        st = ADMIN_FAIL(err, c, "reading statistics");
     sqlite3_finalize(s);
     if (st != STOF_OK)
         cache_stats_free(out);
@@ -414,11 +418,11 @@ static int add_problem(cache_check *k, cache_problem_kind kind, const char *key,
     return 1;
 }
 
-static stof_status integrity(stof_ctx *ctx, cache *c, cache_check *k)
+static stof_status integrity(err_record *err, cache *c, cache_check *k)
 {
     sqlite3_stmt *s = NULL;
     if (sqlite3_prepare_v2(cache_db(c), "PRAGMA integrity_check(100)", -1, &s, NULL) != SQLITE_OK)
-        return ADMIN_FAIL(ctx, c, "checking integrity");
+        return ADMIN_FAIL(err, c, "checking integrity");
     size_t len = 0;
     int rc;
     while ((rc = sqlite3_step(s)) == SQLITE_ROW) {
@@ -433,19 +437,19 @@ static stof_status integrity(stof_ctx *ctx, cache *c, cache_check *k)
     }
     stof_status st = STOF_OK;
     if (rc != SQLITE_DONE && rc != SQLITE_ROW)
-        st = ADMIN_FAIL(ctx, c, "checking integrity");
+        st = ADMIN_FAIL(err, c, "checking integrity");
     else if (!k->integrity)
-        st = CTX_FAIL(ctx, STOF_ERR_NO_MEMORY, "out of memory checking the cache");
+        st = ERR_FAIL(err, STOF_ERR_NO_MEMORY, "out of memory checking the cache");
     sqlite3_finalize(s);
     return st;
 }
 
-static stof_status check_kernels(stof_ctx *ctx, cache *c, cache_check *k)
+static stof_status check_kernels(err_record *err, cache *c, cache_check *k)
 {
     sqlite3_stmt *s = NULL;
     if (sqlite3_prepare_v2(cache_db(c), "SELECT " ROW_COLS " FROM kernels ORDER BY key", -1, &s,
                            NULL) != SQLITE_OK)
-        return ADMIN_FAIL(ctx, c, "checking kernels");
+        return ADMIN_FAIL(err, c, "checking kernels");
     stof_status st = STOF_OK;
     int rc = SQLITE_DONE, ok = 1;
     while (ok && (rc = sqlite3_step(s)) == SQLITE_ROW) {
@@ -461,7 +465,7 @@ static stof_status check_kernels(stof_ctx *ctx, cache *c, cache_check *k)
                              r.cubin_size ? "checksum mismatch: its binary or PTX changed"
                                           : "no binary");
         }
-        if (ok && !cache_versions_current(r.nvrtc_version, r.stof_version)) {
+        if (ok && !row_current(c, &r)) {
             k->stale_kernels++;
             ok = add_problem(k, CACHE_STALE, r.key, "%s %s: compiled by stof %s with NVRTC %s",
                              r.op, r.arch, r.stof_version, r.nvrtc_version);
@@ -469,9 +473,9 @@ static stof_status check_kernels(stof_ctx *ctx, cache *c, cache_check *k)
         cache_kernel_free(&r);
     }
     if (!ok)
-        st = CTX_FAIL(ctx, STOF_ERR_NO_MEMORY, "out of memory checking the cache");
+        st = ERR_FAIL(err, STOF_ERR_NO_MEMORY, "out of memory checking the cache");
     else if (rc != SQLITE_DONE)
-        st = ADMIN_FAIL(ctx, c, "checking kernels");
+        st = ADMIN_FAIL(err, c, "checking kernels");
     sqlite3_finalize(s);
     return st;
 }
@@ -525,17 +529,17 @@ static int check_tuning_row(const cache_tuning *t, const char *ver, void *arg)
     return !ok;
 }
 
-stof_status cache_admin_check(stof_ctx *ctx, cache *c, cache_check *out)
+stof_status cache_admin_check(err_record *err, cache *c, cache_check *out)
 {
     memset(out, 0, sizeof *out);
-    stof_status st = integrity(ctx, c, out);
+    stof_status st = integrity(err, c, out);
     if (st == STOF_OK)
-        st = check_kernels(ctx, c, out);
+        st = check_kernels(err, c, out);
     tuning_check tc = {c, out, 0};
     if (st == STOF_OK)
-        st = cache_admin_list_tuning(ctx, c, NULL, check_tuning_row, &tc);
+        st = cache_admin_list_tuning(err, c, NULL, check_tuning_row, &tc);
     if (st == STOF_OK && tc.oom)
-        st = CTX_FAIL(ctx, STOF_ERR_NO_MEMORY, "out of memory checking the cache");
+        st = ERR_FAIL(err, STOF_ERR_NO_MEMORY, "out of memory checking the cache");
     if (st != STOF_OK)
         cache_check_free(out);
     return st;
@@ -586,41 +590,41 @@ static void keylist_free(keylist *l)
 #define ROW_BYTES "length(cubin) + length(ptx) + length(source)"
 
 /* Stale or damaged kernels. */
-static stof_status pick_stale(stof_ctx *ctx, cache *c, keylist *l)
+static stof_status pick_stale(err_record *err, cache *c, keylist *l)
 {
     sqlite3_stmt *s = NULL;
     if (sqlite3_prepare_v2(cache_db(c), "SELECT " ROW_COLS ", " ROW_BYTES " FROM kernels", -1, &s,
                            NULL) != SQLITE_OK)
-        return ADMIN_FAIL(ctx, c, "pruning");
+        return ADMIN_FAIL(err, c, "pruning");
     int rc = SQLITE_DONE, ok = 1;
     while (ok && (rc = sqlite3_step(s)) == SQLITE_ROW) {
         cache_kernel r;
         if (!(ok = row_read(s, &r)))
             break;
-        if (!row_sound(&r) || !cache_versions_current(r.nvrtc_version, r.stof_version))
+        if (!row_sound(&r) || !row_current(c, &r))
             ok = keylist_add(l, r.key, sqlite3_column_int64(s, 18));
         cache_kernel_free(&r);
     }
     sqlite3_finalize(s);
     if (!ok)
-        return CTX_FAIL(ctx, STOF_ERR_NO_MEMORY, "out of memory pruning");
-    return rc == SQLITE_DONE ? STOF_OK : ADMIN_FAIL(ctx, c, "pruning");
+        return ERR_FAIL(err, STOF_ERR_NO_MEMORY, "out of memory pruning");
+    return rc == SQLITE_DONE ? STOF_OK : ADMIN_FAIL(err, c, "pruning");
 }
 
 /* Kernels last used before cutoff, or (cutoff < 0) least recently used
  * first until what stays fits max_bytes. */
-static stof_status pick_lru(stof_ctx *ctx, cache *c, long long cutoff, long long max_bytes,
+static stof_status pick_lru(err_record *err, cache *c, long long cutoff, long long max_bytes,
                             keylist *l)
 {
     long long total = 0;
     if (!int_query(cache_db(c), "SELECT coalesce(sum(" ROW_BYTES "), 0) FROM kernels", &total))
-        return ADMIN_FAIL(ctx, c, "pruning");
+        return ADMIN_FAIL(err, c, "pruning");
     sqlite3_stmt *s = NULL;
     if (sqlite3_prepare_v2(cache_db(c),
                            "SELECT key, " ROW_BYTES ", last_used FROM kernels"
                            " ORDER BY last_used ASC, created ASC, rowid ASC",
                            -1, &s, NULL) != SQLITE_OK)
-        return ADMIN_FAIL(ctx, c, "pruning");
+        return ADMIN_FAIL(err, c, "pruning");
     int rc = SQLITE_DONE, ok = 1;
     while (ok && (rc = sqlite3_step(s)) == SQLITE_ROW) {
         long long bytes = sqlite3_column_int64(s, 1), used = sqlite3_column_int64(s, 2);
@@ -631,22 +635,22 @@ static stof_status pick_lru(stof_ctx *ctx, cache *c, long long cutoff, long long
     }
     sqlite3_finalize(s);
     if (!ok)
-        return CTX_FAIL(ctx, STOF_ERR_NO_MEMORY, "out of memory pruning");
-    return rc == SQLITE_DONE || rc == SQLITE_ROW ? STOF_OK : ADMIN_FAIL(ctx, c, "pruning");
+        return ERR_FAIL(err, STOF_ERR_NO_MEMORY, "out of memory pruning");
+    return rc == SQLITE_DONE || rc == SQLITE_ROW ? STOF_OK : ADMIN_FAIL(err, c, "pruning");
 }
 
-static stof_status delete_keys(stof_ctx *ctx, cache *c, const keylist *l, cache_prune_result *r)
+static stof_status delete_keys(err_record *err, cache *c, const keylist *l, cache_prune_result *r)
 {
     sqlite3_stmt *d = NULL;
     if (sqlite3_prepare_v2(cache_db(c), "DELETE FROM kernels WHERE key=?", -1, &d, NULL) !=
         SQLITE_OK)
-        return ADMIN_FAIL(ctx, c, "pruning");
+        return ADMIN_FAIL(err, c, "pruning");
     stof_status st = STOF_OK;
     for (int i = 0; i < l->n && st == STOF_OK; i++) {
         sqlite3_reset(d);
         sqlite3_bind_text(d, 1, l->key[i], -1, SQLITE_TRANSIENT);
         if (sqlite3_step(d) != SQLITE_DONE)
-            st = ADMIN_FAIL(ctx, c, "pruning");
+            st = ADMIN_FAIL(err, c, "pruning");
         else if (sqlite3_changes(cache_db(c)) > 0) {
             r->kernels++;
             r->bytes += l->bytes[i];
@@ -656,21 +660,21 @@ static stof_status delete_keys(stof_ctx *ctx, cache *c, const keylist *l, cache_
     return st;
 }
 
-static stof_status exec(stof_ctx *ctx, cache *c, const char *sql)
+static stof_status exec(err_record *err, cache *c, const char *sql)
 {
     if (sqlite3_exec(cache_db(c), sql, NULL, NULL, NULL) != SQLITE_OK)
-        return ADMIN_FAIL(ctx, c, sql);
+        return ADMIN_FAIL(err, c, sql);
     return STOF_OK;
 }
 
-static stof_status prune_stale_tuning(stof_ctx *ctx, cache *c, cache_prune_result *r)
+static stof_status prune_stale_tuning(err_record *err, cache *c, cache_prune_result *r)
 {
     sqlite3_stmt *s = NULL;
     if (sqlite3_prepare_v2(cache_db(c), "DELETE FROM tuning WHERE stof_version != ?", -1, &s,
                            NULL) != SQLITE_OK)
-        return ADMIN_FAIL(ctx, c, "pruning");
+        return ADMIN_FAIL(err, c, "pruning");
     sqlite3_bind_text(s, 1, stof_version(), -1, SQLITE_STATIC);
-    stof_status st = sqlite3_step(s) == SQLITE_DONE ? STOF_OK : ADMIN_FAIL(ctx, c, "pruning");
+    stof_status st = sqlite3_step(s) == SQLITE_DONE ? STOF_OK : ADMIN_FAIL(err, c, "pruning");
     sqlite3_finalize(s);
     if (st == STOF_OK)
         r->tuning += sqlite3_changes(cache_db(c));
@@ -678,39 +682,39 @@ static stof_status prune_stale_tuning(stof_ctx *ctx, cache *c, cache_prune_resul
 }
 
 /* One criterion: pick, then delete, inside the open transaction. */
-static stof_status prune_step(stof_ctx *ctx, cache *c, int which, const cache_prune_opts *o,
+static stof_status prune_step(err_record *err, cache *c, int which, const cache_prune_opts *o,
                               cache_prune_result *r)
 {
     keylist l = {0};
     stof_status st;
     if (which == 0)
-        st = pick_stale(ctx, c, &l);
+        st = pick_stale(err, c, &l);
     else if (which == 1)
-        st = pick_lru(ctx, c, now_s() - (long long)(o->older_than_days * 86400.0), 0, &l);
+        st = pick_lru(err, c, now_s() - (long long)(o->older_than_days * 86400.0), 0, &l);
     else
-        st = pick_lru(ctx, c, -1, o->max_bytes, &l);
+        st = pick_lru(err, c, -1, o->max_bytes, &l);
     if (st == STOF_OK)
-        st = delete_keys(ctx, c, &l, r);
+        st = delete_keys(err, c, &l, r);
     keylist_free(&l);
     return st;
 }
 
-stof_status cache_admin_prune(stof_ctx *ctx, cache *c, const cache_prune_opts *o,
+stof_status cache_admin_prune(err_record *err, cache *c, const cache_prune_opts *o,
                               cache_prune_result *r)
 {
     memset(r, 0, sizeof *r);
-    TRY(exec(ctx, c, "BEGIN IMMEDIATE"));
+    TRY(exec(err, c, "BEGIN IMMEDIATE"));
     stof_status st = STOF_OK;
     if (o->stale)
-        st = prune_step(ctx, c, 0, o, r);
+        st = prune_step(err, c, 0, o, r);
     if (st == STOF_OK && o->stale)
-        st = prune_stale_tuning(ctx, c, r);
+        st = prune_stale_tuning(err, c, r);
     if (st == STOF_OK && o->older_than_days > 0)
-        st = prune_step(ctx, c, 1, o, r);
+        st = prune_step(err, c, 1, o, r);
     if (st == STOF_OK && o->max_bytes > 0)
-        st = prune_step(ctx, c, 2, o, r);
+        st = prune_step(err, c, 2, o, r);
     if (st == STOF_OK)
-        st = exec(ctx, c, "COMMIT");
+        st = exec(err, c, "COMMIT");
     if (st != STOF_OK) {
         sqlite3_exec(cache_db(c), "ROLLBACK", NULL, NULL, NULL);
         memset(r, 0, sizeof *r);
@@ -728,26 +732,26 @@ stof_status cache_admin_prune(stof_ctx *ctx, cache *c, const cache_prune_opts *o
 
 /* ---- moving a cache ---- */
 
-stof_status cache_admin_export(stof_ctx *ctx, cache *c, const char *file)
+stof_status cache_admin_export(err_record *err, cache *c, const char *file)
 {
     struct stat st;
     if (stat(file, &st) == 0)
-        return CTX_FAIL(ctx, STOF_ERR_INVALID_ARG, "%s exists: export writes a new file only",
+        return ERR_FAIL(err, STOF_ERR_INVALID_ARG, "%s exists: export writes a new file only",
                         file);
     sqlite3_stmt *s = NULL;
     if (sqlite3_prepare_v2(cache_db(c), "VACUUM INTO ?", -1, &s, NULL) != SQLITE_OK)
-        return ADMIN_FAIL(ctx, c, "exporting");
+        return ADMIN_FAIL(err, c, "exporting");
     sqlite3_bind_text(s, 1, file, -1, SQLITE_TRANSIENT);
     stof_status rc = STOF_OK;
     if (sqlite3_step(s) != SQLITE_DONE)
-        rc = CTX_FAIL(ctx, STOF_ERR_CACHE, "exporting %s to %s: %s", cache_file(c), file,
+        rc = ERR_FAIL(err, STOF_ERR_CACHE, "exporting %s to %s: %s", cache_file(c), file,
                       sqlite3_errmsg(cache_db(c)));
     sqlite3_finalize(s);
     sqlite3 *db = NULL;
     if (rc == STOF_OK &&
         (sqlite3_open_v2(file, &db, SQLITE_OPEN_READWRITE, NULL) != SQLITE_OK ||
          sqlite3_exec(db, "PRAGMA journal_mode=DELETE", NULL, NULL, NULL) != SQLITE_OK))
-        rc = CTX_FAIL(ctx, STOF_ERR_CACHE, "exporting to %s: %s", file,
+        rc = ERR_FAIL(err, STOF_ERR_CACHE, "exporting to %s: %s", file,
                       db ? sqlite3_errmsg(db) : "out of memory");
     sqlite3_close(db);
     if (rc != STOF_OK)
@@ -766,21 +770,21 @@ static int present_and_sound(cache *c, const char *key)
     sqlite3_bind_text(s, 1, key, -1, SQLITE_TRANSIENT);
     cache_kernel k;
     if (sqlite3_step(s) == SQLITE_ROW && row_read(s, &k)) {
-        yes = row_sound(&k) && cache_versions_current(k.nvrtc_version, k.stof_version);
+        yes = row_sound(&k) && row_current(c, &k);
         cache_kernel_free(&k);
     }
     sqlite3_finalize(s);
     return yes;
 }
 
-static stof_status insert_kernel(stof_ctx *ctx, cache *c, const cache_kernel *k)
+static stof_status insert_kernel(err_record *err, cache *c, const cache_kernel *k)
 {
     sqlite3_stmt *s = NULL;
     if (sqlite3_prepare_v2(cache_db(c),
                            "INSERT OR REPLACE INTO kernels (" ROW_COLS ")"
                            " VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,0,?,?)",
                            -1, &s, NULL) != SQLITE_OK)
-        return ADMIN_FAIL(ctx, c, "importing a kernel");
+        return ADMIN_FAIL(err, c, "importing a kernel");
     const char *txt[] = {k->key,          k->op,      k->name,   k->entry,  k->arch,
                          k->nvrtc_version, k->stof_version, k->options, k->params, k->source,
                          k->log,          k->checksum};
@@ -793,38 +797,38 @@ static stof_status insert_kernel(stof_ctx *ctx, cache *c, const cache_kernel *k)
     sqlite3_bind_blob(s, 16, k->cubin, (int)k->cubin_size, SQLITE_TRANSIENT);
     sqlite3_bind_blob(s, 17, k->ptx, (int)k->ptx_size, SQLITE_TRANSIENT);
     stof_status st = sqlite3_step(s) == SQLITE_DONE ? STOF_OK
-                                                     : ADMIN_FAIL(ctx, c, "importing a kernel");
+                                                     : ADMIN_FAIL(err, c, "importing a kernel");
     sqlite3_finalize(s);
     return st;
 }
 
-static stof_status import_kernels(stof_ctx *ctx, cache *c, sqlite3 *src, const char *file,
+static stof_status import_kernels(err_record *err, cache *c, sqlite3 *src, const char *file,
                                   cache_import_result *r)
 {
     sqlite3_stmt *s = NULL;
     if (sqlite3_prepare_v2(src, "SELECT " ROW_COLS " FROM kernels ORDER BY key", -1, &s, NULL) !=
         SQLITE_OK)
-        return CTX_FAIL(ctx, STOF_ERR_CACHE, "importing %s: %s", file, sqlite3_errmsg(src));
+        return ERR_FAIL(err, STOF_ERR_CACHE, "importing %s: %s", file, sqlite3_errmsg(src));
     stof_status st = STOF_OK;
     int rc = SQLITE_DONE;
     while (st == STOF_OK && (rc = sqlite3_step(s)) == SQLITE_ROW) {
         cache_kernel k;
         if (!row_read(s, &k)) {
-            st = CTX_FAIL(ctx, STOF_ERR_NO_MEMORY, "out of memory importing %s", file);
+            st = ERR_FAIL(err, STOF_ERR_NO_MEMORY, "out of memory importing %s", file);
             break;
         }
-        if (!cache_versions_current(k.nvrtc_version, k.stof_version))
+        if (!row_current(c, &k))
             r->kernels_stale++;
         else if (!row_sound(&k))
             r->kernels_damaged++;
         else if (present_and_sound(c, k.key))
             r->kernels_present++;
-        else if ((st = insert_kernel(ctx, c, &k)) == STOF_OK)
+        else if ((st = insert_kernel(err, c, &k)) == STOF_OK)
             r->kernels_added++;
         cache_kernel_free(&k);
     }
     if (st == STOF_OK && rc != SQLITE_DONE)
-        st = CTX_FAIL(ctx, STOF_ERR_CACHE, "importing %s: %s", file, sqlite3_errmsg(src));
+        st = ERR_FAIL(err, STOF_ERR_CACHE, "importing %s: %s", file, sqlite3_errmsg(src));
     sqlite3_finalize(s);
     return st;
 }
@@ -847,24 +851,24 @@ static long long tuning_created(cache *c, sqlite3_stmt *src_row)
     return created;
 }
 
-static stof_status insert_tuning(stof_ctx *ctx, cache *c, sqlite3_stmt *src_row)
+static stof_status insert_tuning(err_record *err, cache *c, sqlite3_stmt *src_row)
 {
     sqlite3_stmt *s = NULL;
     if (sqlite3_prepare_v2(cache_db(c),
                            "INSERT OR REPLACE INTO tuning (op, mask_hash, shape, dtype, arch,"
                            " stof_version, record, created) VALUES (?,?,?,?,?,?,?,?)",
                            -1, &s, NULL) != SQLITE_OK)
-        return ADMIN_FAIL(ctx, c, "importing a tuning record");
+        return ADMIN_FAIL(err, c, "importing a tuning record");
     for (int i = 0; i < 8; i++)
         sqlite3_bind_value(s, i + 1, sqlite3_column_value(src_row, i));
     stof_status st = sqlite3_step(s) == SQLITE_DONE
                          ? STOF_OK
-                         : ADMIN_FAIL(ctx, c, "importing a tuning record");
+                         : ADMIN_FAIL(err, c, "importing a tuning record");
     sqlite3_finalize(s);
     return st;
 }
 
-static stof_status import_tuning(stof_ctx *ctx, cache *c, sqlite3 *src, const char *file,
+static stof_status import_tuning(err_record *err, cache *c, sqlite3 *src, const char *file,
                                  cache_import_result *r)
 {
     sqlite3_stmt *s = NULL;
@@ -872,7 +876,7 @@ static stof_status import_tuning(stof_ctx *ctx, cache *c, sqlite3 *src, const ch
                            "SELECT op, mask_hash, shape, dtype, arch, stof_version, record, created"
                            " FROM tuning",
                            -1, &s, NULL) != SQLITE_OK)
-        return CTX_FAIL(ctx, STOF_ERR_CACHE, "importing %s: %s", file, sqlite3_errmsg(src));
+        return ERR_FAIL(err, STOF_ERR_CACHE, "importing %s: %s", file, sqlite3_errmsg(src));
     stof_status st = STOF_OK;
     int rc = SQLITE_DONE;
     while (st == STOF_OK && (rc = sqlite3_step(s)) == SQLITE_ROW) {
@@ -884,40 +888,40 @@ static stof_status import_tuning(stof_ctx *ctx, cache *c, sqlite3 *src, const ch
         long long here = tuning_created(c, s);
         if (here >= 0 && here >= sqlite3_column_int64(s, 7))
             r->tuning_kept++;
-        else if ((st = insert_tuning(ctx, c, s)) == STOF_OK)
+        else if ((st = insert_tuning(err, c, s)) == STOF_OK)
             r->tuning_added++;
     }
     if (st == STOF_OK && rc != SQLITE_DONE)
-        st = CTX_FAIL(ctx, STOF_ERR_CACHE, "importing %s: %s", file, sqlite3_errmsg(src));
+        st = ERR_FAIL(err, STOF_ERR_CACHE, "importing %s: %s", file, sqlite3_errmsg(src));
     sqlite3_finalize(s);
     return st;
 }
 
-stof_status cache_admin_import(stof_ctx *ctx, cache *c, const char *file, cache_import_result *r)
+stof_status cache_admin_import(err_record *err, cache *c, const char *file, cache_import_result *r)
 {
     memset(r, 0, sizeof *r);
     char why[1200];
     cache_probe_result p = cache_admin_probe(file, why, sizeof why);
     if (p != CACHE_PROBE_OK)
-        return CTX_FAIL(ctx, STOF_ERR_INVALID_ARG, "cannot import: %s", why);
+        return ERR_FAIL(err, STOF_ERR_INVALID_ARG, "cannot import: %s", why);
     char a[PATH_MAX], b[PATH_MAX];
     if (realpath(file, a) && realpath(cache_file(c), b) && strcmp(a, b) == 0)
-        return CTX_FAIL(ctx, STOF_ERR_INVALID_ARG, "cannot import %s into itself", file);
+        return ERR_FAIL(err, STOF_ERR_INVALID_ARG, "cannot import %s into itself", file);
     sqlite3 *src = NULL;
     if (sqlite3_open_v2(file, &src, SQLITE_OPEN_READONLY, NULL) != SQLITE_OK) {
-        stof_status st = CTX_FAIL(ctx, STOF_ERR_CACHE, "cannot import %s: %s", file,
+        stof_status st = ERR_FAIL(err, STOF_ERR_CACHE, "cannot import %s: %s", file,
                                   src ? sqlite3_errmsg(src) : "out of memory");
         sqlite3_close(src);
         return st;
     }
     sqlite3_busy_timeout(src, 30000);
-    stof_status st = exec(ctx, c, "BEGIN IMMEDIATE");
+    stof_status st = exec(err, c, "BEGIN IMMEDIATE");
     if (st == STOF_OK)
-        st = import_kernels(ctx, c, src, file, r);
+        st = import_kernels(err, c, src, file, r);
     if (st == STOF_OK)
-        st = import_tuning(ctx, c, src, file, r);
+        st = import_tuning(err, c, src, file, r);
     if (st == STOF_OK)
-        st = exec(ctx, c, "COMMIT");
+        st = exec(err, c, "COMMIT");
     if (st != STOF_OK) {
         sqlite3_exec(cache_db(c), "ROLLBACK", NULL, NULL, NULL);
         memset(r, 0, sizeof *r);

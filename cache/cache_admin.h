@@ -34,13 +34,13 @@ int cache_admin_default_path(char *out, size_t n);
 
 /* The row for key as stored (blobs included), damaged or stale alike;
  * *found is 0 when there is none. No use is counted. */
-stof_status cache_admin_read_kernel(stof_ctx *ctx, cache *c, const char *key, cache_kernel *out,
+stof_status cache_admin_read_kernel(err_record *err, cache *c, const char *key, cache_kernel *out,
                                     int *found);
 
 /* Calls fn for each tuning row (of op, when op is not NULL), ordered by op,
  * shape, created. stof_version is the row's. Stops when fn returns nonzero. */
 typedef int (*cache_tuning_fn)(const cache_tuning *t, const char *stof_version, void *arg);
-stof_status cache_admin_list_tuning(stof_ctx *ctx, cache *c, const char *op, cache_tuning_fn fn,
+stof_status cache_admin_list_tuning(err_record *err, cache *c, const char *op, cache_tuning_fn fn,
                                     void *arg);
 
 /* 1 when some kernel or tuning row has this op. */
@@ -72,7 +72,7 @@ typedef struct cache_stats {
     int n_groups;
 } cache_stats;
 
-stof_status cache_admin_stats(stof_ctx *ctx, cache *c, cache_stats *out);
+stof_status cache_admin_stats(err_record *err, cache *c, cache_stats *out);
 void cache_stats_free(cache_stats *s);
 
 /* hits / (hits + kernels): of the lookups that ended with a kernel in this
@@ -103,7 +103,7 @@ typedef struct cache_check {
 } cache_check;
 
 /* Reads every row; changes nothing. */
-stof_status cache_admin_check(stof_ctx *ctx, cache *c, cache_check *out);
+stof_status cache_admin_check(err_record *err, cache *c, cache_check *out);
 void cache_check_free(cache_check *k);
 const char *cache_problem_name(cache_problem_kind k);   /* "damaged", ... */
 
@@ -122,14 +122,14 @@ typedef struct cache_prune_result {
     int compacted;            /* the file was vacuumed afterwards */
 } cache_prune_result;
 
-stof_status cache_admin_prune(stof_ctx *ctx, cache *c, const cache_prune_opts *o,
+stof_status cache_admin_prune(err_record *err, cache *c, const cache_prune_opts *o,
                               cache_prune_result *r);
 
 /* ---- moving a cache ---- */
 
 /* A consistent copy of the whole cache in a new file (which must not
  * exist), in rollback-journal mode so that it is one self-contained file. */
-stof_status cache_admin_export(stof_ctx *ctx, cache *c, const char *file);
+stof_status cache_admin_export(err_record *err, cache *c, const char *file);
 
 typedef struct cache_import_result {
     long long kernels_added;     /* new, or replacing a damaged row here */
@@ -143,6 +143,6 @@ typedef struct cache_import_result {
 
 /* Merges the rows of the stof cache in `file` into c in one transaction,
  * verifying every kernel's checksum. */
-stof_status cache_admin_import(stof_ctx *ctx, cache *c, const char *file, cache_import_result *r);
+stof_status cache_admin_import(err_record *err, cache *c, const char *file, cache_import_result *r);
 
 #endif

@@ -7,8 +7,6 @@
 #include <string.h>
 #include <time.h>
 
-#include "ctx.h"
-
 /* -lineinfo keeps source lines in SASS for stof-dump and the profiler;
  * ptxas -v puts each kernel's registers and spills in the compile log. */
 const char *const nvrtc_default_options = "-std=c++17 -lineinfo --ptxas-options=-v";
@@ -52,29 +50,29 @@ static int parse_arch(const char *arch, int *num, int *specific)
     return digits >= 2 && digits <= 3 && *p == 0;
 }
 
-stof_status nvrtc_check_arch(stof_ctx *ctx, const char *arch)
+stof_status nvrtc_check_arch(err_record *err, const char *arch)
 {
     int n = 0, want = 0, specific = 0;
     if (!parse_arch(arch, &want, &specific))
-        return CTX_FAIL(ctx, STOF_ERR_INVALID_ARG,
+        return ERR_FAIL(err, STOF_ERR_INVALID_ARG,
                         "unknown architecture \"%s\": expected sm_NN or sm_NNa, e.g. sm_90a",
                         arch ? arch : "(null)");
     /* Arch-specific targets ("a") begin with Hopper. */
     if (specific && want < 90)
-        return CTX_FAIL(ctx, STOF_ERR_INVALID_ARG,
+        return ERR_FAIL(err, STOF_ERR_INVALID_ARG,
                         "architecture %s does not exist: only sm_90 and newer have an \"a\" variant",
                         arch);
     if (nvrtcGetNumSupportedArchs(&n) != NVRTC_SUCCESS || n <= 0 || n > 256)
-        return CTX_FAIL(ctx, STOF_ERR_COMPILE, "nvrtcGetNumSupportedArchs failed");
+        return ERR_FAIL(err, STOF_ERR_COMPILE, "nvrtcGetNumSupportedArchs failed");
     int archs[256];
     if (nvrtcGetSupportedArchs(archs) != NVRTC_SUCCESS)
-        return CTX_FAIL(ctx, STOF_ERR_COMPILE, "nvrtcGetSupportedArchs failed");
+        return ERR_FAIL(err, STOF_ERR_COMPILE, "nvrtcGetSupportedArchs failed");
     for (int i = 0; i < n; i++)
         if (archs[i] == want)
             return want >= 80 ? STOF_OK
-                              : CTX_FAIL(ctx, STOF_ERR_UNSUPPORTED,
+                              : ERR_FAIL(err, STOF_ERR_UNSUPPORTED,
                                          "architecture %s: stof needs sm_80 or newer", arch);
-    return CTX_FAIL(ctx, STOF_ERR_INVALID_ARG, "architecture %s is not one NVRTC %s can compile for",
+    return ERR_FAIL(err, STOF_ERR_INVALID_ARG, "architecture %s is not one NVRTC %s can compile for",
                     arch, nvrtc_version_string());
 }
 
@@ -93,17 +91,17 @@ static void log_head(const char *log, char *out, size_t n, int lines)
     do {                                                                                 \
         nvrtcResult r_ = (call);                                                         \
         if (r_ != NVRTC_SUCCESS) {                                                       \
-            st = CTX_FAIL(ctx, STOF_ERR_COMPILE, "%s: %s failed: %s", name, #call,      \
+            st = ERR_FAIL(err, STOF_ERR_COMPILE, "%s: %s failed: %s", name, #call,      \
                           nvrtcGetErrorString(r_));                                      \
             goto done;                                                                   \
         }                                                                                \
     } while (0)
 
-stof_status nvrtc_compile(stof_ctx *ctx, const char *name, const char *source, const char *arch,
+stof_status nvrtc_compile(err_record *err, const char *name, const char *source, const char *arch,
                           nvrtc_output *out)
 {
     memset(out, 0, sizeof *out);
-    TRY(nvrtc_check_arch(ctx, arch));
+    TRY(nvrtc_check_arch(err, arch));
     stof_status st = STOF_OK;
     nvrtcProgram prog = NULL;
     char archopt[64];
@@ -119,7 +117,7 @@ stof_status nvrtc_compile(stof_ctx *ctx, const char *name, const char *source, c
     size_t logn = 0;
     NVRTC_TRY(nvrtcGetProgramLogSize(prog, &logn));
     if (!(out->log = malloc(logn + 1))) {
-        st = CTX_FAIL(ctx, STOF_ERR_NO_MEMORY, "out of memory for the compile log");
+        st = ERR_FAIL(err, STOF_ERR_NO_MEMORY, "out of memory for the compile log");
         goto done;
     }
     out->log[0] = 0;
@@ -129,7 +127,7 @@ stof_status nvrtc_compile(stof_ctx *ctx, const char *name, const char *source, c
     if (cr != NVRTC_SUCCESS) {
         char head[1200];
         log_head(out->log, head, sizeof head, 8);
-        st = CTX_FAIL(ctx, STOF_ERR_COMPILE, "NVRTC could not compile %s for %s (%s):\n%s", name,
+        st = ERR_FAIL(err, STOF_ERR_COMPILE, "NVRTC could not compile %s for %s (%s):\n%s", name,
                       arch, nvrtcGetErrorString(cr), head);
         goto done;
     }
@@ -138,7 +136,7 @@ stof_status nvrtc_compile(stof_ctx *ctx, const char *name, const char *source, c
     out->cubin = malloc(out->cubin_size ? out->cubin_size : 1);
     out->ptx = malloc(out->ptx_size + 1);
     if (!out->cubin || !out->ptx) {
-        st = CTX_FAIL(ctx, STOF_ERR_NO_MEMORY, "out of memory for the compiled %s", name);
+        st = ERR_FAIL(err, STOF_ERR_NO_MEMORY, "out of memory for the compiled %s", name);
         goto done;
     }
     NVRTC_TRY(nvrtcGetCUBIN(prog, out->cubin));
@@ -147,7 +145,7 @@ stof_status nvrtc_compile(stof_ctx *ctx, const char *name, const char *source, c
     /* NVRTC counts the PTX's NUL in its size. */
     out->ptx_size = strlen(out->ptx);
     if (out->cubin_size == 0)
-        st = CTX_FAIL(ctx, STOF_ERR_COMPILE, "NVRTC produced no CUBIN for %s (%s)", name, arch);
+        st = ERR_FAIL(err, STOF_ERR_COMPILE, "NVRTC produced no CUBIN for %s (%s)", name, arch);
 done:
     out->ms = now_ms() - t0;
     if (prog)
@@ -158,9 +156,6 @@ done:
         out->log = NULL;
         nvrtc_output_free(out);
         out->log = log;
-    } else {
-        ctx->stats.nvrtc_compiles++;
-        ctx->stats.nvrtc_ms += out->ms;
     }
     return st;
 }

@@ -7,7 +7,7 @@
 #define STOF_NVRTC_H
 
 #include <stddef.h>
-#include "stof.h"
+#include "base/err.h"
 
 typedef struct nvrtc_output {
     void *cubin;
@@ -21,7 +21,7 @@ typedef struct nvrtc_output {
 /* The fixed options every kernel is compiled with, besides -arch. */
 extern const char *const nvrtc_default_options;
 
-stof_status nvrtc_compile(stof_ctx *ctx, const char *name, const char *source,
+stof_status nvrtc_compile(err_record *err, const char *name, const char *source,
                           const char *arch, nvrtc_output *out);
 void nvrtc_output_free(nvrtc_output *o);
 
@@ -29,6 +29,6 @@ void nvrtc_output_free(nvrtc_output *o);
 const char *nvrtc_version_string(void);
 
 /* Fails with STOF_ERR_INVALID_ARG unless NVRTC can compile for `arch`. */
-stof_status nvrtc_check_arch(stof_ctx *ctx, const char *arch);
+stof_status nvrtc_check_arch(err_record *err, const char *arch);
 
 #endif

@@ -6,7 +6,6 @@
 #include <string.h>
 
 #include "base/strbuf.h"
-#include "ctx.h"
 
 #define MAX_DEPTH 16
 #define MAX_VARS 64
@@ -30,28 +29,28 @@ static char *read_file(const char *path)
     return strbuf_take(&b);
 }
 
-stof_status render_load(stof_ctx *ctx, const char *name, char **text)
+stof_status render_load(err_record *err, const char *name, char **text)
 {
     *text = NULL;
     if (!name || !*name || strchr(name, '/'))
-        return CTX_FAIL(ctx, STOF_ERR_INVALID_ARG, "bad template name \"%s\"", name ? name : "");
+        return ERR_FAIL(err, STOF_ERR_INVALID_ARG, "bad template name \"%s\"", name ? name : "");
     const char *dir = getenv("STOF_TEMPLATE_DIR");
     if (dir && *dir) {
         char path[4096];
         snprintf(path, sizeof path, "%s/%s", dir, name);
         if (!(*text = read_file(path)))
-            return CTX_FAIL(ctx, STOF_ERR_INVALID_ARG,
+            return ERR_FAIL(err, STOF_ERR_INVALID_ARG,
                             "template %s: cannot read %s (STOF_TEMPLATE_DIR is set)", name, path);
         return STOF_OK;
     }
     for (const render_embedded *t = render_embedded_templates; t->name; t++) {
         if (strcmp(t->name, name) == 0) {
             if (!(*text = strdup(t->text)))
-                return CTX_FAIL(ctx, STOF_ERR_NO_MEMORY, "out of memory loading %s", name);
+                return ERR_FAIL(err, STOF_ERR_NO_MEMORY, "out of memory loading %s", name);
             return STOF_OK;
         }
     }
-    return CTX_FAIL(ctx, STOF_ERR_INVALID_ARG, "no template named %s", name);
+    return ERR_FAIL(err, STOF_ERR_INVALID_ARG, "no template named %s", name);
 }
 
 static int line_of(const char *text, const char *at)
@@ -82,15 +81,15 @@ static int find_var(const render_var *vars, int nvars, const char *s, size_t n)
 
 static int truthy(const char *v) { return v && *v && strcmp(v, "0") != 0; }
 
-stof_status render_text(stof_ctx *ctx, const char *name, const char *text,
+stof_status render_text(err_record *err, const char *name, const char *text,
                         const render_var *vars, int nvars, char **out)
 {
     *out = NULL;
     if (nvars > MAX_VARS)
-        return CTX_FAIL(ctx, STOF_ERR_INTERNAL, "template %s: too many values", name);
+        return ERR_FAIL(err, STOF_ERR_INTERNAL, "template %s: too many values", name);
     for (int i = 0; i < nvars; i++)
         if (!vars[i].name || !vars[i].value || !valid_name(vars[i].name, strlen(vars[i].name)))
-            return CTX_FAIL(ctx, STOF_ERR_INTERNAL, "template %s: value %d has a bad name or NULL",
+            return ERR_FAIL(err, STOF_ERR_INTERNAL, "template %s: value %d has a bad name or NULL",
                             name, i);
     char used[MAX_VARS] = {0};
     int keep[MAX_DEPTH + 1] = {1}; /* keep[d]: text at depth d is emitted */
@@ -112,7 +111,7 @@ stof_status render_text(stof_ctx *ctx, const char *name, const char *text,
         const char *end = strstr(tag + 2, "}}");
         const char *nl = strchr(tag + 2, '\n');
         if (!end || (nl && nl < end)) {
-            st = CTX_FAIL(ctx, STOF_ERR_INTERNAL, "template %s line %d: unclosed \"{{\"", name,
+            st = ERR_FAIL(err, STOF_ERR_INTERNAL, "template %s line %d: unclosed \"{{\"", name,
                           line_of(text, tag));
             break;
         }
@@ -123,15 +122,15 @@ stof_status render_text(stof_ctx *ctx, const char *name, const char *text,
             s += 4;
             n -= 4;
             if (!valid_name(s, n)) {
-                st = CTX_FAIL(ctx, STOF_ERR_INTERNAL, "template %s line %d: malformed \"{{%.*s}}\"",
+                st = ERR_FAIL(err, STOF_ERR_INTERNAL, "template %s line %d: malformed \"{{%.*s}}\"",
                               name, line, (int)(end - tag - 2), tag + 2);
             } else if (depth == MAX_DEPTH) {
-                st = CTX_FAIL(ctx, STOF_ERR_INTERNAL, "template %s line %d: sections nest too deep",
+                st = ERR_FAIL(err, STOF_ERR_INTERNAL, "template %s line %d: sections nest too deep",
                               name, line);
             } else {
                 int v = find_var(vars, nvars, s, n);
                 if (v < 0) {
-                    st = CTX_FAIL(ctx, STOF_ERR_INTERNAL,
+                    st = ERR_FAIL(err, STOF_ERR_INTERNAL,
                                   "template %s line %d: missing value for {{#if %.*s}}", name, line,
                                   (int)n, s);
                 } else {
@@ -143,14 +142,14 @@ stof_status render_text(stof_ctx *ctx, const char *name, const char *text,
             }
         } else if (n == 3 && memcmp(s, "/if", 3) == 0) {
             if (depth == 0)
-                st = CTX_FAIL(ctx, STOF_ERR_INTERNAL, "template %s line %d: {{/if}} with no {{#if}}",
+                st = ERR_FAIL(err, STOF_ERR_INTERNAL, "template %s line %d: {{/if}} with no {{#if}}",
                               name, line);
             else
                 depth--;
         } else if (valid_name(s, n)) {
             int v = find_var(vars, nvars, s, n);
             if (v < 0)
-                st = CTX_FAIL(ctx, STOF_ERR_INTERNAL, "template %s line %d: missing value for {{%.*s}}",
+                st = ERR_FAIL(err, STOF_ERR_INTERNAL, "template %s line %d: missing value for {{%.*s}}",
                               name, line, (int)n, s);
             else {
                 used[v] = 1;
@@ -158,20 +157,20 @@ stof_status render_text(stof_ctx *ctx, const char *name, const char *text,
                     strbuf_puts(&b, vars[v].value);
             }
         } else {
-            st = CTX_FAIL(ctx, STOF_ERR_INTERNAL, "template %s line %d: malformed \"{{%.*s}}\"", name,
+            st = ERR_FAIL(err, STOF_ERR_INTERNAL, "template %s line %d: malformed \"{{%.*s}}\"", name,
                           line, (int)n, s);
         }
         p = end + 2;
     }
     if (st == STOF_OK && depth > 0)
-        st = CTX_FAIL(ctx, STOF_ERR_INTERNAL, "template %s line %d: {{#if}} never closed", name,
+        st = ERR_FAIL(err, STOF_ERR_INTERNAL, "template %s line %d: {{#if}} never closed", name,
                       line_of(text, open_at[depth]));
     for (int i = 0; st == STOF_OK && i < nvars; i++)
         if (!used[i])
-            st = CTX_FAIL(ctx, STOF_ERR_INTERNAL, "template %s: unknown name %s (the template never uses it)",
+            st = ERR_FAIL(err, STOF_ERR_INTERNAL, "template %s: unknown name %s (the template never uses it)",
                           name, vars[i].name);
     if (st == STOF_OK && b.oom)
-        st = CTX_FAIL(ctx, STOF_ERR_NO_MEMORY, "template %s: out of memory", name);
+        st = ERR_FAIL(err, STOF_ERR_NO_MEMORY, "template %s: out of memory", name);
     if (st != STOF_OK) {
         strbuf_free(&b);
         return st;
@@ -180,13 +179,13 @@ stof_status render_text(stof_ctx *ctx, const char *name, const char *text,
     return STOF_OK;
 }
 
-stof_status render_template(stof_ctx *ctx, const char *name, const render_var *vars, int nvars,
+stof_status render_template(err_record *err, const char *name, const render_var *vars, int nvars,
                             char **out)
 {
     char *text;
     *out = NULL;
-    TRY(render_load(ctx, name, &text));
-    stof_status st = render_text(ctx, name, text, vars, nvars, out);
+    TRY(render_load(err, name, &text));
+    stof_status st = render_text(err, name, text, vars, nvars, out);
     free(text);
     return st;
 }

@@ -8,7 +8,7 @@
 #ifndef STOF_RENDER_H
 #define STOF_RENDER_H
 
-#include "stof.h"
+#include "base/err.h"
 
 typedef struct render_var {
     const char *name;
@@ -24,14 +24,14 @@ typedef struct render_embedded {
 extern const render_embedded render_embedded_templates[];
 
 /* The text of template `name` ("layernorm.cu"); the caller frees it. */
-stof_status render_load(stof_ctx *ctx, const char *name, char **text);
+stof_status render_load(err_record *err, const char *name, char **text);
 
 /* Renders `text` (called `name` in messages) into *out (caller frees). */
-stof_status render_text(stof_ctx *ctx, const char *name, const char *text,
+stof_status render_text(err_record *err, const char *name, const char *text,
                         const render_var *vars, int nvars, char **out);
 
 /* render_load then render_text. */
-stof_status render_template(stof_ctx *ctx, const char *name, const render_var *vars,
+stof_status render_template(err_record *err, const char *name, const render_var *vars,
                             int nvars, char **out);
 
 #endif

@@ -1,6 +1,5 @@
 #include "ctx.h"
 
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -9,64 +8,6 @@
 #include "cache/cache_admin.h"
 #include "codegen/nvrtc_drv.h"
 #include "gpu/blas.h"
-#include "gpu/jit.h"
-
-stof_status ctx_fail(stof_ctx *ctx, stof_status st, const char *file, int line, const char *fmt,
-                     ...)
-{
-    if (!ctx)
-        return st;
-    va_list ap;
-    va_start(ap, fmt);
-    int n = vsnprintf(ctx->err, sizeof ctx->err, fmt, ap);
-    va_end(ap);
-    if (n >= 0 && (size_t)n < sizeof ctx->err - 1)
-        snprintf(ctx->err + n, sizeof ctx->err - (size_t)n, " [%s:%d]", file, line);
-    return st;
-}
-
-const char *stof_version(void)
-{
-#define STR2(x) #x
-#define STR(x) STR2(x)
-    return STR(STOF_VERSION_MAJOR) "." STR(STOF_VERSION_MINOR) "." STR(STOF_VERSION_PATCH);
-}
-
-const char *stof_status_str(stof_status s)
-{
-    switch (s) {
-    case STOF_OK: return "STOF_OK";
-    case STOF_ERR_INVALID_ARG: return "STOF_ERR_INVALID_ARG";
-    case STOF_ERR_UNSUPPORTED: return "STOF_ERR_UNSUPPORTED";
-    case STOF_ERR_NO_DEVICE: return "STOF_ERR_NO_DEVICE";
-    case STOF_ERR_CUDA: return "STOF_ERR_CUDA";
-    case STOF_ERR_COMPILE: return "STOF_ERR_COMPILE";
-    case STOF_ERR_CACHE: return "STOF_ERR_CACHE";
-    case STOF_ERR_NO_MEMORY: return "STOF_ERR_NO_MEMORY";
-    case STOF_ERR_INTERNAL: return "STOF_ERR_INTERNAL";
-    }
-    return "STOF_ERR_UNKNOWN";
-}
-
-int dtype_size(stof_dtype t)
-{
-    switch (t) {
-    case STOF_F32: return 4;
-    case STOF_F16:
-    case STOF_BF16: return 2;
-    default: return 0;
-    }
-}
-
-const char *dtype_name(stof_dtype t)
-{
-    switch (t) {
-    case STOF_F32: return "fp32";
-    case STOF_F16: return "fp16";
-    case STOF_BF16: return "bf16";
-    default: return "invalid";
-    }
-}
 
 /* Why the last stof_open on this thread failed: stof_last_error(NULL). */
 static __thread char open_err[2048];
@@ -96,9 +37,9 @@ stof_status stof_open(stof_ctx **out, const stof_options *opts)
     }
     drv_open(&ctx->dev, ctx->opt.device);
     if (opts && opts->arch) {
-        stof_status st = nvrtc_check_arch(ctx, opts->arch);
+        stof_status st = nvrtc_check_arch(&ctx->err, opts->arch);
         if (st != STOF_OK) {
-            snprintf(open_err, sizeof open_err, "%s", ctx->err);
+            snprintf(open_err, sizeof open_err, "%s", ctx->err.msg);
             drv_close(&ctx->dev);
             free(ctx);
             return st;
@@ -116,18 +57,20 @@ stof_status stof_open(stof_ctx **out, const stof_options *opts)
         snprintf(ctx->cache_note, sizeof ctx->cache_note,
                  "running uncached: STOF_CACHE is off or no cache folder could be found");
     if (path[0]) {
-        if (cache_open(ctx, path, ctx->opt.cache_max_bytes, &ctx->cache) == STOF_OK)
+        if (cache_open(&ctx->err, path, ctx->opt.cache_max_bytes, nvrtc_version_string(),
+                       &ctx->cache) == STOF_OK)
             snprintf(ctx->cache_path, sizeof ctx->cache_path, "%s", path);
         else
-            snprintf(ctx->cache_note, sizeof ctx->cache_note, "running uncached: %s", ctx->err);
+            snprintf(ctx->cache_note, sizeof ctx->cache_note, "running uncached: %s",
+                     ctx->err.msg);
     }
     /* Not failures: the context works, but the caller may ask why. */
     if (ctx->cache_note[0])
-        snprintf(ctx->err, sizeof ctx->err, "%.2000s", ctx->cache_note);
+        snprintf(ctx->err.msg, sizeof ctx->err.msg, "%.2000s", ctx->cache_note);
     else if (!ctx->dev.ok)
-        snprintf(ctx->err, sizeof ctx->err, "%s", ctx->dev.why);
+        snprintf(ctx->err.msg, sizeof ctx->err.msg, "%s", ctx->dev.why);
     else
-        ctx->err[0] = 0;
+        ctx->err.msg[0] = 0;
     *out = ctx;
     return STOF_OK;
 }
@@ -140,12 +83,13 @@ void stof_close(stof_ctx *ctx)
     jit_unload_all(ctx);
     cache_close(ctx->cache);
     drv_close(&ctx->dev);
+    free(ctx->model);
     free(ctx);
 }
 
 const char *stof_last_error(const stof_ctx *ctx)
 {
-    return ctx ? ctx->err : open_err;
+    return ctx ? ctx->err.msg : open_err;
 }
 
 stof_status stof_get_stats(const stof_ctx *ctx, stof_stats *out)
@@ -173,20 +117,4 @@ stof_status stof_device_info(const stof_ctx *ctx, int *has_device, char *arch, s
 const char *stof_cache_path(const stof_ctx *ctx)
 {
     return ctx && ctx->cache ? ctx->cache_path : "";
-}
-
-stof_status ctx_need_device(stof_ctx *ctx)
-{
-    if (!ctx->dev.ok)
-        return CTX_FAIL(ctx, STOF_ERR_NO_DEVICE,
-                        "%s; GPU work is impossible here (compiling for a named arch still works)",
-                        ctx->dev.why);
-    char own[32];
-    drv_arch_name(ctx->dev.cc_major, ctx->dev.cc_minor, own, sizeof own);
-    if (strcmp(own, ctx->arch) != 0)
-        return CTX_FAIL(ctx, STOF_ERR_INVALID_ARG,
-                        "this context compiles for %s but the GPU is %s: open it without options.arch "
-                        "to run kernels",
-                        ctx->arch, own);
-    return STOF_OK;
 }

@@ -473,7 +473,7 @@ int main(int argc, char **argv)
         die(NULL, "stof_open");
     /* The arch is checked on every machine, so a bad one is a usage error
      * with or without a GPU. */
-    stof_status ast = nvrtc_check_arch(ctx, a.arch);
+    stof_status ast = nvrtc_check_arch(&ctx->err, a.arch);
     if (ast != STOF_OK) {
         char why[2100];
         snprintf(why, sizeof why, "%s", stof_last_error(ctx));

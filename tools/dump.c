@@ -56,7 +56,8 @@ enum { OPT_OP = 1, OPT_ARCH = 2, OPT_MASK = 4, OPT_JSON = 8, OPT_PART = 16, OPT_
        OPT_MAX = 64, OPT_STALE = 128 };
 
 typedef struct dump {
-    stof_ctx *ctx;
+    stof_ctx *ctx;             /* for masks */
+    err_record err;            /* the cache's last failure */
     cache *c;
     const args *a;
 } dump;
@@ -236,7 +237,7 @@ static void begin_doc(json_out *o, const dump *d, const char *list_name)
 
 static int fail_lib(const dump *d, const char *what)
 {
-    fprintf(stderr, "stof-dump: %s: %s\n", what, stof_last_error(d->ctx));
+    fprintf(stderr, "stof-dump: %s: %s\n", what, d->err.msg);
     return EXIT_USAGE;
 }
 
@@ -270,7 +271,7 @@ static void list_json_row(json_out *o, const cache_kernel *k)
     json_key(o, "compile_ms");
     json_double(o, k->compile_ms);
     json_key(o, "current");
-    json_bool(o, cache_versions_current(k->nvrtc_version, k->stof_version));
+    json_bool(o, cache_versions_current(k->nvrtc_version, k->stof_version, nvrtc_version_string()));
     json_end_object(o);
 }
 
@@ -289,7 +290,10 @@ static int list_row(const cache_kernel *k, void *arg)
     printf("%-12.12s  %-10s  %-8s  %-20s  %10s  %10s  %6.0f ms  %5lld  %-19s  %s%s\n", k->key,
            k->op, k->arch, k->entry, human_bytes((long long)k->cubin_size, b1),
            human_bytes((long long)k->ptx_size, b2), k->compile_ms, k->hits, when(k->last_used, t),
-           k->params, cache_versions_current(k->nvrtc_version, k->stof_version) ? "" : "  [stale]");
+           k->params,
+           cache_versions_current(k->nvrtc_version, k->stof_version, nvrtc_version_string())
+               ? ""
+               : "  [stale]");
     return 0;
 }
 
@@ -298,7 +302,7 @@ static int cmd_list(dump *d)
     list_state s = {.json = d->a->json};
     if (s.json)
         begin_doc(&s.o, d, "kernels");
-    if (cache_list_kernels(d->ctx, d->c, d->a->op, d->a->arch, list_row, &s) != STOF_OK)
+    if (cache_list_kernels(&d->err, d->c, d->a->op, d->a->arch, list_row, &s) != STOF_OK)
         return fail_lib(d, "listing");
     if (s.json) {
         json_end_array(&s.o);
@@ -341,7 +345,7 @@ static void show_summary(dump *d, const cache_kernel *k)
     char sum[65], b[32];
     cache_checksum(k->cubin, k->cubin_size, k->ptx, k->ptx_size, sum);
     int sound = k->cubin_size > 0 && strcmp(sum, k->checksum) == 0;
-    int current = cache_versions_current(k->nvrtc_version, k->stof_version);
+    int current = cache_versions_current(k->nvrtc_version, k->stof_version, nvrtc_version_string());
     printf("%-13s %s\n%-13s %s\n%-13s %s\n%-13s %s\n%-13s %s\n", "key", k->key, "op", k->op,
            "template", k->name, "entry", k->entry, "arch", k->arch);
     printf("%-13s stof %s, NVRTC %s%s\n", "compiled by", k->stof_version, k->nvrtc_version,
@@ -357,7 +361,7 @@ static void show_summary(dump *d, const cache_kernel *k)
     printf("%-13s %s\n", "last used", when(k->last_used, b));
     printf("%-13s %lld\n", "hits", k->hits);
     naming nm = {k->key, 0};
-    cache_admin_list_tuning(d->ctx, d->c, NULL, print_if_names, &nm);
+    cache_admin_list_tuning(&d->err, d->c, NULL, print_if_names, &nm);
 }
 
 static int find_tool(char *out, size_t n, const char **name)
@@ -450,11 +454,11 @@ static int show_part(const cache_kernel *k, const char *part)
 static int cmd_show(dump *d)
 {
     char key[65];
-    if (cache_resolve_key(d->ctx, d->c, d->a->operand, key) != STOF_OK)
+    if (cache_resolve_key(&d->err, d->c, d->a->operand, key) != STOF_OK)
         return fail_lib(d, "show");
     cache_kernel k;
     int found = 0;
-    if (cache_admin_read_kernel(d->ctx, d->c, key, &k, &found) != STOF_OK)
+    if (cache_admin_read_kernel(&d->err, d->c, key, &k, &found) != STOF_OK)
         return fail_lib(d, "show");
     if (!found) {
         fprintf(stderr, "stof-dump: kernel %s vanished while reading it\n", key);
@@ -790,13 +794,13 @@ static int cmd_tuning(dump *d)
 {
     tuning_state s = {.d = d, .json = d->a->json};
     /* A bad spec is refused before anything is printed. */
-    if (d->a->mask && cache_admin_list_tuning(d->ctx, d->c, NULL, try_mask, &s) != STOF_OK)
+    if (d->a->mask && cache_admin_list_tuning(&d->err, d->c, NULL, try_mask, &s) != STOF_OK)
         return fail_lib(d, "tuning");
     if (!mask_spec_ok(&s))
         return EXIT_USAGE;
     if (s.json)
         begin_doc(&s.o, d, "tuning");
-    if (cache_admin_list_tuning(d->ctx, d->c, d->a->op, tuning_row, &s) != STOF_OK)
+    if (cache_admin_list_tuning(&d->err, d->c, d->a->op, tuning_row, &s) != STOF_OK)
         return fail_lib(d, "tuning");
     if (s.json) {
         json_end_array(&s.o);
@@ -846,7 +850,7 @@ static void group_text(const cache_group_stats *g, const char *op, const char *a
 static int cmd_stats(dump *d)
 {
     cache_stats s;
-    if (cache_admin_stats(d->ctx, d->c, &s) != STOF_OK)
+    if (cache_admin_stats(&d->err, d->c, &s) != STOF_OK)
         return fail_lib(d, "stats");
     if (d->a->json) {
         json_out o;
@@ -950,7 +954,7 @@ static void check_text(dump *d, const cache_check *k)
 static int cmd_check(dump *d)
 {
     cache_check k;
-    if (cache_admin_check(d->ctx, d->c, &k) != STOF_OK)
+    if (cache_admin_check(&d->err, d->c, &k) != STOF_OK)
         return fail_lib(d, "check");
     if (d->a->json)
         check_json(d, &k);
@@ -998,7 +1002,7 @@ static int cmd_prune(dump *d)
                            a->max_bytes);
     o.stale = a->stale;
     cache_prune_result r;
-    if (cache_admin_prune(d->ctx, d->c, &o, &r) != STOF_OK)
+    if (cache_admin_prune(&d->err, d->c, &o, &r) != STOF_OK)
         return fail_lib(d, "prune");
     char b[32];
     if (r.kernels + r.tuning == 0)
@@ -1013,9 +1017,9 @@ static int cmd_prune(dump *d)
 static int cmd_export(dump *d)
 {
     cache_stats s;
-    if (cache_admin_export(d->ctx, d->c, d->a->operand) != STOF_OK)
+    if (cache_admin_export(&d->err, d->c, d->a->operand) != STOF_OK)
         return fail_lib(d, "export");
-    if (cache_admin_stats(d->ctx, d->c, &s) == STOF_OK) {
+    if (cache_admin_stats(&d->err, d->c, &s) == STOF_OK) {
         char b[32];
         struct stat st;
         long long size = stat(d->a->operand, &st) == 0 ? (long long)st.st_size : 0;
@@ -1030,7 +1034,7 @@ static int cmd_export(dump *d)
 static int cmd_import(dump *d)
 {
     cache_import_result r;
-    if (cache_admin_import(d->ctx, d->c, d->a->operand, &r) != STOF_OK)
+    if (cache_admin_import(&d->err, d->c, d->a->operand, &r) != STOF_OK)
         return fail_lib(d, "import");
     printf("imported from %s into %s\n", d->a->operand, cache_file(d->c));
     printf("kernels  %lld added, %lld already here, %lld damaged (skipped), %lld stale (skipped)\n",
@@ -1126,8 +1130,8 @@ int main(int argc, char **argv)
         fprintf(stderr, "stof-dump: %s\n", stof_last_error(NULL));
         return EXIT_USAGE;
     }
-    if (cache_open(d.ctx, path, 0, &d.c) != STOF_OK) {
-        fprintf(stderr, "stof-dump: %s\n", stof_last_error(d.ctx));
+    if (cache_open(&d.err, path, 0, nvrtc_version_string(), &d.c) != STOF_OK) {
+        fprintf(stderr, "stof-dump: %s\n", d.err.msg);
         stof_close(d.ctx);
         return EXIT_USAGE;
     }

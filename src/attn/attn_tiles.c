@@ -4,7 +4,7 @@
 #include <string.h>
 
 #include "attn/mask.h"
-#include "ctx.h"
+#include "gpu/jit.h"
 
 void attn_tiles_free(attn_tiles *t)
 {

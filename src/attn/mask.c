@@ -8,7 +8,7 @@
 
 #include "base/hash.h"
 #include "base/strbuf.h"
-#include "ctx.h"
+#include "gpu/jit.h"
 
 enum mask_kind {
     MASK_DENSE,

@@ -661,6 +661,16 @@ static stof_status measure_bandwidth(stof_ctx *ctx, double *gbs)
     return STOF_OK;
 }
 
+/* Keeps the figures on the context (out of memory, a later plan looks
+ * them up again). */
+static void keep_figures(stof_ctx *ctx, const model_device *md)
+{
+    if (!ctx->model)
+        ctx->model = malloc(sizeof *ctx->model);
+    if (ctx->model)
+        *ctx->model = *md;
+}
+
 /* The figures, measured only where `measure` allows (compile-only work
  * takes the arch's defaults rather than time anything). */
 static stof_status device_figures(stof_ctx *ctx, model_device *md, int measure)
@@ -668,23 +678,23 @@ static stof_status device_figures(stof_ctx *ctx, model_device *md, int measure)
     *md = model_device_of(&ctx->dev, ctx->arch);
     if (!ctx->dev.ok)
         return STOF_OK;  /* compiling for a named arch: its defaults */
-    if (ctx->model_known) {
-        *md = ctx->model;
+    if (ctx->model) {
+        *md = *ctx->model;
         return STOF_OK;
     }
     /* Once per device and arch, in the cache next to the tuning records. */
     if (ctx->cache) {
         cache_tuning rec;
         int found = 0;
-        TRY(cache_get_tuning(ctx, ctx->cache, "device", "-", ctx->dev.name, "-", ctx->arch, &rec,
-                             &found));
+        TRY(cache_get_tuning(&ctx->err, ctx->cache, "device", "-", ctx->dev.name, "-", ctx->arch,
+                             &rec, &found));
         model_device got;
         int ok = found && model_device_parse(rec.record, &got) && got.measured;
         if (found)
             cache_tuning_free(&rec);
         if (ok) {
-            ctx->model = *md = got;
-            ctx->model_known = 1;
+            *md = got;
+            keep_figures(ctx, md);
             return STOF_OK;
         }
     }
@@ -700,18 +710,16 @@ static stof_status device_figures(stof_ctx *ctx, model_device *md, int measure)
         TRY(measure_engine(ctx, MHA_WS, &md->ws_tflops));
     TRY(measure_bandwidth(ctx, &md->mem_gbs));
     md->measured = 1;
-    ctx->model = *md;
-    ctx->model_known = 1;
+    keep_figures(ctx, md);
     char *record = model_device_format(md, ctx->dev.name);
     if (!record)
         return CTX_FAIL(ctx, STOF_ERR_NO_MEMORY, "out of memory");
     if (ctx->cache) {
         /* A record that fails to store costs a later measurement, no more. */
-        char saved[sizeof ctx->err];
-        snprintf(saved, sizeof saved, "%s", ctx->err);
+        err_record saved = ctx->err;
         cache_tuning t = {"device", "-", ctx->dev.name, "-", ctx->arch, record, 0};
-        if (cache_put_tuning(ctx, ctx->cache, &t) == STOF_OK)
-            snprintf(ctx->err, sizeof ctx->err, "%s", saved);
+        if (cache_put_tuning(&ctx->err, ctx->cache, &t) == STOF_OK)
+            ctx->err = saved;
     }
     free(record);
     return STOF_OK;
@@ -990,8 +998,8 @@ stof_status stof_mha_plan_create(stof_ctx *ctx, const stof_mha_desc *desc, const
     if (st == STOF_OK && ctx->cache) {
         cache_tuning rec;
         int found = 0;
-        if (cache_get_tuning(ctx, ctx->cache, "mha", p->mask_hash, shape, dt, ctx->arch, &rec,
-                             &found) == STOF_OK && found) {
+        if (cache_get_tuning(&ctx->err, ctx->cache, "mha", p->mask_hash, shape, dt, ctx->arch,
+                             &rec, &found) == STOF_OK && found) {
             if (mha_record_parse(rec.record, &p->c, &p->measured_ms, &p->predicted_ms) &&
                 finish_plan(ctx, p, mask, NULL) == STOF_OK) {
                 p->origin = "cache";
@@ -1032,10 +1040,9 @@ stof_status stof_mha_plan_create(stof_ctx *ctx, const stof_mha_desc *desc, const
         cache_tuning t = {"mha", p->mask_hash, shape, (char *)dt, ctx->arch, record, 0};
         if (record) {
             /* A record that fails to store costs a later search, no more. */
-            char saved[sizeof ctx->err];
-            snprintf(saved, sizeof saved, "%s", ctx->err);
-            if (cache_put_tuning(ctx, ctx->cache, &t) == STOF_OK)
-                snprintf(ctx->err, sizeof ctx->err, "%s", saved);
+            err_record saved = ctx->err;
+            if (cache_put_tuning(&ctx->err, ctx->cache, &t) == STOF_OK)
+                ctx->err = saved;
         }
         free(record);
     }

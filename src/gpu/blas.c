@@ -106,7 +106,7 @@ static void open_libs(stof_ctx *ctx, struct blas_state *b)
     }
     /* The handles bind to the current context: the device's primary one. */
     if (jit_push(ctx) != STOF_OK) {
-        snprintf(b->why, sizeof b->why, "cannot make the device current: %.460s", ctx->err);
+        snprintf(b->why, sizeof b->why, "cannot make the device current: %.460s", ctx->err.msg);
         return;
     }
     cublasStatus_t r = b->api.Create(&b->h);
@@ -156,8 +156,9 @@ static stof_status check(stof_ctx *ctx, cublasStatus_t r, const char *call, cons
 {
     if (r == CUBLAS_STATUS_SUCCESS)
         return STOF_OK;
-    return ctx_fail(ctx, r == CUBLAS_STATUS_NOT_SUPPORTED ? STOF_ERR_UNSUPPORTED : STOF_ERR_CUDA,
-                    file, line, "%s failed: %s", call, ctx->blas->api.StatusString(r));
+    return err_fail(&ctx->err,
+                    r == CUBLAS_STATUS_NOT_SUPPORTED ? STOF_ERR_UNSUPPORTED : STOF_ERR_CUDA, file,
+                    line, "%s failed: %s", call, ctx->blas->api.StatusString(r));
 }
 #define BL(ctx, call) check((ctx), (ctx)->blas->api.call, #call, __FILE__, __LINE__)
 

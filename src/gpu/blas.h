@@ -9,7 +9,7 @@
 
 #include <cuda.h>
 
-#include "ctx.h"
+#include "gpu/jit.h"
 
 /* The epilogues of cuBLASLt that the layer uses; GELU is its tanh form. */
 typedef enum blas_epilogue {

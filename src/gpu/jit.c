@@ -23,8 +23,24 @@ stof_status jit_cu_check(stof_ctx *ctx, CUresult r, const char *call, const char
 {
     if (r == CUDA_SUCCESS)
         return STOF_OK;
-    return ctx_fail(ctx, STOF_ERR_CUDA, file, line, "%s failed: %s", call,
+    return err_fail(ctx_err(ctx), STOF_ERR_CUDA, file, line, "%s failed: %s", call,
                     drv_err_str(&ctx->dev, r));
+}
+
+stof_status ctx_need_device(stof_ctx *ctx)
+{
+    if (!ctx->dev.ok)
+        return CTX_FAIL(ctx, STOF_ERR_NO_DEVICE,
+                        "%s; GPU work is impossible here (compiling for a named arch still works)",
+                        ctx->dev.why);
+    char own[32];
+    drv_arch_name(ctx->dev.cc_major, ctx->dev.cc_minor, own, sizeof own);
+    if (strcmp(own, ctx->arch) != 0)
+        return CTX_FAIL(ctx, STOF_ERR_INVALID_ARG,
+                        "this context compiles for %s but the GPU is %s: open it without options.arch "
+                        "to run kernels",
+                        ctx->arch, own);
+    return STOF_OK;
 }
 
 stof_status jit_push(stof_ctx *ctx)
@@ -62,16 +78,16 @@ static stof_status full_source(stof_ctx *ctx, const jit_request *req, char **out
 {
     char *prelude = NULL, *part = NULL, *tmpl = NULL, *body = NULL;
     *out = NULL;
-    TRY(render_template(ctx, "common.cuh", NULL, 0, &prelude));
-    stof_status st = req->part ? render_load(ctx, req->part, &part) : STOF_OK;
+    TRY(render_template(&ctx->err, "common.cuh", NULL, 0, &prelude));
+    stof_status st = req->part ? render_load(&ctx->err, req->part, &part) : STOF_OK;
     if (st == STOF_OK)
-        st = render_load(ctx, req->tmpl, &tmpl);
+        st = render_load(&ctx->err, req->tmpl, &tmpl);
     if (st == STOF_OK) {
         strbuf t = {0}, name = {0};
         strbuf_printf(&t, "%s%s", part ? part : "", tmpl);
         strbuf_printf(&name, "%s%s%s", part ? req->part : "", part ? " + " : "", req->tmpl);
         char *text = strbuf_take(&t), *nm = strbuf_take(&name);
-        st = text && nm ? render_text(ctx, nm, text, req->vars, req->nvars, &body)
+        st = text && nm ? render_text(&ctx->err, nm, text, req->vars, req->nvars, &body)
                         : CTX_FAIL(ctx, STOF_ERR_NO_MEMORY, "out of memory rendering %s", req->tmpl);
         free(text);
         free(nm);
@@ -121,7 +137,7 @@ static stof_status find_or_compile(stof_ctx *ctx, const jit_request *req, cache_
     kernel_key(source, ctx->arch, key);
     if (ctx->cache) {
         int found = 0, rejected = 0;
-        stof_status st = cache_get_kernel(ctx, ctx->cache, key, k, &found, &rejected);
+        stof_status st = cache_get_kernel(&ctx->err, ctx->cache, key, k, &found, &rejected);
         /* A cache that fails to read is skipped, never fatal. */
         if (st == STOF_OK && found) {
             ctx->stats.cache_hits++;
@@ -133,12 +149,14 @@ static stof_status find_or_compile(stof_ctx *ctx, const jit_request *req, cache_
         ctx->stats.cache_rejects += rejected;
     }
     nvrtc_output o;
-    stof_status st = nvrtc_compile(ctx, req->tmpl, source, ctx->arch, &o);
+    stof_status st = nvrtc_compile(&ctx->err, req->tmpl, source, ctx->arch, &o);
     if (st != STOF_OK) {
         nvrtc_output_free(&o);
         free(source);
         return st;
     }
+    ctx->stats.nvrtc_compiles++;
+    ctx->stats.nvrtc_ms += o.ms;
     snprintf(k->key, sizeof k->key, "%s", key);
     k->op = strdup(req->op);
     k->name = strdup(req->tmpl);
@@ -160,10 +178,9 @@ static stof_status find_or_compile(stof_ctx *ctx, const jit_request *req, cache_
     *origin = JIT_COMPILED;
     if (ctx->cache) {
         /* A failed store leaves the kernel usable; the reason stays readable. */
-        char saved[sizeof ctx->err];
-        snprintf(saved, sizeof saved, "%s", ctx->err);
-        if (cache_put_kernel(ctx, ctx->cache, k) == STOF_OK)
-            snprintf(ctx->err, sizeof ctx->err, "%s", saved);
+        err_record saved = ctx->err;
+        if (cache_put_kernel(&ctx->err, ctx->cache, k) == STOF_OK)
+            ctx->err = saved;
     }
     return STOF_OK;
 }

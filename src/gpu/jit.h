@@ -2,13 +2,55 @@
  * jit — the path from template to launchable kernel: render (with the
  * common prelude), key, look up in memory, then in the SQLite cache, else
  * compile with NVRTC and store; load with the driver. Also the driver
- * helpers every op uses to launch: context push/pop and checked calls.
+ * helpers every op uses to launch: context push/pop and checked calls, and
+ * the record behind stof_ctx that jit and every floor above it read.
  */
 #ifndef STOF_JIT_H
 #define STOF_JIT_H
 
+#include "base/err.h"
 #include "codegen/render.h"
-#include "ctx.h"
+#include "gpu/drv.h"
+
+struct cache;
+struct jit_module;
+struct blas_state;
+struct model_device;
+
+/* What a context holds (stof_ctx is opaque in stof.h). ctx.c, on the api
+ * floor, opens and closes it; jit, blas, timing and the ops read it and
+ * report into its error record. */
+struct stof_ctx {
+    stof_options opt;
+    err_record err;              /* the last failure's sentence */
+    drv_device dev;              /* dev.ok == 0 where there is no GPU */
+    char arch[32];               /* what kernels are compiled for */
+    struct cache *cache;         /* NULL when running uncached */
+    char cache_path[1024];
+    char cache_note[2100];       /* why the cache is off, if it is */
+    stof_stats stats;
+    struct jit_module *modules;  /* loaded kernels, by cache key */
+    struct model_device *model;  /* the attention model's figures for the device, once
+                                    read from the cache or measured (attn/mha.c) */
+    struct blas_state *blas;     /* cuBLAS and cuBLASLt, opened on first use */
+};
+
+static inline err_record *ctx_err(stof_ctx *ctx) { return ctx ? &ctx->err : NULL; }
+
+/* Writes the sentence (with the file and line it came from) into ctx's
+ * error record and returns st. */
+#define CTX_FAIL(ctx, st, ...) ERR_FAIL(ctx_err(ctx), (st), __VA_ARGS__)
+
+/* Checks a NULL argument of a public call. */
+#define CTX_ARG(ctx, cond, name)                                                    \
+    do {                                                                            \
+        if (!(cond))                                                                \
+            return CTX_FAIL((ctx), STOF_ERR_INVALID_ARG, "argument '%s' is invalid", \
+                            (name));                                                \
+    } while (0)
+
+/* Fails with STOF_ERR_NO_DEVICE unless the context drives a GPU. */
+stof_status ctx_need_device(stof_ctx *ctx);
 
 typedef struct jit_request {
     const char *op;          /* what the kernel is for: "layernorm" */

@@ -7,7 +7,7 @@
 #ifndef STOF_TIMING_H
 #define STOF_TIMING_H
 
-#include "ctx.h"
+#include "gpu/jit.h"
 
 /* Enqueues run i of a batch on the legacy stream (i rotates input sets). */
 typedef stof_status (*timing_run_fn)(stof_ctx *ctx, void *arg, int i);

@@ -506,8 +506,7 @@ static stof_status run_group(stof_ctx *ctx, void *arg, int i)
 static stof_status try_choice(stof_ctx *ctx, const layer_group *g, const gscratch *s,
                               layer_tried *tr, double *err_out)
 {
-    char saved[sizeof ctx->err];
-    snprintf(saved, sizeof saved, "%s", ctx->err);
+    err_record saved = ctx->err;
     gexec e;
     tr->verdict = "failed";
     stof_status st = gexec_load(ctx, g, &tr->c, &e);
@@ -534,7 +533,7 @@ static stof_status try_choice(stof_ctx *ctx, const layer_group *g, const gscratc
     /* Only a device failure stops the search; a test wants the reason. */
     if (st == STOF_ERR_CUDA || err_out)
         return st;
-    snprintf(ctx->err, sizeof ctx->err, "%s", saved);
+    ctx->err = saved;
     return STOF_OK;
 }
 
@@ -565,10 +564,9 @@ static int scheme_params(stof_ctx *ctx, const layer_group *g, layer_scheme s, in
         blas_gemm bg = lt_gemm_of(g);
         blas_lt_op op;
         int count = 0;
-        char saved[sizeof ctx->err];
-        snprintf(saved, sizeof saved, "%s", ctx->err);
+        err_record saved = ctx->err;
         if (blas_lt_make(ctx, &bg, 0, &op, &count) != STOF_OK) {
-            snprintf(ctx->err, sizeof ctx->err, "%s", saved);
+            ctx->err = saved;
             return 0;
         }
         blas_lt_free(ctx, &op);
@@ -1124,17 +1122,16 @@ static stof_status plan_make(stof_ctx *ctx, const stof_layer_desc *desc, const s
     if (st == STOF_OK && ctx->cache) {
         cache_tuning rec;
         int found = 0;
-        char saved[sizeof ctx->err];
-        snprintf(saved, sizeof saved, "%s", ctx->err);
-        if (cache_get_tuning(ctx, ctx->cache, "layer", hash, shape, dt, ctx->arch, &rec, &found) ==
-                STOF_OK && found) {
+        err_record saved = ctx->err;
+        if (cache_get_tuning(&ctx->err, ctx->cache, "layer", hash, shape, dt, ctx->arch, &rec,
+                             &found) == STOF_OK && found) {
             have = layer_record_parse(rec.record, &p->rec) && load_all(p) == STOF_OK;
             cache_tuning_free(&rec);
         }
         if (!have) {
             for (int g = 0; g < LG_COUNT; g++)
                 gexec_free(ctx, &p->ex[g]);
-            snprintf(ctx->err, sizeof ctx->err, "%s", saved);
+            ctx->err = saved;
         }
         p->origin = "cache";
     }
@@ -1171,10 +1168,9 @@ static stof_status plan_make(stof_ctx *ctx, const stof_layer_desc *desc, const s
             cache_tuning t = {"layer", hash, shape, (char *)dt, ctx->arch, record, 0};
             if (record && ctx->cache) {
                 /* A record that fails to store costs a later search, no more. */
-                char saved[sizeof ctx->err];
-                snprintf(saved, sizeof saved, "%s", ctx->err);
-                if (cache_put_tuning(ctx, ctx->cache, &t) == STOF_OK)
-                    snprintf(ctx->err, sizeof ctx->err, "%s", saved);
+                err_record saved = ctx->err;
+                if (cache_put_tuning(&ctx->err, ctx->cache, &t) == STOF_OK)
+                    ctx->err = saved;
             }
             free(record);
         }
@@ -1244,9 +1240,9 @@ stof_status stof_layer_run(stof_layer_plan *p, const void *x, void *out, const i
                                  (CUdeviceptr)workspace, (CUstream)stream, &g);
         if (st == STOF_ERR_CUDA) {
             /* A layer that cannot be captured still runs, launch by launch. */
-            snprintf(p->graph_note, sizeof p->graph_note, "%.280s", ctx->err);
+            snprintf(p->graph_note, sizeof p->graph_note, "%.280s", ctx->err.msg);
             p->rec.graph = 0;
-            ctx->err[0] = 0;
+            ctx->err.msg[0] = 0;
             return forward(p, &p->w, (CUdeviceptr)x, (CUdeviceptr)out, seq_lens,
                            (CUdeviceptr)workspace, (CUstream)stream);
         }

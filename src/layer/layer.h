@@ -8,6 +8,7 @@
 #ifndef STOF_LAYER_H
 #define STOF_LAYER_H
 
+#include "attn/model.h"
 #include "layer/gemm.h"
 
 /* The groups, in the order a layer runs them (attention sits between the

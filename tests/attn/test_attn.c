@@ -497,7 +497,7 @@ static void *compile_variants(void *arg)
         cache_kernel k;
         int found = 0, rejected = 0;
         if (j->st[i] == STOF_OK &&
-            cache_get_kernel(ctx, ctx->cache, key, &k, &found, &rejected) == STOF_OK && found) {
+            cache_get_kernel(&ctx->err, ctx->cache, key, &k, &found, &rejected) == STOF_OK && found) {
             /* ptxas also says when it had to serialize the wgmma products
              * (C7514 and its kin): as costly as a spill, and counted as one. */
             const char *serial = strstr(k.log, "Potential Performance Loss");

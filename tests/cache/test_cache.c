@@ -18,14 +18,6 @@
 
 /* ---- helpers ------------------------------------------------------------ */
 
-static stof_ctx *open_uncached(void)
-{
-    setenv("STOF_NO_GPU", "1", 1);
-    stof_ctx *ctx = NULL;
-    ck_assert_int_eq(stof_open(&ctx, &(stof_options){.no_cache = 1}), STOF_OK);
-    return ctx;
-}
-
 static char *db_path(const char *dir, const char *name)
 {
     char *p = NULL;
@@ -143,11 +135,11 @@ static void sql_set_blob(const char *path, const char *key, const char *col, con
     sqlite3_close(db);
 }
 
-static int present(stof_ctx *ctx, cache *c, const char *key)
+static int present(err_record *err, cache *c, const char *key)
 {
     cache_kernel k;
     int found = 0, rejected = 0;
-    ck_assert_int_eq(cache_get_kernel(ctx, c, key, &k, &found, &rejected), STOF_OK);
+    ck_assert_int_eq(cache_get_kernel(err, c, key, &k, &found, &rejected), STOF_OK);
     ck_assert_int_eq(rejected, 0);
     cache_kernel_free(&k);
     return found;
@@ -159,21 +151,21 @@ START_TEST(test_roundtrip)
 {
     test_rng r = test_rng_make(0xca);
     char *dir = test_tmpdir(), *path = db_path(dir, "sub/dir/cache.db");
-    stof_ctx *ctx = open_uncached();
+    err_record err = {0};
     cache *c = NULL;
-    ck_assert_int_eq(cache_open(ctx, path, 0, &c), STOF_OK);
+    ck_assert_int_eq(cache_open(&err, path, 0, nvrtc_version_string(), &c), STOF_OK);
     cache_kernel k[3];
     for (int i = 0; i < 3; i++) {
         char key[65];
         random_hex(&r, key);
         make_kernel(&r, key, (size_t)test_rng_int(&r, 1, 200000), (size_t)test_rng_int(&r, 0, 5000),
                     (size_t)test_rng_int(&r, 1, 9000), &k[i]);
-        ck_assert_int_eq(cache_put_kernel(ctx, c, &k[i]), STOF_OK);
+        ck_assert_int_eq(cache_put_kernel(&err, c, &k[i]), STOF_OK);
     }
     for (int i = 0; i < 3; i++) {
         cache_kernel got;
         int found = 0, rejected = 1;
-        ck_assert_int_eq(cache_get_kernel(ctx, c, k[i].key, &got, &found, &rejected), STOF_OK);
+        ck_assert_int_eq(cache_get_kernel(&err, c, k[i].key, &got, &found, &rejected), STOF_OK);
         ck_assert_int_eq(found, 1);
         ck_assert_int_eq(rejected, 0);
         assert_same_kernel(&got, &k[i]);
@@ -181,7 +173,7 @@ START_TEST(test_roundtrip)
         ck_assert_int_gt(got.created, 0);
         cache_kernel_free(&got);
         /* The first lookup was counted. */
-        ck_assert_int_eq(cache_get_kernel(ctx, c, k[i].key, &got, &found, &rejected), STOF_OK);
+        ck_assert_int_eq(cache_get_kernel(&err, c, k[i].key, &got, &found, &rejected), STOF_OK);
         ck_assert_int_eq(got.hits, 1);
         cache_kernel_free(&got);
     }
@@ -190,21 +182,20 @@ START_TEST(test_roundtrip)
     random_hex(&r, other);
     cache_kernel none;
     int found = 1, rejected = 1;
-    ck_assert_int_eq(cache_get_kernel(ctx, c, other, &none, &found, &rejected), STOF_OK);
+    ck_assert_int_eq(cache_get_kernel(&err, c, other, &none, &found, &rejected), STOF_OK);
     ck_assert_int_eq(found + rejected, 0);
     /* Reopening finds the same rows: they are on disk. */
     cache_close(c);
-    ck_assert_int_eq(cache_open(ctx, path, 0, &c), STOF_OK);
+    ck_assert_int_eq(cache_open(&err, path, 0, nvrtc_version_string(), &c), STOF_OK);
     for (int i = 0; i < 3; i++) {
         cache_kernel got;
-        ck_assert_int_eq(cache_get_kernel(ctx, c, k[i].key, &got, &found, &rejected), STOF_OK);
+        ck_assert_int_eq(cache_get_kernel(&err, c, k[i].key, &got, &found, &rejected), STOF_OK);
         ck_assert_int_eq(found, 1);
         assert_same_kernel(&got, &k[i]);
         cache_kernel_free(&got);
         cache_kernel_free(&k[i]);
     }
     cache_close(c);
-    stof_close(ctx);
     test_rmtree(dir);
     free(path);
     free(dir);
@@ -215,9 +206,9 @@ START_TEST(test_damaged_rows_rejected)
 {
     test_rng r = test_rng_make(0xdb);
     char *dir = test_tmpdir(), *path = db_path(dir, "cache.db");
-    stof_ctx *ctx = open_uncached();
+    err_record err = {0};
     cache *c = NULL;
-    ck_assert_int_eq(cache_open(ctx, path, 0, &c), STOF_OK);
+    ck_assert_int_eq(cache_open(&err, path, 0, nvrtc_version_string(), &c), STOF_OK);
     /* Six rows, each damaged a different way. */
     const char *how[] = {"cubin", "ptx", "nvrtc_version", "stof_version", "checksum", "empty"};
     for (int i = 0; i < 6; i++) {
@@ -225,8 +216,8 @@ START_TEST(test_damaged_rows_rejected)
         random_hex(&r, key);
         cache_kernel k;
         make_kernel(&r, key, 3000, 2000, 100, &k);
-        ck_assert_int_eq(cache_put_kernel(ctx, c, &k), STOF_OK);
-        ck_assert(present(ctx, c, key));
+        ck_assert_int_eq(cache_put_kernel(&err, c, &k), STOF_OK);
+        ck_assert(present(&err, c, key));
         char q[256];
         if (i < 2) {
             /* One flipped bit somewhere in the blob. */
@@ -251,15 +242,15 @@ START_TEST(test_damaged_rows_rejected)
         }
         cache_kernel got;
         int found = 1, rejected = 0;
-        ck_assert_int_eq(cache_get_kernel(ctx, c, key, &got, &found, &rejected), STOF_OK);
+        ck_assert_int_eq(cache_get_kernel(&err, c, key, &got, &found, &rejected), STOF_OK);
         ck_assert_msg(found == 0 && rejected == 1, "a row with a damaged %s: found %d rejected %d",
                       how[i], found, rejected);
         ck_assert_ptr_null(got.cubin);
         /* Putting the good kernel back repairs it. */
         cache_kernel good;
         make_kernel(&r, key, 500, 300, 50, &good);
-        ck_assert_int_eq(cache_put_kernel(ctx, c, &good), STOF_OK);
-        ck_assert_int_eq(cache_get_kernel(ctx, c, key, &got, &found, &rejected), STOF_OK);
+        ck_assert_int_eq(cache_put_kernel(&err, c, &good), STOF_OK);
+        ck_assert_int_eq(cache_get_kernel(&err, c, key, &got, &found, &rejected), STOF_OK);
         ck_assert_int_eq(found, 1);
         assert_same_kernel(&got, &good);
         cache_kernel_free(&got);
@@ -268,7 +259,6 @@ START_TEST(test_damaged_rows_rejected)
     }
     ck_assert_int_eq(sql_int(path, "SELECT count(*) FROM kernels"), 6);
     cache_close(c);
-    stof_close(ctx);
     test_rmtree(dir);
     free(path);
     free(dir);
@@ -319,12 +309,12 @@ START_TEST(test_jit_replaces_damaged)
     char key[65];
     only_key(path, key);
 
-    stof_ctx *ctx = open_uncached();
+    err_record err = {0};
     cache *c = NULL;
-    ck_assert_int_eq(cache_open(ctx, path, 0, &c), STOF_OK);
+    ck_assert_int_eq(cache_open(&err, path, 0, nvrtc_version_string(), &c), STOF_OK);
     cache_kernel orig;
     int found = 0, rejected = 0;
-    ck_assert_int_eq(cache_get_kernel(ctx, c, key, &orig, &found, &rejected), STOF_OK);
+    ck_assert_int_eq(cache_get_kernel(&err, c, key, &orig, &found, &rejected), STOF_OK);
     ck_assert_int_eq(found, 1);
     cache_close(c);
 
@@ -341,9 +331,9 @@ START_TEST(test_jit_replaces_damaged)
     ck_assert_int_eq(s.cache_hits, 0);
     /* The row was replaced by a sound one: same key, the compiled bytes. */
     ck_assert_int_eq(sql_int(path, "SELECT count(*) FROM kernels"), 1);
-    ck_assert_int_eq(cache_open(ctx, path, 0, &c), STOF_OK);
+    ck_assert_int_eq(cache_open(&err, path, 0, nvrtc_version_string(), &c), STOF_OK);
     cache_kernel now;
-    ck_assert_int_eq(cache_get_kernel(ctx, c, key, &now, &found, &rejected), STOF_OK);
+    ck_assert_int_eq(cache_get_kernel(&err, c, key, &now, &found, &rejected), STOF_OK);
     ck_assert_int_eq(found, 1);
     ck_assert_uint_eq(now.cubin_size, orig.cubin_size);
     ck_assert_int_ne(memcmp(now.cubin, bad, orig.cubin_size), 0);
@@ -367,7 +357,6 @@ START_TEST(test_jit_replaces_damaged)
 
     free(bad);
     cache_kernel_free(&orig);
-    stof_close(ctx);
     test_rmtree(dir);
     free(path);
     free(dir);
@@ -396,21 +385,20 @@ static void opens_uncached(const char *path, const char *frag)
 START_TEST(test_newer_schema)
 {
     char *dir = test_tmpdir(), *path = db_path(dir, "cache.db");
-    stof_ctx *ctx = open_uncached();
+    err_record err = {0};
     cache *c = NULL;
-    ck_assert_int_eq(cache_open(ctx, path, 0, &c), STOF_OK);
+    ck_assert_int_eq(cache_open(&err, path, 0, nvrtc_version_string(), &c), STOF_OK);
     cache_close(c);
     ck_assert_int_eq(sql_int(path, "PRAGMA user_version"), CACHE_SCHEMA_VERSION);
     char q[64];
     snprintf(q, sizeof q, "PRAGMA user_version=%d", CACHE_SCHEMA_VERSION + 1);
     sql(path, q);
-    ck_assert_int_eq(cache_open(ctx, path, 0, &c), STOF_ERR_CACHE);
+    ck_assert_int_eq(cache_open(&err, path, 0, nvrtc_version_string(), &c), STOF_ERR_CACHE);
     ck_assert_ptr_null(c);
-    ck_assert_ptr_nonnull(strstr(stof_last_error(ctx), "newer"));
+    ck_assert_ptr_nonnull(strstr(err.msg, "newer"));
     opens_uncached(path, "newer");
     /* The newer file was left as it was. */
     ck_assert_int_eq(sql_int(path, "PRAGMA user_version"), CACHE_SCHEMA_VERSION + 1);
-    stof_close(ctx);
     test_rmtree(dir);
     free(path);
     free(dir);
@@ -476,17 +464,17 @@ START_TEST(test_eviction)
 {
     test_rng r = test_rng_make(0xe7);
     char *dir = test_tmpdir(), *path = db_path(dir, "cache.db");
-    stof_ctx *ctx = open_uncached();
+    err_record err = {0};
     cache *c = NULL;
     /* Rows of 1000 bytes (cubin + ptx + source) under a cap of 4500. */
-    ck_assert_int_eq(cache_open(ctx, path, 4500, &c), STOF_OK);
+    ck_assert_int_eq(cache_open(&err, path, 4500, nvrtc_version_string(), &c), STOF_OK);
     char keys[8][65];
     for (int i = 0; i < 8; i++)
         random_hex(&r, keys[i]);
     for (int i = 0; i < 4; i++) {
         cache_kernel k;
         make_kernel(&r, keys[i], 600, 300, 100, &k);
-        ck_assert_int_eq(cache_put_kernel(ctx, c, &k), STOF_OK);
+        ck_assert_int_eq(cache_put_kernel(&err, c, &k), STOF_OK);
         cache_kernel_free(&k);
     }
     ck_assert_int_eq(sql_int(path, "SELECT count(*) FROM kernels"), 4);
@@ -501,29 +489,28 @@ START_TEST(test_eviction)
     for (int n = 0; n < 2; n++) {
         cache_kernel k;
         make_kernel(&r, keys[4 + n], 600, 300, 100, &k);
-        ck_assert_int_eq(cache_put_kernel(ctx, c, &k), STOF_OK);
+        ck_assert_int_eq(cache_put_kernel(&err, c, &k), STOF_OK);
         cache_kernel_free(&k);
         ck_assert_int_eq(sql_int(path, "SELECT count(*) FROM kernels"), 4);
-        ck_assert_msg(!present(ctx, c, keys[expect_gone[n]]), "key %d should have been evicted",
+        ck_assert_msg(!present(&err, c, keys[expect_gone[n]]), "key %d should have been evicted",
                       expect_gone[n]);
     }
     /* A lookup makes key 3 recent, so key 1 is the oldest now. */
-    ck_assert(present(ctx, c, keys[3]));
+    ck_assert(present(&err, c, keys[3]));
     cache_kernel k;
     make_kernel(&r, keys[6], 600, 300, 100, &k);
-    ck_assert_int_eq(cache_put_kernel(ctx, c, &k), STOF_OK);
+    ck_assert_int_eq(cache_put_kernel(&err, c, &k), STOF_OK);
     cache_kernel_free(&k);
-    ck_assert(!present(ctx, c, keys[1]));
+    ck_assert(!present(&err, c, keys[1]));
     for (int i = 3; i <= 6; i++)
-        ck_assert_msg(present(ctx, c, keys[i]), "key %d should have stayed", i);
+        ck_assert_msg(present(&err, c, keys[i]), "key %d should have stayed", i);
     /* A row larger than the whole cap stays alone: the newest is never evicted. */
     make_kernel(&r, keys[7], 5000, 10, 10, &k);
-    ck_assert_int_eq(cache_put_kernel(ctx, c, &k), STOF_OK);
+    ck_assert_int_eq(cache_put_kernel(&err, c, &k), STOF_OK);
     cache_kernel_free(&k);
     ck_assert_int_eq(sql_int(path, "SELECT count(*) FROM kernels"), 1);
-    ck_assert(present(ctx, c, keys[7]));
+    ck_assert(present(&err, c, keys[7]));
     cache_close(c);
-    stof_close(ctx);
     test_rmtree(dir);
     free(path);
     free(dir);
@@ -534,17 +521,17 @@ START_TEST(test_tuning)
 {
     test_rng r = test_rng_make(0x7a);
     char *dir = test_tmpdir(), *path = db_path(dir, "cache.db");
-    stof_ctx *ctx = open_uncached();
+    err_record err = {0};
     cache *c = NULL;
-    ck_assert_int_eq(cache_open(ctx, path, 0, &c), STOF_OK);
+    ck_assert_int_eq(cache_open(&err, path, 0, nvrtc_version_string(), &c), STOF_OK);
     char hash[65];
     random_hex(&r, hash);
     char *rec1 = random_text(&r, 3000), *rec2 = random_text(&r, 100);
     cache_tuning t = {"mha", hash, "b2h16q1024k1024d64", "fp16", "sm_90a", rec1, 0};
-    ck_assert_int_eq(cache_put_tuning(ctx, c, &t), STOF_OK);
+    ck_assert_int_eq(cache_put_tuning(&err, c, &t), STOF_OK);
     cache_tuning got;
     int found = 0;
-    ck_assert_int_eq(cache_get_tuning(ctx, c, "mha", hash, t.shape, "fp16", "sm_90a", &got, &found),
+    ck_assert_int_eq(cache_get_tuning(&err, c, "mha", hash, t.shape, "fp16", "sm_90a", &got, &found),
                      STOF_OK);
     ck_assert_int_eq(found, 1);
     ck_assert_str_eq(got.record, rec1);
@@ -565,28 +552,27 @@ START_TEST(test_tuning)
     };
     for (int i = 0; i < 5; i++) {
         found = 1;
-        ck_assert_int_eq(cache_get_tuning(ctx, c, miss[i][0], miss[i][1], miss[i][2], miss[i][3],
+        ck_assert_int_eq(cache_get_tuning(&err, c, miss[i][0], miss[i][1], miss[i][2], miss[i][3],
                                           miss[i][4], &got, &found),
                          STOF_OK);
         ck_assert_int_eq(found, 0);
     }
     /* Storing again replaces. */
     t.record = rec2;
-    ck_assert_int_eq(cache_put_tuning(ctx, c, &t), STOF_OK);
-    ck_assert_int_eq(cache_get_tuning(ctx, c, "mha", hash, t.shape, "fp16", "sm_90a", &got, &found),
+    ck_assert_int_eq(cache_put_tuning(&err, c, &t), STOF_OK);
+    ck_assert_int_eq(cache_get_tuning(&err, c, "mha", hash, t.shape, "fp16", "sm_90a", &got, &found),
                      STOF_OK);
     ck_assert_str_eq(got.record, rec2);
     cache_tuning_free(&got);
     ck_assert_int_eq(sql_int(path, "SELECT count(*) FROM tuning"), 1);
     /* A record written by another stof version is not used. */
     sql(path, "UPDATE tuning SET stof_version='0.0.1'");
-    ck_assert_int_eq(cache_get_tuning(ctx, c, "mha", hash, t.shape, "fp16", "sm_90a", &got, &found),
+    ck_assert_int_eq(cache_get_tuning(&err, c, "mha", hash, t.shape, "fp16", "sm_90a", &got, &found),
                      STOF_OK);
     ck_assert_int_eq(found, 0);
     free(rec1);
     free(rec2);
     cache_close(c);
-    stof_close(ctx);
     test_rmtree(dir);
     free(path);
     free(dir);
@@ -597,9 +583,9 @@ START_TEST(test_resolve_key)
 {
     test_rng r = test_rng_make(0x4e);
     char *dir = test_tmpdir(), *path = db_path(dir, "cache.db");
-    stof_ctx *ctx = open_uncached();
+    err_record err = {0};
     cache *c = NULL;
-    ck_assert_int_eq(cache_open(ctx, path, 0, &c), STOF_OK);
+    ck_assert_int_eq(cache_open(&err, path, 0, nvrtc_version_string(), &c), STOF_OK);
     char keys[3][65];
     for (int i = 0; i < 3; i++) {
         random_hex(&r, keys[i]);
@@ -607,32 +593,31 @@ START_TEST(test_resolve_key)
         keys[i][4] = i == 1 ? '9' : '0';
         cache_kernel k;
         make_kernel(&r, keys[i], 10, 10, 10, &k);
-        ck_assert_int_eq(cache_put_kernel(ctx, c, &k), STOF_OK);
+        ck_assert_int_eq(cache_put_kernel(&err, c, &k), STOF_OK);
         cache_kernel_free(&k);
     }
     char out[65];
-    ck_assert_int_eq(cache_resolve_key(ctx, c, "abcd0", out), STOF_OK);
+    ck_assert_int_eq(cache_resolve_key(&err, c, "abcd0", out), STOF_OK);
     ck_assert_str_eq(out, keys[0]);
-    ck_assert_int_eq(cache_resolve_key(ctx, c, "abcd9", out), STOF_OK);
+    ck_assert_int_eq(cache_resolve_key(&err, c, "abcd9", out), STOF_OK);
     ck_assert_str_eq(out, keys[1]);
-    ck_assert_int_eq(cache_resolve_key(ctx, c, "e", out), STOF_OK);
+    ck_assert_int_eq(cache_resolve_key(&err, c, "e", out), STOF_OK);
     ck_assert_str_eq(out, keys[2]);
-    ck_assert_int_eq(cache_resolve_key(ctx, c, keys[1], out), STOF_OK);
+    ck_assert_int_eq(cache_resolve_key(&err, c, keys[1], out), STOF_OK);
     ck_assert_str_eq(out, keys[1]);
-    ck_assert_int_eq(cache_resolve_key(ctx, c, "abcd", out), STOF_ERR_INVALID_ARG);
-    ck_assert_ptr_nonnull(strstr(stof_last_error(ctx), "ambiguous"));
-    ck_assert_int_eq(cache_resolve_key(ctx, c, "0000", out), STOF_ERR_INVALID_ARG);
-    ck_assert_ptr_nonnull(strstr(stof_last_error(ctx), "no kernel key"));
+    ck_assert_int_eq(cache_resolve_key(&err, c, "abcd", out), STOF_ERR_INVALID_ARG);
+    ck_assert_ptr_nonnull(strstr(err.msg, "ambiguous"));
+    ck_assert_int_eq(cache_resolve_key(&err, c, "0000", out), STOF_ERR_INVALID_ARG);
+    ck_assert_ptr_nonnull(strstr(err.msg, "no kernel key"));
     const char *bad[] = {"", "ABCD", "abcz", "abcd%", "abcd_"};
     for (int i = 0; i < 5; i++) {
-        ck_assert_int_eq(cache_resolve_key(ctx, c, bad[i], out), STOF_ERR_INVALID_ARG);
-        ck_assert_ptr_nonnull(strstr(stof_last_error(ctx), "not a kernel key"));
+        ck_assert_int_eq(cache_resolve_key(&err, c, bad[i], out), STOF_ERR_INVALID_ARG);
+        ck_assert_ptr_nonnull(strstr(err.msg, "not a kernel key"));
     }
     char longer[80];
     snprintf(longer, sizeof longer, "%s0", keys[0]);
-    ck_assert_int_eq(cache_resolve_key(ctx, c, longer, out), STOF_ERR_INVALID_ARG);
+    ck_assert_int_eq(cache_resolve_key(&err, c, longer, out), STOF_ERR_INVALID_ARG);
     cache_close(c);
-    stof_close(ctx);
     test_rmtree(dir);
     free(path);
     free(dir);
@@ -657,9 +642,9 @@ START_TEST(test_list_kernels)
 {
     test_rng r = test_rng_make(0x11);
     char *dir = test_tmpdir(), *path = db_path(dir, "cache.db");
-    stof_ctx *ctx = open_uncached();
+    err_record err = {0};
     cache *c = NULL;
-    ck_assert_int_eq(cache_open(ctx, path, 0, &c), STOF_OK);
+    ck_assert_int_eq(cache_open(&err, path, 0, nvrtc_version_string(), &c), STOF_OK);
     int want_op = 0, want_arch = 0, want_both = 0;
     for (int i = 0; i < 20; i++) {
         char key[65];
@@ -669,26 +654,25 @@ START_TEST(test_list_kernels)
         want_op += strcmp(k.op, "mha") == 0;
         want_arch += strcmp(k.arch, "sm_80") == 0;
         want_both += strcmp(k.op, "mha") == 0 && strcmp(k.arch, "sm_80") == 0;
-        ck_assert_int_eq(cache_put_kernel(ctx, c, &k), STOF_OK);
+        ck_assert_int_eq(cache_put_kernel(&err, c, &k), STOF_OK);
         cache_kernel_free(&k);
     }
     int n = 0;
-    ck_assert_int_eq(cache_list_kernels(ctx, c, NULL, NULL, count_fn, &n), STOF_OK);
+    ck_assert_int_eq(cache_list_kernels(&err, c, NULL, NULL, count_fn, &n), STOF_OK);
     ck_assert_int_eq(n, 20);
     n = 0;
-    ck_assert_int_eq(cache_list_kernels(ctx, c, "mha", NULL, count_fn, &n), STOF_OK);
+    ck_assert_int_eq(cache_list_kernels(&err, c, "mha", NULL, count_fn, &n), STOF_OK);
     ck_assert_int_eq(n, want_op);
     n = 0;
-    ck_assert_int_eq(cache_list_kernels(ctx, c, NULL, "sm_80", count_fn, &n), STOF_OK);
+    ck_assert_int_eq(cache_list_kernels(&err, c, NULL, "sm_80", count_fn, &n), STOF_OK);
     ck_assert_int_eq(n, want_arch);
     n = 0;
-    ck_assert_int_eq(cache_list_kernels(ctx, c, "mha", "sm_80", count_fn, &n), STOF_OK);
+    ck_assert_int_eq(cache_list_kernels(&err, c, "mha", "sm_80", count_fn, &n), STOF_OK);
     ck_assert_int_eq(n, want_both);
     n = 0;
-    ck_assert_int_eq(cache_list_kernels(ctx, c, NULL, NULL, stop_fn, &n), STOF_OK);
+    ck_assert_int_eq(cache_list_kernels(&err, c, NULL, NULL, stop_fn, &n), STOF_OK);
     ck_assert_int_eq(n, 2);
     cache_close(c);
-    stof_close(ctx);
     test_rmtree(dir);
     free(path);
     free(dir);
@@ -715,7 +699,7 @@ static void writer_child(const char *path, int who, int go_fd)
         random_hex(src, key);
         cache_kernel k;
         make_kernel(src, key, 20000, 5000, 3000, &k);
-        stof_status st = cache_put_kernel(ctx, ctx->cache, &k);
+        stof_status st = cache_put_kernel(&ctx->err, ctx->cache, &k);
         cache_kernel_free(&k);
         if (st != STOF_OK)
             _exit(5);
@@ -749,9 +733,9 @@ START_TEST(test_two_processes)
     }
     /* Every kernel of both is there, intact, and the shared one once. */
     ck_assert_int_eq(sql_int(path, "SELECT count(*) FROM kernels"), 2 * PER_CHILD + 1);
-    stof_ctx *ctx = open_uncached();
+    err_record err = {0};
     cache *c = NULL;
-    ck_assert_int_eq(cache_open(ctx, path, 0, &c), STOF_OK);
+    ck_assert_int_eq(cache_open(&err, path, 0, nvrtc_version_string(), &c), STOF_OK);
     for (int who = 0; who < 2; who++) {
         test_rng r = test_rng_make(0x100 + (uint64_t)who);
         for (int i = 0; i < PER_CHILD; i++) {
@@ -760,7 +744,7 @@ START_TEST(test_two_processes)
             cache_kernel want, got;
             make_kernel(&r, key, 20000, 5000, 3000, &want);
             int found = 0, rejected = 0;
-            ck_assert_int_eq(cache_get_kernel(ctx, c, key, &got, &found, &rejected), STOF_OK);
+            ck_assert_int_eq(cache_get_kernel(&err, c, key, &got, &found, &rejected), STOF_OK);
             ck_assert_msg(found, "writer %d's kernel %d is missing", who, i);
             assert_same_kernel(&got, &want);
             cache_kernel_free(&got);
@@ -768,7 +752,6 @@ START_TEST(test_two_processes)
         }
     }
     cache_close(c);
-    stof_close(ctx);
     test_rmtree(dir);
     free(path);
     free(dir);
@@ -823,9 +806,9 @@ END_TEST
 START_TEST(test_wal_mode)
 {
     char *dir = test_tmpdir(), *path = db_path(dir, "cache.db");
-    stof_ctx *ctx = open_uncached();
+    err_record err = {0};
     cache *c = NULL;
-    ck_assert_int_eq(cache_open(ctx, path, 0, &c), STOF_OK);
+    ck_assert_int_eq(cache_open(&err, path, 0, nvrtc_version_string(), &c), STOF_OK);
     sqlite3 *db = NULL;
     sqlite3_stmt *s = NULL;
     ck_assert_int_eq(sqlite3_open(path, &db), SQLITE_OK);
@@ -835,7 +818,6 @@ START_TEST(test_wal_mode)
     sqlite3_finalize(s);
     sqlite3_close(db);
     cache_close(c);
-    stof_close(ctx);
     test_rmtree(dir);
     free(path);
     free(dir);

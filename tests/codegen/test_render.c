@@ -11,33 +11,25 @@
 #include "codegen/render.h"
 #include "testutil.h"
 
-static stof_ctx *open_ctx(void)
-{
-    stof_ctx *ctx = NULL;
-    stof_options opt = {.no_cache = 1};
-    ck_assert_int_eq(stof_open(&ctx, &opt), STOF_OK);
-    return ctx;
-}
-
 /* Renders text and returns the output (caller frees); asserts success. */
-static char *render_ok(stof_ctx *ctx, const char *text, const render_var *vars, int n)
+static char *render_ok(err_record *err, const char *text, const render_var *vars, int n)
 {
     char *out = (char *)1;
-    stof_status st = render_text(ctx, "t.cu", text, vars, n, &out);
-    ck_assert_msg(st == STOF_OK, "render failed: %s", stof_last_error(ctx));
+    stof_status st = render_text(err, "t.cu", text, vars, n, &out);
+    ck_assert_msg(st == STOF_OK, "render failed: %s", err->msg);
     ck_assert_ptr_nonnull(out);
     return out;
 }
 
 /* Asserts that rendering fails with a message holding every fragment. */
-static void render_fails(stof_ctx *ctx, const char *text, const render_var *vars, int n,
+static void render_fails(err_record *err, const char *text, const render_var *vars, int n,
                          const char *frag1, const char *frag2)
 {
     char *out = (char *)1;
-    stof_status st = render_text(ctx, "bad.cu", text, vars, n, &out);
+    stof_status st = render_text(err, "bad.cu", text, vars, n, &out);
     ck_assert_msg(st != STOF_OK, "rendering \"%s\" should fail", text);
     ck_assert_ptr_null(out);
-    const char *e = stof_last_error(ctx);
+    const char *e = err->msg;
     ck_assert_msg(strstr(e, "bad.cu") != NULL, "message does not name the template: %s", e);
     ck_assert_msg(strstr(e, frag1) != NULL, "message lacks \"%s\": %s", frag1, e);
     ck_assert_msg(!frag2 || strstr(e, frag2) != NULL, "message lacks \"%s\": %s", frag2, e);
@@ -45,46 +37,44 @@ static void render_fails(stof_ctx *ctx, const char *text, const render_var *vars
 
 START_TEST(test_placeholders)
 {
-    stof_ctx *ctx = open_ctx();
+    err_record err = {0};
     render_var v[] = {{"X", "12"}, {"Y_2", "float"}, {"_Z9", ""}};
-    char *out = render_ok(ctx, "a {{X}} b {{Y_2}}{{_Z9}} {{X}}{{X}}\nno tags here {", v, 3);
+    char *out = render_ok(&err, "a {{X}} b {{Y_2}}{{_Z9}} {{X}}{{X}}\nno tags here {", v, 3);
     ck_assert_str_eq(out, "a 12 b float 1212\nno tags here {");
     free(out);
     /* No tags at all, and an empty template. */
-    out = render_ok(ctx, "plain text } {", NULL, 0);
+    out = render_ok(&err, "plain text } {", NULL, 0);
     ck_assert_str_eq(out, "plain text } {");
     free(out);
-    out = render_ok(ctx, "", NULL, 0);
+    out = render_ok(&err, "", NULL, 0);
     ck_assert_str_eq(out, "");
     free(out);
     /* Values are inserted verbatim, never rendered again. */
     render_var w[] = {{"X", "{{Y}}"}};
-    out = render_ok(ctx, "[{{X}}]", w, 1);
+    out = render_ok(&err, "[{{X}}]", w, 1);
     ck_assert_str_eq(out, "[{{Y}}]");
     free(out);
-    stof_close(ctx);
 }
 END_TEST
 
 START_TEST(test_sections)
 {
-    stof_ctx *ctx = open_ctx();
+    err_record err = {0};
     const char *values[] = {"1", "0", "", "yes", "00"};
     const int kept[] = {1, 0, 0, 1, 1}; /* only "" and "0" are false */
     for (int i = 0; i < 5; i++) {
         render_var v[] = {{"ON", values[i]}};
-        char *out = render_ok(ctx, "a{{#if ON}}b\n{{/if}}c", v, 1);
+        char *out = render_ok(&err, "a{{#if ON}}b\n{{/if}}c", v, 1);
         ck_assert_msg(strcmp(out, kept[i] ? "ab\nc" : "ac") == 0, "value \"%s\" gave \"%s\"",
                       values[i], out);
         free(out);
     }
-    stof_close(ctx);
 }
 END_TEST
 
 START_TEST(test_nesting)
 {
-    stof_ctx *ctx = open_ctx();
+    err_record err = {0};
     const char *text = "<{{#if A}}a{{V}}{{#if B}}b{{#if C}}c{{/if}}{{/if}}-{{/if}}{{#if B}}B{{/if}}>";
     for (int m = 0; m < 8; m++) {
         int a = m & 1, b = (m >> 1) & 1, c = (m >> 2) & 1;
@@ -93,7 +83,7 @@ START_TEST(test_nesting)
         char want[32];
         snprintf(want, sizeof want, "<%s%s%s%s%s>", a ? "av" : "", a && b ? "b" : "",
                  a && b && c ? "c" : "", a ? "-" : "", b ? "B" : "");
-        char *out = render_ok(ctx, text, v, 4);
+        char *out = render_ok(&err, text, v, 4);
         ck_assert_msg(strcmp(out, want) == 0, "A=%d B=%d C=%d: got %s, want %s", a, b, c, out, want);
         free(out);
     }
@@ -106,49 +96,47 @@ START_TEST(test_nesting)
     render_var v[] = {{"A", "1"}};
     char text16[1400];
     snprintf(text16, sizeof text16, "%sx%s", deep, tail);
-    char *out = render_ok(ctx, text16, v, 1);
+    char *out = render_ok(&err, text16, v, 1);
     ck_assert_str_eq(out, "x");
     free(out);
     char text17[1400];
     snprintf(text17, sizeof text17, "%s{{#if A}}x{{/if}}%s", deep, tail);
-    render_fails(ctx, text17, v, 1, "too deep", "line 1");
-    stof_close(ctx);
+    render_fails(&err, text17, v, 1, "too deep", "line 1");
 }
 END_TEST
 
 START_TEST(test_errors)
 {
-    stof_ctx *ctx = open_ctx();
+    err_record err = {0};
     render_var ab[] = {{"A", "1"}, {"B", "2"}};
     /* A placeholder with no value, on line 3; also inside a false section. */
-    render_fails(ctx, "x\ny\n  {{MISSING}}\n", ab, 0, "line 3", "MISSING");
+    render_fails(&err, "x\ny\n  {{MISSING}}\n", ab, 0, "line 3", "MISSING");
     render_var a0[] = {{"A", "0"}};
-    render_fails(ctx, "{{#if A}}\n{{NOPE}}{{/if}}", a0, 1, "line 2", "NOPE");
-    render_fails(ctx, "\n{{#if NOPE}}x{{/if}}", NULL, 0, "line 2", "NOPE");
+    render_fails(&err, "{{#if A}}\n{{NOPE}}{{/if}}", a0, 1, "line 2", "NOPE");
+    render_fails(&err, "\n{{#if NOPE}}x{{/if}}", NULL, 0, "line 2", "NOPE");
     /* A value the template never names. */
-    render_fails(ctx, "{{A}}", ab, 2, "unknown name B", NULL);
+    render_fails(&err, "{{A}}", ab, 2, "unknown name B", NULL);
     /* Malformed names and tags. */
-    render_fails(ctx, "ok\n{{lower}}", NULL, 0, "line 2", "malformed");
-    render_fails(ctx, "{{A B}}", ab, 1, "line 1", "malformed");
-    render_fails(ctx, "{{}}", NULL, 0, "line 1", "malformed");
-    render_fails(ctx, "{{9A}}", NULL, 0, "line 1", "malformed");
-    render_fails(ctx, "{{#if}}x{{/if}}", NULL, 0, "line 1", "malformed");
-    render_fails(ctx, "{{#if a}}x{{/if}}", NULL, 0, "line 1", "malformed");
-    render_fails(ctx, "{{#else}}", NULL, 0, "line 1", "malformed");
+    render_fails(&err, "ok\n{{lower}}", NULL, 0, "line 2", "malformed");
+    render_fails(&err, "{{A B}}", ab, 1, "line 1", "malformed");
+    render_fails(&err, "{{}}", NULL, 0, "line 1", "malformed");
+    render_fails(&err, "{{9A}}", NULL, 0, "line 1", "malformed");
+    render_fails(&err, "{{#if}}x{{/if}}", NULL, 0, "line 1", "malformed");
+    render_fails(&err, "{{#if a}}x{{/if}}", NULL, 0, "line 1", "malformed");
+    render_fails(&err, "{{#else}}", NULL, 0, "line 1", "malformed");
     /* Unclosed tags: at the end, and across a line break. */
-    render_fails(ctx, "a\nb {{A", ab, 1, "line 2", "unclosed");
-    render_fails(ctx, "{{A\n}}", ab, 1, "line 1", "unclosed");
+    render_fails(&err, "a\nb {{A", ab, 1, "line 2", "unclosed");
+    render_fails(&err, "{{A\n}}", ab, 1, "line 1", "unclosed");
     /* An {{#if}} never closed names the line it opened on. */
-    render_fails(ctx, "{{#if A}}\n{{#if A}}\n{{/if}}\n", ab, 1, "line 1", "never closed");
+    render_fails(&err, "{{#if A}}\n{{#if A}}\n{{/if}}\n", ab, 1, "line 1", "never closed");
     /* A stray {{/if}}. */
-    render_fails(ctx, "\n\n\n{{/if}}", NULL, 0, "line 4", "{{/if}}");
-    render_fails(ctx, "{{#if A}}{{/if}}\n{{/if}}", ab, 1, "line 2", "{{/if}}");
+    render_fails(&err, "\n\n\n{{/if}}", NULL, 0, "line 4", "{{/if}}");
+    render_fails(&err, "{{#if A}}{{/if}}\n{{/if}}", ab, 1, "line 2", "{{/if}}");
     /* NULL values and bad value names are caller bugs, refused. */
     render_var bad[] = {{"A", NULL}};
-    render_fails(ctx, "{{A}}", bad, 1, "value 0", NULL);
+    render_fails(&err, "{{A}}", bad, 1, "value 0", NULL);
     render_var lower[] = {{"a", "1"}};
-    render_fails(ctx, "{{A}}", lower, 1, "value 0", NULL);
-    stof_close(ctx);
+    render_fails(&err, "{{A}}", lower, 1, "value 0", NULL);
 }
 END_TEST
 
@@ -164,49 +152,47 @@ static void write_file(const char *dir, const char *name, const char *text)
 
 START_TEST(test_template_dir_override)
 {
-    stof_ctx *ctx = open_ctx();
+    err_record err = {0};
     char *dir = test_tmpdir();
     ck_assert_ptr_nonnull(dir);
     write_file(dir, "layernorm.cu", "override {{X}}\n");
     setenv("STOF_TEMPLATE_DIR", dir, 1);
     render_var v[] = {{"X", "works"}};
     char *out = NULL;
-    ck_assert_int_eq(render_template(ctx, "layernorm.cu", v, 1, &out), STOF_OK);
+    ck_assert_int_eq(render_template(&err, "layernorm.cu", v, 1, &out), STOF_OK);
     ck_assert_str_eq(out, "override works\n");
     free(out);
     /* A template missing from the folder is an error naming the path, not a
      * silent fall back to the embedded copy. */
-    ck_assert_int_eq(render_load(ctx, "common.cuh", &out), STOF_ERR_INVALID_ARG);
+    ck_assert_int_eq(render_load(&err, "common.cuh", &out), STOF_ERR_INVALID_ARG);
     ck_assert_ptr_null(out);
-    ck_assert_ptr_nonnull(strstr(stof_last_error(ctx), dir));
-    ck_assert_ptr_nonnull(strstr(stof_last_error(ctx), "STOF_TEMPLATE_DIR"));
+    ck_assert_ptr_nonnull(strstr(err.msg, dir));
+    ck_assert_ptr_nonnull(strstr(err.msg, "STOF_TEMPLATE_DIR"));
     /* Errors in an override name the template file and line. */
     write_file(dir, "broken.cu", "one\ntwo {{#if X}}\n");
-    ck_assert_int_ne(render_template(ctx, "broken.cu", v, 1, &out), STOF_OK);
-    ck_assert_ptr_nonnull(strstr(stof_last_error(ctx), "broken.cu line 2"));
+    ck_assert_int_ne(render_template(&err, "broken.cu", v, 1, &out), STOF_OK);
+    ck_assert_ptr_nonnull(strstr(err.msg, "broken.cu line 2"));
     unsetenv("STOF_TEMPLATE_DIR");
     /* Back to the embedded copy. */
-    ck_assert_int_eq(render_load(ctx, "layernorm.cu", &out), STOF_OK);
+    ck_assert_int_eq(render_load(&err, "layernorm.cu", &out), STOF_OK);
     ck_assert_ptr_null(strstr(out, "override"));
     free(out);
     test_rmtree(dir);
     free(dir);
-    stof_close(ctx);
 }
 END_TEST
 
 START_TEST(test_bad_names)
 {
-    stof_ctx *ctx = open_ctx();
+    err_record err = {0};
     const char *bad[] = {"", "../templates/layernorm.cu", "sub/x.cu", "no-such-template.cu"};
     for (int i = 0; i < 4; i++) {
         char *out = (char *)1;
-        ck_assert_int_eq(render_load(ctx, bad[i], &out), STOF_ERR_INVALID_ARG);
+        ck_assert_int_eq(render_load(&err, bad[i], &out), STOF_ERR_INVALID_ARG);
         ck_assert_ptr_null(out);
-        ck_assert_str_ne(stof_last_error(ctx), "");
+        ck_assert_str_ne(err.msg, "");
     }
-    ck_assert_ptr_nonnull(strstr(stof_last_error(ctx), "no-such-template.cu"));
-    stof_close(ctx);
+    ck_assert_ptr_nonnull(strstr(err.msg, "no-such-template.cu"));
 }
 END_TEST
 
@@ -256,7 +242,7 @@ static void check_documented(const char *name, const char *text)
 
 START_TEST(test_embedded_templates)
 {
-    stof_ctx *ctx = open_ctx();
+    err_record err = {0};
     /* The embedded table holds exactly the files of templates/, byte for byte. */
     DIR *d = opendir("templates");
     ck_assert_msg(d != NULL, "run the tests from the repository root (templates/ not found)");
@@ -279,7 +265,7 @@ START_TEST(test_embedded_templates)
     for (const render_embedded *t = render_embedded_templates; t->name; t++) {
         embedded++;
         char *loaded = NULL, path[512];
-        ck_assert_int_eq(render_load(ctx, t->name, &loaded), STOF_OK);
+        ck_assert_int_eq(render_load(&err, t->name, &loaded), STOF_OK);
         snprintf(path, sizeof path, "templates/%s", t->name);
         char *disk = slurp(path);
         ck_assert_msg(disk != NULL, "%s is embedded but templates/ has no such file", t->name);
@@ -293,12 +279,11 @@ START_TEST(test_embedded_templates)
     ck_assert_int_ge(embedded, 2);
     /* The prelude takes no values and renders to itself. */
     char *prelude = NULL, *raw = NULL;
-    ck_assert_int_eq(render_template(ctx, "common.cuh", NULL, 0, &prelude), STOF_OK);
-    ck_assert_int_eq(render_load(ctx, "common.cuh", &raw), STOF_OK);
+    ck_assert_int_eq(render_template(&err, "common.cuh", NULL, 0, &prelude), STOF_OK);
+    ck_assert_int_eq(render_load(&err, "common.cuh", &raw), STOF_OK);
     ck_assert_str_eq(prelude, raw);
     free(prelude);
     free(raw);
-    stof_close(ctx);
 }
 END_TEST
 

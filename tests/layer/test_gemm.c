@@ -302,14 +302,14 @@ static char *render_request(stof_ctx *ctx, const jit_request *req)
 {
     char *part = NULL, *tmpl = NULL, *src = NULL;
     if (req->part)
-        ck_assert_int_eq(render_load(ctx, req->part, &part), STOF_OK);
-    ck_assert_int_eq(render_load(ctx, req->tmpl, &tmpl), STOF_OK);
+        ck_assert_int_eq(render_load(&ctx->err, req->part, &part), STOF_OK);
+    ck_assert_int_eq(render_load(&ctx->err, req->tmpl, &tmpl), STOF_OK);
     char *text = malloc(strlen(part ? part : "") + strlen(tmpl) + 1);
     ck_assert_ptr_nonnull(text);
     strcpy(text, part ? part : "");
     strcat(text, tmpl);
-    ck_assert_msg(render_text(ctx, req->tmpl, text, req->vars, req->nvars, &src) == STOF_OK, "%s",
-                  stof_last_error(ctx));
+    ck_assert_msg(render_text(&ctx->err, req->tmpl, text, req->vars, req->nvars, &src) == STOF_OK,
+                  "%s", stof_last_error(ctx));
     free(part);
     free(tmpl);
     free(text);
@@ -390,7 +390,7 @@ static void *compile_variants(void *arg)
         int found = 0, rejected = 0;
         j->spills[i] = -1;  /* no log to read */
         if (j->st[i] == STOF_OK &&
-            cache_get_kernel(ctx, ctx->cache, key, &k, &found, &rejected) == STOF_OK && found) {
+            cache_get_kernel(&ctx->err, ctx->cache, key, &k, &found, &rejected) == STOF_OK && found) {
             const char *used = strstr(k.log, "Used ");
             j->regs[i] = used ? atoi(used + 5) : -1;
             j->spills[i] = !strstr(k.log, " 0 bytes spill stores") || strstr(k.log, "ptxas warning");

@@ -17,6 +17,7 @@
 
 #include "base/json.h"
 #include "cache/cache.h"
+#include "codegen/nvrtc_drv.h"
 #include "testutil.h"
 
 /* ---- helpers ---- */
@@ -120,23 +121,18 @@ static int find_hidden(const cache_kernel *k, void *arg)
 
 /* An open cache in this process, for what the tools cannot do. */
 typedef struct handle {
-    stof_ctx *ctx;
+    err_record err;
     cache *c;
 } handle;
 
 static handle open_cache(const char *path)
 {
     handle h = {0};
-    ck_assert_int_eq(stof_open(&h.ctx, &(stof_options){.no_cache = 1}), STOF_OK);
-    ck_assert_int_eq(cache_open(h.ctx, path, 0, &h.c), STOF_OK);
+    ck_assert_int_eq(cache_open(&h.err, path, 0, nvrtc_version_string(), &h.c), STOF_OK);
     return h;
 }
 
-static void close_cache(handle *h)
-{
-    cache_close(h->c);
-    stof_close(h->ctx);
-}
+static void close_cache(handle *h) { cache_close(h->c); }
 
 /* A cache that stof-warm filled with two LayerNorm kernels, warmed twice
  * (so each has one hit). */
@@ -157,7 +153,7 @@ static void setup(fixture *f)
         free(out);
     }
     handle h = open_cache(f->cache);
-    ck_assert_int_eq(cache_list_kernels(h.ctx, h.c, "layernorm", NULL, find_hidden, f), STOF_OK);
+    ck_assert_int_eq(cache_list_kernels(&h.err, h.c, "layernorm", NULL, find_hidden, f), STOF_OK);
     close_cache(&h);
     ck_assert(f->keys[0][0] && f->keys[1][0]);
 }
@@ -193,7 +189,7 @@ static void put_tuning(const char *path, const char *mask_hex, const char *recor
     handle h = open_cache(path);
     cache_tuning t = {"mha", (char *)mask_hex, "b=1,h=2,lq=128,lk=128,d=64,layout=bhld", "fp16",
                       "sm_90a", (char *)record, 0};
-    ck_assert_int_eq(cache_put_tuning(h.ctx, h.c, &t), STOF_OK);
+    ck_assert_int_eq(cache_put_tuning(&h.err, h.c, &t), STOF_OK);
     close_cache(&h);
 }
 
@@ -231,7 +227,7 @@ static void put_fake_kernels(const char *path, char keys[2][65])
         k.cubin_size = 11;
         k.ptx = "ptx text";
         k.ptx_size = 8;
-        ck_assert_int_eq(cache_put_kernel(h.ctx, h.c, &k), STOF_OK);
+        ck_assert_int_eq(cache_put_kernel(&h.err, h.c, &k), STOF_OK);
     }
     close_cache(&h);
 }

@@ -1,0 +1,35 @@
+/*
+ * err — the error record every module reports into, on the bottom floor:
+ * the sentence of the last failure, with the file and line it came from.
+ * It knows no context: a context holds one, and a tool or a test that uses
+ * the cache or the compiler without a context may hold its own. Also the
+ * status and dtype names (stof_status_str, stof_version are public).
+ */
+#ifndef STOF_ERR_H
+#define STOF_ERR_H
+
+#include "stof.h"
+
+typedef struct err_record {
+    char msg[2048];
+} err_record;
+
+/* Writes the sentence (and " [file:line]") into err, which may be NULL,
+ * and returns st. */
+stof_status err_fail(err_record *err, stof_status st, const char *file, int line,
+                     const char *fmt, ...) __attribute__((format(printf, 5, 6)));
+
+#define ERR_FAIL(err, st, ...) err_fail((err), (st), __FILE__, __LINE__, __VA_ARGS__)
+
+/* Evaluates a call returning stof_status and returns its failure. */
+#define TRY(call)                       \
+    do {                                \
+        stof_status try_st_ = (call);   \
+        if (try_st_ != STOF_OK)         \
+            return try_st_;             \
+    } while (0)
+
+int dtype_size(stof_dtype t);      /* 0 for an invalid dtype */
+const char *dtype_name(stof_dtype t);
+
+#endif
