@@ -23,8 +23,8 @@ TEST_SRC = $(wildcard tests/test_*.c tests/*/test_*.c)
 TOOLS    = build/stof-dump build/stof-warm build/stof-demo
 BENCHES  = $(patsubst bench/%.c,build/%,$(wildcard bench/*.c))
 
-.PHONY: all test test-python demo bench install clean sanitize fuzz gpu-check
-all: build/libstof.a build/libstof.so $(TOOLS) build/stof-tests $(BENCHES)
+.PHONY: all test test-python demo bench install clean sanitize fuzz gpu-check floors
+all: build/libstof.a build/libstof.so $(TOOLS) build/stof-tests $(BENCHES) build/floors.ok
 
 build/gen/templates.c: $(TEMPLATES) build/embed
 	@mkdir -p $(@D)
@@ -46,6 +46,16 @@ build/asan/%.o: %.c
 build/asan/gen/templates.o: build/gen/templates.c
 	@mkdir -p $(@D)
 	$(CC) $(CPPFLAGS) $(CFLAGS) $(SAN) -c -o $@ $<
+
+# The floors (tools/floors.sh): no file includes or calls a room of a higher
+# floor or another room of its own, and no module reaches itself again; the
+# build fails on a breach.
+FLOOR_SRC = $(wildcard src/*.[ch] src/*/*.[ch] cache/*.[ch] codegen/*.[ch] tools/*.[ch] \
+                       bench/*.[ch] tests/*.[ch] tests/*/*.[ch])
+build/floors.ok: tools/floors.sh $(FLOOR_SRC) $(LIB_OBJ)
+	bash tools/floors.sh $(filter-out build/obj/gen/%,$(LIB_OBJ))
+	@touch $@
+floors: build/floors.ok
 
 build/libstof.a: $(LIB_OBJ)
 	rm -f $@ && ar rcs $@ $^
