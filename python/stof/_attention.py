@@ -228,13 +228,9 @@ def _setup_torch():
     comp = getattr(getattr(torch, "compiler", None), "is_compiling", None)
     _is_compiling = comp if comp is not None else (lambda: False)
     from . import _torch as op
-    op.register()
+    op.register(attention_torch, out_layout)
     _Tensor = torch.Tensor
     _torch = torch
-
-
-if "torch" in sys.modules:
-    _setup_torch()
 
 
 def attention_torch(q, k, v, mask, seq_lens, scale, layout, tune=None, out=None):
@@ -445,3 +441,8 @@ def attention(q, k, v, mask="dense", seq_lens=None, scale=None, layout="bhld", *
                 return attention_torch(q, k, v, mask, seq_lens, scale, layout, tune, out)
         return attention_torch(q, k, v, mask, seq_lens, scale, layout, tune, out)
     return attention_array(q, k, v, mask, seq_lens, scale, layout, tune, out, stream, device)
+
+
+# Last, so that what the op is handed is defined.
+if "torch" in sys.modules:
+    _setup_torch()

@@ -4,18 +4,21 @@ in its graphs and CUDA graphs capture them.
 torch.ops.stof.attention(q, k, v, mask, seq_lens, scale, layout) runs the
 same eager path as stof.attention; its fake (meta) implementation gives the
 output's sizes and strides from q's alone. stof.attention calls the op by
-itself while torch.compile traces. Imported only once torch is.
+itself while torch.compile traces. Imported only once torch is, by
+_attention, which hands both over: this module knows nothing of it.
 """
 from typing import Optional
 
 import torch
 
-from . import _attention, _mask
+from . import _mask
 
 _done = []
 
 
-def register():
+def register(attention_torch, out_layout):
+    """Defines the op over attention_torch (the eager path) and out_layout
+    (an output's sizes and strides from q's)."""
     if _done:
         return
     _done.append(True)
@@ -26,12 +29,11 @@ def register():
     def attention_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: str,
                      seq_lens: Optional[torch.Tensor], scale: float,
                      layout: str) -> torch.Tensor:
-        return _attention.attention_torch(q, k, v, _mask.from_op_key(mask), seq_lens,
-                                          scale or None, layout)
+        return attention_torch(q, k, v, _mask.from_op_key(mask), seq_lens, scale or None, layout)
 
     @attention_op.register_fake
     def _(q, k, v, mask, seq_lens, scale, layout):
-        shape, stride = _attention.out_layout(q.shape, q.stride(), layout)
+        shape, stride = out_layout(q.shape, q.stride(), layout)
         return q.new_empty_strided(shape, stride)
 
 
