@@ -54,10 +54,10 @@ static int order_groups(attn_tiles *t)
     return 1;
 }
 
-static stof_status build_block(stof_ctx *ctx, const stof_mask *m, attn_tiles *t)
+static stof_status build_block(stof_ctx *ctx, const mask_summary *ms, attn_tiles *t)
 {
     mask_blocks mb;
-    TRY(mask_build_blocks(ctx, m, t->bm, t->bn, &mb));
+    TRY(mask_build_blocks(ctx, ms->runs, t->bm, t->bn, &mb));
     t->n_groups = mb.nqb;
     t->n_tiles = mb.n_blocks;
     t->n_full = mb.n_full;
@@ -84,18 +84,6 @@ static stof_status build_block(stof_ctx *ctx, const stof_mask *m, attn_tiles *t)
     return st;
 }
 
-/* The D of the mask's first dilated:W:D term, else 1: rows sharing q mod D
- * share their keys. */
-static int spec_period(const stof_mask *m)
-{
-    const char *s = stof_mask_spec(m), *p = s ? strstr(s, "dilated:") : NULL;
-    if (!p)
-        return 1;
-    p = strchr(p + 8, ':');
-    int d = p ? atoi(p + 1) : 1;
-    return d >= 1 && d <= 64 ? d : 1;
-}
-
 typedef struct growbuf {
     void *p;
     size_t n, cap, elem;
@@ -119,12 +107,11 @@ static void *grow(growbuf *g, size_t more)
     return at;
 }
 
-static stof_status build_gather(stof_ctx *ctx, const stof_mask *m, attn_tiles *t)
+static stof_status build_gather(stof_ctx *ctx, const mask_summary *ms, attn_tiles *t)
 {
-    int lq, lk;
-    stof_mask_dims(m, &lq, &lk);
+    const int lq = ms->lq, lk = ms->lk;
     const int bm = t->bm, bn = t->bn, wpr = t->wpr, words = bm * wpr;
-    t->period = spec_period(m);
+    t->period = ms->period;
     t->n_groups = (lq + bm - 1) / bm;
     int32_t *rows = malloc(sizeof(int32_t) * (size_t)lq);
     int32_t *stamp = malloc(sizeof(int32_t) * (size_t)lk);
@@ -141,7 +128,7 @@ static stof_status build_gather(stof_ctx *ctx, const stof_mask *m, attn_tiles *t
         st = CTX_FAIL(ctx, STOF_ERR_NO_MEMORY, "out of memory building attention tiles");
         goto done;
     }
-    if ((st = mask_iter_init(&it, m)) != STOF_OK)
+    if ((st = mask_iter_init(&it, ms->runs)) != STOF_OK)
         goto done;
     have_iter = 1;
     int n = 0;
@@ -237,8 +224,8 @@ done:
     return st;
 }
 
-stof_status attn_tiles_build(stof_ctx *ctx, const stof_mask *m, attn_kind kind, int bm, int bn,
-                             attn_tiles *out)
+stof_status attn_tiles_build(stof_ctx *ctx, const mask_summary *ms, attn_kind kind, int bm,
+                             int bn, attn_tiles *out)
 {
     memset(out, 0, sizeof *out);
     out->kind = kind;
@@ -246,7 +233,7 @@ stof_status attn_tiles_build(stof_ctx *ctx, const stof_mask *m, attn_kind kind, 
     out->bn = bn;
     out->wpr = (bn + 31) / 32;
     out->period = 1;
-    stof_status st = kind == ATTN_BLOCK ? build_block(ctx, m, out) : build_gather(ctx, m, out);
+    stof_status st = kind == ATTN_BLOCK ? build_block(ctx, ms, out) : build_gather(ctx, ms, out);
     if (st == STOF_OK && !order_groups(out))
         st = CTX_FAIL(ctx, STOF_ERR_NO_MEMORY, "out of memory building attention tiles");
     if (st != STOF_OK)

@@ -9,7 +9,7 @@
 #define STOF_ATTN_TILES_H
 
 #include <stdint.h>
-#include "stof.h"
+#include "attn/mask.h"
 
 typedef enum attn_kind { ATTN_BLOCK = 0, ATTN_GATHER = 1 } attn_kind;
 
@@ -31,9 +31,10 @@ typedef struct attn_tiles {
     long long max_tiles;      /* tiles of the heaviest group */
 } attn_tiles;
 
-/* period: 0 lets the builder pick (1, or D of a dilated:W:D term). */
-stof_status attn_tiles_build(stof_ctx *ctx, const stof_mask *m, attn_kind kind, int bm, int bn,
-                             attn_tiles *out);
+/* The tiles of bm x bn for a kind, cut from the mask's summary (gathered
+ * rows are grouped by the summary's period). */
+stof_status attn_tiles_build(stof_ctx *ctx, const mask_summary *ms, attn_kind kind, int bm,
+                             int bn, attn_tiles *out);
 void attn_tiles_free(attn_tiles *t);
 
 /* Bytes of the arrays the kernels read (work, qidx, tile_key, tile_bits,

@@ -755,42 +755,63 @@ static size_t put_varint(unsigned char *b, uint64_t v)
 /* The digest covers a version tag, Lq, Lk, and each row as its run count
  * followed by (gap from the previous run's end, length) pairs: merged runs
  * are unique for a set of entries, and the counts make the stream
- * unambiguous. */
+ * unambiguous. Rows are fed in order, by stof_mask_hash's walk or by the
+ * summary's. */
+typedef struct mask_hasher {
+    hash_sha256 h;
+    unsigned char buf[4096];
+    size_t n;
+} mask_hasher;
+
+static void hasher_init(mask_hasher *x, int lq, int lk)
+{
+    hash_init(&x->h);
+    x->n = (size_t)snprintf((char *)x->buf, sizeof x->buf, "stof-mask-v1") + 1;
+    x->n += put_varint(x->buf + x->n, (uint64_t)lq);
+    x->n += put_varint(x->buf + x->n, (uint64_t)lk);
+}
+
+static void hasher_row(mask_hasher *x, const mask_range *r, int nr)
+{
+    x->n += put_varint(x->buf + x->n, (uint64_t)nr);
+    int32_t prev = 0;
+    for (int i = 0; i < nr; i++) {
+        if (x->n > sizeof x->buf - 32) {
+            hash_update(&x->h, x->buf, x->n);
+            x->n = 0;
+        }
+        x->n += put_varint(x->buf + x->n, (uint64_t)(r[i].lo - prev));
+        x->n += put_varint(x->buf + x->n, (uint64_t)(r[i].hi - r[i].lo));
+        prev = r[i].hi;
+    }
+    if (x->n > sizeof x->buf - 32) {
+        hash_update(&x->h, x->buf, x->n);
+        x->n = 0;
+    }
+}
+
+static void hasher_final(mask_hasher *x, char hex[65])
+{
+    hash_update(&x->h, x->buf, x->n);
+    unsigned char digest[32];
+    hash_final(&x->h, digest);
+    hash_to_hex(digest, hex);
+}
+
 stof_status stof_mask_hash(const stof_mask *m, char hex[65])
 {
     if (!m || !hex)
         return STOF_ERR_INVALID_ARG;
     mask_iter it;
     TRY(mask_iter_init(&it, m));
-    hash_sha256 h;
-    hash_init(&h);
-    unsigned char buf[4096];
-    size_t n = (size_t)snprintf((char *)buf, sizeof buf, "stof-mask-v1") + 1;
-    n += put_varint(buf + n, (uint64_t)m->lq);
-    n += put_varint(buf + n, (uint64_t)m->lk);
+    mask_hasher x;
+    hasher_init(&x, m->lq, m->lk);
     for (int q = 0; q < m->lq; q++) {
         const mask_range *r;
         int nr = mask_row_ranges(&it, q, &r);
-        n += put_varint(buf + n, (uint64_t)nr);
-        int32_t prev = 0;
-        for (int i = 0; i < nr; i++) {
-            if (n > sizeof buf - 32) {
-                hash_update(&h, buf, n);
-                n = 0;
-            }
-            n += put_varint(buf + n, (uint64_t)(r[i].lo - prev));
-            n += put_varint(buf + n, (uint64_t)(r[i].hi - r[i].lo));
-            prev = r[i].hi;
-        }
-        if (n > sizeof buf - 32) {
-            hash_update(&h, buf, n);
-            n = 0;
-        }
+        hasher_row(&x, r, nr);
     }
-    hash_update(&h, buf, n);
-    unsigned char digest[32];
-    hash_final(&h, digest);
-    hash_to_hex(digest, hex);
+    hasher_final(&x, hex);
     mask_iter_free(&it);
     return STOF_OK;
 }
@@ -866,9 +887,13 @@ stof_status mask_build_rows(stof_ctx *ctx, const stof_mask *m, mask_rows *out)
 
 /* ---- walking query blocks --------------------------------------------------------- */
 
+/* Told each row's runs, in row order. */
+typedef void (*mask_row_fn)(void *arg, const mask_range *r, int n);
+
 /* One query block at a time: its rows' bits in a scratch bitmap as wide as
  * the key range, the key blocks they touch, and allowed entries per block.
- * It also gathers the per-row figures the statistics need. */
+ * It also gathers the per-row figures the statistics need, and hands each
+ * row's runs to row_fn (the summary keeps and hashes them there). */
 typedef struct mask_bwalk {
     mask_iter it;
     int lq, lk, bq, bk, nqb, nkb, wpr;
@@ -881,6 +906,8 @@ typedef struct mask_bwalk {
     int n_touched;
     long long entries, runs;
     int row_min, row_max, runs_max, empty_rows;
+    mask_row_fn row_fn;      /* NULL, or told every row, in order */
+    void *row_arg;
 } mask_bwalk;
 
 static void bwalk_free(mask_bwalk *w)
@@ -1026,6 +1053,8 @@ static void bwalk_qblock(mask_bwalk *w, int qb)
     for (int r = 0; r < w->nr; r++) {
         const mask_range *rg;
         int n = mask_row_ranges(&w->it, (int)(r0 + r), &rg);
+        if (w->row_fn)
+            w->row_fn(w->row_arg, rg, n);
         bwalk_row_stats(w, rg, n);
         uint32_t *row = w->tmp + (size_t)r * (size_t)w->row_words;
         if (n > (int64_t)w->nkb * w->wpr)
@@ -1223,15 +1252,15 @@ static void stats_finish(stof_mask_info *o, const mask_bwalk *w, long long area,
     o->block_efficiency = area ? (double)w->entries / (double)area : 0;
 }
 
-stof_status stof_mask_stats(stof_ctx *ctx, const stof_mask *m, int block_q, int block_k,
-                            stof_mask_info *out)
+/* The statistics in block_q x block_k blocks, telling row_fn (may be NULL)
+ * every row on the way. */
+static stof_status stats_walk(stof_ctx *ctx, const stof_mask *m, int block_q, int block_k,
+                              mask_row_fn row_fn, void *row_arg, stof_mask_info *out)
 {
-    if (!ctx)
-        return STOF_ERR_INVALID_ARG;
-    CTX_ARG(ctx, m, "m");
-    CTX_ARG(ctx, out, "out");
     mask_bwalk w;
     TRY(bwalk_init(ctx, &w, m, block_q, block_k));
+    w.row_fn = row_fn;
+    w.row_arg = row_arg;
     mask_bitset set = {.wpb = block_q * w.wpr};
     uint32_t *bm = malloc((size_t)set.wpb * sizeof *bm);
     stof_mask_info o = {.lq = m->lq, .lk = m->lk, .block_q = block_q, .block_k = block_k,
@@ -1267,6 +1296,106 @@ stof_status stof_mask_stats(stof_ctx *ctx, const stof_mask *m, int block_q, int 
         return CTX_FAIL(ctx, STOF_ERR_NO_MEMORY, "out of memory computing mask statistics");
     *out = o;
     return STOF_OK;
+}
+
+stof_status stof_mask_stats(stof_ctx *ctx, const stof_mask *m, int block_q, int block_k,
+                            stof_mask_info *out)
+{
+    if (!ctx)
+        return STOF_ERR_INVALID_ARG;
+    CTX_ARG(ctx, m, "m");
+    CTX_ARG(ctx, out, "out");
+    return stats_walk(ctx, m, block_q, block_k, NULL, NULL, out);
+}
+
+/* ---- the summary a plan reads --------------------------------------------------------- */
+
+/* The D of the mask's first dilated:W:D term, else 1: rows sharing q mod D
+ * share their keys. */
+static int spec_period(const char *s)
+{
+    const char *p = s ? strstr(s, "dilated:") : NULL;
+    if (!p)
+        return 1;
+    p = strchr(p + 8, ':');
+    int d = p ? atoi(p + 1) : 1;
+    return d >= 1 && d <= 64 ? d : 1;
+}
+
+/* What the walk keeps of each row: the hash, and the runs (unless the mask
+ * is its runs already). */
+typedef struct summary_walk {
+    mask_hasher h;
+    stof_mask *runs;
+    long long cap;
+    int q, failed;
+} summary_walk;
+
+static void summary_row(void *arg, const mask_range *r, int n)
+{
+    summary_walk *s = arg;
+    hasher_row(&s->h, r, n);
+    stof_mask *k = s->runs;
+    if (k && !s->failed) {
+        int64_t at = k->row_ptr[s->q];
+        if (grow((void **)&k->ranges, &s->cap, at + n, sizeof *k->ranges)) {
+            s->failed = 1;
+        } else {
+            memcpy(k->ranges + at, r, (size_t)n * sizeof *r);
+            k->row_ptr[s->q + 1] = at + n;
+        }
+    }
+    s->q++;
+}
+
+stof_status mask_summarize(stof_ctx *ctx, const stof_mask *m, mask_summary *out)
+{
+    CTX_ARG(ctx, m && out, "mask");
+    memset(out, 0, sizeof *out);
+    summary_walk s = {0};
+    hasher_init(&s.h, m->lq, m->lk);
+    if (!m->ranges) {
+        stof_mask *k = calloc(1, sizeof *k);
+        if (k) {
+            k->lq = m->lq;
+            k->lk = m->lk;
+            k->spec = strdup(m->spec ? m->spec : "");
+            k->row_ptr = calloc((size_t)m->lq + 1, sizeof *k->row_ptr);
+            k->ranges = malloc(sizeof *k->ranges);  /* a mask of runs has an array */
+            s.cap = 1;
+        }
+        if (!k || !k->spec || !k->row_ptr || !k->ranges) {
+            stof_mask_free(k);
+            return CTX_FAIL(ctx, STOF_ERR_NO_MEMORY, "out of memory summarizing a %d x %d mask",
+                            m->lq, m->lk);
+        }
+        s.runs = k;
+    }
+    stof_status st = stats_walk(ctx, m, MASK_SUMMARY_BLOCK, MASK_SUMMARY_BLOCK, summary_row, &s,
+                                &out->info);
+    if (st == STOF_OK && s.failed)
+        st = CTX_FAIL(ctx, STOF_ERR_NO_MEMORY, "out of memory keeping a %d x %d mask's runs",
+                      m->lq, m->lk);
+    if (st != STOF_OK) {
+        stof_mask_free(s.runs);
+        memset(out, 0, sizeof *out);
+        return st;
+    }
+    out->lq = m->lq;
+    out->lk = m->lk;
+    hasher_final(&s.h, out->hash);
+    out->period = spec_period(m->spec);
+    out->own = s.runs;
+    out->runs = s.runs ? s.runs : m;
+    return STOF_OK;
+}
+
+void mask_summary_free(mask_summary *s)
+{
+    if (!s)
+        return;
+    stof_mask_free(s->own);
+    memset(s, 0, sizeof *s);
 }
 
 /* ---- pictures ----------------------------------------------------------------------- */

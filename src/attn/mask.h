@@ -1,9 +1,9 @@
 /*
  * mask — attention masks: the spec parser, the canonical hash, statistics,
- * and the two storage formats the GPU kernels read (block-sparse rows and
- * per-row key ranges). Everything is built on one row iterator that yields
- * the sorted, merged allowed ranges of a query row, so a spec mask is never
- * expanded to Lq x Lk.
+ * the two storage formats the GPU kernels read (block-sparse rows and
+ * per-row key ranges), and the summary a plan reads. Everything is built on
+ * one row iterator that yields the sorted, merged allowed ranges of a query
+ * row, so a spec mask is never expanded to Lq x Lk.
  */
 #ifndef STOF_MASK_H
 #define STOF_MASK_H
@@ -95,6 +95,29 @@ typedef struct mask_blocks {
 stof_status mask_build_blocks(stof_ctx *ctx, const stof_mask *m, int bq, int bk,
                               mask_blocks *out);
 void mask_blocks_free(mask_blocks *b);
+
+/*
+ * What a plan reads of a mask, made in one walk of its rows: the sizes, the
+ * canonical hash (stof_mask_hash's), the statistics in 64 x 64 blocks
+ * (stof_mask_stats'), the period of its gathered rows, and every row's runs,
+ * kept as a mask of runs, so that each candidate's block and gather lists
+ * and the CPU reference are cut from them and the plan never evaluates the
+ * spec again. `runs` is m itself when m was built from a dense matrix (it
+ * must then outlive the summary).
+ */
+#define MASK_SUMMARY_BLOCK 64
+typedef struct mask_summary {
+    int lq, lk;
+    char hash[65];
+    stof_mask_info info;     /* block_q = block_k = MASK_SUMMARY_BLOCK */
+    int period;              /* rows with equal q mod period share their keys: the D of
+                                the first dilated:W:D term, else 1 */
+    const stof_mask *runs;   /* the same entries; walking it evaluates nothing */
+    stof_mask *own;          /* runs, where the summary made it */
+} mask_summary;
+
+stof_status mask_summarize(stof_ctx *ctx, const stof_mask *m, mask_summary *out);
+void mask_summary_free(mask_summary *s);
 
 /*
  * The random term's generator, identical on every platform (uint64 only).

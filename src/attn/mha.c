@@ -529,13 +529,11 @@ static double rel_l2(const uint16_t *a, const uint16_t *b, size_t n, stof_dtype 
 
 /* Checks head (0, 0) of a GPU output against the CPU reference; skipped
  * (*checked = 0) when the reference would take more than a few seconds. */
-static stof_status cpu_check(stof_ctx *ctx, const stof_mha_desc *d, const stof_mask *mask,
+static stof_status cpu_check(stof_ctx *ctx, const stof_mha_desc *d, const mask_summary *ms,
                              const search_io *io, const uint16_t *gpu, int *checked, double *err)
 {
     *checked = 0;
-    stof_mask_info info;
-    TRY(stof_mask_stats(ctx, mask, 64, 64, &info));
-    if ((double)info.entries * d->head_dim > 2e9)
+    if ((double)ms->info.entries * d->head_dim > 2e9)
         return STOF_OK;
     mha_strides s = strides_of(d);
     size_t D = (size_t)d->head_dim, lq = (size_t)d->seq_q, lk = (size_t)d->seq_k;
@@ -555,7 +553,7 @@ static stof_status cpu_check(stof_ctx *ctx, const stof_mha_desc *d, const stof_m
         memcpy(v + r * D, hv + r * s.s[2][2], 2 * D);
     }
     ref_attn_args a = {1, 1, d->seq_q, d->seq_k, d->head_dim, d->dtype, STOF_LAYOUT_BHLD,
-                       d->scale, q, k, v, mask, NULL};
+                       d->scale, q, k, v, ms->runs, NULL};
     if ((st = ref_attention(ctx, &a, ref)) != STOF_OK)
         goto done;
     double num = 0, den = 0;
@@ -597,8 +595,12 @@ static stof_status measure_engine(stof_ctx *ctx, int wg, double *tflops)
     const mha_candidate c = engines[wg];
     stof_mask *m = NULL;
     TRY(stof_mask_parse(ctx, "dense", L, L, &m));
+    mask_summary dense;
     attn_tiles t;
-    stof_status st = attn_tiles_build(ctx, m, c.kind, c.bm, c.bn, &t);
+    stof_status st = mask_summarize(ctx, m, &dense);
+    if (st == STOF_OK)
+        st = attn_tiles_build(ctx, &dense, c.kind, c.bm, c.bn, &t);
+    mask_summary_free(&dense);
     stof_mask_free(m);
     if (st != STOF_OK)
         return st;
@@ -738,16 +740,14 @@ static int by_prediction(const void *a, const void *b)
 
 /* Builds every candidate's tiles and ranks them by the model. Gathered
  * tiles are skipped where block tiles already waste little. */
-static stof_status rank_candidates(stof_ctx *ctx, const stof_mha_desc *d, const stof_mask *mask,
+static stof_status rank_candidates(stof_ctx *ctx, const stof_mha_desc *d, const mask_summary *ms,
                                    int measure, cand_state *cs, int *n)
 {
     mha_candidate c[MHA_MAX_CANDIDATES];
     int smem_max = ctx->dev.ok ? ctx->dev.smem_optin : 227 * 1024;
     int nc = mha_candidates(d->head_dim, smem_max, strcmp(ctx->arch, "sm_90a") == 0, c,
                             MHA_MAX_CANDIDATES);
-    stof_mask_info info;
-    TRY(stof_mask_stats(ctx, mask, 64, 64, &info));
-    int want_gather = info.block_efficiency < 0.75;
+    int want_gather = ms->info.block_efficiency < 0.75;
     model_device md;
     TRY(device_figures(ctx, &md, measure));
     *n = 0;
@@ -757,7 +757,7 @@ static stof_status rank_candidates(stof_ctx *ctx, const stof_mha_desc *d, const 
         cand_state *s = &cs[(*n)++];
         memset(s, 0, sizeof *s);
         s->c = c[i];
-        stof_status st = attn_tiles_build(ctx, mask, c[i].kind, c[i].bm, c[i].bn, &s->tiles);
+        stof_status st = attn_tiles_build(ctx, ms, c[i].kind, c[i].bm, c[i].bn, &s->tiles);
         if (st != STOF_OK) {
             for (int j = 0; j < *n - 1; j++)
                 attn_tiles_free(&cs[j].tiles);
@@ -791,7 +791,7 @@ static int is_default_size(const mha_candidate *c)
 }
 
 /* Times candidate i, checks its output, records the verdict. */
-static stof_status try_candidate(stof_ctx *ctx, const stof_mha_desc *d, const stof_mask *mask,
+static stof_status try_candidate(stof_ctx *ctx, const stof_mha_desc *d, const mask_summary *ms,
                                  cand_state *s, const search_io *io, uint16_t **first_out)
 {
     mha_launch L;
@@ -809,7 +809,7 @@ static stof_status try_candidate(stof_ctx *ctx, const stof_mha_desc *d, const st
     if (!*first_out) {
         int checked = 0;
         double err = 0;
-        st = cpu_check(ctx, d, mask, io, out, &checked, &err);
+        st = cpu_check(ctx, d, ms, io, out, &checked, &err);
         double tol = d->dtype == STOF_BF16 ? 1.5e-2 : 5e-3;
         if (st == STOF_OK && checked && !(err <= tol)) {
             s->verdict = "mismatch";
@@ -832,7 +832,7 @@ static stof_status try_candidate(stof_ctx *ctx, const stof_mha_desc *d, const st
 
 /* Stage 1: every kind's default sizes. Stage 2: the winner kind's other
  * sizes, on either engine, best-ranked first (all of them when tuning full). */
-static stof_status search(stof_ctx *ctx, const stof_mha_desc *d, const stof_mask *mask,
+static stof_status search(stof_ctx *ctx, const stof_mha_desc *d, const mask_summary *ms,
                           cand_state *cs, int n, stof_tune level, int *winner)
 {
     search_io io;
@@ -859,7 +859,7 @@ static stof_status search(stof_ctx *ctx, const stof_mha_desc *d, const stof_mask
                     continue;
                 extra++;
             }
-            st = try_candidate(ctx, d, mask, s, &io, &first);
+            st = try_candidate(ctx, d, ms, s, &io, &first);
             timed++;
             if (st == STOF_OK && strcmp(s->verdict, "ok") == 0 &&
                 (*winner < 0 || s->ms < cs[*winner].ms))
@@ -868,7 +868,7 @@ static stof_status search(stof_ctx *ctx, const stof_mha_desc *d, const stof_mask
         /* Stage 1 found no default-sized candidate (the device's shared
          * memory ruled them out): take the best-ranked one. */
         if (stage == 1 && *winner < 0 && st == STOF_OK && n > 0 && timed < budget) {
-            st = try_candidate(ctx, d, mask, &cs[0], &io, &first);
+            st = try_candidate(ctx, d, ms, &cs[0], &io, &first);
             timed++;
             if (st == STOF_OK && strcmp(cs[0].verdict, "ok") == 0)
                 *winner = 0;
@@ -933,12 +933,12 @@ int mha_record_parse(const char *rec, mha_candidate *c, double *ms, double *pred
 
 /* ---- public calls ------------------------------------------------------- */
 
-static stof_status finish_plan(stof_ctx *ctx, stof_mha_plan *p, const stof_mask *mask,
+static stof_status finish_plan(stof_ctx *ctx, stof_mha_plan *p, const mask_summary *ms,
                                const attn_tiles *tiles)
 {
     attn_tiles own;
     if (!tiles) {
-        TRY(attn_tiles_build(ctx, mask, p->c.kind, p->c.bm, p->c.bn, &own));
+        TRY(attn_tiles_build(ctx, ms, p->c.kind, p->c.bm, p->c.bn, &own));
         tiles = &own;
     }
     mha_launch L;
@@ -957,37 +957,43 @@ static stof_status finish_plan(stof_ctx *ctx, stof_mha_plan *p, const stof_mask 
     return st;
 }
 
-/* A new plan for desc, after the checks every plan needs. */
+/* A new plan for desc, after the checks every plan needs, and the mask's
+ * summary: *ms when the caller made one, else *own, made here once the
+ * checks have passed (the caller frees own; it is zeroed when unused). */
 static stof_status plan_new(stof_ctx *ctx, const stof_mha_desc *desc, const stof_mask *mask,
-                            stof_mha_plan **out)
+                            const mask_summary **ms, mask_summary *own, stof_mha_plan **out)
 {
+    memset(own, 0, sizeof *own);
     TRY(check_desc(ctx, desc, mask));
     TRY(ctx_need_device(ctx));
+    if (!*ms) {
+        TRY(mask_summarize(ctx, mask, own));
+        *ms = own;
+    }
     stof_mha_plan *p = calloc(1, sizeof *p);
-    if (!p)
+    if (!p) {
+        mask_summary_free(own);
         return CTX_FAIL(ctx, STOF_ERR_NO_MEMORY, "out of memory");
+    }
     p->ctx = ctx;
     p->d = *desc;
     if (!p->d.layout)
         p->d.layout = STOF_LAYOUT_BHLD;
-    stof_status st = stof_mask_hash(mask, p->mask_hash);
-    if (st != STOF_OK) {
-        free(p);
-        return st;
-    }
+    memcpy(p->mask_hash, (*ms)->hash, sizeof p->mask_hash);
     *out = p;
     return STOF_OK;
 }
 
-stof_status stof_mha_plan_create(stof_ctx *ctx, const stof_mha_desc *desc, const stof_mask *mask,
-                                 stof_mha_plan **plan)
+stof_status mha_plan_create(stof_ctx *ctx, const stof_mha_desc *desc, const stof_mask *mask,
+                            const mask_summary *ms, stof_mha_plan **plan)
 {
     if (!ctx)
         return STOF_ERR_INVALID_ARG;
     CTX_ARG(ctx, plan, "plan");
     *plan = NULL;
     stof_mha_plan *p;
-    TRY(plan_new(ctx, desc, mask, &p));
+    mask_summary own;
+    TRY(plan_new(ctx, desc, mask, &ms, &own, &p));
     stof_status st = STOF_OK;
     char shape[160];
     shape_string(&p->d, shape, sizeof shape);
@@ -1001,9 +1007,10 @@ stof_status stof_mha_plan_create(stof_ctx *ctx, const stof_mha_desc *desc, const
         if (cache_get_tuning(&ctx->err, ctx->cache, "mha", p->mask_hash, shape, dt, ctx->arch,
                              &rec, &found) == STOF_OK && found) {
             if (mha_record_parse(rec.record, &p->c, &p->measured_ms, &p->predicted_ms) &&
-                finish_plan(ctx, p, mask, NULL) == STOF_OK) {
+                finish_plan(ctx, p, ms, NULL) == STOF_OK) {
                 p->origin = "cache";
                 cache_tuning_free(&rec);
+                mask_summary_free(&own);
                 *plan = p;
                 return STOF_OK;
             }
@@ -1013,14 +1020,14 @@ stof_status stof_mha_plan_create(stof_ctx *ctx, const stof_mha_desc *desc, const
     cand_state cs[MHA_MAX_CANDIDATES];
     int n = 0, winner = 0;
     if (st == STOF_OK)
-        st = rank_candidates(ctx, &p->d, mask, 1, cs, &n);
+        st = rank_candidates(ctx, &p->d, ms, 1, cs, &n);
     if (st == STOF_OK && n == 0)
         st = CTX_FAIL(ctx, STOF_ERR_UNSUPPORTED, "no attention kernel fits this device for head_dim %d",
                       p->d.head_dim);
     if (st == STOF_OK && level == STOF_TUNE_OFF) {
         p->origin = "model";
     } else if (st == STOF_OK) {
-        st = search(ctx, &p->d, mask, cs, n, level, &winner);
+        st = search(ctx, &p->d, ms, cs, n, level, &winner);
         p->origin = "search";
     }
     if (st == STOF_OK) {
@@ -1029,7 +1036,7 @@ stof_status stof_mha_plan_create(stof_ctx *ctx, const stof_mha_desc *desc, const
         p->measured_ms = cs[winner].ms;
         for (int i = 0; i < n; i++)
             p->tried += cs[i].verdict != NULL;
-        st = finish_plan(ctx, p, mask, &cs[winner].tiles);
+        st = finish_plan(ctx, p, ms, &cs[winner].tiles);
     }
     if (st == STOF_OK && ctx->cache && level != STOF_TUNE_OFF) {
         mha_tried tried[MHA_MAX_CANDIDATES];
@@ -1047,12 +1054,19 @@ stof_status stof_mha_plan_create(stof_ctx *ctx, const stof_mha_desc *desc, const
         free(record);
     }
     free_candidates(cs, n);
+    mask_summary_free(&own);
     if (st != STOF_OK) {
         stof_mha_plan_free(p);
         return st;
     }
     *plan = p;
     return STOF_OK;
+}
+
+stof_status stof_mha_plan_create(stof_ctx *ctx, const stof_mha_desc *desc, const stof_mask *mask,
+                                 stof_mha_plan **plan)
+{
+    return mha_plan_create(ctx, desc, mask, NULL, plan);
 }
 
 stof_status mha_plan_forced(stof_ctx *ctx, const stof_mha_desc *desc, const stof_mask *mask,
@@ -1071,10 +1085,13 @@ stof_status mha_plan_forced(stof_ctx *ctx, const stof_mha_desc *desc, const stof
                         "compiles for %s, head_dim %d)",
                         ctx->arch, desc ? desc->head_dim : 0);
     stof_mha_plan *p;
-    TRY(plan_new(ctx, desc, mask, &p));
+    const mask_summary *ms = NULL;
+    mask_summary own;
+    TRY(plan_new(ctx, desc, mask, &ms, &own, &p));
     p->c = *c;
     p->origin = "forced";
-    stof_status st = finish_plan(ctx, p, mask, NULL);
+    stof_status st = finish_plan(ctx, p, ms, NULL);
+    mask_summary_free(&own);
     if (st != STOF_OK) {
         stof_mha_plan_free(p);
         return st;
@@ -1135,12 +1152,15 @@ stof_status stof_mha_prepare(stof_ctx *ctx, const stof_mha_desc *desc, const sto
     if (!ctx)
         return STOF_ERR_INVALID_ARG;
     TRY(check_desc(ctx, desc, mask));
+    mask_summary ms;
+    TRY(mask_summarize(ctx, mask, &ms));
     cand_state cs[MHA_MAX_CANDIDATES];
     int n = 0;
-    TRY(rank_candidates(ctx, desc, mask, 0, cs, &n));
+    stof_status st = rank_candidates(ctx, desc, &ms, 0, cs, &n);
+    mask_summary_free(&ms);
+    TRY(st);
     /* The model's first three, and the default size of each kind, so a
      * later search on the GPU finds its stage 1 compiled. */
-    stof_status st = STOF_OK;
     for (int i = 0; i < n && st == STOF_OK; i++) {
         if (i >= 3 && !is_default_size(&cs[i].c))
             continue;

@@ -70,6 +70,11 @@ int mha_record_parse(const char *record, mha_candidate *c, double *ms, double *p
  * engine, a device copy) and stored; with no GPU, the arch's defaults. */
 stof_status mha_device_figures(stof_ctx *ctx, model_device *md);
 
+/* stof_mha_plan_create on a mask the caller has summarized (ms; NULL: the
+ * plan summarizes it), so that a layer walks its mask once. */
+stof_status mha_plan_create(stof_ctx *ctx, const stof_mha_desc *desc, const stof_mask *mask,
+                            const mask_summary *ms, stof_mha_plan **plan);
+
 /* A plan for exactly candidate c, skipping the model and the search: for
  * tests of every kernel and for benchmarks. */
 stof_status mha_plan_forced(stof_ctx *ctx, const stof_mha_desc *desc, const stof_mask *mask,

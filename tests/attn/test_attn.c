@@ -23,6 +23,18 @@ static stof_ctx *open_ctx(const char *arch)
     return ctx;
 }
 
+/* The tiles as a plan cuts them: from the mask's summary. */
+static stof_status tiles_of(stof_ctx *ctx, const stof_mask *m, attn_kind kind, int bm, int bn,
+                            attn_tiles *t)
+{
+    mask_summary ms;
+    stof_status st = mask_summarize(ctx, m, &ms);
+    if (st == STOF_OK)
+        st = attn_tiles_build(ctx, &ms, kind, bm, bn, t);
+    mask_summary_free(&ms);
+    return st;
+}
+
 /* Marks every (q, k) the tiles allow; fails on a key listed twice for a row. */
 static unsigned char *expand(const attn_tiles *t, int lq, int lk)
 {
@@ -69,7 +81,7 @@ START_TEST(tiles_expand_to_the_mask)
         for (int kind = 0; kind < 2; kind++) {
             const int *s = sizes[test_rng_int(&r, 0, 3)];
             attn_tiles t;
-            ck_assert_int_eq(attn_tiles_build(ctx, m, (attn_kind)kind, s[0], s[1], &t), STOF_OK);
+            ck_assert_int_eq(tiles_of(ctx, m, (attn_kind)kind, s[0], s[1], &t), STOF_OK);
             unsigned char *got = expand(&t, l, l);
             for (size_t i = 0; i < (size_t)l * l; i++)
                 if (got[i] != want[i])
@@ -123,7 +135,7 @@ START_TEST(schedule_deals_every_item_once)
         stof_mask *m;
         ck_assert_int_eq(stof_mask_parse(ctx, specs[s], 1000, 1000, &m), STOF_OK);
         attn_tiles t;
-        ck_assert_int_eq(attn_tiles_build(ctx, m, ATTN_BLOCK, 128, 128, &t), STOF_OK);
+        ck_assert_int_eq(tiles_of(ctx, m, ATTN_BLOCK, 128, 128, &t), STOF_OK);
         const int B = 3, H = 5, bh = B * H, n = t.n_groups * bh, ctas = s == 2 ? n + 7 : 13;
         const int real = ctas < n ? ctas : n;
         int32_t *items = malloc(16 * (size_t)n), *first = malloc(4 * (size_t)(real + 1));
@@ -174,8 +186,8 @@ START_TEST(gather_compacts_scattered_masks)
     stof_mask *m;
     ck_assert_int_eq(stof_mask_parse(ctx, "window:128+strided:8", 2048, 2048, &m), STOF_OK);
     attn_tiles b, g;
-    ck_assert_int_eq(attn_tiles_build(ctx, m, ATTN_BLOCK, 64, 64, &b), STOF_OK);
-    ck_assert_int_eq(attn_tiles_build(ctx, m, ATTN_GATHER, 64, 64, &g), STOF_OK);
+    ck_assert_int_eq(tiles_of(ctx, m, ATTN_BLOCK, 64, 64, &b), STOF_OK);
+    ck_assert_int_eq(tiles_of(ctx, m, ATTN_GATHER, 64, 64, &g), STOF_OK);
     ck_assert_int_lt(g.n_tiles * 2, b.n_tiles);
     model_device md = model_device_of(NULL, "sm_90a");
     ck_assert(model_attn_ms(&md, &g, 96, 64, 1, 0) < model_attn_ms(&md, &b, 96, 64, 1, 0));
@@ -185,9 +197,9 @@ START_TEST(gather_compacts_scattered_masks)
     stof_mask_free(m);
     /* A dilated mask groups rows by residue: one residue's keys are half. */
     ck_assert_int_eq(stof_mask_parse(ctx, "dilated:256:2", 2048, 2048, &m), STOF_OK);
-    ck_assert_int_eq(attn_tiles_build(ctx, m, ATTN_GATHER, 64, 64, &g), STOF_OK);
+    ck_assert_int_eq(tiles_of(ctx, m, ATTN_GATHER, 64, 64, &g), STOF_OK);
     ck_assert_int_eq(g.period, 2);
-    ck_assert_int_eq(attn_tiles_build(ctx, m, ATTN_BLOCK, 64, 64, &b), STOF_OK);
+    ck_assert_int_eq(tiles_of(ctx, m, ATTN_BLOCK, 64, 64, &b), STOF_OK);
     ck_assert_int_lt(g.n_tiles * 3, b.n_tiles * 2);
     attn_tiles_free(&b);
     attn_tiles_free(&g);
@@ -218,7 +230,7 @@ START_TEST(model_device_record)
     stof_mask *mk;
     ck_assert_int_eq(stof_mask_parse(ctx, "dense", 2048, 2048, &mk), STOF_OK);
     attn_tiles t;
-    ck_assert_int_eq(attn_tiles_build(ctx, mk, ATTN_BLOCK, 128, 64, &t), STOF_OK);
+    ck_assert_int_eq(tiles_of(ctx, mk, ATTN_BLOCK, 128, 64, &t), STOF_OK);
     double wg = model_attn_ms(&m, &t, 96, 64, 1, 1), mma = model_attn_ms(&m, &t, 96, 64, 1, 0);
     model_device faster = m;
     faster.wgmma_tflops *= 2;
@@ -260,7 +272,7 @@ START_TEST(model_scales_with_work)
         stof_mask *m;
         ck_assert_int_eq(stof_mask_parse(ctx, spec, 4096, 4096, &m), STOF_OK);
         attn_tiles t;
-        ck_assert_int_eq(attn_tiles_build(ctx, m, ATTN_BLOCK, 64, 64, &t), STOF_OK);
+        ck_assert_int_eq(tiles_of(ctx, m, ATTN_BLOCK, 64, 64, &t), STOF_OK);
         double ms = model_attn_ms(&md, &t, 96, 64, 1, 0);
         ck_assert_msg(ms > last * 1.3, "window %d: %.4f ms after %.4f", w, ms, last);
         last = ms;

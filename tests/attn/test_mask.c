@@ -575,6 +575,88 @@ START_TEST(stats_match_dense_counts)
 }
 END_TEST
 
+/* ---- the summary a plan reads -------------------------------------------------------- */
+
+static void same_blocks(const mask_blocks *a, const mask_blocks *b, const char *spec)
+{
+    EXPECT(a->nqb == b->nqb && a->n_blocks == b->n_blocks && a->n_full == b->n_full &&
+               a->n_bitmaps == b->n_bitmaps && a->words_per_block == b->words_per_block,
+           "%s: block counts differ", spec);
+    EXPECT(!memcmp(a->row_ptr, b->row_ptr, 4 * ((size_t)a->nqb + 1)) &&
+               !memcmp(a->col, b->col, 4 * (size_t)a->n_blocks) &&
+               !memcmp(a->partial, b->partial, 4 * (size_t)a->n_blocks) &&
+               !memcmp(a->bits, b->bits, 4 * (size_t)a->n_bitmaps * (size_t)a->words_per_block),
+           "%s: block lists differ", spec);
+}
+
+/* One walk gives what the separate walks give: the hash, the 64 x 64
+ * statistics, and runs from which every block size lists the same blocks
+ * and bitmaps; a matrix-built mask is its own runs. */
+START_TEST(summary_matches_the_walks)
+{
+    stof_ctx *ctx = open_ctx();
+    test_rng r = test_rng_make(107);
+    for (int it = 0; it < 60; it++) {
+        int lq = test_rng_int(&r, 1, 300), lk = test_rng_int(&r, 0, 1) ? lq : test_rng_int(&r, 1, 300);
+        char spec[1024];
+        stof_mask *m = random_mask(ctx, &r, lq, lk, spec, sizeof spec);
+        unsigned char *d = NULL;
+        ck_assert_int_eq(mask_to_dense(m, &d), STOF_OK);
+        stof_mask *fromd = NULL;
+        ck_assert_int_eq(stof_mask_from_dense(ctx, d, lq, lk, &fromd), STOF_OK);
+        for (int v = 0; v < 2; v++) {
+            const stof_mask *x = v ? fromd : m;
+            mask_summary ms;
+            ck_assert_int_eq(mask_summarize(ctx, x, &ms), STOF_OK);
+            EXPECT(ms.lq == lq && ms.lk == lk, "%s: sizes", spec);
+            int matrix = v || !strncmp(spec, "dense-matrix", 12);
+            EXPECT(matrix ? ms.runs == x && !ms.own : ms.own && ms.runs == ms.own, "%s: runs",
+                   spec);
+            char hex[65];
+            ck_assert_int_eq(stof_mask_hash(x, hex), STOF_OK);
+            EXPECT(!strcmp(hex, ms.hash), "%s: hash %s, summary %s", spec, hex, ms.hash);
+            stof_mask_info want;
+            ck_assert_int_eq(stof_mask_stats(ctx, x, 64, 64, &want), STOF_OK);
+            EXPECT(ms.info.entries == want.entries && ms.info.row_min == want.row_min &&
+                       ms.info.row_max == want.row_max && ms.info.runs_max == want.runs_max &&
+                       ms.info.empty_rows == want.empty_rows &&
+                       ms.info.blocks_touched == want.blocks_touched &&
+                       ms.info.blocks_full == want.blocks_full &&
+                       ms.info.partial_entries == want.partial_entries &&
+                       ms.info.distinct_bitmaps == want.distinct_bitmaps &&
+                       ms.info.kblocks_max == want.kblocks_max &&
+                       ms.info.block_efficiency == want.block_efficiency &&
+                       ms.info.partial_fill_mean == want.partial_fill_mean,
+                   "%s: statistics differ", spec);
+            unsigned char *got = NULL;
+            ck_assert_int_eq(mask_to_dense(ms.runs, &got), STOF_OK);
+            EXPECT(!memcmp(got, d, (size_t)lq * lk), "%s: runs differ from the mask", spec);
+            free(got);
+            int bq = test_rng_int(&r, 16, 256), bk = test_rng_int(&r, 16, 256);
+            mask_blocks a, b;
+            ck_assert_int_eq(mask_build_blocks(ctx, x, bq, bk, &a), STOF_OK);
+            ck_assert_int_eq(mask_build_blocks(ctx, ms.runs, bq, bk, &b), STOF_OK);
+            same_blocks(&a, &b, spec);
+            mask_blocks_free(&a);
+            mask_blocks_free(&b);
+            mask_summary_free(&ms);
+        }
+        /* The period of gathered rows comes from the first dilated term. */
+        mask_summary ms;
+        ck_assert_int_eq(mask_summarize(ctx, m, &ms), STOF_OK);
+        const char *dil = strstr(stof_mask_spec(m), "dilated:");
+        int want = dil ? atoi(strchr(dil + 8, ':') + 1) : 1;
+        EXPECT(ms.period == (want >= 1 && want <= 64 ? want : 1), "%s: period %d", spec, ms.period);
+        mask_summary_free(&ms);
+        stof_mask_free(fromd);
+        free(d);
+        stof_mask_free(m);
+    }
+    mask_summary_free(NULL);
+    stof_close(ctx);
+}
+END_TEST
+
 /* ---- hashing --------------------------------------------------------------------- */
 
 static void hash_spec(stof_ctx *ctx, const char *spec, int lq, int lk, char hex[65])
@@ -884,6 +966,7 @@ Suite *suite_mask(void)
     tcase_add_test(t, formats_expand_back);
     tcase_add_test(t, block_sizes_checked);
     tcase_add_test(t, stats_match_dense_counts);
+    tcase_add_test(t, summary_matches_the_walks);
     tcase_add_test(t, hash_equal_for_equal_masks);
     tcase_add_test(t, hash_differs_for_different_masks);
     tcase_add_test(t, spec_and_dims);
