@@ -5,7 +5,10 @@
  * where each value began, and refuses anything the RFC does not allow
  * (comments, trailing commas, leading zeros, bad escapes, invalid UTF-8,
  * duplicate member names), naming the line, column and JSON path of the
- * fault. No dependencies beyond libc.
+ * fault. No dependencies beyond libc: a library such as jansson gives a
+ * position only for a syntax error, where the workload reader names the
+ * line and column of any value it refuses after parsing, and the GPU
+ * machine and the Python wheel would have to carry it.
  */
 #ifndef STOF_JSON_H
 #define STOF_JSON_H
