@@ -46,6 +46,9 @@ class Mask:
         ctx._lib.mask_dims(handle, byref(lq), byref(lk))
         self.lq, self.lk = lq.value, lk.value
         self.spec = ctx._lib.mask_spec(handle).decode()
+        # Worked out now, not on first use: torch.compile traces op_key, and
+        # it cannot trace a ctypes call.
+        self.hash
 
     def __del__(self):
         h, self._handle = getattr(self, "_handle", None), None
