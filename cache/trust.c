@@ -61,6 +61,10 @@ int cache_trusted(const char *path, int shared, char *why, size_t n)
         dir[1] = 0;
     else
         *slash = 0;
+    /* What is not a file is not a cache: opening it fails and says so. */
+    struct stat st;
+    if (stat(path, &st) == 0 && !S_ISREG(st.st_mode))
+        return 1;
     char side[PATH_MAX + 8];
     if (!safe(dir, "the cache's folder", shared, why, n) ||
         !safe(path, "the cache file", shared, why, n))
