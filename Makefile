@@ -7,6 +7,21 @@ CFLAGS  ?= $(OPT) -g
 WARN     = -Wall -Wextra -Werror=implicit-function-declaration
 CPPFLAGS = -std=c11 -D_GNU_SOURCE -Isrc -Icodegen -Icache -Ibuild/gen -I$(CUDA)/include
 LIBS     = -L$(CUDA)/lib64 -Wl,-rpath,$(CUDA)/lib64 -lnvrtc -lsqlite3 -ldl -lm -lpthread
+# hiredis (the Redis tier, cache/remote.c) is linked statically, into
+# libstof.so too, with its symbols kept inside: the GPU machine has no
+# hiredis. Without its header and static library, stof is built with the
+# tier left out (STOF_REMOTE_CACHE then says so); HIREDIS=no forces that.
+HASH := \#
+ifeq ($(origin HIREDIS),undefined)
+HIREDIS := $(shell printf '$(HASH)include <hiredis/hiredis.h>\n' | $(CC) -E -x c - >/dev/null 2>&1 && \
+             f=$$($(CC) -print-file-name=libhiredis.a) && test -f "$$f" && echo "$$f")
+endif
+ifneq ($(filter /%,$(HIREDIS)),)
+CPPFLAGS += -DSTOF_HAVE_HIREDIS
+LIBS     := $(HIREDIS) $(LIBS)
+SO_HIDE   = -Wl,--exclude-libs,libhiredis.a
+PC_HIREDIS = -lhiredis
+endif
 # Check and subunit are linked statically: the GPU machine has neither.
 CHECK_LIBS = -Wl,-Bstatic -lcheck -lsubunit -Wl,-Bdynamic -lrt
 SAN      = -fsanitize=address,undefined -fno-omit-frame-pointer
@@ -48,7 +63,7 @@ build/asan/gen/templates.o: build/gen/templates.c
 build/libstof.a: $(LIB_OBJ)
 	rm -f $@ && ar rcs $@ $^
 build/libstof.so: $(LIB_OBJ)
-	$(CC) -shared -Wl,-soname,libstof.so.0 -o $@ $^ $(LIBS)
+	$(CC) -shared -Wl,-soname,libstof.so.0 $(SO_HIDE) -o $@ $^ $(LIBS)
 
 build/stof-%: tools/%.c build/libstof.a
 	$(CC) $(CPPFLAGS) $(CFLAGS) $(WARN) -o $@ $< build/libstof.a $(LIBS)
@@ -105,7 +120,7 @@ install: all
 	ln -sf libstof.so.0 $(DESTDIR)$(PREFIX)/lib/libstof.so
 	install -m 644 src/stof.h $(DESTDIR)$(PREFIX)/include/
 	install -m 755 build/stof-dump build/stof-warm $(DESTDIR)$(PREFIX)/bin/
-	sed -e 's|@PREFIX@|$(PREFIX)|g' -e 's|@CUDA@|$(CUDA)|g' stof.pc.in > $(DESTDIR)$(PREFIX)/lib/pkgconfig/stof.pc
+	sed -e 's|@PREFIX@|$(PREFIX)|g' -e 's|@CUDA@|$(CUDA)|g' -e 's|@HIREDIS@|$(PC_HIREDIS)|g' stof.pc.in > $(DESTDIR)$(PREFIX)/lib/pkgconfig/stof.pc
 
 clean:
 	rm -rf build

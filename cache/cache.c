@@ -11,11 +11,13 @@
 #include "ctx.h"
 #include "hash.h"
 #include "nvrtc_drv.h"
+#include "remote.h"
 
 struct cache {
     sqlite3 *db;
     long long max_bytes;
     char path[1024];
+    remote *remote;          /* the second tier, or NULL */
 };
 
 static const char *SCHEMA =
@@ -92,7 +94,7 @@ static int foreign_tables(sqlite3 *db)
     sqlite3_stmt *s;
     if (sqlite3_prepare_v2(db,
                            "SELECT count(*) FROM sqlite_master WHERE name NOT IN"
-                           " ('kernels', 'kernels_lru', 'tuning') AND name NOT LIKE 'sqlite_%'",
+                           " ('kernels', 'kernels_lru', 'tuning', 'remote_stats') AND name NOT LIKE 'sqlite_%'",
                            -1, &s, NULL) != SQLITE_OK)
         return -1;
     int n = sqlite3_step(s) == SQLITE_ROW ? sqlite3_column_int(s, 0) : -1;
@@ -184,12 +186,71 @@ fail:
     return st;
 }
 
+/* Adds this process's second-tier counts to the file's. Bookkeeping: a
+ * failure to record them costs nothing. */
+static void save_remote_counts(cache *c)
+{
+    cache_remote_counts n;
+    remote_counts_get(c->remote, &n);
+    if (n.hits + n.misses + n.refused + n.written + n.errors == 0)
+        return;
+    if (sqlite3_exec(c->db,
+                     "BEGIN IMMEDIATE; CREATE TABLE IF NOT EXISTS remote_stats ("
+                     " name TEXT PRIMARY KEY, value INTEGER NOT NULL)",
+                     NULL, NULL, NULL) != SQLITE_OK) {
+        sqlite3_exec(c->db, "ROLLBACK", NULL, NULL, NULL);
+        return;
+    }
+    sqlite3_stmt *s = NULL;
+    int ok = sqlite3_prepare_v2(c->db,
+                                "INSERT INTO remote_stats (name, value) VALUES (?, ?)"
+                                " ON CONFLICT(name) DO UPDATE SET value = value + excluded.value",
+                                -1, &s, NULL) == SQLITE_OK;
+    const struct { const char *name; long long v; } rows[] = {
+        {"hits", n.hits}, {"misses", n.misses}, {"refused", n.refused},
+        {"written", n.written}, {"errors", n.errors}};
+    for (int i = 0; ok && i < 5; i++) {
+        sqlite3_reset(s);
+        sqlite3_bind_text(s, 1, rows[i].name, -1, SQLITE_STATIC);
+        sqlite3_bind_int64(s, 2, rows[i].v);
+        ok = sqlite3_step(s) == SQLITE_DONE;
+    }
+    sqlite3_finalize(s);
+    sqlite3_exec(c->db, ok ? "COMMIT" : "ROLLBACK", NULL, NULL, NULL);
+}
+
 void cache_close(cache *c)
 {
     if (!c)
         return;
+    if (c->remote)
+        save_remote_counts(c);
+    remote_close(c->remote);
     sqlite3_close(c->db);
     free(c);
+}
+
+void cache_set_remote(cache *c, remote *r)
+{
+    if (c->remote && c->remote != r)
+        remote_close(c->remote);
+    c->remote = r;
+}
+
+remote *cache_get_remote(cache *c) { return c->remote; }
+
+void cache_remote_counts_of(const cache *c, cache_remote_counts *out)
+{
+    remote_counts_get(c ? c->remote : NULL, out);
+}
+
+/* A sentence from the second tier (it went down, or refused a value) goes
+ * into the context's error text once: not a failure, but readable. */
+static void remote_say(stof_ctx *ctx, cache *c)
+{
+    const char *note = remote_take_note(c->remote);
+    if (note && ctx)
+        snprintf(ctx->err, sizeof ctx->err, "%s", note);
 }
 
 sqlite3 *cache_db(cache *c) { return c->db; }
@@ -257,6 +318,8 @@ static int read_row(sqlite3_stmt *s, cache_kernel *k)
     return 1;
 }
 
+static stof_status put_local(stof_ctx *ctx, cache *c, cache_kernel *k);
+
 stof_status cache_get_kernel(stof_ctx *ctx, cache *c, const char *key, cache_kernel *out,
                              int *found, int *rejected)
 {
@@ -294,6 +357,20 @@ stof_status cache_get_kernel(stof_ctx *ctx, cache *c, const char *key, cache_ker
         st = SQL_FAIL(ctx, c, "looking up a kernel");
     }
     sqlite3_finalize(s);
+    if (!*found && st == STOF_OK && c->remote && ctx && ctx->arch[0]) {
+        if (remote_get_kernel(c->remote, key, ctx->arch, out)) {
+            /* Kept here, so the next process on this host finds it locally.
+             * A failure to keep it leaves the kernel usable. */
+            char saved[sizeof ctx->err];
+            snprintf(saved, sizeof saved, "%s", ctx->err);
+            if (put_local(ctx, c, out) != STOF_OK)
+                snprintf(ctx->err, sizeof ctx->err, "%s", saved);
+            *found = 1;
+            *rejected = 0;
+        }
+        remote_say(ctx, c);
+        return STOF_OK;
+    }
     if (*found) {
         /* Use counts are bookkeeping: a failure to record one costs nothing. */
         sqlite3_stmt *u = NULL;
@@ -351,7 +428,7 @@ static stof_status evict(stof_ctx *ctx, cache *c, const char *keep)
     return st;
 }
 
-stof_status cache_put_kernel(stof_ctx *ctx, cache *c, cache_kernel *k)
+static stof_status put_local(stof_ctx *ctx, cache *c, cache_kernel *k)
 {
     cache_checksum(k->cubin, k->cubin_size, k->ptx, k->ptx_size, k->checksum);
     stof_status st = exec(ctx, c, "BEGIN IMMEDIATE");
@@ -392,6 +469,17 @@ done:
     return st;
 }
 
+stof_status cache_put_kernel(stof_ctx *ctx, cache *c, cache_kernel *k)
+{
+    stof_status st = put_local(ctx, c, k);
+    if (c->remote) {
+        if (!k->created)
+            k->created = now_s();
+        remote_put_kernel(c->remote, k);
+    }
+    return st;
+}
+
 void cache_kernel_free(cache_kernel *k)
 {
     char *txt[] = {k->op, k->name, k->entry, k->arch, k->nvrtc_version, k->stof_version,
@@ -402,7 +490,7 @@ void cache_kernel_free(cache_kernel *k)
     memset(k, 0, sizeof *k);
 }
 
-stof_status cache_put_tuning(stof_ctx *ctx, cache *c, const cache_tuning *t)
+static stof_status put_tuning_local(stof_ctx *ctx, cache *c, const cache_tuning *t)
 {
     stof_status st = exec(ctx, c, "BEGIN IMMEDIATE");
     if (st != STOF_OK)
@@ -427,6 +515,18 @@ stof_status cache_put_tuning(stof_ctx *ctx, cache *c, const cache_tuning *t)
         st = exec(ctx, c, "COMMIT");
     if (st != STOF_OK)
         sqlite3_exec(c->db, "ROLLBACK", NULL, NULL, NULL);
+    return st;
+}
+
+stof_status cache_put_tuning(stof_ctx *ctx, cache *c, const cache_tuning *t)
+{
+    stof_status st = put_tuning_local(ctx, c, t);
+    if (c->remote) {
+        cache_tuning stamped = *t;
+        if (!stamped.created)
+            stamped.created = now_s();
+        remote_put_tuning(c->remote, &stamped);
+    }
     return st;
 }
 
@@ -465,6 +565,16 @@ stof_status cache_get_tuning(stof_ctx *ctx, cache *c, const char *op, const char
         st = SQL_FAIL(ctx, c, "looking up a tuning record");
     }
     sqlite3_finalize(s);
+    if (!*found && st == STOF_OK && c->remote) {
+        if (remote_get_tuning(c->remote, op, mask_hash, shape, dtype, arch, out)) {
+            char saved[sizeof ctx->err];
+            snprintf(saved, sizeof saved, "%s", ctx ? ctx->err : "");
+            if (put_tuning_local(ctx, c, out) != STOF_OK && ctx)
+                snprintf(ctx->err, sizeof ctx->err, "%s", saved);
+            *found = 1;
+        }
+        remote_say(ctx, c);
+    }
     return st;
 }
 

@@ -5,6 +5,10 @@
  * WAL mode, a busy timeout and one transaction per write, so several
  * processes can share one file. A damaged or stale row is reported as
  * absent (and counted) so the caller recompiles and replaces it.
+ *
+ * A cache may have a second tier behind it (remote.h): a local miss asks it
+ * before reporting absent, and what it finds is kept here; what is put here
+ * is put there too. The local file stays the source of truth.
  */
 #ifndef STOF_CACHE_H
 #define STOF_CACHE_H
@@ -43,16 +47,32 @@ typedef struct cache_tuning {
     long long created;
 } cache_tuning;
 
+/* What the second tier did since the cache was opened: values used, not
+ * there, refused (unsigned, damaged, stale, foreign), stored, and failed
+ * exchanges (down, slow, refusing). cache_close adds them to the file's
+ * table remote_stats, which stof-dump stats reads. */
+typedef struct cache_remote_counts {
+    long long hits, misses, refused, written, errors;
+} cache_remote_counts;
+
 /* Opens (creating the folder and file as needed) the cache at path. */
 stof_status cache_open(stof_ctx *ctx, const char *path, long long max_bytes, cache **out);
 void cache_close(cache *c);
 
+/* Puts r (owned from now on; NULL for none) behind c. */
+struct remote;
+void cache_set_remote(cache *c, struct remote *r);
+struct remote *cache_get_remote(cache *c);
+void cache_remote_counts_of(const cache *c, cache_remote_counts *out);
+
 /* *found is 0 when absent, and also when the row is damaged or stale
- * (*rejected is then 1). A found row has its use counted. */
+ * (*rejected is then 1). A found row has its use counted. On a miss the
+ * second tier is asked for the kernel compiled for ctx->arch. */
 stof_status cache_get_kernel(stof_ctx *ctx, cache *c, const char *key, cache_kernel *out,
                              int *found, int *rejected);
 /* Inserts or replaces k (checksum computed here), then evicts least
- * recently used kernels beyond the size cap. */
+ * recently used kernels beyond the size cap; then stores k in the second
+ * tier, best effort (its failure is not this call's). */
 stof_status cache_put_kernel(stof_ctx *ctx, cache *c, cache_kernel *k);
 void cache_kernel_free(cache_kernel *k);
 

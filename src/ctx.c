@@ -10,6 +10,8 @@
 #include "cache_admin.h"
 #include "jit.h"
 #include "nvrtc_drv.h"
+#include "remote.h"
+#include "trust.h"
 
 stof_status ctx_fail(stof_ctx *ctx, stof_status st, const char *file, int line, const char *fmt,
                      ...)
@@ -115,15 +117,29 @@ stof_status stof_open(stof_ctx **out, const stof_options *opts)
     else if (want_cache && !cache_admin_default_path(path, sizeof path))
         snprintf(ctx->cache_note, sizeof ctx->cache_note,
                  "running uncached: STOF_CACHE is off or no cache folder could be found");
-    if (path[0]) {
+    char why[1600], remote_note[1400] = "";
+    int shared = ctx->opt.cache_shared || cache_shared_from_env();
+    if (path[0] && !cache_trusted(path, shared, why, sizeof why)) {
+        /* Kernels from a file others can write would be their code. */
+        snprintf(ctx->cache_note, sizeof ctx->cache_note, "running uncached: %s", why);
+    } else if (path[0]) {
         if (cache_open(ctx, path, ctx->opt.cache_max_bytes, &ctx->cache) == STOF_OK)
             snprintf(ctx->cache_path, sizeof ctx->cache_path, "%s", path);
         else
             snprintf(ctx->cache_note, sizeof ctx->cache_note, "running uncached: %s", ctx->err);
     }
+    remote_config rc;
+    if (ctx->cache && remote_config_resolve(opts, shared, &rc)) {
+        remote *r = NULL;
+        remote_open(&rc, &r, remote_note, sizeof remote_note);
+        cache_set_remote(ctx->cache, r);
+    }
+    ctx->opt.remote_cache = ctx->opt.remote_key = ctx->opt.remote_key_file = NULL;
     /* Not failures: the context works, but the caller may ask why. */
     if (ctx->cache_note[0])
         snprintf(ctx->err, sizeof ctx->err, "%.2000s", ctx->cache_note);
+    else if (remote_note[0])
+        snprintf(ctx->err, sizeof ctx->err, "%s", remote_note);
     else if (!ctx->dev.ok)
         snprintf(ctx->err, sizeof ctx->err, "%s", ctx->dev.why);
     else
@@ -153,6 +169,13 @@ stof_status stof_get_stats(const stof_ctx *ctx, stof_stats *out)
     if (!ctx || !out)
         return STOF_ERR_INVALID_ARG;
     *out = ctx->stats;
+    cache_remote_counts n;
+    cache_remote_counts_of(ctx->cache, &n);
+    out->remote_hits = n.hits;
+    out->remote_misses = n.misses;
+    out->remote_rejects = n.refused;
+    out->remote_writes = n.written;
+    out->remote_errors = n.errors;
     return STOF_OK;
 }
 
