@@ -9,6 +9,21 @@ WARN     = -Wall -Wextra -Werror=implicit-function-declaration
 # "codegen/render.h", "tools/workload.h" (under the top); "stof.h" and "ctx.h" are src/'s own.
 CPPFLAGS = -std=c11 -D_GNU_SOURCE -Isrc -I. -Ibuild/gen -I$(CUDA)/include
 LIBS     = -L$(CUDA)/lib64 -Wl,-rpath,$(CUDA)/lib64 -lnvrtc -lsqlite3 -ldl -lm -lpthread
+# hiredis (the Redis tier, cache/remote.c) is linked statically, into
+# libstof.so too, with its symbols kept inside: the GPU machine has no
+# hiredis. Without its header and static library, stof is built with the
+# tier left out (STOF_REMOTE_CACHE then says so); HIREDIS=no forces that.
+HASH := \#
+ifeq ($(origin HIREDIS),undefined)
+HIREDIS := $(shell printf '$(HASH)include <hiredis/hiredis.h>\n' | $(CC) -E -x c - >/dev/null 2>&1 && \
+             f=$$($(CC) -print-file-name=libhiredis.a) && test -f "$$f" && echo "$$f")
+endif
+ifneq ($(filter /%,$(HIREDIS)),)
+CPPFLAGS += -DSTOF_HAVE_HIREDIS
+LIBS     := $(HIREDIS) $(LIBS)
+SO_HIDE   = -Wl,--exclude-libs,libhiredis.a
+PC_HIREDIS = -lhiredis
+endif
 # Check and subunit are linked statically: the GPU machine has neither.
 CHECK_LIBS = -Wl,-Bstatic -lcheck -lsubunit -Wl,-Bdynamic -lrt
 SAN      = -fsanitize=address,undefined -fno-omit-frame-pointer
@@ -60,7 +75,7 @@ floors: build/floors.ok
 build/libstof.a: $(LIB_OBJ)
 	rm -f $@ && ar rcs $@ $^
 build/libstof.so: $(LIB_OBJ)
-	$(CC) -shared -Wl,-soname,libstof.so.0 -o $@ $^ $(LIBS)
+	$(CC) -shared -Wl,-soname,libstof.so.0 $(SO_HIDE) -o $@ $^ $(LIBS)
 
 # tools/workload.c reads workload files for stof-warm, the layer benchmark and the tests.
 build/stof-%: tools/%.c build/libstof.a
@@ -121,7 +136,7 @@ install: all
 	ln -sf libstof.so.0 $(DESTDIR)$(PREFIX)/lib/libstof.so
 	install -m 644 src/stof.h $(DESTDIR)$(PREFIX)/include/
 	install -m 755 build/stof-dump build/stof-warm $(DESTDIR)$(PREFIX)/bin/
-	sed -e 's|@PREFIX@|$(PREFIX)|g' -e 's|@CUDA@|$(CUDA)|g' stof.pc.in > $(DESTDIR)$(PREFIX)/lib/pkgconfig/stof.pc
+	sed -e 's|@PREFIX@|$(PREFIX)|g' -e 's|@CUDA@|$(CUDA)|g' -e 's|@HIREDIS@|$(PC_HIREDIS)|g' stof.pc.in > $(DESTDIR)$(PREFIX)/lib/pkgconfig/stof.pc
 
 clean:
 	rm -rf build

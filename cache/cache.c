@@ -9,12 +9,15 @@
 #include <time.h>
 
 #include "base/hash.h"
+#include "cache/remote.h"
 
 struct cache {
     sqlite3 *db;
     long long max_bytes;
     char path[1024];
     char nvrtc_version[32];   /* the caller's compiler: rows of another are stale */
+    remote *remote;           /* the second tier, or NULL */
+    char arch[32];            /* what the second tier's kernels are compiled for */
 };
 
 static const char *SCHEMA =
@@ -91,7 +94,7 @@ static int foreign_tables(sqlite3 *db)
     sqlite3_stmt *s;
     if (sqlite3_prepare_v2(db,
                            "SELECT count(*) FROM sqlite_master WHERE name NOT IN"
-                           " ('kernels', 'kernels_lru', 'tuning') AND name NOT LIKE 'sqlite_%'",
+                           " ('kernels', 'kernels_lru', 'tuning', 'remote_stats') AND name NOT LIKE 'sqlite_%'",
                            -1, &s, NULL) != SQLITE_OK)
         return -1;
     int n = sqlite3_step(s) == SQLITE_ROW ? sqlite3_column_int(s, 0) : -1;
@@ -185,12 +188,72 @@ fail:
     return st;
 }
 
+/* Adds this process's second-tier counts to the file's. Bookkeeping: a
+ * failure to record them costs nothing. */
+static void save_remote_counts(cache *c)
+{
+    cache_remote_counts n;
+    remote_counts_get(c->remote, &n);
+    if (n.hits + n.misses + n.refused + n.written + n.errors == 0)
+        return;
+    if (sqlite3_exec(c->db,
+                     "BEGIN IMMEDIATE; CREATE TABLE IF NOT EXISTS remote_stats ("
+                     " name TEXT PRIMARY KEY, value INTEGER NOT NULL)",
+                     NULL, NULL, NULL) != SQLITE_OK) {
+        sqlite3_exec(c->db, "ROLLBACK", NULL, NULL, NULL);
+        return;
+    }
+    sqlite3_stmt *s = NULL;
+    int ok = sqlite3_prepare_v2(c->db,
+                                "INSERT INTO remote_stats (name, value) VALUES (?, ?)"
+                                " ON CONFLICT(name) DO UPDATE SET value = value + excluded.value",
+                                -1, &s, NULL) == SQLITE_OK;
+    const struct { const char *name; long long v; } rows[] = {
+        {"hits", n.hits}, {"misses", n.misses}, {"refused", n.refused},
+        {"written", n.written}, {"errors", n.errors}};
+    for (int i = 0; ok && i < 5; i++) {
+        sqlite3_reset(s);
+        sqlite3_bind_text(s, 1, rows[i].name, -1, SQLITE_STATIC);
+        sqlite3_bind_int64(s, 2, rows[i].v);
+        ok = sqlite3_step(s) == SQLITE_DONE;
+    }
+    sqlite3_finalize(s);
+    sqlite3_exec(c->db, ok ? "COMMIT" : "ROLLBACK", NULL, NULL, NULL);
+}
+
 void cache_close(cache *c)
 {
     if (!c)
         return;
+    if (c->remote)
+        save_remote_counts(c);
+    remote_close(c->remote);
     sqlite3_close(c->db);
     free(c);
+}
+
+void cache_set_remote(cache *c, remote *r, const char *arch)
+{
+    if (c->remote && c->remote != r)
+        remote_close(c->remote);
+    c->remote = r;
+    snprintf(c->arch, sizeof c->arch, "%s", arch ? arch : "");
+}
+
+remote *cache_get_remote(cache *c) { return c->remote; }
+
+void cache_remote_counts_of(const cache *c, cache_remote_counts *out)
+{
+    remote_counts_get(c ? c->remote : NULL, out);
+}
+
+/* A sentence from the second tier (it went down, or refused a value) goes
+ * into the error record once: not a failure, but readable. */
+static void remote_say(err_record *err, cache *c)
+{
+    const char *note = remote_take_note(c->remote);
+    if (note && err)
+        snprintf(err->msg, sizeof err->msg, "%s", note);
 }
 
 sqlite3 *cache_db(cache *c) { return c->db; }
@@ -203,17 +266,6 @@ int cache_versions_current(const char *nvrtc_version, const char *stof_version_,
 const char *cache_nvrtc_version(const cache *c) { return c->nvrtc_version; }
 const char *cache_file(const cache *c) { return c->path; }
 
-void cache_checksum(const void *cubin, size_t cubin_size, const char *ptx, size_t ptx_size,
-                    char out[65])
-{
-    hash_sha256 h;
-    unsigned char d[32];
-    hash_init(&h);
-    hash_update(&h, cubin, cubin_size);
-    hash_update(&h, ptx, ptx_size);
-    hash_final(&h, d);
-    hash_to_hex(d, out);
-}
 
 char *cache_col_text(sqlite3_stmt *s, int i)
 {
@@ -259,6 +311,8 @@ static int read_row(sqlite3_stmt *s, cache_kernel *k)
     return 1;
 }
 
+static stof_status put_local(err_record *err, cache *c, cache_kernel *k);
+
 stof_status cache_get_kernel(err_record *err, cache *c, const char *key, cache_kernel *out,
                              int *found, int *rejected)
 {
@@ -297,6 +351,20 @@ stof_status cache_get_kernel(err_record *err, cache *c, const char *key, cache_k
         st = SQL_FAIL(err, c, "looking up a kernel");
     }
     sqlite3_finalize(s);
+    if (!*found && st == STOF_OK && c->remote && c->arch[0]) {
+        if (remote_get_kernel(c->remote, key, c->arch, out)) {
+            /* Kept here, so the next process on this host finds it locally.
+             * A failure to keep it leaves the kernel usable. */
+            char saved[sizeof err->msg];
+            snprintf(saved, sizeof saved, "%s", err ? err->msg : "");
+            if (put_local(err, c, out) != STOF_OK && err)
+                snprintf(err->msg, sizeof err->msg, "%s", saved);
+            *found = 1;
+            *rejected = 0;
+        }
+        remote_say(err, c);
+        return STOF_OK;
+    }
     if (*found) {
         /* Use counts are bookkeeping: a failure to record one costs nothing. */
         sqlite3_stmt *u = NULL;
@@ -354,7 +422,7 @@ static stof_status evict(err_record *err, cache *c, const char *keep)
     return st;
 }
 
-stof_status cache_put_kernel(err_record *err, cache *c, cache_kernel *k)
+static stof_status put_local(err_record *err, cache *c, cache_kernel *k)
 {
     cache_checksum(k->cubin, k->cubin_size, k->ptx, k->ptx_size, k->checksum);
     stof_status st = exec(err, c, "BEGIN IMMEDIATE");
@@ -395,17 +463,19 @@ done:
     return st;
 }
 
-void cache_kernel_free(cache_kernel *k)
+stof_status cache_put_kernel(err_record *err, cache *c, cache_kernel *k)
 {
-    char *txt[] = {k->op, k->name, k->entry, k->arch, k->nvrtc_version, k->stof_version,
-                   k->options, k->params, k->source, k->log, k->ptx};
-    for (int i = 0; i < 11; i++)
-        free(txt[i]);
-    free(k->cubin);
-    memset(k, 0, sizeof *k);
+    stof_status st = put_local(err, c, k);
+    if (c->remote) {
+        if (!k->created)
+            k->created = now_s();
+        remote_put_kernel(c->remote, k);
+    }
+    return st;
 }
 
-stof_status cache_put_tuning(err_record *err, cache *c, const cache_tuning *t)
+
+static stof_status put_tuning_local(err_record *err, cache *c, const cache_tuning *t)
 {
     stof_status st = exec(err, c, "BEGIN IMMEDIATE");
     if (st != STOF_OK)
@@ -430,6 +500,18 @@ stof_status cache_put_tuning(err_record *err, cache *c, const cache_tuning *t)
         st = exec(err, c, "COMMIT");
     if (st != STOF_OK)
         sqlite3_exec(c->db, "ROLLBACK", NULL, NULL, NULL);
+    return st;
+}
+
+stof_status cache_put_tuning(err_record *err, cache *c, const cache_tuning *t)
+{
+    stof_status st = put_tuning_local(err, c, t);
+    if (c->remote) {
+        cache_tuning stamped = *t;
+        if (!stamped.created)
+            stamped.created = now_s();
+        remote_put_tuning(c->remote, &stamped);
+    }
     return st;
 }
 
@@ -468,19 +550,19 @@ stof_status cache_get_tuning(err_record *err, cache *c, const char *op, const ch
         st = SQL_FAIL(err, c, "looking up a tuning record");
     }
     sqlite3_finalize(s);
+    if (!*found && st == STOF_OK && c->remote) {
+        if (remote_get_tuning(c->remote, op, mask_hash, shape, dtype, arch, out)) {
+            char saved[sizeof err->msg];
+            snprintf(saved, sizeof saved, "%s", err ? err->msg : "");
+            if (put_tuning_local(err, c, out) != STOF_OK && err)
+                snprintf(err->msg, sizeof err->msg, "%s", saved);
+            *found = 1;
+        }
+        remote_say(err, c);
+    }
     return st;
 }
 
-void cache_tuning_free(cache_tuning *t)
-{
-    free(t->op);
-    free(t->mask_hash);
-    free(t->shape);
-    free(t->dtype);
-    free(t->arch);
-    free(t->record);
-    memset(t, 0, sizeof *t);
-}
 
 stof_status cache_list_kernels(err_record *err, cache *c, const char *op, const char *arch,
                                cache_list_fn fn, void *arg)

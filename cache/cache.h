@@ -5,43 +5,21 @@
  * WAL mode, a busy timeout and one transaction per write, so several
  * processes can share one file. A damaged or stale row is reported as
  * absent (and counted) so the caller recompiles and replaces it.
+ *
+ * A cache may have a second tier behind it (remote.h): a local miss asks it
+ * before reporting absent, and what it finds is kept here; what is put here
+ * is put there too. The local file stays the source of truth.
  */
 #ifndef STOF_CACHE_H
 #define STOF_CACHE_H
 
 #include <stddef.h>
 #include "base/err.h"
+#include "cache/record.h"
 
 #define CACHE_SCHEMA_VERSION 1
 
 typedef struct cache cache;
-
-typedef struct cache_kernel {
-    char key[65];
-    char *op;            /* "layernorm", "mha", ... */
-    char *name;          /* template the source came from */
-    char *entry;         /* the __global__ function to launch */
-    char *arch;
-    char *nvrtc_version;
-    char *stof_version;
-    char *options;
-    char *params;        /* the template values, "NAME=value;..." */
-    char *source;
-    char *log;
-    void *cubin;
-    size_t cubin_size;
-    char *ptx;
-    size_t ptx_size;
-    char checksum[65];   /* SHA-256 of cubin then ptx */
-    double compile_ms;
-    long long created, last_used, hits;
-} cache_kernel;
-
-typedef struct cache_tuning {
-    char *op, *mask_hash, *shape, *dtype, *arch;
-    char *record;        /* JSON: winner, parameters, times, what was tried */
-    long long created;
-} cache_tuning;
 
 /* Opens (creating the folder and file as needed) the cache at path, for
  * kernels compiled by NVRTC nvrtc_version ("13.0"; the caller knows its
@@ -50,20 +28,27 @@ stof_status cache_open(err_record *err, const char *path, long long max_bytes,
                        const char *nvrtc_version, cache **out);
 void cache_close(cache *c);
 
+/* Puts r (owned from now on; NULL for none) behind c, for kernels compiled
+ * for arch ("sm_90a"). */
+struct remote;
+void cache_set_remote(cache *c, struct remote *r, const char *arch);
+struct remote *cache_get_remote(cache *c);
+void cache_remote_counts_of(const cache *c, cache_remote_counts *out);
+
 /* *found is 0 when absent, and also when the row is damaged or stale
- * (*rejected is then 1). A found row has its use counted. */
+ * (*rejected is then 1). A found row has its use counted. On a miss the
+ * second tier is asked for the kernel compiled for the arch it was given. */
 stof_status cache_get_kernel(err_record *err, cache *c, const char *key, cache_kernel *out,
                              int *found, int *rejected);
 /* Inserts or replaces k (checksum computed here), then evicts least
- * recently used kernels beyond the size cap. */
+ * recently used kernels beyond the size cap; then stores k in the second
+ * tier, best effort (its failure is not this call's). */
 stof_status cache_put_kernel(err_record *err, cache *c, cache_kernel *k);
-void cache_kernel_free(cache_kernel *k);
 
 stof_status cache_put_tuning(err_record *err, cache *c, const cache_tuning *t);
 stof_status cache_get_tuning(err_record *err, cache *c, const char *op, const char *mask_hash,
                              const char *shape, const char *dtype, const char *arch,
                              cache_tuning *out, int *found);
-void cache_tuning_free(cache_tuning *t);
 
 /* Listing for tools: calls fn for each kernel row (blobs not loaded; the
  * row's cubin_size and ptx_size are set). Stops early when fn returns
@@ -94,8 +79,5 @@ int cache_versions_current(const char *nvrtc_version, const char *stof_version,
 const char *cache_nvrtc_version(const cache *c);
 const char *cache_file(const cache *c);
 
-/* SHA-256 of cubin then ptx, as stored in the checksum column. */
-void cache_checksum(const void *cubin, size_t cubin_size, const char *ptx, size_t ptx_size,
-                    char out[65]);
 
 #endif

@@ -12,6 +12,7 @@
 #include <unistd.h>
 
 #include "base/json.h"
+#include "cache/remote.h"
 
 #define ADMIN_FAIL(err, c, what)                                                          \
     ERR_FAIL((err), STOF_ERR_CACHE, "cache %s: %s: %s", cache_file(c), (what),            \
@@ -316,6 +317,28 @@ static long long file_size(const char *path, const char *suffix)
     return stat(p, &st) == 0 ? (long long)st.st_size : 0;
 }
 
+/* The second tier's counts that cache_close kept (no table: never used). */
+static void read_remote_counts(cache *c, cache_stats *out)
+{
+    sqlite3_stmt *s = NULL;
+    if (sqlite3_prepare_v2(cache_db(c), "SELECT name, value FROM remote_stats", -1, &s, NULL) !=
+        SQLITE_OK)
+        return;
+    out->remote_used = 1;
+    while (sqlite3_step(s) == SQLITE_ROW) {
+        const char *name = (const char *)sqlite3_column_text(s, 0);
+        long long v = sqlite3_column_int64(s, 1);
+        const struct { const char *name; long long *at; } rows[] = {
+            {"hits", &out->remote.hits}, {"misses", &out->remote.misses},
+            {"refused", &out->remote.refused}, {"written", &out->remote.written},
+            {"errors", &out->remote.errors}};
+        for (int i = 0; name && i < 5; i++)
+            if (strcmp(name, rows[i].name) == 0)
+                *rows[i].at = v;
+    }
+    sqlite3_finalize(s);
+}
+
 stof_status cache_admin_stats(err_record *err, cache *c, cache_stats *out)
 {
     memset(out, 0, sizeof *out);
@@ -361,6 +384,8 @@ stof_status cache_admin_stats(err_record *err, cache *c, cache_stats *out)
     if (st == STOF_OK && rc != SQLITE_DONE)
         st = ADMIN_FAIL(err, c, "reading statistics");
     sqlite3_finalize(s);
+    if (st == STOF_OK)
+        read_remote_counts(c, out);
     if (st != STOF_OK)
         cache_stats_free(out);
     return st;
@@ -928,4 +953,60 @@ stof_status cache_admin_import(err_record *err, cache *c, const char *file, cach
     }
     sqlite3_close(src);
     return st;
+}
+
+/* ---- the second tier ---- */
+
+static stof_status push_kernels(err_record *err, cache *c, remote *r, cache_push_result *out)
+{
+    sqlite3_stmt *s = NULL;
+    if (sqlite3_prepare_v2(cache_db(c), "SELECT " ROW_COLS " FROM kernels ORDER BY key", -1, &s,
+                           NULL) != SQLITE_OK)
+        return ADMIN_FAIL(err, c, "pushing");
+    stof_status st = STOF_OK;
+    int rc;
+    while ((rc = sqlite3_step(s)) == SQLITE_ROW) {
+        cache_kernel k;
+        if (!row_read(s, &k)) {
+            st = ERR_FAIL(err, STOF_ERR_NO_MEMORY, "out of memory pushing the cache");
+            break;
+        }
+        if (!row_sound(&k) ||
+            !cache_versions_current(k.nvrtc_version, k.stof_version, cache_nvrtc_version(c)))
+            out->skipped++;
+        else if (remote_put_kernel(r, &k))
+            out->kernels++;
+        else
+            out->failed++;
+        cache_kernel_free(&k);
+    }
+    if (st == STOF_OK && rc != SQLITE_DONE)
+        st = ADMIN_FAIL(err, c, "pushing");
+    sqlite3_finalize(s);
+    return st;
+}
+
+typedef struct push_state {
+    remote *r;
+    cache_push_result *out;
+} push_state;
+
+static int push_tuning(const cache_tuning *t, const char *stof_version_, void *arg)
+{
+    push_state *p = arg;
+    if (strcmp(stof_version_, stof_version()) != 0)
+        p->out->skipped++;
+    else if (remote_put_tuning(p->r, t))
+        p->out->tuning++;
+    else
+        p->out->failed++;
+    return 0;
+}
+
+stof_status cache_admin_push(err_record *err, cache *c, remote *r, cache_push_result *out)
+{
+    memset(out, 0, sizeof *out);
+    TRY(push_kernels(err, c, r, out));
+    push_state p = {r, out};
+    return cache_admin_list_tuning(err, c, NULL, push_tuning, &p);
 }

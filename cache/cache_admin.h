@@ -67,6 +67,8 @@ typedef struct cache_stats {
     int schema;
     long long file_bytes, wal_bytes;
     long long tuning;
+    int remote_used;             /* a second tier was ever used with this file */
+    cache_remote_counts remote;  /* what it did, as counted on this host */
     cache_group_stats total;
     cache_group_stats *groups;   /* by op, then arch */
     int n_groups;
@@ -144,5 +146,18 @@ typedef struct cache_import_result {
 /* Merges the rows of the stof cache in `file` into c in one transaction,
  * verifying every kernel's checksum. */
 stof_status cache_admin_import(err_record *err, cache *c, const char *file, cache_import_result *r);
+
+/* ---- the second tier ---- */
+
+typedef struct cache_push_result {
+    long long kernels, tuning;   /* stored in the second tier */
+    long long skipped;           /* damaged or stale rows: not spread */
+    long long failed;            /* rows the second tier did not take */
+} cache_push_result;
+
+/* Stores every sound, current kernel and tuning record of c in r (signed),
+ * replacing what is there. Changes nothing in c. */
+struct remote;
+stof_status cache_admin_push(err_record *err, cache *c, struct remote *r, cache_push_result *out);
 
 #endif

@@ -5,7 +5,8 @@ synchronised every 100 calls, outside the timed part, so the launch queue
 never fills and no call waits for the GPU), and prints the median and the
 90th percentile for: stof.attention on torch tensors, the same under a
 plain stof_mha_run through ctypes (the C launch alone: context push,
-cuLaunchKernel, pop), and torch's own SDPA on the same tensors for scale.
+cuLaunchKernel, pop), the output's allocation alone, stof.attention into a
+given out=, and torch's own SDPA on the same tensors for scale.
 The gate (issue 21) is stof.attention's median, which includes the launch.
 
     PYTHONPATH=python STOF_LIB=build/libstof.so python3 python/bench_overhead.py
@@ -61,8 +62,13 @@ def main():
     dense = torch.ones(l, l, dtype=torch.bool, device="cuda")
     sdpa = torch.nn.functional.scaled_dot_product_attention
 
+    def alloc():
+        torch.empty_strided(e.out_shape, e.out_stride, dtype=q.dtype, device=q.device)
+
     rows = [("stof.attention", lambda: stof.attention(q, k, v, mask=args.mask)),
+            ("stof.attention, out=", lambda: stof.attention(q, k, v, mask=args.mask, out=out)),
             ("stof_mha_run via ctypes", c_only),
+            ("torch.empty_strided (out)", alloc),
             ("torch SDPA, bool mask", lambda: sdpa(q, k, v, attn_mask=dense))]
     print("device: %s; torch %s; stof %s (%s)" % (torch.cuda.get_device_name(), torch.__version__,
                                                  stof.version(), stof.library_path()))

@@ -6,6 +6,8 @@
 
 #include "cache/cache.h"
 #include "cache/cache_admin.h"
+#include "cache/remote.h"
+#include "cache/trust.h"
 #include "codegen/nvrtc_drv.h"
 #include "gpu/blas.h"
 
@@ -56,7 +58,12 @@ stof_status stof_open(stof_ctx **out, const stof_options *opts)
     else if (want_cache && !cache_admin_default_path(path, sizeof path))
         snprintf(ctx->cache_note, sizeof ctx->cache_note,
                  "running uncached: STOF_CACHE is off or no cache folder could be found");
-    if (path[0]) {
+    char why[1600], remote_note[1400] = "";
+    int shared = ctx->opt.cache_shared || cache_shared_from_env();
+    if (path[0] && !cache_trusted(path, shared, why, sizeof why)) {
+        /* Kernels from a file others can write would be their code. */
+        snprintf(ctx->cache_note, sizeof ctx->cache_note, "running uncached: %s", why);
+    } else if (path[0]) {
         if (cache_open(&ctx->err, path, ctx->opt.cache_max_bytes, nvrtc_version_string(),
                        &ctx->cache) == STOF_OK)
             snprintf(ctx->cache_path, sizeof ctx->cache_path, "%s", path);
@@ -64,9 +71,19 @@ stof_status stof_open(stof_ctx **out, const stof_options *opts)
             snprintf(ctx->cache_note, sizeof ctx->cache_note, "running uncached: %s",
                      ctx->err.msg);
     }
+    remote_config rc;
+    if (ctx->cache && remote_config_resolve(opts, shared, &rc)) {
+        remote *r = NULL;
+        rc.nvrtc_version = nvrtc_version_string();
+        remote_open(&rc, &r, remote_note, sizeof remote_note);
+        cache_set_remote(ctx->cache, r, ctx->arch);
+    }
+    ctx->opt.remote_cache = ctx->opt.remote_key = ctx->opt.remote_key_file = NULL;
     /* Not failures: the context works, but the caller may ask why. */
     if (ctx->cache_note[0])
         snprintf(ctx->err.msg, sizeof ctx->err.msg, "%.2000s", ctx->cache_note);
+    else if (remote_note[0])
+        snprintf(ctx->err.msg, sizeof ctx->err.msg, "%s", remote_note);
     else if (!ctx->dev.ok)
         snprintf(ctx->err.msg, sizeof ctx->err.msg, "%s", ctx->dev.why);
     else
@@ -97,6 +114,13 @@ stof_status stof_get_stats(const stof_ctx *ctx, stof_stats *out)
     if (!ctx || !out)
         return STOF_ERR_INVALID_ARG;
     *out = ctx->stats;
+    cache_remote_counts n;
+    cache_remote_counts_of(ctx->cache, &n);
+    out->remote_hits = n.hits;
+    out->remote_misses = n.misses;
+    out->remote_rejects = n.refused;
+    out->remote_writes = n.written;
+    out->remote_errors = n.errors;
     return STOF_OK;
 }
 

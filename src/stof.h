@@ -55,18 +55,35 @@ typedef struct stof_options {
     const char *arch;           /* NULL: the device's own ("sm_90a" on Hopper);
                                    set it to compile for a GPU that is not here */
     long long cache_max_bytes;  /* 0: 2 GiB; least recently used kernels go first */
+    /* The fleet's second tier behind the cache (README: "Sharing a cache").
+     * NULL: $STOF_REMOTE_CACHE; "off": none. "redis://[[USER]:PASSWORD@]HOST[:PORT][/DB]" */
+    const char *remote_cache;
+    const char *remote_key;       /* the signing key; NULL: remote_key_file, else
+                                     $STOF_REMOTE_CACHE_KEY, else $STOF_REMOTE_CACHE_KEY_FILE */
+    const char *remote_key_file;  /* a file holding it (mode 600) */
+    int remote_timeout_ms;        /* 0: $STOF_REMOTE_CACHE_TIMEOUT_MS, else 200 */
+    int cache_shared;             /* nonzero (or $STOF_CACHE_SHARED=group): trust a cache
+                                     that its group may write; else a cache file or folder
+                                     that others can write is not loaded from */
 } stof_options;
 
 /* Counters since stof_open: what the cache saved and what was paid. */
 typedef struct stof_stats {
     long long nvrtc_compiles;   /* NVRTC runs */
     double nvrtc_ms;            /* time spent in them */
-    long long cache_hits;       /* kernels found in the SQLite cache */
+    long long cache_hits;       /* kernels found in the cache (either tier) */
     long long cache_misses;
     long long cache_rejects;    /* entries found damaged or stale, recompiled */
     long long module_loads;     /* cuModuleLoadData calls */
     long long timing_runs;      /* candidate timings by the search */
     long long graph_captures;   /* CUDA Graphs captured by layer plans */
+    /* The second tier (kernels and tuning records): cache_hits includes the
+     * kernels found there after a local miss. */
+    long long remote_hits;      /* values found in Redis, verified and used */
+    long long remote_misses;    /* asked for and not there */
+    long long remote_rejects;   /* there but refused: unsigned, damaged, stale, foreign */
+    long long remote_writes;    /* values stored in Redis */
+    long long remote_errors;    /* exchanges that failed: down, slow, refusing */
 } stof_stats;
 
 const char *stof_version(void);                 /* "0.1.0" */

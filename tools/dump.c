@@ -25,6 +25,7 @@
 #include "base/json.h"
 #include "cache/cache.h"
 #include "cache/cache_admin.h"
+#include "cache/trust.h"
 #include "codegen/nvrtc_drv.h"
 #include "stof.h"
 
@@ -37,8 +38,10 @@ static const char USAGE[] =
     "  show KEY [--source|--ptx|--sass|--log|--params]\n"
     "                                            one kernel (KEY: a unique prefix)\n"
     "  tuning [--op OP] [--mask SPEC] [--json]   tuning records: winners, what they beat\n"
-    "  stats [--json]                            entries, bytes, hit rates by op and arch\n"
-    "  check [--json]                            integrity: checksums, versions, orphans\n"
+    "  stats [--json]                            entries, bytes, hit rates by op and arch,\n"
+    "                                            the Redis tier's hits and misses\n"
+    "  check [--json]                            integrity: checksums, versions, orphans,\n"
+    "                                            and whether others could write the file\n"
     "  prune [--older-than DAYS] [--max-bytes N[K|M|G]] [--stale]\n"
     "  export FILE                               a consistent copy, in a new file\n"
     "  import FILE                               merge a stof cache file into this one\n"
@@ -869,6 +872,17 @@ static int cmd_stats(dump *d)
         json_end_array(&o);
         json_key(&o, "total");
         group_json(&o, &s.total);
+        json_key(&o, "remote");
+        json_begin_object(&o);
+        const struct { const char *k; long long v; } rem[] = {
+            {"hits", s.remote.hits},       {"misses", s.remote.misses},
+            {"refused", s.remote.refused}, {"written", s.remote.written},
+            {"errors", s.remote.errors}};
+        for (size_t i = 0; i < sizeof rem / sizeof rem[0]; i++) {
+            json_key(&o, rem[i].k);
+            json_int_out(&o, rem[i].v);
+        }
+        json_end_object(&o);
         json_end_object(&o);
         json_out_end(&o);
     } else {
@@ -883,6 +897,14 @@ static int cmd_stats(dump *d)
             group_text(&s.groups[i], s.groups[i].op, s.groups[i].arch);
         group_text(&s.total, "total", "");
         printf("\ntuning records: %lld\n", s.tuning);
+        if (s.remote_used)
+            printf("remote tier:    %lld hit%s, %lld miss%s, %lld refused, %lld written, "
+                   "%lld failed exchange%s (counted on this host)\n",
+                   s.remote.hits, s.remote.hits == 1 ? "" : "s", s.remote.misses,
+                   s.remote.misses == 1 ? "" : "es", s.remote.refused, s.remote.written,
+                   s.remote.errors, s.remote.errors == 1 ? "" : "s");
+        else
+            printf("remote tier:    never used with this file\n");
         printf("hit rate = hits / (hits + kernels): lookups that found their kernel here instead\n"
                "of compiling it; saved = NVRTC time those hits did not spend\n");
     }
@@ -892,9 +914,13 @@ static int cmd_stats(dump *d)
 
 /* ---- check ---- */
 
+/* Whether the library would load from this file; why when not. */
+static char g_untrusted[1600];
+
 static int check_failed(const cache_check *k)
 {
-    return strcmp(k->integrity, "ok") != 0 || k->damaged > 0 || k->bad_records > 0;
+    return strcmp(k->integrity, "ok") != 0 || k->damaged > 0 || k->bad_records > 0 ||
+           g_untrusted[0];
 }
 
 static void check_json(dump *d, const cache_check *k)
@@ -905,6 +931,12 @@ static void check_json(dump *d, const cache_check *k)
     json_bool(&o, !check_failed(k));
     json_key(&o, "integrity");
     json_string(&o, k->integrity);
+    json_key(&o, "trusted");
+    json_bool(&o, !g_untrusted[0]);
+    if (g_untrusted[0]) {
+        json_key(&o, "untrusted");
+        json_string(&o, g_untrusted);
+    }
     const struct { const char *k; long long v; } nums[] = {
         {"kernels", k->kernels},       {"tuning", k->tuning},           {"damaged", k->damaged},
         {"stale_kernels", k->stale_kernels}, {"stale_tuning", k->stale_tuning},
@@ -935,13 +967,21 @@ static void check_text(dump *d, const cache_check *k)
     printf("cache      %s\n", cache_file(d->c));
     printf("versions   stof %s, NVRTC %s\n", stof_version(), nvrtc_version_string());
     printf("integrity  %s\n", k->integrity);
+    if (g_untrusted[0])
+        printf("trust      REFUSED: %s; the library will not load kernels from this file\n",
+               g_untrusted);
+    else
+        printf("trust      ok (only its owner can write the file and its folder)\n");
     printf("kernels    %lld (%lld damaged, %lld stale)\n", k->kernels, k->damaged, k->stale_kernels);
     printf("tuning     %lld (%lld stale, %lld orphaned, %lld unreadable)\n", k->tuning,
            k->stale_tuning, k->orphans, k->bad_records);
     for (int i = 0; i < k->n_problems; i++)
         printf("%-10s %-12.12s %s\n", cache_problem_name(k->problems[i].kind),
                k->problems[i].key[0] ? k->problems[i].key : "-", k->problems[i].what);
-    if (check_failed(k))
+    if (g_untrusted[0] && strcmp(k->integrity, "ok") == 0 && k->damaged + k->bad_records == 0)
+        printf("result     UNTRUSTED: others could have written this file; fix its permissions "
+               "(see trust), or rebuild it\n");
+    else if (check_failed(k))
         printf("result     DAMAGED: damaged rows are never used (they are recompiled); "
                "`stof-dump prune --stale` removes them\n");
     else if (k->stale_kernels + k->stale_tuning + k->orphans > 0)
@@ -954,6 +994,10 @@ static void check_text(dump *d, const cache_check *k)
 static int cmd_check(dump *d)
 {
     cache_check k;
+    char why[sizeof g_untrusted];
+    g_untrusted[0] = 0;
+    if (!cache_trusted(cache_file(d->c), cache_shared_from_env(), why, sizeof why))
+        snprintf(g_untrusted, sizeof g_untrusted, "%s", why);
     if (cache_admin_check(&d->err, d->c, &k) != STOF_OK)
         return fail_lib(d, "check");
     if (d->a->json)

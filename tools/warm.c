@@ -11,8 +11,12 @@
  * pipe. The cache is shared safely (WAL, one transaction per write), so
  * finished work survives an interrupt and a second run resumes.
  *
- * Exit status: 0 all done, 1 some cases failed, 2 bad arguments, workload
- * or cache, 130 interrupted.
+ * With a remote tier (STOF_REMOTE_CACHE), every worker asks it before
+ * compiling and stores what it compiles there too; --remote then pushes the
+ * whole warmed cache into it, from the parent, after the workers are done.
+ *
+ * Exit status: 0 all done, 1 some cases failed (or the push did not finish),
+ * 2 bad arguments, workload or cache, 130 interrupted.
  */
 #include <errno.h>
 #include <math.h>
@@ -29,6 +33,9 @@
 #include <unistd.h>
 
 #include "cache/cache_admin.h"
+#include "cache/remote.h"
+#include "cache/trust.h"
+#include "codegen/nvrtc_drv.h"
 #include "stof.h"
 #include "tools/workload.h"
 
@@ -43,16 +50,19 @@ static const char USAGE[] =
     "usage: stof-warm [--cache PATH] [--arch sm_90a] [--compile-only] [--tune off|fast|full]\n"
     "                 [--devices 0,1,...] [--jobs N] [--quiet]\n"
     "                 [--mha \"b=8,h=12,l=2048,d=64,fp16,window:256\"]...\n"
-    "                 [--ln \"rows=16384,hidden=768,fp16\"]... [WORKLOAD.json]...\n"
+    "                 [--ln \"rows=16384,hidden=768,fp16\"]... [--remote[=URL]] [WORKLOAD.json]...\n"
     "Plans every case on the GPU so that production finds it in the cache; with no GPU,\n"
     "--arch (with --compile-only) compiles the model's first choices for that GPU.\n"
     "--devices: one worker per GPU; --jobs: N worker processes. Ctrl-C finishes the\n"
     "current cases (twice: abandons them); run again to resume.\n"
+    "--remote: then push the whole cache (signed) into the Redis tier at URL, else\n"
+    "$STOF_REMOTE_CACHE; with no cases, only push. The key: $STOF_REMOTE_CACHE_KEY or\n"
+    "$STOF_REMOTE_CACHE_KEY_FILE.\n"
     "Exit status: 0 all done, 1 some cases failed, 2 bad input, 130 interrupted.\n";
 
 typedef struct options {
-    const char *cache, *arch;
-    int compile_only, quiet, jobs;
+    const char *cache, *arch, *remote_url;
+    int compile_only, quiet, jobs, push;
     stof_tune tune;
     int devices[MAX_DEVICES], ndevices;
     workload w;
@@ -65,6 +75,7 @@ typedef struct preflight {
     int has_device, compile_only;
     char arch[32], device[256];
     char note[1024];             /* said before the work */
+    char remote_note[1500];      /* what the remote tier said at open */
     char msg[3000];              /* why it stops */
 } preflight;
 
@@ -76,6 +87,7 @@ typedef struct case_state {
     outcome out;
     int worker;
     long long compiles;
+    long long remote[5];         /* hits, misses, refused, written, errors */
     double nvrtc_ms, secs;
     char *reason;
 } case_state;
@@ -89,6 +101,7 @@ typedef struct run_state {
     double start, last_draw;
     long long compiles;
     double nvrtc_ms;
+    long long remote[5];
 } run_state;
 
 static volatile sig_atomic_t g_interrupts;
@@ -203,6 +216,14 @@ static int parse_option(options *o, int argc, char **argv, int *i)
         o->quiet = 1;
         return 0;
     }
+    /* A flag, or --remote=URL: a separate value would be taken for a file. */
+    if (is_opt(arg, "--remote")) {
+        o->push = 1;
+        o->remote_url = arg[8] == '=' ? arg + 9 : NULL;
+        if (o->remote_url && !*o->remote_url)
+            return usage_error("--remote= wants a redis://HOST[:PORT][/DB] address");
+        return 0;
+    }
     for (int k = 0; k < 7; k++) {
         if (!is_opt(arg, valued[k]))
             continue;
@@ -245,8 +266,12 @@ static int parse_args(options *o, int argc, char **argv)
             return EXIT_USAGE;
         }
     }
-    if (o->w.n == 0)
-        return usage_error("nothing to warm: give a workload file, --mha or --ln");
+    if (o->w.n == 0 && !o->push)
+        return usage_error("nothing to warm: give a workload file, --mha or --ln (or --remote "
+                           "to push the cache as it is)");
+    if (o->push && !o->remote_url && !remote_config_resolve(NULL, 0, &(remote_config){0}))
+        return usage_error("--remote: no Redis tier named: set STOF_REMOTE_CACHE or pass "
+                           "--remote=redis://HOST[:PORT][/DB]");
     if (!o->ndevices) {
         o->devices[0] = 0;
         o->ndevices = 1;
@@ -343,11 +368,14 @@ static void preflight_run(const options *o, preflight *p)
     if (p->code)
         return;
     /* Last, so that nothing is created when the run cannot start. */
-    stof_options co = {.device = o->devices[0], .cache_path = o->cache_path, .arch = o->arch};
+    stof_options co = {.device = o->devices[0], .cache_path = o->cache_path, .arch = o->arch,
+                       .remote_cache = o->remote_url};
     ctx = NULL;
     if (stof_open(&ctx, &co) == STOF_OK && !stof_cache_path(ctx)[0]) {
         p->code = EXIT_USAGE;
         snprintf(p->msg, sizeof p->msg, "the cache cannot be used: %.2900s", stof_last_error(ctx));
+    } else if (ctx && strncmp(stof_last_error(ctx), "remote cache", 12) == 0) {
+        snprintf(p->remote_note, sizeof p->remote_note, "%s", stof_last_error(ctx));
     }
     stof_close(ctx);
 }
@@ -471,9 +499,11 @@ static void report_case(int fd, stof_ctx *ctx, int i, stof_status st, const stof
         snprintf(raw, sizeof raw, "%s: %s", stof_status_str(st), stof_last_error(ctx));
         one_line(raw, why, sizeof why);
     }
-    send_msg(fd, "D %d %d %lld %.3f %lld %.3f %s\n", i, (int)st,
+    send_msg(fd, "D %d %d %lld %.3f %lld %.3f %lld %lld %lld %lld %lld %s\n", i, (int)st,
              b->nvrtc_compiles - a->nvrtc_compiles, b->nvrtc_ms - a->nvrtc_ms,
-             b->timing_runs - a->timing_runs, secs, why);
+             b->timing_runs - a->timing_runs, secs, b->remote_hits - a->remote_hits,
+             b->remote_misses - a->remote_misses, b->remote_rejects - a->remote_rejects,
+             b->remote_writes - a->remote_writes, b->remote_errors - a->remote_errors, why);
 }
 
 static void worker_main(const options *o, const preflight *p, int w, int nworkers, int fd)
@@ -482,7 +512,7 @@ static void worker_main(const options *o, const preflight *p, int w, int nworker
     sigaction(SIGINT, &sa, NULL);
     prctl(PR_SET_PDEATHSIG, SIGTERM);
     stof_options so = {.device = o->devices[w % o->ndevices], .cache_path = o->cache_path,
-                       .arch = p->compile_only ? p->arch : o->arch};
+                       .arch = p->compile_only ? p->arch : o->arch, .remote_cache = o->remote_url};
     stof_ctx *ctx = NULL;
     stof_status open_st = stof_open(&ctx, &so);
     for (int i = w; i < o->w.n && !g_worker_stop; i += nworkers) {
@@ -604,10 +634,16 @@ static void handle_msg(run_state *r, char *line)
         draw_status(r);
         return;
     }
-    if (sscanf(line, "D %d %d %lld %lf %lld %lf %n", &i, &status, &compiles, &ms, &timings, &secs,
-               &used) < 6 || i < 0 || i >= r->total)
+    long long rem[5];
+    if (sscanf(line, "D %d %d %lld %lf %lld %lf %lld %lld %lld %lld %lld %n", &i, &status,
+               &compiles, &ms, &timings, &secs, &rem[0], &rem[1], &rem[2], &rem[3], &rem[4],
+               &used) < 11 || i < 0 || i >= r->total)
         return;
     case_state *c = &r->cs[i];
+    for (int k = 0; k < 5; k++) {
+        c->remote[k] = rem[k];
+        r->remote[k] += rem[k];
+    }
     c->out = classify(status, compiles, timings);
     c->compiles = compiles;
     c->nvrtc_ms = ms;
@@ -769,6 +805,11 @@ static int summary(const run_state *r, const preflight *p)
            r->compiles == 1 ? "" : "s", r->nvrtc_ms / 1000.0,
            p->compile_only ? "compiled only, for" : "planned on", p->compile_only ? p->arch : p->device,
            r->o->cache_path);
+    if (r->o->push || remote_config_resolve(NULL, 0, &(remote_config){0}))
+        printf("  remote tier: %lld hit%s, %lld miss%s, %lld refused, %lld written, %lld failed "
+               "exchange%s\n", r->remote[0], r->remote[0] == 1 ? "" : "s", r->remote[1],
+               r->remote[1] == 1 ? "" : "es", r->remote[2], r->remote[3], r->remote[4],
+               r->remote[4] == 1 ? "" : "s");
     print_failures(r);
     if (g_interrupts) {
         printf("  interrupted: %d case%s not run; run the same command again to resume "
@@ -787,6 +828,8 @@ static void announce(const run_state *r, const preflight *p)
         return;
     if (p->note[0])
         fprintf(stderr, "stof-warm: %s\n", p->note);
+    if (p->remote_note[0])
+        fprintf(stderr, "stof-warm: %s\n", p->remote_note);
     fprintf(stderr, "stof-warm: %d cases (%d attention, %d layer, %d layernorm); %s %s; %d worker%s; "
                     "cache %s\n",
             r->total, ops[WORKLOAD_MHA], ops[WORKLOAD_LAYER], ops[WORKLOAD_LN],
@@ -824,6 +867,58 @@ static int warm(const options *o, const preflight *p)
     return rc;
 }
 
+/* ---- --remote ---- */
+
+/* Pushes the cache into the remote tier. A cache others could write is not
+ * spread: signing its kernels would vouch for whatever they put there. */
+static int push(const options *o)
+{
+    char why[1600];
+    int shared = cache_shared_from_env();
+    if (!cache_trusted(o->cache_path, shared, why, sizeof why)) {
+        fprintf(stderr, "stof-warm: --remote: not pushing: %s\n", why);
+        return EXIT_USAGE;
+    }
+    if (cache_admin_probe(o->cache_path, why, sizeof why) != CACHE_PROBE_OK) {
+        fprintf(stderr, "stof-warm: --remote: nothing to push: %s\n", why);
+        return EXIT_USAGE;
+    }
+    remote_config rc;
+    stof_options so = {.remote_cache = o->remote_url};
+    remote_config_resolve(&so, shared, &rc);
+    rc.nvrtc_version = nvrtc_version_string();
+    remote *r = NULL;
+    remote_open(&rc, &r, why, sizeof why);
+    if (!r) {
+        fprintf(stderr, "stof-warm: --remote: %s\n", why);
+        return EXIT_USAGE;
+    }
+    err_record err = {{0}};
+    cache *c = NULL;
+    int rc_exit = EXIT_FAILED;
+    cache_push_result res;
+    if (cache_open(&err, o->cache_path, 0, nvrtc_version_string(), &c) != STOF_OK ||
+        cache_admin_push(&err, c, r, &res) != STOF_OK) {
+        fprintf(stderr, "stof-warm: --remote: %s\n", err.msg);
+    } else {
+        const char *said = remote_take_note(r);
+        printf("stof-warm: pushed %lld kernel%s and %lld tuning record%s from %s to %s", res.kernels,
+               res.kernels == 1 ? "" : "s", res.tuning, res.tuning == 1 ? "" : "s", o->cache_path,
+               remote_name(r));
+        if (res.skipped)
+            printf("; %lld damaged or stale row%s left out", res.skipped,
+                   res.skipped == 1 ? "" : "s");
+        printf("\n");
+        if (res.failed)
+            printf("  %lld row%s not stored: %s\n", res.failed, res.failed == 1 ? "" : "s",
+                   said ? said : why[0] ? why : "the remote tier did not take them");
+        rc_exit = res.failed ? EXIT_FAILED : 0;
+    }
+    cache_close(c);
+    remote_close(r);
+    return rc_exit;
+}
+
 int main(int argc, char **argv)
 {
     static options o = {.jobs = 1};
@@ -840,7 +935,7 @@ int main(int argc, char **argv)
         rc = EXIT_USAGE;
     }
     static preflight p;
-    if (!rc && preflight_fork(&o, &p) != 0) {
+    if (!rc && o.w.n && preflight_fork(&o, &p) != 0) {
         fprintf(stderr, "stof-warm: the preflight check could not run: %s\n", strerror(errno));
         rc = EXIT_USAGE;
     }
@@ -848,8 +943,10 @@ int main(int argc, char **argv)
         fprintf(stderr, "stof-warm: %s\n", p.msg);
         rc = p.code;
     }
-    if (!rc)
+    if (!rc && o.w.n)
         rc = warm(&o, &p);
+    if (!rc && o.push)
+        rc = push(&o);
     workload_free(&o.w);
     return rc;
 }

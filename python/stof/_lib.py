@@ -98,14 +98,20 @@ def error_for(status, message):
 
 class Options(Structure):
     _fields_ = [("device", c_int), ("cache_path", c_char_p), ("no_cache", c_int),
-                ("arch", c_char_p), ("cache_max_bytes", c_longlong)]
+                ("arch", c_char_p), ("cache_max_bytes", c_longlong),
+                ("remote_cache", c_char_p), ("remote_key", c_char_p),
+                ("remote_key_file", c_char_p), ("remote_timeout_ms", c_int),
+                ("cache_shared", c_int)]
 
 
 class Stats(Structure):
     _fields_ = [("nvrtc_compiles", c_longlong), ("nvrtc_ms", c_double),
                 ("cache_hits", c_longlong), ("cache_misses", c_longlong),
                 ("cache_rejects", c_longlong), ("module_loads", c_longlong),
-                ("timing_runs", c_longlong), ("graph_captures", c_longlong)]
+                ("timing_runs", c_longlong), ("graph_captures", c_longlong),
+                ("remote_hits", c_longlong), ("remote_misses", c_longlong),
+                ("remote_rejects", c_longlong), ("remote_writes", c_longlong),
+                ("remote_errors", c_longlong)]
 
 
 class MaskInfo(Structure):

@@ -8,6 +8,7 @@ spec strings are parsed once per (spec, lq, lk) and kept.
 """
 import ctypes
 import threading
+import weakref
 from ctypes import byref, c_int, c_size_t, c_ubyte, c_void_p
 
 from . import _lib as L
@@ -46,6 +47,9 @@ class Mask:
         ctx._lib.mask_dims(handle, byref(lq), byref(lk))
         self.lq, self.lk = lq.value, lk.value
         self.spec = ctx._lib.mask_spec(handle).decode()
+        # Worked out and registered now, not on first use: torch.compile
+        # traces op_key, which can neither call ctypes nor leave a side effect.
+        _registered.setdefault(op_key(self), self)
 
     def __del__(self):
         h, self._handle = getattr(self, "_handle", None), None
@@ -248,22 +252,22 @@ def for_spec(spec, lq, lk):
 
 
 # Masks handed to the torch custom op travel as strings: a spec, or "@" and
-# the mask's hash for one registered here (a dense mask has no spec).
-_registered = {}
+# the mask's hash for one registered here (a dense mask has no spec). Every
+# Mask registers itself when it is made, for as long as it lives.
+_registered = weakref.WeakValueDictionary()
 
 
 def op_key(mask):
     if isinstance(mask, str):
         return mask
-    key = "@%s:%dx%d" % (mask.hash, mask.lq, mask.lk)
-    _registered[key] = mask
-    return key
+    return "@%s:%dx%d" % (mask.hash, mask.lq, mask.lk)
 
 
 def from_op_key(key):
     if key.startswith("@"):
         m = _registered.get(key)
         if m is None:
-            raise L.InvalidArgumentError("mask %s is not registered in this process" % key)
+            raise L.InvalidArgumentError("mask %s is not registered in this process (no Mask "
+                                         "of that hash is alive)" % key)
         return m
     return key

@@ -56,7 +56,8 @@ class Warm(unittest.TestCase):
         s = stof.stats()
         self.assertEqual(set(s), {"nvrtc_compiles", "nvrtc_ms", "cache_hits", "cache_misses",
                                   "cache_rejects", "module_loads", "timing_runs",
-                                  "graph_captures"})
+                                  "graph_captures", "remote_hits", "remote_misses",
+                                  "remote_rejects", "remote_writes", "remote_errors"})
         for name in ("stof-warm", "stof-dump"):
             self.assertTrue(os.access(stof.tool_path(name), os.X_OK))
 

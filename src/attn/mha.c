@@ -26,6 +26,15 @@ typedef struct mha_launch {
     char key[65];            /* the kernel's cache key */
 } mha_launch;
 
+/* TMA descriptors of q, k, v and out and the addresses they were made
+ * for: a plan's repeated runs on the same tensors skip re-encoding them
+ * (about a microsecond of host time each). Bytes, not CUtensorMap, so that
+ * a malloc'd plan needs no 128-byte alignment. */
+typedef struct mha_maps {
+    unsigned char map[4][sizeof(CUtensorMap)];
+    CUdeviceptr at[4];
+} mha_maps;
+
 struct stof_mha_plan {
     stof_ctx *ctx;
     stof_mha_desc d;
@@ -36,12 +45,19 @@ struct stof_mha_plan {
     const char *origin;          /* "cache", "search" or "model" */
     int tried;
     char mask_hash[65];
+    mha_maps maps;               /* the last run's TMA descriptors (ws engine) */
 };
 
 /* ---- candidates and requests ------------------------------------------- */
 
+int mha_kernel_dim(const mha_candidate *c, int head_dim)
+{
+    return c->wg == MHA_WS ? (head_dim + 63) / 64 * 64 : head_dim;
+}
+
 void mha_make_request(const mha_candidate *c, int head_dim, stof_dtype dtype, mha_request *r)
 {
+    head_dim = mha_kernel_dim(c, head_dim);
     const int nums[4] = {head_dim, c->bm, c->bn, c->wg ? c->st : c->mt};
     static const char *const names[2][4] = {{"HEAD_DIM", "BLOCK_M", "BLOCK_N", "M_TILES"},
                                             {"HEAD_DIM", "BLOCK_M", "BLOCK_N", "STAGES"}};
@@ -71,7 +87,7 @@ void mha_make_request(const mha_candidate *c, int head_dim, stof_dtype dtype, mh
 int mha_smem_bytes(const mha_candidate *c, int head_dim)
 {
     if (c->wg == MHA_WS) /* Q, K and V stages, each consumer's O; barriers; alignment slack */
-        return (2 * c->bm + 2 * c->st * c->bn) * head_dim * 2 + 8 * (2 + 4 * c->st) + 1024;
+        return (2 * c->bm + 2 * c->st * c->bn) * mha_kernel_dim(c, head_dim) * 2 + 8 * (2 + 4 * c->st) + 1024;
     if (c->wg) /* unpadded swizzled tiles, 1 KiB of alignment slack */
         return (c->bm + 2 * c->st * c->bn) * head_dim * 2 + 16 * c->st + 1024;
     return (c->bm + 4 * c->bn) * (head_dim + 8) * 2 + 2 * c->bn * 4;
@@ -117,14 +133,16 @@ int mha_candidates(int head_dim, int smem_max, int wgmma, mha_candidate *out, in
                 out[n++] = c;
         }
         /* Warp-specialized: S of 64 x bn and O of 64 x head_dim in each
-         * consumer's registers (232 each with two consumers, 160 with three). */
-        const size_t nws = wgmma && head_dim % 64 == 0 && kind == ATTN_BLOCK
+         * consumer's registers (232 each with two consumers, 160 with three);
+         * head_dim 80 and 96 run as 128, the TMA loads filling the columns
+         * past head_dim with zeros and the stores leaving them out. */
+        const size_t nws = wgmma && head_dim % 16 == 0 && head_dim >= 64 && kind == ATTN_BLOCK
                                ? sizeof ws_sizes / sizeof ws_sizes[0] : 0;
         for (size_t i = 0; i < nws && n < cap; i++) {
             mha_candidate c = {ATTN_BLOCK, ws_sizes[i][0], ws_sizes[i][1], 1, 0, MHA_WS,
                                ws_sizes[i][2]};
             const int regs = c.bm == 128 ? 232 : 160;
-            const int live = c.bn / 2 + c.bn / 4 + head_dim / 2; /* S, P, O per thread */
+            const int live = c.bn / 2 + c.bn / 4 + mha_kernel_dim(&c, head_dim) / 2; /* S, P, O */
             if (live + 32 <= regs && mha_smem_bytes(&c, head_dim) <= smem_max)
                 out[n++] = c;
         }
@@ -227,6 +245,7 @@ static mha_strides strides_of(const stof_mha_desc *d)
     return s;
 }
 
+
 /* A TMA descriptor of one of q, k, v, out as the 4-D tensor (head_dim,
  * rows, heads, batch) with the given element strides (row, head, batch),
  * read or written in boxes of 64 x box_rows, 128-byte swizzled; rows past
@@ -252,18 +271,28 @@ static stof_status tensor_map(stof_ctx *ctx, CUtensorMap *map, CUdeviceptr p, co
 static stof_status launch_ws(stof_ctx *ctx, const stof_mha_desc *d, const mha_launch *L,
                              const mha_strides *s, CUdeviceptr q, CUdeviceptr k, CUdeviceptr v,
                              CUdeviceptr out, CUdeviceptr seq_lens, float scale_log2,
-                             CUstream stream)
+                             CUstream stream, mha_maps *cache)
 {
-    CUtensorMap tq, tk, tv, to;
-    TRY(tensor_map(ctx, &tq, q, d, d->seq_q, &s->s[0], L->bm));
-    TRY(tensor_map(ctx, &tk, k, d, d->seq_k, &s->s[1], L->bn));
-    TRY(tensor_map(ctx, &tv, v, d, d->seq_k, &s->s[2], L->bn));
-    TRY(tensor_map(ctx, &to, out, d, d->seq_q, &s->s[3], 64));
+    const CUdeviceptr at[4] = {q, k, v, out};
+    const int rows[4] = {d->seq_q, d->seq_k, d->seq_k, d->seq_q},
+              box[4] = {L->bm, L->bn, L->bn, 64};
+    CUtensorMap t[4];
+    for (int i = 0; i < 4; i++) {
+        if (cache && cache->at[i] == at[i]) {
+            memcpy(&t[i], cache->map[i], sizeof t[i]);
+            continue;
+        }
+        TRY(tensor_map(ctx, &t[i], at[i], d, rows[i], &s->s[i], box[i]));
+        if (cache) {
+            memcpy(cache->map[i], &t[i], sizeof t[i]);
+            cache->at[i] = at[i];
+        }
+    }
     int lq = d->seq_q, lk = d->seq_k;
     CUdeviceptr items = L->tiles + L->items, first = items + 16 * (size_t)L->n_items,
                 tile_key = L->tiles + L->lay.tile_key, tile_bits = L->tiles + L->lay.tile_bits,
                 bits = L->tiles + L->lay.bits;
-    void *args[] = {&tq,    &tk,    &tv,       &to,        &lq,   &lk,        &seq_lens,
+    void *args[] = {&t[0],  &t[1],  &t[2],     &t[3],      &lq,   &lk,        &seq_lens,
                     &items, &first, &tile_key, &tile_bits, &bits, &scale_log2};
     return CU(ctx, LaunchKernel(L->fn, (unsigned)L->ctas, 1, 1, (unsigned)L->threads, 1, 1,
                                 (unsigned)L->smem, stream, args, NULL));
@@ -272,7 +301,7 @@ static stof_status launch_ws(stof_ctx *ctx, const stof_mha_desc *d, const mha_la
 /* Enqueues one run; the context must be current. */
 static stof_status launch(stof_ctx *ctx, const stof_mha_desc *d, const mha_launch *L,
                           CUdeviceptr q, CUdeviceptr k, CUdeviceptr v, CUdeviceptr out,
-                          CUdeviceptr seq_lens, CUstream stream)
+                          CUdeviceptr seq_lens, CUstream stream, mha_maps *maps)
 {
     mha_strides s = strides_of(d);
     if (d->qkv_packed) {
@@ -285,7 +314,7 @@ static stof_status launch(stof_ctx *ctx, const stof_mha_desc *d, const mha_launc
     if (L->n_groups == 0)
         return STOF_OK;
     if (L->wg == MHA_WS)
-        return launch_ws(ctx, d, L, &s, q, k, v, out, seq_lens, scale_log2, stream);
+        return launch_ws(ctx, d, L, &s, q, k, v, out, seq_lens, scale_log2, stream, maps);
     CUdeviceptr work = L->tiles + L->lay.work, qidx = L->tiles + L->lay.qidx,
                 tile_key = L->tiles + L->lay.tile_key,
                 tile_bits = L->tiles + L->lay.tile_bits, kidx = L->tiles + L->lay.kidx,
@@ -485,7 +514,7 @@ static stof_status run_timed(stof_ctx *ctx, void *arg, int i)
 {
     const timed_launch *t = arg;
     const int s = i % t->io->nsets;
-    return launch(ctx, t->d, t->L, t->io->q[s], t->io->k[s], t->io->v[s], t->io->out, 0, NULL);
+    return launch(ctx, t->d, t->L, t->io->q[s], t->io->k[s], t->io->v[s], t->io->out, 0, NULL, NULL);
 }
 
 /* Median milliseconds of one run; the output left in io->out is input set 0's. */
@@ -766,7 +795,8 @@ static stof_status rank_candidates(stof_ctx *ctx, const stof_mha_desc *d, const 
         }
         s->built = 1;
         s->predicted_ms =
-            model_attn_ms(&md, &s->tiles, d->batch * d->heads, d->head_dim, s->c.mt, s->c.wg);
+            model_attn_ms(&md, &s->tiles, d->batch * d->heads, mha_kernel_dim(&s->c, d->head_dim),
+                          s->c.mt, s->c.wg);
     }
     qsort(cs, (size_t)*n, sizeof *cs, by_prediction);
     return STOF_OK;
@@ -1079,10 +1109,11 @@ stof_status mha_plan_forced(stof_ctx *ctx, const stof_mha_desc *desc, const stof
     if (c->wg == MHA_WS && c->kind != ATTN_BLOCK)
         return CTX_FAIL(ctx, STOF_ERR_UNSUPPORTED,
                         "the warp-specialized attention engine walks block tiles only");
-    if (c->wg && (strcmp(ctx->arch, "sm_90a") != 0 || (desc && desc->head_dim % 64 != 0)))
+    if (c->wg && (strcmp(ctx->arch, "sm_90a") != 0 ||
+                  (desc && (c->wg == MHA_WS ? desc->head_dim < 64 : desc->head_dim % 64 != 0))))
         return CTX_FAIL(ctx, STOF_ERR_UNSUPPORTED,
-                        "wgmma attention kernels need sm_90a and head_dim 64 or 128 (this context "
-                        "compiles for %s, head_dim %d)",
+                        "wgmma attention kernels need sm_90a and head_dim 64 or 128 (80 and 96 on "
+                        "the warp-specialized engine; this context compiles for %s, head_dim %d)",
                         ctx->arch, desc ? desc->head_dim : 0);
     stof_mha_plan *p;
     const mask_summary *ms = NULL;
@@ -1113,10 +1144,17 @@ stof_status stof_mha_run(stof_mha_plan *p, const void *q, const void *k, const v
     /* 16-byte loads of rows need 16-byte aligned rows. */
     if (((uintptr_t)q | (uintptr_t)k | (uintptr_t)v | (uintptr_t)out) % 16)
         return CTX_FAIL(ctx, STOF_ERR_INVALID_ARG, "q, k, v and out must be 16-byte aligned");
-    TRY(jit_push(ctx));
+    /* A caller that already made the device's primary context current
+     * (PyTorch does) skips the push and pop. */
+    CUcontext cur = NULL;
+    int push = !ctx->dev.ok || ctx->dev.api.CtxGetCurrent(&cur) != CUDA_SUCCESS ||
+               cur != ctx->dev.cu;
+    if (push)
+        TRY(jit_push(ctx));
     stof_status st = launch(ctx, &p->d, &p->L, (CUdeviceptr)q, (CUdeviceptr)k, (CUdeviceptr)v,
-                            (CUdeviceptr)out, (CUdeviceptr)seq_lens, (CUstream)stream);
-    jit_pop(ctx);
+                            (CUdeviceptr)out, (CUdeviceptr)seq_lens, (CUstream)stream, &p->maps);
+    if (push)
+        jit_pop(ctx);
     return st;
 }
 

@@ -19,6 +19,7 @@ static const struct { const char *name; size_t off; } SYMS[] = {
     S(DevicePrimaryCtxRelease, "cuDevicePrimaryCtxRelease_v2"),
     S(CtxPushCurrent, "cuCtxPushCurrent_v2"),
     S(CtxPopCurrent, "cuCtxPopCurrent_v2"),
+    S(CtxGetCurrent, "cuCtxGetCurrent"),
     S(CtxSynchronize, "cuCtxSynchronize"),
     S(ModuleLoadData, "cuModuleLoadData"),
     S(ModuleUnload, "cuModuleUnload"),

@@ -20,6 +20,7 @@ typedef struct drv_api {
     CUresult (*DevicePrimaryCtxRelease)(CUdevice);
     CUresult (*CtxPushCurrent)(CUcontext);
     CUresult (*CtxPopCurrent)(CUcontext *);
+    CUresult (*CtxGetCurrent)(CUcontext *);
     CUresult (*CtxSynchronize)(void);
     CUresult (*ModuleLoadData)(CUmodule *, const void *);
     CUresult (*ModuleUnload)(CUmodule);

@@ -312,13 +312,17 @@ START_TEST(candidates_fit_the_device)
                 ck_assert_int_eq(mha_threads(&c[j]), 2 * c[j].bm);
             }
             if (c[j].wg) {
-                ck_assert_int_eq(dims[i] % 64, 0);
+                /* head_dim 80 and 96: the warp-specialized engine, as 128 */
+                ck_assert(dims[i] % 64 == 0 || (c[j].wg == MHA_WS && dims[i] >= 64));
+                ck_assert_int_eq(mha_kernel_dim(&c[j], dims[i]) % 64, 0);
                 ck_assert(c[j].st >= 2 && c[j].st <= 4);
                 ck_assert_int_le(mha_smem_bytes(&c[j], dims[i]), 227 * 1024);
             }
         }
         if (dims[i] % 64 == 0)
             ck_assert_int_ge(wg, 8);
+        else if (dims[i] > 64)
+            ck_assert_int_ge(wg, 2 * MHA_WS);
         else
             ck_assert_int_eq(wg, 0);
         int small = mha_candidates(dims[i], 48 * 1024, 1, c, 64);

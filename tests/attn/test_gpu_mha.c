@@ -234,14 +234,17 @@ START_TEST(layouts_lens_packed)
 END_TEST
 
 /* The warp-specialized engine on lengths that are not tile multiples, with
- * and without per-sequence lengths, batch 1, both head sizes and dtypes. */
+ * and without per-sequence lengths, batch 1, every head size (80 and 96 run
+ * as 128) and both dtypes. */
 START_TEST(ws_long_rows)
 {
     if (!has_wgmma())
         return;
-    static const char *const specs[] = {"dense", "causal", "window:256+global:64", "causal"};
-    static const int lens[] = {1000, 3001, 1000, 3001};
-    const int d = _i % 2 ? 128 : 64;
+    static const char *const specs[] = {"dense", "causal", "window:256+global:64", "causal",
+                                        "dense", "causal", "window:256+global:64", "causal"};
+    static const int lens[] = {1000, 3001, 1000, 3001, 3001, 1000, 3001, 1000};
+    static const int dims[] = {64, 128, 64, 128, 80, 96, 96, 80};
+    const int d = dims[_i];
     mcase c = {specs[_i], 1, 2, lens[_i], lens[_i], d, _i % 2 ? STOF_BF16 : STOF_F16,
                STOF_LAYOUT_BHLD, 0, _i >= 2, ATTN_BLOCK, 128, d == 64 ? 192 : 128, 1, 0, MHA_WS, 2};
     run_case(&c, 1100 + _i);
@@ -262,6 +265,81 @@ START_TEST(ws_items_in_turn)
         {"window:256+global:64", 4, 8, 1000, 1000, 64, STOF_F16, STOF_LAYOUT_BHLD, 0, 1, ATTN_BLOCK, 192, 128, 1, 0, MHA_WS, 2},
     };
     run_case(&cases[_i], 1300 + _i);
+}
+END_TEST
+
+/* A plan keeps the last run's TMA descriptors: runs on other tensors, the
+ * same inputs into another output and other inputs into the same output
+ * each read and write their own (checked against the reference). */
+START_TEST(ws_runs_follow_pointers)
+{
+    if (!has_wgmma())
+        return;
+    stof_ctx *ctx;
+    stof_options o = {.no_cache = 1};
+    ck_assert_int_eq(stof_open(&ctx, &o), STOF_OK);
+    const int B = 2, H = 3, L = 300, D = 64;
+    stof_mask *m;
+    ck_assert_int_eq(stof_mask_parse(ctx, "window:64+global:16", L, L, &m), STOF_OK);
+    stof_mha_desc d = {.batch = B, .heads = H, .seq_q = L, .seq_k = L, .head_dim = D,
+                       .dtype = STOF_F16, .layout = STOF_LAYOUT_BHLD};
+    mha_candidate cand = {ATTN_BLOCK, 128, 128, 1, 0, MHA_WS, 2};
+    stof_mha_plan *plan;
+    ck_assert_msg(mha_plan_forced(ctx, &d, m, &cand, &plan) == STOF_OK, "%s", stof_last_error(ctx));
+    size_t n = (size_t)B * H * L * D;
+    uint16_t *host[2][3], *got = malloc(2 * n);
+    double *ref[2];
+    CUdeviceptr dev[2][3], out[2];
+    test_rng r = test_rng_make(1400);
+    for (int s = 0; s < 2; s++) {
+        for (int t = 0; t < 3; t++) {
+            host[s][t] = malloc(2 * n);
+            random_fill(&r, STOF_F16, host[s][t], n);
+            dev[s][t] = upload(ctx, host[s][t], 2 * n);
+        }
+        out[s] = upload(ctx, NULL, 2 * n);
+        ref[s] = malloc(sizeof(double) * n);
+        ref_attn_args a = {B, H, L, L, D, STOF_F16, STOF_LAYOUT_BHLD, 0,
+                           host[s][0], host[s][1], host[s][2], m, NULL};
+        ck_assert_int_eq(ref_attention(ctx, &a, ref[s]), STOF_OK);
+    }
+    /* (inputs, output): new both, new both, old inputs into a used output,
+     * the same again (every descriptor reused). */
+    static const int runs[4][2] = {{0, 0}, {1, 1}, {0, 1}, {0, 1}};
+    for (int i = 0; i < 4; i++) {
+        int s = runs[i][0], w = runs[i][1];
+        ck_assert_int_eq(jit_push(ctx), STOF_OK);
+        ck_assert_int_eq(CU(ctx, MemsetD8(out[w], 0xff, 2 * n)), STOF_OK);
+        jit_pop(ctx);
+        ck_assert_int_eq(stof_mha_run(plan, (void *)dev[s][0], (void *)dev[s][1], (void *)dev[s][2],
+                                      (void *)out[w], NULL, NULL), STOF_OK);
+        ck_assert_int_eq(jit_push(ctx), STOF_OK);
+        ck_assert_int_eq(CU(ctx, MemcpyDtoH(got, out[w], 2 * n)), STOF_OK);
+        jit_pop(ctx);
+        double num = 0, den = 0;
+        for (size_t e = 0; e < n; e++) {
+            double g = dtype_load(STOF_F16, got, e);
+            ck_assert_msg(!isnan(g), "run %d: element %zu not written", i, e);
+            num += (g - ref[s][e]) * (g - ref[s][e]);
+            den += ref[s][e] * ref[s][e];
+        }
+        ck_assert_msg(sqrt(num / den) <= 5e-3, "run %d: relative L2 error %.3g", i,
+                      sqrt(num / den));
+    }
+    ck_assert_int_eq(jit_push(ctx), STOF_OK);
+    for (int s = 0; s < 2; s++) {
+        for (int t = 0; t < 3; t++) {
+            ctx->dev.api.MemFree(dev[s][t]);
+            free(host[s][t]);
+        }
+        ctx->dev.api.MemFree(out[s]);
+        free(ref[s]);
+    }
+    jit_pop(ctx);
+    free(got);
+    stof_mha_plan_free(plan);
+    stof_mask_free(m);
+    stof_close(ctx);
 }
 END_TEST
 
@@ -328,8 +406,9 @@ Suite *suite_gpu_mha(void)
     tcase_add_loop_test(t, head_dims_dtypes_tiles, 0, 5);
     tcase_add_loop_test(t, wgmma_tiles, 0, 2);
     tcase_add_loop_test(t, layouts_lens_packed, 0, 16);
-    tcase_add_loop_test(t, ws_long_rows, 0, 4);
+    tcase_add_loop_test(t, ws_long_rows, 0, 8);
     tcase_add_loop_test(t, ws_items_in_turn, 0, 4);
+    tcase_add_test(t, ws_runs_follow_pointers);
     tcase_add_loop_test(t, planner_choice, 0, 3);
     tcase_add_test(t, device_figures_once);
     suite_add_tcase(s, t);
