@@ -79,6 +79,11 @@ static cache_probe_result probe_db(sqlite3 *db, const char *path, char *why, siz
     long long version = 0, tables = 0;
     if (!int_query(db, "PRAGMA user_version", &version) ||
         !int_query(db, "SELECT count(*) FROM sqlite_master", &tables)) {
+        int code = sqlite3_errcode(db);
+        if (code == SQLITE_CORRUPT || code == SQLITE_NOTADB) {
+            snprintf(why, n, "%s: the cache file is damaged: %s", path, sqlite3_errmsg(db));
+            return CACHE_PROBE_DAMAGED;
+        }
         snprintf(why, n, "%s: not a readable SQLite database: %s", path, sqlite3_errmsg(db));
         return CACHE_PROBE_BAD;
     }

@@ -4,10 +4,11 @@
  * records (winners, what they beat, the model's error), statistics and an
  * integrity check, prunes, and moves a warmed cache between machines.
  *
- * It never creates a cache (except `import`, whose purpose that is) and
- * changes one only in `prune` and `import`, each in one transaction.
- * Exit status: 0 done, 1 a finding (check found damage; no SASS tool),
- * 2 bad arguments, or no usable cache.
+ * It never creates a cache (except `import` and `recover`, whose purpose
+ * that is) and changes one only in `prune` and `import`, each in one
+ * transaction; `recover` only reads the damaged file.
+ * Exit status: 0 done, 1 a finding (check found damage; recover lost
+ * entries; no SASS tool), 2 bad arguments, or no usable cache.
  */
 #include <ctype.h>
 #include <errno.h>
@@ -24,6 +25,7 @@
 
 #include "cache.h"
 #include "cache_admin.h"
+#include "cache_recover.h"
 #include "json.h"
 #include "nvrtc_drv.h"
 #include "stof.h"
@@ -42,6 +44,8 @@ static const char USAGE[] =
     "  prune [--older-than DAYS] [--max-bytes N[K|M|G]] [--stale]\n"
     "  export FILE                               a consistent copy, in a new file\n"
     "  import FILE                               merge a stof cache file into this one\n"
+    "  recover NEW.db [--json]                   copy every intact entry of a damaged cache\n"
+    "                                            into a new file; list what was lost\n"
     "The cache: --cache PATH, else $STOF_CACHE, else $XDG_CACHE_HOME/stof/cache.db,\n"
     "else ~/.cache/stof/cache.db.\n";
 
@@ -173,7 +177,7 @@ static int check_command(const args *a)
         {"list", OPT_OP | OPT_ARCH | OPT_JSON, 0}, {"show", OPT_PART, 1},
         {"tuning", OPT_OP | OPT_MASK | OPT_JSON, 0}, {"stats", OPT_JSON, 0},
         {"check", OPT_JSON, 0}, {"prune", OPT_OLDER | OPT_MAX | OPT_STALE, 0},
-        {"export", 0, 1}, {"import", 0, 1}};
+        {"export", 0, 1}, {"import", 0, 1}, {"recover", OPT_JSON, 1}};
     if (!a->cmd)
         return usage_error("no command given");
     for (size_t k = 0; k < sizeof cmds / sizeof cmds[0]; k++) {
@@ -1040,6 +1044,92 @@ static int cmd_import(dump *d)
     return 0;
 }
 
+/* ---- recover ---- */
+
+static void recover_json(const char *src, const char *dst, const cache_salvage *r)
+{
+    json_out o;
+    json_out_init(&o, stdout, 1);
+    json_begin_object(&o);
+    json_key(&o, "source");
+    json_string(&o, src);
+    json_key(&o, "output");
+    json_string(&o, dst);
+    const struct { const char *k; long long v; } nums[] = {
+        {"page_size", r->page_size},         {"pages_expected", r->pages_expected},
+        {"pages_present", r->pages_present}, {"wal_frames", r->wal_frames},
+        {"free_pages", r->free_pages},       {"kernels", r->kernels},
+        {"stale_kernels", r->stale_kernels}, {"tuning", r->tuning},
+        {"kernels_damaged", r->kernels_damaged}, {"kernels_cut", r->kernels_cut},
+        {"kernels_unseen", r->kernels_unseen},   {"tuning_cut", r->tuning_cut},
+        {"tuning_unseen", r->tuning_unseen}};
+    for (size_t i = 0; i < sizeof nums / sizeof nums[0]; i++) {
+        json_key(&o, nums[i].k);
+        json_int_out(&o, nums[i].v);
+    }
+    json_key(&o, "lost");
+    json_begin_array(&o);
+    for (int i = 0; i < r->n_lost; i++) {
+        json_begin_object(&o);
+        json_key(&o, "key");
+        json_string(&o, r->lost[i].key);
+        json_key(&o, "what");
+        json_string(&o, r->lost[i].what);
+        json_end_object(&o);
+    }
+    json_end_array(&o);
+    json_end_object(&o);
+    json_out_end(&o);
+}
+
+static void recover_text(const char *src, const char *dst, const cache_salvage *r)
+{
+    long long lost_k = r->kernels_damaged + r->kernels_cut + r->kernels_unseen;
+    long long lost_t = r->tuning_cut + r->tuning_unseen;
+    long long missing = r->pages_expected - r->pages_present;
+    printf("recovered  %s into %s\n", src, dst);
+    printf("pages      %lld of %lld present (%lld missing; %d-byte pages), %lld WAL frame%s, "
+           "%lld free\n",
+           r->pages_present, r->pages_expected, missing, r->page_size, r->wal_frames,
+           r->wal_frames == 1 ? "" : "s", r->free_pages);
+    printf("kernels    %lld kept (%lld stale), %lld lost: %lld cut off, %lld damaged, %lld named by "
+           "the key index only\n",
+           r->kernels, r->stale_kernels, lost_k, r->kernels_cut, r->kernels_damaged,
+           r->kernels_unseen);
+    printf("tuning     %lld kept, %lld lost: %lld cut off, %lld named by their index only\n",
+           r->tuning, lost_t, r->tuning_cut, r->tuning_unseen);
+    for (int i = 0; i < r->n_lost; i++)
+        printf("lost       %-12.12s %s\n", r->lost[i].key[0] ? r->lost[i].key : "-",
+               r->lost[i].what);
+    if (missing > 0)
+        printf("note       rows on the %lld missing page%s that no surviving index names cannot "
+               "be counted\n",
+               missing, missing == 1 ? "" : "s");
+    printf("result     %s\n", lost_k + lost_t || missing > 0 ? "entries may be lost (above)"
+                                                           : "nothing lost");
+    printf("next       `stof-dump --cache %s check`; to use it, remove %s and its -wal and -shm "
+           "files and move %s there\n",
+           dst, src, dst);
+}
+
+/* Reads the damaged file itself: no SQLite connection ever opens it. */
+static int cmd_recover(stof_ctx *ctx, const args *a, const char *src)
+{
+    cache_salvage r;
+    if (cache_recover(ctx, src, a->operand, &r) != STOF_OK) {
+        fprintf(stderr, "stof-dump: %s\n", stof_last_error(ctx));
+        return EXIT_USAGE;
+    }
+    if (a->json)
+        recover_json(src, a->operand, &r);
+    else
+        recover_text(src, a->operand, &r);
+    int lost = r.kernels_damaged + r.kernels_cut + r.kernels_unseen + r.tuning_cut +
+                   r.tuning_unseen > 0 || r.pages_present < r.pages_expected;
+    cache_salvage_free(&r);
+    return lost ? EXIT_FINDING : 0;
+}
+
 /* ---- opening ---- */
 
 /* "sm_" then two or three digits and at most one letter ("sm_90a"). */
@@ -1082,9 +1172,17 @@ static int cache_path(const args *a, char *path, size_t n)
         }
     }
     cache_probe_result p = cache_admin_probe(path, why, sizeof why);
-    if (p == CACHE_PROBE_BAD || (p == CACHE_PROBE_ABSENT && strcmp(a->cmd, "import") != 0)) {
+    /* recover reads what SQLite would refuse. */
+    if (strcmp(a->cmd, "recover") == 0 && p != CACHE_PROBE_ABSENT)
+        return 0;
+    if (p == CACHE_PROBE_BAD || p == CACHE_PROBE_DAMAGED ||
+        (p == CACHE_PROBE_ABSENT && strcmp(a->cmd, "import") != 0)) {
         fprintf(stderr, "stof-dump: %s%s\n", why,
                 p == CACHE_PROBE_ABSENT ? " (no stof cache there; nothing was created)" : "");
+        if (p == CACHE_PROBE_DAMAGED)
+            fprintf(stderr, "stof-dump: `stof-dump --cache '%s' recover NEW.db` copies every "
+                            "intact entry into a new file and lists what was lost\n",
+                    path);
         return EXIT_USAGE;
     }
     return 0;
@@ -1125,6 +1223,11 @@ int main(int argc, char **argv)
     if (stof_open(&d.ctx, &opt) != STOF_OK) {
         fprintf(stderr, "stof-dump: %s\n", stof_last_error(NULL));
         return EXIT_USAGE;
+    }
+    if (strcmp(a.cmd, "recover") == 0) {
+        rc = cmd_recover(d.ctx, &a, path);
+        stof_close(d.ctx);
+        return rc;
     }
     if (cache_open(d.ctx, path, 0, &d.c) != STOF_OK) {
         fprintf(stderr, "stof-dump: %s\n", stof_last_error(d.ctx));
