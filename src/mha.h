@@ -59,9 +59,10 @@ typedef struct mha_tried {
 } mha_tried;
 
 /* The JSON record of a search (winner = index into tried, kernel = its
- * cache key); caller frees. */
+ * cache key, mask_spec = stof_mask_spec of the mask it was tuned for, so
+ * that stof-dump can name it; NULL leaves it out); caller frees. */
 char *mha_record_format(const mha_tried *tried, int n, int winner, const char *kernel,
-                        const char *why);
+                        const char *why, const char *mask_spec);
 /* The winner of a record; 0 when the text is not a valid record. */
 int mha_record_parse(const char *record, mha_candidate *c, double *ms, double *predicted_ms);
 
@@ -69,6 +70,24 @@ int mha_record_parse(const char *record, mha_candidate *c, double *ms, double *p
  * and arch were measured before, else measured now (dense attention on each
  * engine, a device copy) and stored; with no GPU, the arch's defaults. */
 stof_status mha_device_figures(stof_ctx *ctx, model_device *md);
+
+/* Below this block efficiency (stof_mask_info at 64 x 64 blocks) the
+ * gathered kind competes too; above it, block tiles waste little. */
+#define MHA_GATHER_BELOW 0.75
+
+/* A candidate as the model ranked it, with what its tiles walk. */
+typedef struct mha_ranked {
+    mha_candidate c;
+    double predicted_ms;
+    long long tiles, full_tiles, groups;   /* per (batch, head) */
+} mha_ranked;
+
+/* The model's ranking for a case, best first, as a compile-only prepare
+ * makes it (the device's known or cached figures, else the arch's
+ * defaults in *md; nothing timed, nothing compiled): for stof-dump mask.
+ * *n is how many were written (at most cap). */
+stof_status mha_rank(stof_ctx *ctx, const stof_mha_desc *desc, const stof_mask *mask,
+                     mha_ranked *out, int cap, int *n, model_device *md);
 
 /* A plan for exactly candidate c, skipping the model and the search: for
  * tests of every kernel and for benchmarks. */
