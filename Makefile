@@ -18,7 +18,7 @@ LIB_OBJ  = $(LIB_SRC:%.c=build/obj/%.o) build/obj/gen/templates.o
 SAN_OBJ  = $(LIB_SRC:%.c=build/asan/%.o) build/asan/gen/templates.o
 TEMPLATES = $(sort $(wildcard templates/*.cu templates/*.cuh))
 TEST_SRC = $(wildcard tests/test_*.c)
-TOOLS    = build/stof-dump build/stof-warm build/stof-demo
+TOOLS    = build/stof-dump build/stof-warm build/stof-demo build/stof-demo-attn
 BENCHES  = $(patsubst bench/%.c,build/%,$(wildcard bench/*.c))
 
 .PHONY: all test test-python demo bench install clean sanitize fuzz gpu-check
