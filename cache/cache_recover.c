@@ -256,7 +256,8 @@ static uint32_t read_wal(scan *s, const unsigned char *w, size_t n)
         }
     }
     s->out->wal_frames = (long long)committed;
-    qsort(v, committed, sizeof *v, cmp_wal);
+    if (committed)
+        qsort(v, committed, sizeof *v, cmp_wal);
     size_t u = 0;
     for (size_t i = 0; i < committed; i++) {
         if (u && v[u - 1].pgno == v[i].pgno)
@@ -295,7 +296,8 @@ static void read_freelist(scan *s, uint32_t trunk)
             s->free[s->n_free++] = be32(t + 8 + 4 * i);
         trunk = be32(t);
     }
-    qsort(s->free, s->n_free, sizeof *s->free, cmp_u32);
+    if (s->n_free)
+        qsort(s->free, s->n_free, sizeof *s->free, cmp_u32);
     size_t u = 0;
     for (size_t i = 0; i < s->n_free; i++)
         if (!u || s->free[u - 1] != s->free[i])
@@ -495,18 +497,25 @@ static void describe_cut(char *out, size_t n, long long missing)
 static void kernel_row(scan *s, const unsigned char *local, size_t nlocal, uint64_t P,
                        uint32_t first, const record *r)
 {
-    if (r->at[0] + 64 > nlocal || !is_key(local + r->at[0], 64))
+    /* On small pages the key may spill past the cell: then it is known
+     * only once the row is whole. */
+    int key_here = r->at[0] + 64 <= nlocal;
+    if (key_here && !is_key(local + r->at[0], 64))
         return;
-    char key[65], op[24], arch[16], entry[40], why[96];
-    memcpy(key, local + r->at[0], 64);
-    key[64] = 0;
+    char key[65] = "", op[24], arch[16], entry[40], why[96];
+    if (key_here) {
+        memcpy(key, local + r->at[0], 64);
+        key[64] = 0;
+    }
     peek_text(local, nlocal, r, 1, op, sizeof op);
     peek_text(local, nlocal, r, 4, arch, sizeof arch);
     peek_text(local, nlocal, r, 3, entry, sizeof entry);
     unsigned char *p = NULL;
     long long missing = 0;
     if (r->total != P || !assemble(s, local, nlocal, P, first, &p, &missing)) {
-        if (s->oom)
+        /* A row cut before its key cannot be named here; the key index
+         * may still name it. */
+        if (s->oom || !key_here)
             return;
         if (r->total != P)
             snprintf(why, sizeof why, "its record is malformed");
@@ -515,6 +524,14 @@ static void kernel_row(scan *s, const unsigned char *local, size_t nlocal, uint6
         add_lost(s, key, 1, r->total == P, key, "%s %s %s: %s", op[0] ? op : "kernel", arch,
                  entry, why);
         return;
+    }
+    if (!key_here) {
+        if (!is_key(p + r->at[0], 64)) {
+            free(p);
+            return;
+        }
+        memcpy(key, p + r->at[0], 64);
+        key[64] = 0;
     }
     /* key op name entry arch nvrtc stof options params source log cubin ptx
      * checksum compile_ms created last_used hits */
@@ -579,39 +596,47 @@ static int tuning_types(const record *r, int n)
     return is_int(r->type[n - 1]);
 }
 
-/* op \x1f mask_hash \x1f shape \x1f dtype \x1f arch \x1f stof_version */
+/* The key columns (op, mask_hash, shape, dtype, arch, stof_version), each
+ * as its length in decimal, ':' and its bytes: two rows share an id only
+ * when they share every key column. */
 static char *tuning_id(scan *s, const unsigned char *p, const record *r)
 {
-    size_t n = 0;
+    size_t n = 1;
     for (int i = 0; i < 6; i++)
-        n += (size_t)serial_size(r->type[i]) + 1;
-    char *id = malloc(n + 1);
+        n += (size_t)serial_size(r->type[i]) + 24;
+    char *id = malloc(n);
     if (!id) {
         s->oom = 1;
         return NULL;
     }
     size_t at = 0;
     for (int i = 0; i < 6; i++) {
-        size_t len = (size_t)serial_size(r->type[i]);
+        /* A value ends at a NUL, as it does when the row is written again. */
+        size_t len = strnlen((const char *)p + r->at[i], (size_t)serial_size(r->type[i]));
+        at += (size_t)snprintf(id + at, n - at, "%zu:", len);
         memcpy(id + at, p + r->at[i], len);
         at += len;
-        id[at++] = i < 5 ? '\x1f' : 0;
     }
-    /* A NUL inside a value would end the id early: make it visible. */
-    for (size_t i = 0; i + 1 < at; i++)
-        if (!id[i])
-            id[i] = '?';
+    id[at] = 0;
     return id;
 }
 
+/* "tuning OP SHAPE DTYPE ARCH (mask HASH)" from an id, its values shown
+ * up to 47 bytes, anything unprintable as '?'. */
 static void tuning_label(const char *id, char *out, size_t n)
 {
     char f[6][48] = {{0}};
     const char *p = id;
-    for (int i = 0; i < 6 && p; i++) {
-        size_t len = strcspn(p, "\x1f");
-        snprintf(f[i], sizeof f[i], "%.*s", (int)(len < 47 ? len : 47), p);
-        p = p[len] ? p + len + 1 : NULL;
+    for (int i = 0; i < 6 && *p; i++) {
+        char *end;
+        unsigned long long len = strtoull(p, &end, 10);
+        if (*end != ':' || len > strlen(end + 1))
+            break;
+        p = end + 1;
+        size_t k = len < 47 ? (size_t)len : 47;
+        for (size_t j = 0; j < k; j++)
+            f[i][j] = (unsigned char)p[j] < 0x20 || (unsigned char)p[j] >= 0x7f ? '?' : p[j];
+        p += len;
     }
     snprintf(out, n, "tuning %s %s %s %s (mask %.12s)", f[0], f[2], f[3], f[4], f[1]);
 }
@@ -668,17 +693,24 @@ static void tuning_row(scan *s, const unsigned char *local, size_t nlocal, uint6
 static void index_entry(scan *s, const unsigned char *local, size_t nlocal, uint64_t P,
                         uint32_t first, const record *r)
 {
-    if (r->n == 2 && r->type[0] == 13 + 2 * 64 && is_int(r->type[1])) {
-        if (r->at[0] + 64 <= nlocal && is_key(local + r->at[0], 64))
+    int key_entry = r->n == 2 && r->type[0] == 13 + 2 * 64 && is_int(r->type[1]);
+    if (key_entry && r->at[0] + 64 <= nlocal) {
+        if (is_key(local + r->at[0], 64))
             names_add(s, &s->named, (const char *)local + r->at[0], 64);
         return;
     }
-    if (!tuning_types(r, 7) || r->total != P)
+    if ((!key_entry && !tuning_types(r, 7)) || r->total != P)
         return;
     unsigned char *p = NULL;
     long long missing;
     if (!assemble(s, local, nlocal, P, first, &p, &missing))
         return;
+    if (key_entry) {
+        if (is_key(p + r->at[0], 64))
+            names_add(s, &s->named, (const char *)p + r->at[0], 64);
+        free(p);
+        return;
+    }
     char *id = tuning_id(s, p, r);
     if (id)
         names_add(s, &s->tuning_named, id, strlen(id));
@@ -864,7 +896,8 @@ static void settle(scan *s)
         cache_lost *l = &o->lost[o->n_lost++];
         snprintf(l->key, sizeof l->key, "%s", k);
         snprintf(l->what, sizeof l->what,
-                 "kernel: named by the key index, but its row is on a missing page");
+                 "kernel: named by the key index, but its row is not here whole (a missing "
+                 "page, or cut off before its key)");
         o->kernels_unseen++;
     }
     for (int i = 0; i < s->tuning_named.n && !s->oom; i++) {
@@ -879,7 +912,9 @@ static void settle(scan *s)
         char label[300];
         tuning_label(id, label, sizeof label);
         l->key[0] = 0;
-        snprintf(l->what, sizeof l->what, "%s: named by its index, but its row is on a missing page",
+        snprintf(l->what, sizeof l->what,
+                 "%s: named by its index, but its row is not here whole (a missing page, or cut "
+                 "off before its key)",
                  label);
         o->tuning_unseen++;
     }

@@ -3,7 +3,7 @@
  * cache stof-warm filled, with rows of every size besides (a few bytes to
  * many overflow pages), use counts bumped (which moves rows and frees
  * pages) and tuning records, truncated at random pages, at a random byte
- * inside a page and down to its first page. An oracle built from SQLite's
+ * inside a page and down to its first page; the same with 512-byte pages. An oracle built from SQLite's
  * dbstat table (which pages hold each row) says which rows are intact:
  * recover must keep every one of them unchanged and invent nothing. Then a
  * cubin with a flipped byte, deleted rows (which must stay deleted), a WAL
@@ -398,6 +398,62 @@ static int check_kept(const rows *orig, const rows *got, long long pages, const 
     return intact;
 }
 
+/* Cuts the cache at `trials` random places (the first to page 1, every
+ * third inside a page) and recovers each: every intact row kept unchanged,
+ * nothing invented, what is said lost really gone, the new file sound. */
+static void truncations(const char *cache, const char *cut, const char *got, const rows *kern_,
+                        const rows *tun_, test_rng *rng, int trials, int *lost_total,
+                        int *kept_total)
+{
+    const rows kern = *kern_, tun = *tun_;
+    long long pages = pragma(cache, "page_count"), psize = pragma(cache, "page_size");
+    json_value *v;
+    rows gk, gt;
+    int rc;
+    test_rng r = *rng;
+    for (int trial = 0; trial < trials; trial++) {
+        long long keep = trial == 0 ? 1 : test_rng_int(&r, 2, (int)pages - 1);
+        long long bytes = keep * psize + (trial % 3 == 2 ? test_rng_int(&r, 1, (int)psize - 1) : 0);
+        remove_db(cut);
+        copy_file(cache, cut, bytes);
+        v = recover(cut, got, &rc);
+        ck_assert_int_eq(rc, 1);
+        ck_assert_int_eq(num(v, "pages_present"), keep);
+        ck_assert_int_eq(num(v, "pages_expected"), pages);
+        char what[96];
+        snprintf(what, sizeof what, "cut to %lld bytes (page %lld of %lld-byte pages)", bytes,
+                 keep, psize);
+        gk = read_rows(got, "kernels");
+        gt = read_rows(got, "tuning");
+        int ik = check_kept(&kern, &gk, keep, what), it = check_kept(&tun, &gt, keep, what);
+        ck_assert_int_eq(num(v, "kernels"), gk.n);
+        ck_assert_int_eq(num(v, "tuning"), gt.n);
+        ck_assert_int_ge(gk.n, ik);
+        ck_assert_int_ge(gt.n, it);
+        /* What it says was lost was in the cache and is not in the new file. */
+        const json_value *lost = json_get(v, "lost");
+        long long said = num(v, "kernels_cut") + num(v, "kernels_damaged") + num(v, "kernels_unseen");
+        ck_assert_int_le(said, kern.n - gk.n);
+        ck_assert_int_eq(num(v, "kernels_damaged"), 0);
+        for (size_t i = 0; i < lost->n; i++) {
+            const char *key = json_get(lost->items[i], "key")->str;
+            if (!*key)
+                continue;
+            ck_assert_msg(find(&kern, key) && !find(&gk, key), "%s: lost %s?", what, key);
+        }
+        *lost_total += kern.n - gk.n;
+        *kept_total += gk.n;
+        char *out;
+        ck_assert_msg(dump(&out, got, "check") == 0, "%s: check:\n%s", what, out);
+        free(out);
+        rows_free(&gk);
+        rows_free(&gt);
+        json_free(v);
+        remove_db(got);
+    }
+    *rng = r;
+}
+
 /* ---- truncation ---- */
 
 START_TEST(test_truncated)
@@ -433,45 +489,7 @@ START_TEST(test_truncated)
 
     /* Cut at random pages, at a byte inside a page, and to page 1. */
     int lost_total = 0, kept_total = 0;
-    for (int trial = 0; trial < 14; trial++) {
-        long long keep = trial == 0 ? 1 : test_rng_int(&r, 2, (int)pages - 1);
-        long long bytes = keep * psize + (trial % 3 == 2 ? test_rng_int(&r, 1, (int)psize - 1) : 0);
-        remove_db(cut);
-        copy_file(cache, cut, bytes);
-        v = recover(cut, got, &rc);
-        ck_assert_int_eq(rc, 1);
-        ck_assert_int_eq(num(v, "pages_present"), keep);
-        ck_assert_int_eq(num(v, "pages_expected"), pages);
-        char what[64];
-        snprintf(what, sizeof what, "cut to %lld bytes (page %lld)", bytes, keep);
-        gk = read_rows(got, "kernels");
-        gt = read_rows(got, "tuning");
-        int ik = check_kept(&kern, &gk, keep, what), it = check_kept(&tun, &gt, keep, what);
-        ck_assert_int_eq(num(v, "kernels"), gk.n);
-        ck_assert_int_eq(num(v, "tuning"), gt.n);
-        ck_assert_int_ge(gk.n, ik);
-        ck_assert_int_ge(gt.n, it);
-        /* What it says was lost was in the cache and is not in the new file. */
-        const json_value *lost = json_get(v, "lost");
-        long long said = num(v, "kernels_cut") + num(v, "kernels_damaged") + num(v, "kernels_unseen");
-        ck_assert_int_le(said, kern.n - gk.n);
-        ck_assert_int_eq(num(v, "kernels_damaged"), 0);
-        for (size_t i = 0; i < lost->n; i++) {
-            const char *key = json_get(lost->items[i], "key")->str;
-            if (!*key)
-                continue;
-            ck_assert_msg(find(&kern, key) && !find(&gk, key), "%s: lost %s?", what, key);
-        }
-        lost_total += kern.n - gk.n;
-        kept_total += gk.n;
-        char *out;
-        ck_assert_msg(dump(&out, got, "check") == 0, "%s: check:\n%s", what, out);
-        free(out);
-        rows_free(&gk);
-        rows_free(&gt);
-        json_free(v);
-        remove_db(got);
-    }
+    truncations(cache, cut, got, &kern, &tun, &r, 14, &lost_total, &kept_total);
     ck_assert_int_gt(lost_total, 0);
     ck_assert_int_gt(kept_total, 0);
 
@@ -491,6 +509,45 @@ START_TEST(test_truncated)
     ck_assert_ptr_nonnull(strstr(out, "exists"));
     free(out);
 
+    rows_free(&kern);
+    rows_free(&tun);
+    test_rmtree(dir);
+    free(dir);
+    free(cache);
+    free(cut);
+    free(got);
+}
+END_TEST
+
+/* 512-byte pages: a row spills past its cell before its key does. */
+START_TEST(test_small_pages)
+{
+    test_rng r = test_rng_make(0x5a11);
+    char *dir = test_tmpdir(), *cache = path_in(dir, "cache.db"), *cut = path_in(dir, "cut.db"),
+         *got = path_in(dir, "got.db");
+    sql(cache, "PRAGMA page_size=512; CREATE TABLE x (y); DROP TABLE x;");
+    handle h = open_cache(cache);
+    char key[65];
+    for (int i = 0; i < 24; i++) {
+        fake_kernel(&h, &r, i, key);
+        if (i % 4 == 0)
+            fake_tuning(&h, &r, i);
+    }
+    close_cache(&h);
+    ck_assert_int_eq(pragma(cache, "page_size"), 512);
+    rows kern = read_rows(cache, "kernels"), tun = read_rows(cache, "tuning");
+    add_pages(cache, "kernels", &kern);
+    add_pages(cache, "tuning", &tun);
+    int rc;
+    json_value *v = recover(cache, got, &rc);
+    ck_assert_int_eq(rc, 0);
+    ck_assert_int_eq(num(v, "kernels"), 24);
+    ck_assert_int_eq(num(v, "tuning"), 6);
+    json_free(v);
+    remove_db(got);
+    int lost_total = 0, kept_total = 0;
+    truncations(cache, cut, got, &kern, &tun, &r, 8, &lost_total, &kept_total);
+    ck_assert_int_gt(lost_total, 0);
     rows_free(&kern);
     rows_free(&tun);
     test_rmtree(dir);
@@ -697,6 +754,7 @@ Suite *suite_recover(void)
     Suite *s = suite_create("recover");
     TCase *tc = tcase_create("recover");
     tcase_add_test(tc, test_truncated);
+    tcase_add_test(tc, test_small_pages);
     tcase_add_test(tc, test_damaged_and_deleted);
     tcase_add_test(tc, test_wal);
     tcase_add_test(tc, test_tools_name_recover);
