@@ -1,19 +1,18 @@
 /*
- * fuzz_mask — a mutation fuzzer for the mask spec parser, built with ASan
- * and UBSan. It mutates a corpus of valid specs (byte flips, insertions,
- * deletions, truncations, spliced terms, huge numbers) for argv[1] seconds,
- * feeds each to stof_mask_parse in a buffer of exactly its size, and on
- * success cross-checks the mask's formats against each other. A sanitizer
- * report or a failed check ends the run with a nonzero status.
- *
- * usage: fuzz_mask SECONDS   (STOF_SEED replays a run)
+ * fuzz_mask — the mask spec parser (src/mask.c) on hostile specs. An input
+ * is four bytes that choose the lengths (Lq, then Lk; ff ff for Lk = Lq),
+ * then the spec, fed to stof_mask_parse in a buffer of exactly its size.
+ * A refusal must be STOF_ERR_INVALID_ARG, leave *out NULL and, for sound
+ * lengths, name the column; a mask must agree with itself: a stable hash,
+ * a normalized spec that parses to the same mask, and formats and
+ * statistics that count the same entries and blocks. Its own mutator
+ * (LLVMFuzzerCustomMutator) edits specs the way they go wrong: numbers
+ * swapped for boundary values, terms spliced from other specs, grammar
+ * fragments, huge numbers, the spec doubled around an operator.
  */
-#include <stdio.h>
-#include <stdlib.h>
 #include <string.h>
-#include <time.h>
-#include <unistd.h>
 
+#include "fuzz.h"
 #include "mask.h"
 #include "stof.h"
 
@@ -146,7 +145,7 @@ static void fail(const char *spec, int lq, int lk, const char *what)
     for (const char *p = spec; *p; p++)
         fprintf(stderr, (*p >= 32 && *p < 127) ? "%c" : "\\x%02x", (unsigned char)*p);
     fprintf(stderr, "\" lq %d lk %d\n", lq, lk);
-    exit(1);
+    abort();
 }
 
 /* A parsed mask must agree with itself: the formats count the same entries
@@ -184,69 +183,88 @@ static void exercise(stof_ctx *ctx, stof_mask *m, const char *spec, int lq, int 
     mask_blocks_free(&blocks);
 }
 
-static int random_len(fz_rng *r)
+/* Two bytes to a length: mostly short, sometimes long, and 0 and -1. */
+static int length_of(unsigned v)
 {
-    switch (fz_below(r, 10)) {
-    case 0: return (int)fz_below(r, 3) - 1;
-    case 1: return 1 + (int)fz_below(r, 5000);
-    default: return 1 + (int)fz_below(r, 300);
-    }
+    if (v == 0xffff)
+        return -1;
+    if (v == 0xfffe)
+        return 0;
+    return v >> 14 ? 1 + (int)(v % 300) : 1 + (int)(v % 5000);
 }
 
-int main(int argc, char **argv)
+static uint64_t fnv(const uint8_t *p, size_t n)
 {
-    double seconds = argc > 1 ? atof(argv[1]) : 10;
-    const char *env = getenv("STOF_SEED");
-    uint64_t seed = env && *env ? strtoull(env, NULL, 0)
-                                : (uint64_t)time(NULL) ^ ((uint64_t)getpid() << 32);
-    printf("fuzz_mask: seed %llu (set STOF_SEED to replay), %.0f s\n", (unsigned long long)seed,
-           seconds);
-    fflush(stdout);
-    fz_rng r = {seed ? seed : 1};
-    stof_ctx *ctx = NULL;
-    stof_options o = {.no_cache = 1};
-    if (stof_open(&ctx, &o) != STOF_OK) {
-        fprintf(stderr, "fuzz_mask: stof_open failed: %s\n", stof_last_error(NULL));
-        return 1;
+    uint64_t h = 0xcbf29ce484222325ull;
+    for (size_t i = 0; i < n; i++)
+        h = (h ^ p[i]) * 0x100000001b3ull;
+    return h;
+}
+
+static stof_ctx *g_ctx;
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
+{
+    if (size < 4)
+        return 0;
+    if (!g_ctx && stof_open(&g_ctx, &(stof_options){.no_cache = 1}) != STOF_OK)
+        abort();
+    int lq = length_of(data[0] | (unsigned)data[1] << 8);
+    int lk = data[2] == 0xff && data[3] == 0xff ? lq : length_of(data[2] | (unsigned)data[3] << 8);
+    /* A C string: up to the first NUL, in exactly its bytes plus the NUL. */
+    size_t len = strnlen((const char *)data + 4, size - 4);
+    char *spec = malloc(len + 1);
+    memcpy(spec, data + 4, len);
+    spec[len] = 0;
+    fz_rng r = {fnv(data, size) | 1};
+    stof_mask *m = (stof_mask *)&m;
+    stof_status st = stof_mask_parse(g_ctx, spec, lq, lk, &m);
+    if (st == STOF_OK) {
+        exercise(g_ctx, m, spec, lq, lk, &r);
+        stof_mask_free(m);
+    } else if (m != NULL) {
+        fail(spec, lq, lk, "*out not NULL after an error");
+    } else if (st != STOF_ERR_INVALID_ARG) {
+        fail(spec, lq, lk, stof_status_str(st));
+    } else if (lq > 0 && lk > 0 && !strstr(stof_last_error(g_ctx), "at column ")) {
+        fail(spec, lq, lk, "error message without a column");
     }
-    struct timespec t0, t;
-    clock_gettime(CLOCK_MONOTONIC, &t0);
-    long long inputs = 0, valid = 0;
-    char buf[FZ_MAX + 1];
-    for (;;) {
-        if ((inputs & 63) == 0) {
-            clock_gettime(CLOCK_MONOTONIC, &t);
-            if ((double)(t.tv_sec - t0.tv_sec) + (t.tv_nsec - t0.tv_nsec) * 1e-9 >= seconds)
-                break;
-        }
-        const char *base = corpus[fz_below(&r, sizeof corpus / sizeof *corpus)];
-        size_t len = strlen(base);
-        memcpy(buf, base, len);
-        if (inputs >= (long long)(sizeof corpus / sizeof *corpus))
-            len = mutate(&r, buf, len);
-        /* Exactly len + 1 bytes, so a read past the NUL is caught. */
-        char *spec = malloc(len + 1);
-        memcpy(spec, buf, len);
-        spec[len] = 0;
-        int lq = random_len(&r), lk = fz_below(&r, 2) ? lq : random_len(&r);
-        stof_mask *m = (stof_mask *)&m;
-        stof_status st = stof_mask_parse(ctx, spec, lq, lk, &m);
-        inputs++;
-        if (st == STOF_OK) {
-            valid++;
-            exercise(ctx, m, spec, lq, lk, &r);
-            stof_mask_free(m);
-        } else if (m != NULL) {
-            fail(spec, lq, lk, "*out not NULL after an error");
-        } else if (st != STOF_ERR_INVALID_ARG) {
-            fail(spec, lq, lk, stof_status_str(st));
-        } else if (lq > 0 && lk > 0 && !strstr(stof_last_error(ctx), "at column ")) {
-            fail(spec, lq, lk, "error message without a column");
-        }
-        free(spec);
-    }
-    stof_close(ctx);
-    printf("fuzz_mask: %lld inputs (%lld valid, %lld rejected), 0 crashes\n", inputs, valid,
-           inputs - valid);
+    free(spec);
     return 0;
+}
+
+/* Mostly the spec-shaped edits above; now and then new lengths, or the
+ * generic edits. */
+size_t LLVMFuzzerCustomMutator(uint8_t *data, size_t size, size_t max_size, unsigned int seed)
+{
+    fz_rng r = {((uint64_t)seed << 1) | 1};
+    if (max_size < 8)
+        return size;
+    if (size < 4) {
+        const char *base = corpus[fz_below(&r, sizeof corpus / sizeof *corpus)];
+        size_t n = strlen(base) < max_size - 4 ? strlen(base) : max_size - 4;
+        memset(data, 0xff, 4);
+        memcpy(data + 4, base, n);
+        size = 4 + n;
+    }
+    switch (fz_below(&r, 8)) {
+    case 0: {
+        unsigned v = (unsigned)fz_next(&r);
+        data[fz_below(&r, 4)] = (uint8_t)v;
+        return size;
+    }
+    case 1:
+        return LLVMFuzzerMutate(data, size, max_size);
+    default: {
+        char buf[FZ_MAX + 1];
+        size_t cap = max_size - 4 < FZ_MAX ? max_size - 4 : FZ_MAX;
+        size_t len = size - 4 < cap ? size - 4 : cap;
+        memcpy(buf, data + 4, len);
+        len = mutate(&r, buf, len);
+        if (len > cap)
+            len = cap;
+        memcpy(data + 4, buf, len);
+        return 4 + len;
+    }
+    }
 }
