@@ -437,9 +437,16 @@ static stof_status integrity(stof_ctx *ctx, cache *c, cache_check *k)
         len += n + (len ? 1 : 0);
     }
     stof_status st = STOF_OK;
-    if (rc != SQLITE_DONE && rc != SQLITE_ROW)
+    int code = sqlite3_errcode(cache_db(c));
+    if (rc != SQLITE_DONE && rc != SQLITE_ROW && (code == SQLITE_CORRUPT || code == SQLITE_NOTADB)) {
+        /* A file SQLite cannot walk is a finding, not a failure to check. */
+        free(k->integrity);
+        k->integrity = NULL;
+        if (asprintf(&k->integrity, "malformed: %s", sqlite3_errmsg(cache_db(c))) < 0)
+            k->integrity = NULL;
+    } else if (rc != SQLITE_DONE && rc != SQLITE_ROW)
         st = ADMIN_FAIL(ctx, c, "checking integrity");
-    else if (!k->integrity)
+    if (st == STOF_OK && !k->integrity)
         st = CTX_FAIL(ctx, STOF_ERR_NO_MEMORY, "out of memory checking the cache");
     sqlite3_finalize(s);
     return st;
@@ -473,10 +480,17 @@ static stof_status check_kernels(stof_ctx *ctx, cache *c, cache_check *k)
         }
         cache_kernel_free(&r);
     }
-    if (!ok)
+    int code = sqlite3_errcode(cache_db(c));
+    if (!ok) {
         st = CTX_FAIL(ctx, STOF_ERR_NO_MEMORY, "out of memory checking the cache");
-    else if (rc != SQLITE_DONE)
+    } else if (rc != SQLITE_DONE && (code == SQLITE_CORRUPT || code == SQLITE_NOTADB)) {
+        k->damaged++;
+        if (!add_problem(k, CACHE_DAMAGED, NULL, "the kernels could not be read past the %lld "
+                         "before the damage: %s", k->kernels, sqlite3_errmsg(cache_db(c))))
+            st = CTX_FAIL(ctx, STOF_ERR_NO_MEMORY, "out of memory checking the cache");
+    } else if (rc != SQLITE_DONE) {
         st = ADMIN_FAIL(ctx, c, "checking kernels");
+    }
     sqlite3_finalize(s);
     return st;
 }
@@ -537,8 +551,18 @@ stof_status cache_admin_check(stof_ctx *ctx, cache *c, cache_check *out)
     if (st == STOF_OK)
         st = check_kernels(ctx, c, out);
     tuning_check tc = {c, out, 0};
-    if (st == STOF_OK)
+    if (st == STOF_OK) {
         st = cache_admin_list_tuning(ctx, c, NULL, check_tuning_row, &tc);
+        int code = sqlite3_errcode(cache_db(c));
+        if (st != STOF_OK && !tc.oom && (code == SQLITE_CORRUPT || code == SQLITE_NOTADB)) {
+            out->bad_records++;
+            st = add_problem(out, CACHE_BAD_RECORD, NULL, "the tuning rows could not be read "
+                             "past the %lld before the damage: %s", out->tuning,
+                             sqlite3_errmsg(cache_db(c)))
+                     ? STOF_OK
+                     : CTX_FAIL(ctx, STOF_ERR_NO_MEMORY, "out of memory checking the cache");
+        }
+    }
     if (st == STOF_OK && tc.oom)
         st = CTX_FAIL(ctx, STOF_ERR_NO_MEMORY, "out of memory checking the cache");
     if (st != STOF_OK)

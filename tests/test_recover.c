@@ -697,8 +697,8 @@ START_TEST(test_tools_name_recover)
 {
     test_rng r = test_rng_make(0x70015);
     char *dir = test_tmpdir(), *cache = path_in(dir, "cache.db"), *cut = path_in(dir, "cut.db");
-    char keys[4][65];
-    make_cache(dir, cache, &r, keys, 4);
+    char keys[16][65];
+    make_cache(dir, cache, &r, keys, 16);
     copy_file(cache, cut, pragma(cache, "page_count") / 2 * pragma(cache, "page_size"));
     char *out;
     int rc = test_sh(&out, "STOF_NO_GPU=1 %s --cache '%s' --arch sm_90a --compile-only"
@@ -716,6 +716,40 @@ START_TEST(test_tools_name_recover)
                       out);
         free(out);
     }
+    /* Pages zeroed in the middle: the probe passes, check finds the damage
+     * and names the command, and recover keeps the rest. */
+    char *holed = path_in(dir, "holed.db"), *fixed = path_in(dir, "fixed.db");
+    long long pages = pragma(cache, "page_count"), psize = pragma(cache, "page_size");
+    copy_file(cache, holed, -1);
+    FILE *hf = fopen(holed, "r+b");
+    ck_assert_ptr_nonnull(hf);
+    char *zeros = calloc(4, (size_t)psize);
+    ck_assert_int_eq(fseek(hf, (long)(pages / 2 * psize), SEEK_SET), 0);
+    ck_assert_uint_eq(fwrite(zeros, (size_t)psize, 4, hf), 4);
+    fclose(hf);
+    free(zeros);
+    ck_assert_int_eq(dump(&out, holed, "check"), 1);
+    ck_assert_msg(strstr(out, "DAMAGED") && strstr(out, "recover NEW.db"), "%s", out);
+    free(out);
+    ck_assert_int_eq(dump(&out, holed, "check --json"), 1);
+    json_value *cj = parse_json(out);
+    ck_assert_int_eq(json_get(cj, "ok")->boolean, 0);
+    json_free(cj);
+    free(out);
+    rc = dump(&out, holed, "recover '%s'", fixed);
+    ck_assert_msg(rc == 0 || rc == 1, "%s", out);
+    free(out);
+    ck_assert_int_eq(dump(&out, fixed, "check"), 0);
+    free(out);
+    rows all = read_rows(cache, "kernels"), kept = read_rows(fixed, "kernels");
+    ck_assert_int_gt(kept.n, 0);
+    for (int i = 0; i < kept.n; i++)
+        ck_assert_ptr_nonnull(find(&all, kept.v[i].id));
+    rows_free(&all);
+    rows_free(&kept);
+    free(holed);
+    free(fixed);
+
     /* Bad input. */
     char *text = path_in(dir, "text.db"), *none = path_in(dir, "none.db"),
          *got = path_in(dir, "got.db");

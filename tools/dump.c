@@ -973,7 +973,12 @@ static void check_text(dump *d, const cache_check *k)
     for (int i = 0; i < k->n_problems; i++)
         printf("%-10s %-12.12s %s\n", cache_problem_name(k->problems[i].kind),
                k->problems[i].key[0] ? k->problems[i].key : "-", k->problems[i].what);
-    if (check_failed(k))
+    if (check_failed(k) && strcmp(k->integrity, "ok") != 0)
+        printf("result     DAMAGED: SQLite cannot read the whole file; `stof-dump --cache %s "
+               "recover NEW.db`\n           copies every intact entry into a new file and lists "
+               "what was lost\n",
+               cache_file(d->c));
+    else if (check_failed(k))
         printf("result     DAMAGED: damaged rows are never used (they are recompiled); "
                "`stof-dump prune --stale` removes them\n");
     else if (k->stale_kernels + k->stale_tuning + k->orphans > 0)
