@@ -27,18 +27,24 @@ endif
 # Check and subunit are linked statically: the GPU machine has neither.
 CHECK_LIBS = -Wl,-Bstatic -lcheck -lsubunit -Wl,-Bdynamic -lrt
 SAN      = -fsanitize=address,undefined -fno-omit-frame-pointer
-FUZZ_SECONDS ?= 20
+# Fuzzing (tests/fuzz/): `make fuzz` runs each target this long, with clang's
+# libFuzzer where it links (else the plain driver); `make test` replays the corpus.
+FUZZ_SECONDS ?= 60
+FUZZ_TARGETS = json workload mask cache
+FUZZ_CC  ?= clang
+FUZZ_FLAGS = -g -O1 -fno-omit-frame-pointer -fsanitize=address,undefined -fno-sanitize-recover=all
 
 LIB_SRC  = $(wildcard src/*.c src/*/*.c codegen/*.c cache/*.c)
 LIB_SRC := $(filter-out codegen/embed.c,$(LIB_SRC))
 LIB_OBJ  = $(LIB_SRC:%.c=build/obj/%.o) build/obj/gen/templates.o
 SAN_OBJ  = $(LIB_SRC:%.c=build/asan/%.o) build/asan/gen/templates.o
+FUZZ_OBJ = $(LIB_SRC:%.c=build/fuzzobj/%.o) build/fuzzobj/gen/templates.o
 TEMPLATES = $(sort $(wildcard templates/*.cu templates/*.cuh))
 TEST_SRC = $(wildcard tests/test_*.c tests/*/test_*.c)
-TOOLS    = build/stof-dump build/stof-warm build/stof-demo
+TOOLS    = build/stof-dump build/stof-warm build/stof-demo build/stof-demo-attn
 BENCHES  = $(patsubst bench/%.c,build/%,$(wildcard bench/*.c))
 
-.PHONY: all test test-python demo bench install clean sanitize fuzz gpu-check floors
+.PHONY: all test test-python demo bench install clean sanitize fuzz fuzz-replay gpu-check floors
 all: build/libstof.a build/libstof.so $(TOOLS) build/stof-tests $(BENCHES) build/floors.ok
 
 build/gen/templates.c: $(TEMPLATES) build/embed
@@ -103,13 +109,32 @@ build/asan/stof-%: tools/%.c $(SAN_OBJ)
 	$(CC) $(CPPFLAGS) $(CFLAGS) $(WARN) $(SAN) -o $@ $< $(filter %.o,$^) $(LIBS)
 build/asan/stof-warm: build/asan/tools/workload.o
 
-build/fuzz_mask: tests/attn/fuzz_mask.c $(SAN_OBJ)
-	$(CC) $(CPPFLAGS) -Itests $(CFLAGS) $(WARN) $(SAN) -o $@ $< $(SAN_OBJ) $(LIBS)
+# Fuzz targets with the plain driver (gcc, ASan and UBSan): the corpus replay.
+# The workload target reads through tools/workload.c, as stof-warm does.
+build/fuzz/replay_%: tests/fuzz/fuzz_%.c tests/fuzz/driver.c tests/fuzz/fuzz.h $(SAN_OBJ) build/asan/tools/workload.o
+	@mkdir -p $(@D)
+	$(CC) $(CPPFLAGS) -Itests/fuzz $(CFLAGS) $(WARN) $(SAN) -o $@ $< tests/fuzz/driver.c build/asan/tools/workload.o $(SAN_OBJ) $(LIBS)
 
-test: all build/fuzz_mask
+# ... and with libFuzzer (clang), on objects built for its coverage.
+build/fuzzobj/%.o: %.c
+	@mkdir -p $(@D)
+	$(FUZZ_CC) $(CPPFLAGS) $(FUZZ_FLAGS) -fsanitize=fuzzer-no-link -MMD -MP -c -o $@ $<
+build/fuzzobj/gen/templates.o: build/gen/templates.c
+	@mkdir -p $(@D)
+	$(FUZZ_CC) $(CPPFLAGS) -O1 -c -o $@ $<
+build/fuzz/libfuzzer_%: tests/fuzz/fuzz_%.c tests/fuzz/fuzz.h $(FUZZ_OBJ) build/fuzzobj/tools/workload.o
+	@mkdir -p $(@D)
+	$(FUZZ_CC) $(CPPFLAGS) -Itests/fuzz $(FUZZ_FLAGS) -fsanitize=fuzzer -o $@ $< build/fuzzobj/tools/workload.o $(FUZZ_OBJ) $(LIBS)
+
+test: all fuzz-replay
 	STOF_BUILD=build build/stof-tests
-	build/fuzz_mask $(FUZZ_SECONDS)
 	$(MAKE) --no-print-directory test-python
+
+# Every fuzz target over its corpus (tests/corpus/TARGET), under ASan and UBSan.
+fuzz-replay: $(FUZZ_TARGETS:%=build/fuzz/replay_%)
+	@for t in $(FUZZ_TARGETS); do \
+	  UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 FUZZ_ARTIFACTS=build/fuzz \
+	    build/fuzz/replay_$$t tests/corpus/$$t || exit 1; done
 
 # The Python package's suites (stdlib unittest): CPU ones everywhere, GPU ones
 # where torch sees a GPU.
@@ -120,8 +145,8 @@ test-python: build/libstof.so $(TOOLS)
 sanitize: build/asan/stof-tests $(TOOLS:build/%=build/asan/%)
 	STOF_BUILD=build/asan ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=halt_on_error=1 build/asan/stof-tests
 
-fuzz: build/fuzz_mask
-	build/fuzz_mask $(FUZZ_SECONDS)
+fuzz:
+	@bash tools/fuzz.sh $(FUZZ_SECONDS)
 
 demo: all
 	@bash tools/demo.sh
@@ -141,4 +166,4 @@ install: all
 clean:
 	rm -rf build
 
--include $(shell find build/obj build/asan -name '*.d' 2>/dev/null)
+-include $(shell find build/obj build/asan build/fuzzobj -name '*.d' 2>/dev/null)

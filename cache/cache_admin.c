@@ -78,6 +78,11 @@ static cache_probe_result probe_db(sqlite3 *db, const char *path, char *why, siz
     long long version = 0, tables = 0;
     if (!int_query(db, "PRAGMA user_version", &version) ||
         !int_query(db, "SELECT count(*) FROM sqlite_master", &tables)) {
+        int code = sqlite3_errcode(db);
+        if (code == SQLITE_CORRUPT || code == SQLITE_NOTADB) {
+            snprintf(why, n, "%s: the cache file is damaged: %s", path, sqlite3_errmsg(db));
+            return CACHE_PROBE_DAMAGED;
+        }
         snprintf(why, n, "%s: not a readable SQLite database: %s", path, sqlite3_errmsg(db));
         return CACHE_PROBE_BAD;
     }
@@ -461,9 +466,17 @@ static stof_status integrity(err_record *err, cache *c, cache_check *k)
         len += n + (len ? 1 : 0);
     }
     stof_status st = STOF_OK;
-    if (rc != SQLITE_DONE && rc != SQLITE_ROW)
+    int code = sqlite3_errcode(cache_db(c));
+    if (rc != SQLITE_DONE && rc != SQLITE_ROW &&
+        (code == SQLITE_CORRUPT || code == SQLITE_NOTADB)) {
+        /* A file SQLite cannot walk is a finding, not a failure to check. */
+        free(k->integrity);
+        k->integrity = NULL;
+        if (asprintf(&k->integrity, "malformed: %s", sqlite3_errmsg(cache_db(c))) < 0)
+            k->integrity = NULL;
+    } else if (rc != SQLITE_DONE && rc != SQLITE_ROW)
         st = ADMIN_FAIL(err, c, "checking integrity");
-    else if (!k->integrity)
+    if (st == STOF_OK && !k->integrity)
         st = ERR_FAIL(err, STOF_ERR_NO_MEMORY, "out of memory checking the cache");
     sqlite3_finalize(s);
     return st;
@@ -497,10 +510,17 @@ static stof_status check_kernels(err_record *err, cache *c, cache_check *k)
         }
         cache_kernel_free(&r);
     }
-    if (!ok)
+    int code = sqlite3_errcode(cache_db(c));
+    if (!ok) {
         st = ERR_FAIL(err, STOF_ERR_NO_MEMORY, "out of memory checking the cache");
-    else if (rc != SQLITE_DONE)
+    } else if (rc != SQLITE_DONE && (code == SQLITE_CORRUPT || code == SQLITE_NOTADB)) {
+        k->damaged++;
+        if (!add_problem(k, CACHE_DAMAGED, NULL, "the kernels could not be read past the %lld "
+                         "before the damage: %s", k->kernels, sqlite3_errmsg(cache_db(c))))
+            st = ERR_FAIL(err, STOF_ERR_NO_MEMORY, "out of memory checking the cache");
+    } else if (rc != SQLITE_DONE) {
         st = ADMIN_FAIL(err, c, "checking kernels");
+    }
     sqlite3_finalize(s);
     return st;
 }
@@ -561,8 +581,18 @@ stof_status cache_admin_check(err_record *err, cache *c, cache_check *out)
     if (st == STOF_OK)
         st = check_kernels(err, c, out);
     tuning_check tc = {c, out, 0};
-    if (st == STOF_OK)
+    if (st == STOF_OK) {
         st = cache_admin_list_tuning(err, c, NULL, check_tuning_row, &tc);
+        int code = sqlite3_errcode(cache_db(c));
+        if (st != STOF_OK && !tc.oom && (code == SQLITE_CORRUPT || code == SQLITE_NOTADB)) {
+            out->bad_records++;
+            st = add_problem(out, CACHE_BAD_RECORD, NULL, "the tuning rows could not be read "
+                             "past the %lld before the damage: %s", out->tuning,
+                             sqlite3_errmsg(cache_db(c)))
+                     ? STOF_OK
+                     : ERR_FAIL(err, STOF_ERR_NO_MEMORY, "out of memory checking the cache");
+        }
+    }
     if (st == STOF_OK && tc.oom)
         st = ERR_FAIL(err, STOF_ERR_NO_MEMORY, "out of memory checking the cache");
     if (st != STOF_OK)

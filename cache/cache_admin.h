@@ -19,10 +19,13 @@
 typedef enum cache_probe_result {
     CACHE_PROBE_OK = 0,      /* a stof cache this stof can read */
     CACHE_PROBE_ABSENT,      /* no file there */
-    CACHE_PROBE_BAD          /* not SQLite, not a stof cache, or a newer schema */
+    CACHE_PROBE_BAD,         /* not SQLite, not a stof cache, or a newer schema */
+    CACHE_PROBE_DAMAGED      /* a SQLite file that SQLite finds malformed (truncated,
+                                overwritten): cache_recover (cache_recover.h) saves
+                                what is intact */
 } cache_probe_result;
 
-/* Looks at path read-only; why (for BAD) says what is wrong. */
+/* Looks at path read-only; why (for BAD and DAMAGED) says what is wrong. */
 cache_probe_result cache_admin_probe(const char *path, char *why, size_t n);
 
 /* The cache the library opens when stof_options.cache_path is NULL:

@@ -4,10 +4,11 @@
  * records (winners, what they beat, the model's error), statistics and an
  * integrity check, prunes, and moves a warmed cache between machines.
  *
- * It never creates a cache (except `import`, whose purpose that is) and
- * changes one only in `prune` and `import`, each in one transaction.
- * Exit status: 0 done, 1 a finding (check found damage; no SASS tool),
- * 2 bad arguments, or no usable cache.
+ * It never creates a cache (except `import` and `recover`, whose purpose
+ * that is) and changes one only in `prune` and `import`, each in one
+ * transaction; `recover` only reads the damaged file.
+ * Exit status: 0 done, 1 a finding (check found damage; recover lost
+ * entries; no SASS tool), 2 bad arguments, or no usable cache.
  */
 #include <ctype.h>
 #include <errno.h>
@@ -22,9 +23,11 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "attn/mha.h"
 #include "base/json.h"
 #include "cache/cache.h"
 #include "cache/cache_admin.h"
+#include "cache/cache_recover.h"
 #include "cache/trust.h"
 #include "codegen/nvrtc_drv.h"
 #include "stof.h"
@@ -45,18 +48,30 @@ static const char USAGE[] =
     "  prune [--older-than DAYS] [--max-bytes N[K|M|G]] [--stale]\n"
     "  export FILE                               a consistent copy, in a new file\n"
     "  import FILE                               merge a stof cache file into this one\n"
+    "  recover NEW.db [--json]                   copy every intact entry of a damaged cache\n"
+    "                                            into a new file; list what was lost\n"
+    "  mask SPEC --lq N [--lk N] [--block BQxBK] [--svg FILE]\n"
+    "       [--batch B] [--heads H] [--head-dim D] [--dtype fp16|bf16] [--arch ARCH]\n"
+    "                                            a mask's blocks (full, partial, empty) and\n"
+    "                                            the kernel the model picks for it, and why\n"
     "The cache: --cache PATH, else $STOF_CACHE, else $XDG_CACHE_HOME/stof/cache.db,\n"
     "else ~/.cache/stof/cache.db.\n";
 
 typedef struct args {
     const char *cache, *op, *arch, *mask, *older_than, *max_bytes, *part;
+    const char *lq, *lk, *svg, *block, *batch, *heads, *head_dim, *dtype;   /* mask */
     int json, stale;
     const char *cmd, *operand;
     unsigned given;            /* OPT_* bits of the options given */
 } args;
 
 enum { OPT_OP = 1, OPT_ARCH = 2, OPT_MASK = 4, OPT_JSON = 8, OPT_PART = 16, OPT_OLDER = 32,
-       OPT_MAX = 64, OPT_STALE = 128 };
+       OPT_MAX = 64, OPT_STALE = 128, OPT_LQ = 256, OPT_LK = 512, OPT_SVG = 1024,
+       OPT_BLOCK = 2048, OPT_BATCH = 4096, OPT_HEADS = 8192, OPT_HDIM = 16384,
+       OPT_DTYPE = 32768 };
+#define OPT_COUNT 16
+#define MASK_OPTS (OPT_LQ | OPT_LK | OPT_SVG | OPT_BLOCK | OPT_BATCH | OPT_HEADS | OPT_HDIM | \
+                   OPT_DTYPE | OPT_ARCH)
 
 typedef struct dump {
     stof_ctx *ctx;             /* for masks */
@@ -108,7 +123,12 @@ static int parse_option(args *a, int argc, char **argv, int *i)
         {"--cache", 0, offsetof(args, cache)},        {"--op", OPT_OP, offsetof(args, op)},
         {"--arch", OPT_ARCH, offsetof(args, arch)},   {"--mask", OPT_MASK, offsetof(args, mask)},
         {"--older-than", OPT_OLDER, offsetof(args, older_than)},
-        {"--max-bytes", OPT_MAX, offsetof(args, max_bytes)}};
+        {"--max-bytes", OPT_MAX, offsetof(args, max_bytes)},
+        {"--lq", OPT_LQ, offsetof(args, lq)},         {"--lk", OPT_LK, offsetof(args, lk)},
+        {"--svg", OPT_SVG, offsetof(args, svg)},      {"--block", OPT_BLOCK, offsetof(args, block)},
+        {"--batch", OPT_BATCH, offsetof(args, batch)}, {"--heads", OPT_HEADS, offsetof(args, heads)},
+        {"--head-dim", OPT_HDIM, offsetof(args, head_dim)},
+        {"--dtype", OPT_DTYPE, offsetof(args, dtype)}};
     const char *arg = argv[*i];
     size_t n = strcspn(arg, "=");
     for (size_t k = 0; k < sizeof vals / sizeof vals[0]; k++) {
@@ -162,9 +182,11 @@ static int parse_args(args *a, int argc, char **argv)
 /* The name of the lowest option bit set in bits. */
 static const char *option_name(unsigned bits)
 {
-    static const char *const names[] = {"--op", "--arch", "--mask", "--json", "a part (--source ...)",
-                                        "--older-than", "--max-bytes", "--stale"};
-    for (int i = 0; i < 8; i++)
+    static const char *const names[OPT_COUNT] = {
+        "--op",  "--arch", "--mask", "--json",  "a part (--source ...)", "--older-than",
+        "--max-bytes", "--stale", "--lq", "--lk", "--svg", "--block", "--batch", "--heads",
+        "--head-dim", "--dtype"};
+    for (int i = 0; i < OPT_COUNT; i++)
         if (bits & (1u << i))
             return names[i];
     return "?";
@@ -177,7 +199,7 @@ static int check_command(const args *a)
         {"list", OPT_OP | OPT_ARCH | OPT_JSON, 0}, {"show", OPT_PART, 1},
         {"tuning", OPT_OP | OPT_MASK | OPT_JSON, 0}, {"stats", OPT_JSON, 0},
         {"check", OPT_JSON, 0}, {"prune", OPT_OLDER | OPT_MAX | OPT_STALE, 0},
-        {"export", 0, 1}, {"import", 0, 1}};
+        {"export", 0, 1}, {"import", 0, 1}, {"recover", OPT_JSON, 1}, {"mask", MASK_OPTS, 1}};
     if (!a->cmd)
         return usage_error("no command given");
     for (size_t k = 0; k < sizeof cmds / sizeof cmds[0]; k++) {
@@ -187,7 +209,8 @@ static int check_command(const args *a)
             return usage_error("\"%s\" does not take %s", a->cmd,
                                option_name(a->given & ~cmds[k].opts));
         if (cmds[k].operand && !a->operand)
-            return usage_error("\"%s\" needs its operand (a key or a file)", a->cmd);
+            return usage_error("\"%s\" needs its operand (%s)", a->cmd,
+                               strcmp(a->cmd, "mask") == 0 ? "a mask spec" : "a key or a file");
         if (!cmds[k].operand && a->operand)
             return usage_error("unexpected argument \"%s\"", a->operand);
         return 0;
@@ -336,8 +359,17 @@ static int print_if_names(const cache_tuning *t, const char *ver, void *arg)
     for (int i = 0; i < n && i < 32; i++) {
         if (strcmp(keys[i], nm->key) != 0)
             continue;
-        printf("%-13s %s %s %s %s (mask %.12s)\n", nm->n++ ? "" : "tuning", t->op, t->shape,
-               t->dtype, t->arch, t->mask_hash);
+        /* Attention records name the mask by its spec; older ones only
+         * by its hash. */
+        json_value *r = json_parse(t->record, strlen(t->record), NULL);
+        const json_value *spec = json_get(r, "mask");
+        printf("%-13s %s %s %s %s, mask ", nm->n++ ? "" : "tuned for", t->op, t->shape, t->dtype,
+               t->arch);
+        if (spec && spec->type == JSON_STRING)
+            printf("%s (hash %.12s)\n", spec->str, t->mask_hash);
+        else
+            printf("%.12s (the record does not say its spec)\n", t->mask_hash);
+        json_free(r);
         break;
     }
     return 0;
@@ -365,6 +397,10 @@ static void show_summary(dump *d, const cache_kernel *k)
     printf("%-13s %lld\n", "hits", k->hits);
     naming nm = {k->key, 0};
     cache_admin_list_tuning(&d->err, d->c, NULL, print_if_names, &nm);
+    if (!nm.n)
+        printf("%-13s no tuning record names it (compiled ahead, e.g. by stof-warm "
+               "--compile-only; a kernel reads its mask as data, so it serves any)\n",
+               "tuned for");
 }
 
 static int find_tool(char *out, size_t n, const char **name)
@@ -978,7 +1014,12 @@ static void check_text(dump *d, const cache_check *k)
     for (int i = 0; i < k->n_problems; i++)
         printf("%-10s %-12.12s %s\n", cache_problem_name(k->problems[i].kind),
                k->problems[i].key[0] ? k->problems[i].key : "-", k->problems[i].what);
-    if (g_untrusted[0] && strcmp(k->integrity, "ok") == 0 && k->damaged + k->bad_records == 0)
+    if (check_failed(k) && strcmp(k->integrity, "ok") != 0)
+        printf("result     DAMAGED: SQLite cannot read the whole file; `stof-dump --cache %s "
+               "recover NEW.db`\n           copies every intact entry into a new file and lists "
+               "what was lost\n",
+               cache_file(d->c));
+    else if (g_untrusted[0] && strcmp(k->integrity, "ok") == 0 && k->damaged + k->bad_records == 0)
         printf("result     UNTRUSTED: others could have written this file; fix its permissions "
                "(see trust), or rebuild it\n");
     else if (check_failed(k))
@@ -1088,6 +1129,337 @@ static int cmd_import(dump *d)
     return 0;
 }
 
+/* ---- recover ---- */
+
+static void recover_json(const char *src, const char *dst, const cache_salvage *r)
+{
+    json_out o;
+    json_out_init(&o, stdout, 1);
+    json_begin_object(&o);
+    json_key(&o, "source");
+    json_string(&o, src);
+    json_key(&o, "output");
+    json_string(&o, dst);
+    const struct { const char *k; long long v; } nums[] = {
+        {"page_size", r->page_size},         {"pages_expected", r->pages_expected},
+        {"pages_present", r->pages_present}, {"wal_frames", r->wal_frames},
+        {"free_pages", r->free_pages},       {"kernels", r->kernels},
+        {"stale_kernels", r->stale_kernels}, {"tuning", r->tuning},
+        {"kernels_damaged", r->kernels_damaged}, {"kernels_cut", r->kernels_cut},
+        {"kernels_unseen", r->kernels_unseen},   {"tuning_cut", r->tuning_cut},
+        {"tuning_unseen", r->tuning_unseen}};
+    for (size_t i = 0; i < sizeof nums / sizeof nums[0]; i++) {
+        json_key(&o, nums[i].k);
+        json_int_out(&o, nums[i].v);
+    }
+    json_key(&o, "lost");
+    json_begin_array(&o);
+    for (int i = 0; i < r->n_lost; i++) {
+        json_begin_object(&o);
+        json_key(&o, "key");
+        json_string(&o, r->lost[i].key);
+        json_key(&o, "what");
+        json_string(&o, r->lost[i].what);
+        json_end_object(&o);
+    }
+    json_end_array(&o);
+    json_end_object(&o);
+    json_out_end(&o);
+}
+
+static void recover_text(const char *src, const char *dst, const cache_salvage *r)
+{
+    long long lost_k = r->kernels_damaged + r->kernels_cut + r->kernels_unseen;
+    long long lost_t = r->tuning_cut + r->tuning_unseen;
+    long long missing = r->pages_expected - r->pages_present;
+    printf("recovered  %s into %s\n", src, dst);
+    printf("pages      %lld of %lld present (%lld missing; %d-byte pages), %lld WAL frame%s, "
+           "%lld free\n",
+           r->pages_present, r->pages_expected, missing, r->page_size, r->wal_frames,
+           r->wal_frames == 1 ? "" : "s", r->free_pages);
+    printf("kernels    %lld kept (%lld stale), %lld lost: %lld cut off, %lld damaged, %lld named by "
+           "the key index only\n",
+           r->kernels, r->stale_kernels, lost_k, r->kernels_cut, r->kernels_damaged,
+           r->kernels_unseen);
+    printf("tuning     %lld kept, %lld lost: %lld cut off, %lld named by their index only\n",
+           r->tuning, lost_t, r->tuning_cut, r->tuning_unseen);
+    for (int i = 0; i < r->n_lost; i++)
+        printf("lost       %-12.12s %s\n", r->lost[i].key[0] ? r->lost[i].key : "-",
+               r->lost[i].what);
+    if (missing > 0)
+        printf("note       rows on the %lld missing page%s that no surviving index names cannot "
+               "be counted\n",
+               missing, missing == 1 ? "" : "s");
+    printf("result     %s\n", lost_k + lost_t || missing > 0 ? "entries may be lost (above)"
+                                                           : "nothing lost");
+    printf("next       `stof-dump --cache %s check`; to use it, remove %s and its -wal and -shm "
+           "files and move %s there\n",
+           dst, src, dst);
+}
+
+/* Reads the damaged file itself: no SQLite connection ever opens it. */
+static int cmd_recover(err_record *err, const args *a, const char *src)
+{
+    cache_salvage r;
+    if (cache_recover(err, src, a->operand, nvrtc_version_string(), &r) != STOF_OK) {
+        fprintf(stderr, "stof-dump: %s\n", err->msg);
+        return EXIT_USAGE;
+    }
+    if (a->json)
+        recover_json(src, a->operand, &r);
+    else
+        recover_text(src, a->operand, &r);
+    int lost = r.kernels_damaged + r.kernels_cut + r.kernels_unseen + r.tuning_cut +
+                   r.tuning_unseen > 0 || r.pages_present < r.pages_expected;
+    cache_salvage_free(&r);
+    return lost ? EXIT_FINDING : 0;
+}
+
+/* ---- mask ---- */
+
+/* An integer option in [lo, hi]; 0 on a bad value (after the message). */
+static int int_option(const char *opt, const char *v, int lo, int hi, int *out)
+{
+    char *end;
+    errno = 0;
+    long x = v ? strtol(v, &end, 10) : 0;
+    if (!v || errno || end == v || *end || x < lo || x > hi) {
+        usage_error("%s wants an integer from %d to %d, not \"%s\"", opt, lo, hi, v ? v : "");
+        return 0;
+    }
+    *out = (int)x;
+    return 1;
+}
+
+/* --block 64 or --block 128x64 (query rows x keys). */
+static int block_option(const char *v, int *bq, int *bk)
+{
+    int a, b, n = 0;
+    if (sscanf(v, "%d%n", &a, &n) == 1 && !v[n]) {
+        b = a;
+    } else if (!(sscanf(v, "%dx%d%n", &a, &b, &n) == 2 && !v[n])) {
+        usage_error("--block wants N or BQxBK (16 to 256 each), not \"%s\"", v);
+        return 0;
+    }
+    if (a < 16 || a > 256 || b < 16 || b > 256) {
+        usage_error("--block sizes must be 16 to 256, not \"%s\"", v);
+        return 0;
+    }
+    *bq = a;
+    *bk = b;
+    return 1;
+}
+
+static const char *engine_of(const mha_candidate *c)
+{
+    return c->wg == MHA_WS ? "wgmma-ws" : c->wg ? "wgmma" : "mma.sync";
+}
+
+static const char *kind_of(const mha_candidate *c) { return c->kind == ATTN_GATHER ? "gather" : "block"; }
+
+/* The block map, one character a cell: '#' every block full, '.' every one
+ * empty, '+' anything else; a cell is g x g blocks where the grid is wider
+ * than 64. */
+static void print_map(const unsigned char *map, int nqb, int nkb)
+{
+    int longer = nqb > nkb ? nqb : nkb, g = (longer + 63) / 64;
+    int rows = (nqb + g - 1) / g, cols = (nkb + g - 1) / g;
+    if (g == 1)
+        printf("map        # full, + partial, . empty: a character a block, query blocks down, key "
+               "blocks across\n");
+    else
+        printf("map        # all full, . all empty, + mixed or partial: a character for %d x %d "
+               "blocks\n", g, g);
+    if (cols >= 10) {
+        printf("%11s", "");
+        for (int c = 0; c < cols; c++)
+            putchar(c % 10 == 0 ? (char)('0' + c / 10 % 10) : ' ');
+        putchar('\n');
+    }
+    printf("%11s", "");
+    for (int c = 0; c < cols; c++)
+        putchar((char)('0' + c % 10));
+    putchar('\n');
+    for (int r = 0; r < rows; r++) {
+        printf("%9d  ", r * g);
+        for (int c = 0; c < cols; c++) {
+            int full = 1, empty = 1;
+            for (int i = r * g; i < (r + 1) * g && i < nqb; i++)
+                for (int j = c * g; j < (c + 1) * g && j < nkb; j++) {
+                    unsigned char b = map[(size_t)i * (size_t)nkb + (size_t)j];
+                    full &= b == STOF_BLOCK_FULL;
+                    empty &= b == STOF_BLOCK_EMPTY;
+                }
+            putchar(full ? '#' : empty ? '.' : '+');
+        }
+        putchar('\n');
+    }
+}
+
+static void print_blocks(const stof_mask_info *in, const unsigned char *map)
+{
+    long long total = (long long)in->n_qblocks * in->n_kblocks;
+    long long in_range = (long long)in->lq * in->lk;
+    printf("entries    %lld of %lld allowed (%.1f%%); a row allows %d to %d keys (mean %.1f, %.1f "
+           "run%s)%s\n",
+           in->entries, in_range, 100.0 * in->density, in->row_min, in->row_max, in->row_mean,
+           in->runs_mean, in->runs_mean == 1.0 ? "" : "s",
+           in->empty_rows ? "; some rows allow none" : "");
+    printf("blocks     %d x %d: %d x %d = %lld blocks: %lld full, %lld partial, %lld empty\n",
+           in->block_q, in->block_k, in->n_qblocks, in->n_kblocks, total, in->blocks_full,
+           in->blocks_partial, total - in->blocks_touched);
+    printf("           a block kernel walks %.1f%% of the dense work; %.1f%% of what it walks is "
+           "allowed\n",
+           100.0 * in->block_density, 100.0 * in->block_efficiency);
+    if (in->blocks_partial)
+        printf("           partial blocks are %.1f%% allowed on average (%lld distinct bitmaps); "
+               "only they need masking\n",
+               100.0 * in->partial_fill_mean, in->distinct_bitmaps);
+    print_map(map, in->n_qblocks, in->n_kblocks);
+}
+
+/* The ranking, and a sentence on why the first won. */
+static void print_model(const stof_mha_desc *d, const char *arch, const model_device *md,
+                        const stof_mask_info *at64, const mha_ranked *r, int n)
+{
+    printf("model      b=%d h=%d d=%d %s on %s, %s figures (%d SMs; dense attention %.0f "
+           "TFLOP/s on mma.sync",
+           d->batch, d->heads, d->head_dim, d->dtype == STOF_BF16 ? "bf16" : "fp16", arch,
+           md->measured ? "this GPU's measured" : "the arch's default", md->sm_count,
+           md->mma_tflops);
+    if (md->wgmma_tflops > 0)
+        printf(", %.0f on wgmma, %.0f warp-specialized", md->wgmma_tflops, md->ws_tflops);
+    printf("; %.0f GB/s)\n", md->mem_gbs);
+    if (at64->block_efficiency < MHA_GATHER_BELOW)
+        printf("           block efficiency at 64 x 64 is %.1f%%, below %.0f%%: the gather kind "
+               "(rows grouped by shared keys, keys compacted into dense tiles) competes too\n",
+               100.0 * at64->block_efficiency, 100.0 * MHA_GATHER_BELOW);
+    else
+        printf("           block efficiency at 64 x 64 is %.1f%% (%.0f%% or more): block tiles "
+               "waste little, so only the block kind competes\n",
+               100.0 * at64->block_efficiency, 100.0 * MHA_GATHER_BELOW);
+    printf("  rank     %-7s %-9s %-17s %-36s %s\n", "KIND", "ENGINE", "TILE", "WALKS PER HEAD",
+           "PREDICTED");
+    int shown = n < 8 ? n : 8;
+    for (int i = 0; i < shown; i++) {
+        const mha_candidate *c = &r[i].c;
+        long long dense = (long long)((d->seq_q + c->bm - 1) / c->bm) * ((d->seq_k + c->bn - 1) / c->bn);
+        char tile[32], walks[96];
+        if (c->wg)
+            snprintf(tile, sizeof tile, "%dx%d %d stages", c->bm, c->bn, c->st);
+        else
+            snprintf(tile, sizeof tile, "%dx%d%s%s", c->bm, c->bn, c->mt == 2 ? " 2 rows" : "",
+                     c->qs ? " q smem" : "");
+        snprintf(walks, sizeof walks, "%lld of %lld tiles (%.1f%%), %lld full", r[i].tiles, dense,
+                 dense ? 100.0 * (double)r[i].tiles / (double)dense : 0.0, r[i].full_tiles);
+        printf("  %4d     %-7s %-9s %-17s %-36s %.4f ms\n", i + 1, kind_of(c), engine_of(c), tile,
+               walks, r[i].predicted_ms);
+    }
+    if (n > shown)
+        printf("  ... and %d more candidates\n", n - shown);
+    if (n == 0)
+        return;
+    const mha_ranked *w = &r[0], *other = NULL;
+    for (int i = 1; i < n && !other; i++)
+        if (r[i].c.kind != w->c.kind)
+            other = &r[i];
+    printf("pick       %s on %s, %d x %d tiles: predicted %.4f ms", kind_of(&w->c), engine_of(&w->c),
+           w->c.bm, w->c.bn, w->predicted_ms);
+    if (other && other->predicted_ms > 0)
+        printf(", %.2fx ahead of the best %s kernel (%s %dx%d, %.4f ms)",
+               other->predicted_ms / w->predicted_ms, kind_of(&other->c), engine_of(&other->c),
+               other->c.bm, other->c.bn, other->predicted_ms);
+    printf("\n           the model's first choice; on a GPU the search (stof_mha_plan_create, "
+           "stof-warm) times the best few\n           and keeps the fastest: `stof-dump tuning "
+           "--mask SPEC` shows what it kept\n");
+}
+
+static int cmd_mask(const args *a)
+{
+    int lq = 0, lk = 0, bq = 64, bk = 64, batch = 8, heads = 12, hd = 64;   /* BERT-base */
+    if (!a->lq)
+        return usage_error("mask needs --lq N (the query rows; --lk N the keys, when they differ)");
+    if (!int_option("--lq", a->lq, 1, 1 << 24, &lq))
+        return EXIT_USAGE;
+    lk = lq;
+    if ((a->lk && !int_option("--lk", a->lk, 1, 1 << 24, &lk)) ||
+        (a->block && !block_option(a->block, &bq, &bk)) ||
+        (a->batch && !int_option("--batch", a->batch, 1, 65535, &batch)) ||
+        (a->heads && !int_option("--heads", a->heads, 1, 65535, &heads)) ||
+        (a->head_dim && !int_option("--head-dim", a->head_dim, 32, 128, &hd)))
+        return EXIT_USAGE;
+    stof_dtype dt = STOF_F16;
+    if (a->dtype && strcmp(a->dtype, "fp16") != 0) {
+        if (strcmp(a->dtype, "bf16") != 0)
+            return usage_error("--dtype wants fp16 or bf16, not \"%s\"", a->dtype);
+        dt = STOF_BF16;
+    }
+    const char *arch = a->arch ? a->arch : "sm_90a";
+    stof_options opt = {.no_cache = 1, .arch = arch};
+    stof_ctx *ctx = NULL;
+    if (stof_open(&ctx, &opt) != STOF_OK)
+        return usage_error("--arch %s: %s", arch, stof_last_error(NULL));
+    stof_mask *m = NULL;
+    int rc = 0;
+    unsigned char *map = NULL;
+    stof_mask_info in, at64;
+    if (stof_mask_parse(ctx, a->operand, lq, lk, &m) != STOF_OK) {
+        rc = usage_error("bad mask: %s", stof_last_error(ctx));
+        goto done;
+    }
+    if (stof_mask_stats(ctx, m, bq, bk, &in) != STOF_OK ||
+        stof_mask_stats(ctx, m, 64, 64, &at64) != STOF_OK) {
+        rc = usage_error("%s", stof_last_error(ctx));
+        goto done;
+    }
+    map = malloc((size_t)in.n_qblocks * (size_t)in.n_kblocks);
+    if (!map || stof_mask_block_map(ctx, m, bq, bk, map) != STOF_OK) {
+        fprintf(stderr, "stof-dump: %s\n", map ? stof_last_error(ctx) : "out of memory");
+        rc = EXIT_FINDING;
+        goto done;
+    }
+    char hash[65] = "";
+    stof_mask_hash(m, hash);
+    printf("mask       %s over %d query rows x %d keys (hash %.12s)\n", stof_mask_spec(m), lq, lk,
+           hash);
+    print_blocks(&in, map);
+    stof_mha_desc d = {.batch = batch, .heads = heads, .seq_q = lq, .seq_k = lk, .head_dim = hd,
+                       .dtype = dt};
+    mha_ranked r[MHA_MAX_CANDIDATES];
+    int n = 0;
+    model_device md;
+    if (mha_rank(ctx, &d, m, r, MHA_MAX_CANDIDATES, &n, &md) == STOF_OK)
+        print_model(&d, arch, &md, &at64, r, n);
+    else
+        printf("model      no ranking: %s\n", stof_last_error(ctx));
+    if (a->svg) {
+        void *pic = NULL;
+        size_t len = 0;
+        if (stof_mask_picture(ctx, m, bq, bk, STOF_PICTURE_SVG, &pic, &len) != STOF_OK) {
+            fprintf(stderr, "stof-dump: no picture: %s\n", stof_last_error(ctx));
+            rc = EXIT_FINDING;
+            goto done;
+        }
+        FILE *f = fopen(a->svg, "wb");
+        int ok = f && fwrite(pic, 1, len, f) == len;
+        ok = (f && fclose(f) == 0) && ok;
+        stof_mask_picture_free(pic);
+        if (!ok) {
+            fprintf(stderr, "stof-dump: cannot write %s: %s\n", a->svg, strerror(errno));
+            rc = EXIT_FINDING;
+            goto done;
+        }
+        printf("picture    %s (SVG: %d x %d blocks of %d x %d; dark full, light partial, white "
+               "empty)\n",
+               a->svg, in.n_qblocks, in.n_kblocks, bq, bk);
+    }
+done:
+    free(map);
+    stof_mask_free(m);
+    stof_close(ctx);
+    return rc;
+}
+
 /* ---- opening ---- */
 
 /* "sm_" then two or three digits and at most one letter ("sm_90a"). */
@@ -1130,9 +1502,17 @@ static int cache_path(const args *a, char *path, size_t n)
         }
     }
     cache_probe_result p = cache_admin_probe(path, why, sizeof why);
-    if (p == CACHE_PROBE_BAD || (p == CACHE_PROBE_ABSENT && strcmp(a->cmd, "import") != 0)) {
+    /* recover reads what SQLite would refuse. */
+    if (strcmp(a->cmd, "recover") == 0 && p != CACHE_PROBE_ABSENT)
+        return 0;
+    if (p == CACHE_PROBE_BAD || p == CACHE_PROBE_DAMAGED ||
+        (p == CACHE_PROBE_ABSENT && strcmp(a->cmd, "import") != 0)) {
         fprintf(stderr, "stof-dump: %s%s\n", why,
                 p == CACHE_PROBE_ABSENT ? " (no stof cache there; nothing was created)" : "");
+        if (p == CACHE_PROBE_DAMAGED)
+            fprintf(stderr, "stof-dump: `stof-dump --cache '%s' recover NEW.db` copies every "
+                            "intact entry into a new file and lists what was lost\n",
+                    path);
         return EXIT_USAGE;
     }
     return 0;
@@ -1163,6 +1543,9 @@ int main(int argc, char **argv)
     int rc = parse_args(&a, argc, argv);
     if (!rc)
         rc = check_command(&a);
+    /* A mask needs no cache. */
+    if (!rc && strcmp(a.cmd, "mask") == 0)
+        return cmd_mask(&a);
     char path[4096];
     if (!rc)
         rc = cache_path(&a, path, sizeof path);
@@ -1173,6 +1556,11 @@ int main(int argc, char **argv)
     if (stof_open(&d.ctx, &opt) != STOF_OK) {
         fprintf(stderr, "stof-dump: %s\n", stof_last_error(NULL));
         return EXIT_USAGE;
+    }
+    if (strcmp(a.cmd, "recover") == 0) {
+        rc = cmd_recover(&d.err, &a, path);
+        stof_close(d.ctx);
+        return rc;
     }
     if (cache_open(&d.err, path, 0, nvrtc_version_string(), &d.c) != STOF_OK) {
         fprintf(stderr, "stof-dump: %s\n", d.err.msg);

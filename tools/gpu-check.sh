@@ -93,8 +93,8 @@ if [[ $mode == all || $mode == tests ]]; then
         row tests "$([[ $rc == 0 && -n $line ]] && echo PASS || echo FAIL)" "$detail"
     fi
 
-    if [[ ! -x $build/stof-demo ]]; then
-        row demo MISSING "$build/stof-demo not found"
+    if [[ ! -x $build/stof-demo || ! -x $build/stof-demo-attn ]]; then
+        row demo MISSING "$build/stof-demo or $build/stof-demo-attn not found"
     else
         echo "gpu-check: running tools/demo.sh (log: $logs/demo.log)"
         STOF_DEMO_DIR=$logs/demo bash tools/demo.sh > "$logs/demo.log" 2>&1

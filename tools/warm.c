@@ -930,8 +930,15 @@ int main(int argc, char **argv)
     }
     int rc = parse_args(&o, argc, argv);
     char why[1400];
-    if (!rc && cache_admin_probe(o.cache_path, why, sizeof why) == CACHE_PROBE_BAD) {
+    cache_probe_result probe = rc ? CACHE_PROBE_OK : cache_admin_probe(o.cache_path, why, sizeof why);
+    if (probe == CACHE_PROBE_BAD || probe == CACHE_PROBE_DAMAGED) {
         fprintf(stderr, "stof-warm: %s\n", why);
+        if (probe == CACHE_PROBE_DAMAGED)
+            fprintf(stderr, "stof-warm: to save what is intact: stof-dump --cache '%s' recover NEW.db\n"
+                            "  copies every entry whose checksum holds into NEW.db and lists what was "
+                            "lost;\n  then put NEW.db in the cache's place (removing the old file's "
+                            "-wal and -shm) and warm again\n",
+                    o.cache_path);
         rc = EXIT_USAGE;
     }
     static preflight p;

@@ -776,7 +776,7 @@ static stof_status rank_candidates(stof_ctx *ctx, const stof_mha_desc *d, const 
     int smem_max = ctx->dev.ok ? ctx->dev.smem_optin : 227 * 1024;
     int nc = mha_candidates(d->head_dim, smem_max, strcmp(ctx->arch, "sm_90a") == 0, c,
                             MHA_MAX_CANDIDATES);
-    int want_gather = ms->info.block_efficiency < 0.75;
+    int want_gather = ms->info.block_efficiency < MHA_GATHER_BELOW;
     model_device md;
     TRY(device_figures(ctx, &md, measure));
     *n = 0;
@@ -911,17 +911,24 @@ static stof_status search(stof_ctx *ctx, const stof_mha_desc *d, const mask_summ
     return st;
 }
 
-char *mha_record_format(const mha_tried *cs, int n, int winner, const char *kernel, const char *why)
+char *mha_record_format(const mha_tried *cs, int n, int winner, const char *kernel, const char *why,
+                        const char *mask_spec)
 {
     strbuf b = {0};
     const mha_tried *w = &cs[winner];
     strbuf_printf(&b,
                   "{\"winner\":{\"kind\":\"%s\",\"bm\":%d,\"bn\":%d,\"mt\":%d,\"qs\":%d,\"wg\":%d,"
                   "\"st\":%d,\"ms\":%.6f,\"predicted_ms\":%.6f,\"kernel\":\"%s\"},"
-                  "\"model_error\":%.4f,\"how\":\"%s\",\"tried\":[",
+                  "\"model_error\":%.4f,\"how\":\"%s\",",
                   kind_name(w->c.kind), w->c.bm, w->c.bn, w->c.mt, w->c.qs, w->c.wg, w->c.st, w->ms,
                   w->predicted_ms, kernel,
                   w->ms > 0 ? w->predicted_ms / w->ms - 1 : 0.0, why);
+    /* A spec is [a-z0-9_:,+&-] only, so it needs no escaping; a record
+     * without one just cannot name its mask. */
+    if (mask_spec && *mask_spec && strspn(mask_spec, "abcdefghijklmnopqrstuvwxyz0123456789_:,+&-") ==
+                                       strlen(mask_spec))
+        strbuf_printf(&b, "\"mask\":\"%s\",", mask_spec);
+    strbuf_puts(&b, "\"tried\":[");
     int first = 1;
     for (int i = 0; i < n; i++) {
         const mha_tried *s = &cs[i];
@@ -1073,7 +1080,8 @@ stof_status mha_plan_create(stof_ctx *ctx, const stof_mha_desc *desc, const stof
         for (int i = 0; i < n; i++)
             tried[i] = (mha_tried){cs[i].c, cs[i].predicted_ms, cs[i].ms, cs[i].verdict};
         char *record = mha_record_format(tried, n, winner, p->L.key,
-                                         level == STOF_TUNE_FULL ? "full" : "fast");
+                                         level == STOF_TUNE_FULL ? "full" : "fast",
+                                         stof_mask_spec(mask));
         cache_tuning t = {"mha", p->mask_hash, shape, (char *)dt, ctx->arch, record, 0};
         if (record) {
             /* A record that fails to store costs a later search, no more. */
@@ -1208,4 +1216,26 @@ stof_status stof_mha_prepare(stof_ctx *ctx, const stof_mha_desc *desc, const sto
     }
     free_candidates(cs, n);
     return st;
+}
+
+stof_status mha_rank(stof_ctx *ctx, const stof_mha_desc *desc, const stof_mask *mask,
+                     mha_ranked *out, int cap, int *n, model_device *md)
+{
+    if (!ctx)
+        return STOF_ERR_INVALID_ARG;
+    *n = 0;
+    TRY(check_desc(ctx, desc, mask));
+    TRY(device_figures(ctx, md, 0));
+    mask_summary ms;
+    TRY(mask_summarize(ctx, mask, &ms));
+    cand_state cs[MHA_MAX_CANDIDATES];
+    int nc = 0;
+    stof_status st = rank_candidates(ctx, desc, &ms, 0, cs, &nc);
+    mask_summary_free(&ms);
+    TRY(st);
+    for (int i = 0; i < nc && *n < cap; i++)
+        out[(*n)++] = (mha_ranked){cs[i].c, cs[i].predicted_ms, cs[i].tiles.n_tiles,
+                                   cs[i].tiles.n_full, cs[i].tiles.n_groups};
+    free_candidates(cs, nc);
+    return STOF_OK;
 }

@@ -62,9 +62,10 @@ typedef struct mha_tried {
 } mha_tried;
 
 /* The JSON record of a search (winner = index into tried, kernel = its
- * cache key); caller frees. */
+ * cache key, mask_spec = stof_mask_spec of the mask it was tuned for, so
+ * that stof-dump can name it; NULL leaves it out); caller frees. */
 char *mha_record_format(const mha_tried *tried, int n, int winner, const char *kernel,
-                        const char *why);
+                        const char *why, const char *mask_spec);
 /* The winner of a record; 0 when the text is not a valid record. */
 int mha_record_parse(const char *record, mha_candidate *c, double *ms, double *predicted_ms);
 
@@ -77,6 +78,24 @@ stof_status mha_device_figures(stof_ctx *ctx, model_device *md);
  * plan summarizes it), so that a layer walks its mask once. */
 stof_status mha_plan_create(stof_ctx *ctx, const stof_mha_desc *desc, const stof_mask *mask,
                             const mask_summary *ms, stof_mha_plan **plan);
+
+/* Below this block efficiency (stof_mask_info at 64 x 64 blocks) the
+ * gathered kind competes too; above it, block tiles waste little. */
+#define MHA_GATHER_BELOW 0.75
+
+/* A candidate as the model ranked it, with what its tiles walk. */
+typedef struct mha_ranked {
+    mha_candidate c;
+    double predicted_ms;
+    long long tiles, full_tiles, groups;   /* per (batch, head) */
+} mha_ranked;
+
+/* The model's ranking for a case, best first, as a compile-only prepare
+ * makes it (the device's known or cached figures, else the arch's
+ * defaults in *md; nothing timed, nothing compiled): for stof-dump mask.
+ * *n is how many were written (at most cap). */
+stof_status mha_rank(stof_ctx *ctx, const stof_mha_desc *desc, const stof_mask *mask,
+                     mha_ranked *out, int cap, int *n, model_device *md);
 
 /* A plan for exactly candidate c, skipping the model and the search: for
  * tests of every kernel and for benchmarks. */

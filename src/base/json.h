@@ -63,7 +63,7 @@ void json_path_index(char *path, size_t n, size_t i);
 /* ---- writer ----
  * Emits well-formed JSON to a FILE: pretty (two-space indent, one member per
  * line) or compact. Numbers that are not finite are written as null. */
-#define JSON_OUT_DEPTH 64
+#define JSON_OUT_DEPTH (JSON_MAX_DEPTH + 2)   /* whatever the reader accepts can be written */
 typedef struct json_out {
     FILE *f;
     int pretty;

@@ -11,6 +11,7 @@
 #include "attn/mask.h"
 #include "attn/mha.h"
 #include "attn/model.h"
+#include "base/json.h"
 #include "cache/cache.h"
 #include "ctx.h"
 #include "testutil.h"
@@ -368,8 +369,14 @@ START_TEST(tuning_record_round_trip)
     mha_tried t[3] = {{{ATTN_BLOCK, 64, 64, 1, 0, 0, 0}, 0.5, 0.61, "ok"},
                       {{ATTN_GATHER, 128, 32, 2, 1, 0, 0}, 0.4, 0.52, "ok"},
                       {{ATTN_BLOCK, 192, 64, 1, 0, 1, 3}, 0.7, 0, NULL}};
-    char *rec = mha_record_format(t, 3, 1, "0123abcd", "fast");
+    char *rec = mha_record_format(t, 3, 1, "0123abcd", "fast", "window:256+global:64");
     ck_assert_ptr_nonnull(rec);
+    ck_assert_ptr_nonnull(strstr(rec, "\"mask\":\"window:256+global:64\""));
+    json_value *js = json_parse(rec, strlen(rec), NULL);
+    ck_assert_ptr_nonnull(js);
+    ck_assert_str_eq(json_get(js, "mask")->str, "window:256+global:64");
+    ck_assert_uint_eq(json_get(js, "tried")->n, 3);
+    json_free(js);
     ck_assert_ptr_nonnull(strstr(rec, "\"verdict\":\"ok\""));
     ck_assert_ptr_nonnull(strstr(rec, "\"kernel\":\"0123abcd\""));
     mha_candidate c;
@@ -384,7 +391,8 @@ START_TEST(tuning_record_round_trip)
     ck_assert_double_eq_tol(ms, 0.52, 1e-9);
     ck_assert_double_eq_tol(pred, 0.4, 1e-9);
     free(rec);
-    rec = mha_record_format(t, 3, 2, "4567", "full");
+    rec = mha_record_format(t, 3, 2, "4567", "full", NULL);
+    ck_assert_ptr_null(strstr(rec, "\"mask\""));
     ck_assert(mha_record_parse(rec, &c, &ms, &pred));
     ck_assert_int_eq(c.wg, 1);
     ck_assert_int_eq(c.bm, 192);

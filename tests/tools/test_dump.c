@@ -3,9 +3,10 @@
  * filled (compile-only for sm_90a, no GPU): list, show every part (SASS
  * through a stand-in cuobjdump, and the plain message when there is none),
  * tuning records (written with cache_put_tuning in the search's format) and
- * the --mask filter, stats, check on sound and deliberately damaged caches
- * (bytes flipped through SQLite, stale versions, orphans, unreadable
- * records), prune, an export/import round trip, and bad input: exit 2,
+ * the --mask filter, show naming the mask a kernel was tuned for, a mask's
+ * blocks (the text map, the model's ranking, the SVG), stats, check on sound
+ * and deliberately damaged caches (bytes flipped through SQLite, stale
+ * versions, orphans, unreadable records), prune, an export/import round trip, and bad input: exit 2,
  * nothing created, nothing changed.
  */
 #include <sqlite3.h>
@@ -15,6 +16,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "attn/mha.h"
 #include "base/json.h"
 #include "cache/cache.h"
 #include "codegen/nvrtc_drv.h"
@@ -483,6 +485,196 @@ START_TEST(test_tuning)
 }
 END_TEST
 
+/* ---- the mask a kernel was tuned for ---- */
+
+START_TEST(test_show_names_mask)
+{
+    fixture f;
+    setup(&f);
+    char window[65], causal[65], *out;
+    mask_hash("window:32", 128, window);
+    mask_hash("causal", 128, causal);
+    mha_tried t[2] = {{{ATTN_BLOCK, 64, 64, 1, 0, 0, 0}, 0.5, 0.61, "ok"},
+                      {{ATTN_GATHER, 64, 64, 1, 0, 0, 0}, 0.4, 0.52, "ok"}};
+    char *rec = mha_record_format(t, 2, 0, f.keys[0], "fast", "window:32");
+    put_tuning(f.cache, window, rec);
+    free(rec);
+    ck_assert_int_eq(dump(&out, f.cache, "show %.12s", f.keys[0]), 0);
+    char want[256];
+    snprintf(want, sizeof want,
+             "tuned for     mha b=1,h=2,lq=128,lk=128,d=64,layout=bhld fp16 sm_90a, mask window:32 "
+             "(hash %.12s)\n", window);
+    ck_assert_msg(strstr(out, want), "want [%s] in:\n%s", want, out);
+    free(out);
+    /* A record of an older stof names only the hash. */
+    rec = record_for(f.keys[0]);
+    put_tuning(f.cache, causal, rec);
+    free(rec);
+    ck_assert_int_eq(dump(&out, f.cache, "show %.12s", f.keys[0]), 0);
+    ck_assert_msg(strstr(out, want + 14), "want [%s] in:\n%s", want + 14, out);
+    snprintf(want, sizeof want, "mask %.12s (the record does not say its spec)", causal);
+    ck_assert_msg(strstr(out, want), "%s", out);
+    free(out);
+    /* A kernel no record names. */
+    ck_assert_int_eq(dump(&out, f.cache, "show %.12s", f.keys[1]), 0);
+    ck_assert_ptr_nonnull(strstr(out, "tuned for     no tuning record names it"));
+    free(out);
+    teardown(&f);
+}
+END_TEST
+
+/* ---- a mask's blocks ---- */
+
+static stof_mask_info mask_info(const char *spec, int lq, int lk, int b)
+{
+    stof_ctx *ctx = NULL;
+    stof_mask *m = NULL;
+    stof_mask_info in;
+    ck_assert_int_eq(stof_open(&ctx, &(stof_options){.no_cache = 1}), STOF_OK);
+    ck_assert_int_eq(stof_mask_parse(ctx, spec, lq, lk, &m), STOF_OK);
+    ck_assert_int_eq(stof_mask_stats(ctx, m, b, b, &in), STOF_OK);
+    stof_mask_free(m);
+    stof_close(ctx);
+    return in;
+}
+
+/* The map's rows (lines of '#', '+' and '.' after "map"): how many, how
+ * wide, and the count of each character (empty, partial, full). */
+static int map_rows(const char *out, long long n[3], int *width)
+{
+    const char *p = strstr(out, "\nmap ");
+    ck_assert_ptr_nonnull(p);
+    int rows = 0;
+    n[0] = n[1] = n[2] = 0;
+    *width = 0;
+    for (p = strchr(p + 1, '\n'); p && *p; p = strchr(p, '\n')) {
+        p++;
+        size_t len = strcspn(p, "\n");
+        if (len < 12 || strspn(p, " 0123456789") != 11 || !strchr("#+.", p[11]))
+            continue;
+        int w = 0;
+        for (size_t i = 11; i < len; i++, w++)
+            n[p[i] == '#' ? 2 : p[i] == '+' ? 1 : 0]++;
+        *width = w;
+        rows++;
+    }
+    return rows;
+}
+
+START_TEST(test_mask)
+{
+    char *dir = test_tmpdir(), *svg = path_in(dir, "m.svg"), *out;
+    const char *spec = "window:256+global:64";
+    stof_mask_info in = mask_info(spec, 2048, 2048, 64);
+    /* No cache anywhere: a mask needs none. */
+    int rc = test_sh(&out, "STOF_CACHE=off STOF_NO_GPU=1 %s mask '%s' --lq 2048 --svg '%s'",
+                     test_build_path("stof-dump"), spec, svg);
+    ck_assert_msg(rc == 0, "%s", out);
+    ck_assert_ptr_nonnull(
+        strstr(out, "mask       window:256+global:64 over 2048 query rows x 2048 keys"));
+    char want[256];
+    snprintf(want, sizeof want,
+             "blocks     64 x 64: 32 x 32 = 1024 blocks: %lld full, %lld partial, %lld empty",
+             in.blocks_full, in.blocks_partial, 1024 - in.blocks_touched);
+    ck_assert_msg(strstr(out, want), "want [%s] in:\n%s", want, out);
+    long long n[3];
+    int width;
+    ck_assert_int_eq(map_rows(out, n, &width), 32);
+    ck_assert_int_eq(width, 32);
+    ck_assert_int_eq(n[2], in.blocks_full);
+    ck_assert_int_eq(n[1], in.blocks_partial);
+    ck_assert_int_eq(n[0], 1024 - in.blocks_touched);
+    /* The global rows are full; row 1 has the global keys, then the window. */
+    ck_assert_ptr_nonnull(strstr(out, "\n        0  ################################\n"));
+    ck_assert_ptr_nonnull(strstr(out, "\n        1  ###+....."));
+    /* The model: its figures, the kinds that compete, a ranking and its pick. */
+    ck_assert_ptr_nonnull(
+        strstr(out, "model      b=8 h=12 d=64 fp16 on sm_90a, the arch's default figures"));
+    ck_assert_ptr_nonnull(strstr(out, "only the block kind competes"));
+    ck_assert_ptr_nonnull(strstr(out, "  rank     KIND"));
+    ck_assert_ptr_nonnull(strstr(out, "\n     1     block"));
+    ck_assert_ptr_nonnull(strstr(out, "pick       block on "));
+    ck_assert_ptr_nonnull(strstr(out, "picture    "));
+    free(out);
+    /* The SVG is the library's picture of the same blocks. */
+    size_t len;
+    char *got = test_slurp(svg, &len);
+    stof_ctx *ctx = NULL;
+    stof_mask *m = NULL;
+    void *pic = NULL;
+    size_t plen = 0;
+    ck_assert_int_eq(stof_open(&ctx, &(stof_options){.no_cache = 1}), STOF_OK);
+    ck_assert_int_eq(stof_mask_parse(ctx, spec, 2048, 2048, &m), STOF_OK);
+    ck_assert_int_eq(stof_mask_picture(ctx, m, 64, 64, STOF_PICTURE_SVG, &pic, &plen), STOF_OK);
+    ck_assert_uint_eq(len, plen);
+    ck_assert(memcmp(got, pic, len) == 0);
+    ck_assert(strncmp(got, "<svg xmlns=\"http://www.w3.org/2000/svg\"", 39) == 0);
+    ck_assert_ptr_nonnull(strstr(got, "window:256+global:64"));
+    snprintf(want, sizeof want, "full %lld</text>", in.blocks_full);
+    ck_assert_ptr_nonnull(strstr(got, want));
+    ck_assert_ptr_nonnull(strstr(got, "</svg>\n"));
+    stof_mask_picture_free(pic);
+    stof_mask_free(m);
+    stof_close(ctx);
+    free(got);
+
+    /* A scattered mask: the gather kind competes; Lq != Lk; other blocks. */
+    rc = test_sh(&out,
+                 "%s mask 'dilated:128:4' --lq 1024 --lk 1536 --block 128x64 --heads 16"
+                 " --head-dim 128 --dtype bf16",
+                 test_build_path("stof-dump"));
+    ck_assert_msg(rc == 0, "%s", out);
+    ck_assert_ptr_nonnull(strstr(out, "over 1024 query rows x 1536 keys"));
+    ck_assert_ptr_nonnull(strstr(out, "blocks     128 x 64: 8 x 24 = 192 blocks"));
+    ck_assert_ptr_nonnull(strstr(out, "the gather kind"));
+    ck_assert_ptr_nonnull(strstr(out, "competes too"));
+    ck_assert_ptr_nonnull(strstr(out, " gather "));
+    ck_assert_ptr_nonnull(strstr(out, "b=8 h=16 d=128 bf16"));
+    ck_assert_int_eq(map_rows(out, n, &width), 8);
+    ck_assert_int_eq(width, 24);
+    free(out);
+
+    /* A long sequence: a character stands for 4 x 4 blocks. */
+    rc = test_sh(&out, "%s mask causal --lq 16384", test_build_path("stof-dump"));
+    ck_assert_msg(rc == 0, "%s", out);
+    ck_assert_ptr_nonnull(strstr(out, "a character for 4 x 4 blocks"));
+    ck_assert_int_eq(map_rows(out, n, &width), 64);
+    ck_assert_int_eq(width, 64);
+    ck_assert_int_eq(n[1], 64);     /* the diagonal */
+    free(out);
+
+    /* Bad input: exit 2 and a reason; an unwritable picture: exit 1. */
+    static const struct { const char *args, *says; } bad[] = {
+        {"mask causal", "mask needs --lq"},
+        {"mask", "needs its operand (a mask spec)"},
+        {"mask 'window:3' --lq 64", "bad mask"},
+        {"mask causal --lq 0", "--lq wants an integer"},
+        {"mask causal --lq 64 --lk x", "--lk wants an integer"},
+        {"mask causal --lq 64 --block 8", "--block sizes"},
+        {"mask causal --lq 64 --block 64y64", "--block wants"},
+        {"mask causal --lq 64 --dtype fp32", "--dtype wants fp16 or bf16"},
+        {"mask causal --lq 64 --head-dim 7", "--head-dim wants"},
+        {"mask causal --lq 64 --arch sm_9x", "sm_9x"},
+        {"mask causal --lq 64 --json", "\"mask\" does not take --json"},
+        {"list --lq 64", "\"list\" does not take --lq"},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        rc = test_sh(&out, "%s %s", test_build_path("stof-dump"), bad[i].args);
+        ck_assert_msg(rc == 2 && strstr(out, bad[i].says), "[%s]: rc %d:\n%s", bad[i].args, rc,
+                      out);
+        free(out);
+    }
+    rc = test_sh(&out, "%s mask causal --lq 64 --svg '%s/no/such/dir/m.svg'",
+                 test_build_path("stof-dump"), dir);
+    ck_assert_int_eq(rc, 1);
+    ck_assert_ptr_nonnull(strstr(out, "cannot write"));
+    free(out);
+    test_rmtree(dir);
+    free(dir);
+    free(svg);
+}
+END_TEST
+
 /* ---- stats and check ---- */
 
 START_TEST(test_stats)
@@ -897,6 +1089,8 @@ Suite *suite_dump(void)
     tcase_add_test(tc, test_show_sass);
     tcase_add_test(tc, test_show_bad_keys);
     tcase_add_test(tc, test_tuning);
+    tcase_add_test(tc, test_show_names_mask);
+    tcase_add_test(tc, test_mask);
     tcase_add_test(tc, test_stats);
     tcase_add_test(tc, test_check);
     tcase_add_test(tc, test_check_bad_record);

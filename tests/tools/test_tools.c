@@ -1,9 +1,9 @@
 /*
- * test_tools — the demo's command line (build/stof-demo and tools/demo.sh):
- * --help, every kind of bad argument (exit 2 with a message), and the
- * compile-only path with no GPU (forced with STOF_NO_GPU), where a second
- * process must hit the cache. stof-dump and stof-warm have tests of their
- * own.
+ * test_tools — the demos' command lines (build/stof-demo, the LayerNorm;
+ * build/stof-demo-attn, masked attention; tools/demo.sh, both): --help,
+ * every kind of bad argument (exit 2 with a message), and the compile-only
+ * path with no GPU (forced with STOF_NO_GPU), where a second process must
+ * hit the cache. stof-dump and stof-warm have tests of their own.
  */
 #include <stdlib.h>
 #include <string.h>
@@ -14,6 +14,13 @@ static int run_demo(const char *args, char **out)
 {
     char cmd[2048];
     snprintf(cmd, sizeof cmd, "STOF_NO_GPU=1 %s %s", test_build_path("stof-demo"), args);
+    return test_run(cmd, out);
+}
+
+static int run_attn(const char *args, char **out)
+{
+    char cmd[2048];
+    snprintf(cmd, sizeof cmd, "STOF_NO_GPU=1 %s %s", test_build_path("stof-demo-attn"), args);
     return test_run(cmd, out);
 }
 
@@ -126,6 +133,105 @@ START_TEST(test_demo_compile_only)
 }
 END_TEST
 
+START_TEST(test_attn_help)
+{
+    char *out = NULL;
+    ck_assert_int_eq(run_attn("--help", &out), 0);
+    ck_assert_ptr_nonnull(strstr(out, "usage: stof-demo-attn"));
+    const char *opts[] = {"--cache", "--no-cache", "--batch", "--heads", "--seq", "--head-dim",
+                          "--mask", "--dtype", "--arch", "--iters", "--seed", "--help"};
+    for (size_t i = 0; i < sizeof opts / sizeof opts[0]; i++)
+        ck_assert_msg(strstr(out, opts[i]) != NULL, "--help does not mention %s", opts[i]);
+    free(out);
+}
+END_TEST
+
+START_TEST(test_attn_bad_args)
+{
+    static const struct { const char *args, *says; } bad[] = {
+        {"--bogus", "unknown option \"--bogus\""},
+        {"--batch", "--batch needs a value"},
+        {"--batch 0", "--batch"},
+        {"--heads x", "\"x\""},
+        {"--seq 0", "--seq"},
+        {"--head-dim 48", "--head-dim is 32, 64, 80, 96 or 128"},
+        {"--dtype fp32", "--dtype is fp16 or bf16"},
+        {"--mask ''", "--mask needs a spec"},
+        {"--mask 'window:3'", "--mask: "},
+        {"--mask 'docs:100,100' --seq 256", "--mask: "},
+        {"--arch sm_9x", "sm_9x"},
+        {"--iters 0", "--iters"},
+        {"--batch 1024 --heads 256", "at most 65535"},
+        {"--cache x.db --no-cache", "contradict"},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        char *out = NULL;
+        int rc = run_attn(bad[i].args, &out);
+        ck_assert_msg(rc == 2, "stof-demo-attn %s: exit %d, want 2; output:\n%s", bad[i].args, rc,
+                      out);
+        ck_assert_msg(strstr(out, "stof-demo-attn: ") && strstr(out, bad[i].says) &&
+                          strstr(out, "--help"),
+                      "stof-demo-attn %s: the message should say \"%s\":\n%s", bad[i].args,
+                      bad[i].says, out);
+        ck_assert_msg(strstr(out, "result:") == NULL, "stof-demo-attn %s ran anyway", bad[i].args);
+        free(out);
+    }
+}
+END_TEST
+
+START_TEST(test_attn_compile_only)
+{
+    char *dir = test_tmpdir(), args[1400], *out = NULL, v[64];
+    snprintf(args, sizeof args,
+             "--cache %s/c.db --batch 1 --heads 2 --seq 512 --head-dim 32 --mask "
+             "'causal_window:128+global:16'",
+             dir);
+    /* First process: NVRTC. */
+    ck_assert_int_eq(run_attn(args, &out), 0);
+    ck_assert_ptr_nonnull(strstr(out, "masked attention: batch 1, 2 heads, L 512, head_dim 32, fp16"));
+    ck_assert_ptr_nonnull(strstr(out, "not run: no GPU: STOF_NO_GPU is set"));
+    ck_assert_ptr_nonnull(strstr(out, "compiled by NVRTC"));
+    ck_assert_ptr_nonnull(strstr(out, "the model's pick: "));
+    ck_assert_ptr_nonnull(strstr(out, "of the dense work"));
+    result_field(out, "gpu", v, sizeof v);
+    ck_assert_str_eq(v, "0");
+    result_field(out, "arch", v, sizeof v);
+    ck_assert_str_eq(v, "sm_90a");
+    result_field(out, "case", v, sizeof v);
+    ck_assert_str_eq(v, "b=1,h=2,L=512,d=32,fp16");
+    result_field(out, "mask", v, sizeof v);
+    ck_assert_str_eq(v, "causal_window:128+global:16");
+    result_field(out, "compiles", v, sizeof v);
+    int compiles = atoi(v);
+    ck_assert_int_gt(compiles, 0);
+    result_field(out, "cache_hits", v, sizeof v);
+    ck_assert_str_eq(v, "0");
+    result_field(out, "engine", v, sizeof v);
+    ck_assert_str_eq(v, "mma.sync");   /* head_dim 32: no warpgroup engine */
+    result_field(out, "saved", v, sizeof v);
+    double saved = atof(v);
+    /* It skips what the mask leaves out: the tiles it walks say how much. */
+    long long walked = 0, all = 0;
+    const char *w = strstr(out, "it walks ");
+    ck_assert_ptr_nonnull(w);
+    ck_assert_int_eq(sscanf(w, "it walks %lld of %lld tiles", &walked, &all), 2);
+    ck_assert(walked > 0 && walked < all);
+    ck_assert_double_eq_tol(saved, 1.0 - (double)walked / (double)all, 1e-4);
+    ck_assert(saved > 0.3 && saved < 0.7);
+    free(out);
+    /* Second process: every kernel from the cache. */
+    ck_assert_int_eq(run_attn(args, &out), 0);
+    ck_assert_ptr_nonnull(strstr(out, "cache hit"));
+    result_field(out, "compiles", v, sizeof v);
+    ck_assert_str_eq(v, "0");
+    result_field(out, "cache_hits", v, sizeof v);
+    ck_assert_int_eq(atoi(v), compiles);
+    free(out);
+    test_rmtree(dir);
+    free(dir);
+}
+END_TEST
+
 START_TEST(test_demo_script)
 {
     char *dir = test_tmpdir(), cmd[3000], *out = NULL;
@@ -140,14 +246,21 @@ START_TEST(test_demo_script)
     ck_assert_ptr_nonnull(strstr(summary, "second: cache hit"));
     ck_assert_ptr_nonnull(strstr(summary, "(0 compiles, 1 cache hit)"));
     ck_assert_ptr_nonnull(strstr(summary, "NOT RUN on a GPU: no GPU: STOF_NO_GPU is set"));
+    /* The attention step comes first, named in full. */
+    ck_assert_ptr_nonnull(strstr(summary, "attention b=8 h=12 L=2048 d=64 fp16 window:256+global:64: "
+                                          "compiled for sm_90a only; the model's pick (block on "));
+    ck_assert_ptr_nonnull(strstr(summary, "of the dense work"));
+    ck_assert_ptr_nonnull(strstr(summary, "NOT RUN on a GPU (no GPU: STOF_NO_GPU is set): stof's time"));
+    ck_assert(strstr(out, "== attention-first") < strstr(out, "== layernorm-first"));
     free(out);
     /* A cache that cannot be opened: the second process compiles again, and
      * the script must fail. */
     snprintf(cmd, sizeof cmd,
              "touch %s/file && STOF_NO_GPU=1 STOF_DEMO_DIR=%s/demo STOF_DEMO_CACHE=%s/file/c.db "
-             "bash tools/demo.sh",
+             "STOF_DEMO_ATTN_ARGS='--batch 1 --heads 2 --seq 256 --head-dim 32' bash tools/demo.sh",
              dir, dir, dir);
     ck_assert_int_eq(test_run(cmd, &out), 1);
+    ck_assert_ptr_nonnull(strstr(out, "FAILED: the second attention process"));
     ck_assert_ptr_nonnull(strstr(out, "FAILED: the second process"));
     free(out);
     test_rmtree(dir);
@@ -162,6 +275,9 @@ Suite *suite_tools(void)
     tcase_add_test(tc, test_demo_help);
     tcase_add_test(tc, test_demo_bad_args);
     tcase_add_test(tc, test_demo_compile_only);
+    tcase_add_test(tc, test_attn_help);
+    tcase_add_test(tc, test_attn_bad_args);
+    tcase_add_test(tc, test_attn_compile_only);
     tcase_add_test(tc, test_demo_script);
     suite_add_tcase(s, tc);
     return s;
