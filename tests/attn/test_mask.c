@@ -469,9 +469,11 @@ END_TEST
 
 /* ---- statistics ------------------------------------------------------------------ */
 
-typedef struct tblock { unsigned char cells[128 * 128]; } tblock;
+/* A partial block's cells, bq x bk bytes (blocks reach 256 x 256), sorted
+ * by content to count the distinct ones. */
+static size_t block_bytes;
 
-static int cmp_block(const void *a, const void *b) { return memcmp(a, b, sizeof(tblock)); }
+static int cmp_block(const void *a, const void *b) { return memcmp(a, b, block_bytes); }
 
 static void check_stats(stof_ctx *ctx, const stof_mask *m, const unsigned char *d, int lq, int lk,
                         int bq, int bk, const char *spec)
@@ -497,17 +499,20 @@ static void check_stats(stof_ctx *ctx, const stof_mask *m, const unsigned char *
     long long touched = 0, full = 0, partial = 0, area = 0, pentries = 0;
     int kmax = 0;
     double fill = 0;
-    tblock *pats = malloc(sizeof(tblock) * (size_t)nqb * nkb);
+    block_bytes = (size_t)bq * bk;
+    unsigned char *pats = malloc(block_bytes * (size_t)nqb * nkb);
+    ck_assert_ptr_nonnull(pats);
     for (int i = 0; i < nqb; i++) {
         int kb_here = 0;
         for (int j = 0; j < nkb; j++) {
             int cnt = 0, in = 0;
-            memset(pats[partial].cells, 0, sizeof(tblock));
+            unsigned char *cells = pats + (size_t)partial * block_bytes;
+            memset(cells, 0, block_bytes);
             for (int q = i * bq; q < (i + 1) * bq && q < lq; q++)
                 for (int k = j * bk; k < (j + 1) * bk && k < lk; k++) {
                     in++;
                     cnt += d[(size_t)q * lk + k];
-                    pats[partial].cells[(q - i * bq) * 128 + (k - j * bk)] = d[(size_t)q * lk + k];
+                    cells[(size_t)(q - i * bq) * bk + (k - j * bk)] = d[(size_t)q * lk + k];
                 }
             if (!cnt)
                 continue;
@@ -524,10 +529,11 @@ static void check_stats(stof_ctx *ctx, const stof_mask *m, const unsigned char *
         }
         kmax = kb_here > kmax ? kb_here : kmax;
     }
-    qsort(pats, (size_t)partial, sizeof(tblock), cmp_block);
+    qsort(pats, (size_t)partial, block_bytes, cmp_block);
     long long distinct = 0;
     for (long long x = 0; x < partial; x++)
-        distinct += x == 0 || memcmp(&pats[x], &pats[x - 1], sizeof(tblock)) != 0;
+        distinct += x == 0 || memcmp(pats + x * block_bytes, pats + (x - 1) * block_bytes,
+                                     block_bytes) != 0;
     free(pats);
     ck_assert_int_eq(s.lq, lq);
     ck_assert_int_eq(s.lk, lk);
@@ -553,8 +559,8 @@ static void check_stats(stof_ctx *ctx, const stof_mask *m, const unsigned char *
     ck_assert_double_eq_tol(s.block_density, (double)touched / ((double)nqb * nkb), 1e-12);
     ck_assert_double_eq_tol(s.block_efficiency, area ? (double)entries / area : 0, 1e-12);
     ck_assert_int_eq(s.partial_entries, pentries);
-    ck_assert_msg(s.distinct_bitmaps == distinct, "%s: distinct bitmaps %lld vs %lld", spec,
-                  s.distinct_bitmaps, distinct);
+    ck_assert_msg(s.distinct_bitmaps == distinct, "%s (%d x %d, blocks %d x %d): distinct bitmaps "
+                  "%lld vs %lld", spec, lq, lk, bq, bk, s.distinct_bitmaps, distinct);
 }
 
 START_TEST(stats_match_dense_counts)
