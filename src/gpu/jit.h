@@ -79,9 +79,9 @@ stof_status jit_prepare(stof_ctx *ctx, const jit_request *req, char *key, jit_or
  * loaded or cached already are skipped, the rest are compiled by NVRTC on
  * jit_compile_threads(n) threads, then each is stored in the cache and, where
  * ctx drives its GPU, loaded, so that a later jit_get finds it with no
- * compile even uncached. Every request is tried; the first failure (in
- * request order among the compiles, else the first met) is returned with its
- * sentence in ctx->err. */
+ * compile even uncached. Every request is tried; the first failure is
+ * returned with its sentence in ctx->err (one met while rendering or looking
+ * up comes before any compile's; compiles fail in request order). */
 stof_status jit_prepare_all(stof_ctx *ctx, const jit_request *reqs, int n);
 
 /* How many threads compile n kernels: the online cores, or
