@@ -91,6 +91,7 @@ build/stof-warm: build/obj/tools/workload.o
 build/bench_%: bench/bench_%.c build/libstof.a
 	$(CC) $(CPPFLAGS) $(CFLAGS) $(WARN) -o $@ $< $(filter %.o,$^) build/libstof.a $(LIBS)
 build/bench_layer: build/obj/tools/workload.o
+build/bench_plan: build/obj/tools/workload.o
 
 # The runner finds suites by file name: tests/test_X.c defines suite_X().
 build/gen/suites.inc: $(TEST_SRC)

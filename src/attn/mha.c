@@ -860,8 +860,53 @@ static stof_status try_candidate(stof_ctx *ctx, const stof_mha_desc *d, const ma
     return STOF_OK;
 }
 
+/* Compiles the candidates listed in idx together (jit_prepare_all), so a
+ * search pays for the slowest compile rather than for all of them. */
+static stof_status compile_candidates(stof_ctx *ctx, const stof_mha_desc *d, const cand_state *cs,
+                                      const int *idx, int m)
+{
+    if (m <= 0)
+        return STOF_OK;
+    mha_request *r = malloc((size_t)m * sizeof *r);
+    jit_request *reqs = malloc((size_t)m * sizeof *reqs);
+    stof_status st = STOF_OK;
+    if (!r || !reqs) {
+        st = CTX_FAIL(ctx, STOF_ERR_NO_MEMORY, "out of memory listing attention kernels");
+    } else {
+        for (int i = 0; i < m; i++) {
+            mha_make_request(&cs[idx[i]].c, d->head_dim, d->dtype, &r[i]);
+            reqs[i] = r[i].req;
+        }
+        st = jit_prepare_all(ctx, reqs, m);
+    }
+    free(r);
+    free(reqs);
+    return st;
+}
+
+/* Which candidates a stage times, in order: stage 1, the default size of
+ * every kind; stage 2, the winner kind's others, best-ranked first, at most
+ * cap; never more than left. */
+static int stage_set(const cand_state *cs, int n, int stage, int winner, int left, int cap,
+                     int *idx)
+{
+    int m = 0;
+    for (int i = 0; i < n && m < left; i++) {
+        const cand_state *s = &cs[i];
+        if (s->verdict)
+            continue;
+        if (stage == 1 ? !is_default_size(&s->c)
+                       : winner < 0 || s->c.kind != cs[winner].c.kind || m >= cap)
+            continue;
+        idx[m++] = i;
+    }
+    return m;
+}
+
 /* Stage 1: every kind's default sizes. Stage 2: the winner kind's other
- * sizes, on either engine, best-ranked first (all of them when tuning full). */
+ * sizes, on either engine, best-ranked first (all of them when tuning full).
+ * Each stage's kernels are compiled together before any is timed; a kernel
+ * that fails to compile there fails again, in order, when it is loaded. */
 static stof_status search(stof_ctx *ctx, const stof_mha_desc *d, const mask_summary *ms,
                           cand_state *cs, int n, stof_tune level, int *winner)
 {
@@ -874,26 +919,23 @@ static stof_status search(stof_ctx *ctx, const stof_mha_desc *d, const mask_summ
     stof_status st = STOF_OK;
     *winner = -1;
     for (int stage = 1; stage <= 2 && st == STOF_OK; stage++) {
-        int extra = 0;
-        for (int i = 0; i < n && st == STOF_OK; i++) {
-            cand_state *s = &cs[i];
-            if (s->verdict || timed >= budget)
-                continue;
+        int idx[MHA_MAX_CANDIDATES];
+        int m = stage_set(cs, n, stage, *winner, budget - timed, stage2_cap, idx);
+        /* Out of time: the loop would stop at its first candidate. */
+        if (d->max_seconds > 0 && now_s() - t0 > d->max_seconds && *winner >= 0)
+            m = 0;
+        err_record saved = ctx->err;
+        if (compile_candidates(ctx, d, cs, idx, m) != STOF_OK)
+            ctx->err = saved;
+        for (int k = 0; k < m && st == STOF_OK; k++) {
             if (d->max_seconds > 0 && now_s() - t0 > d->max_seconds && *winner >= 0)
                 break;
-            if (stage == 1) {
-                if (!is_default_size(&s->c))
-                    continue;
-            } else {
-                if (*winner < 0 || s->c.kind != cs[*winner].c.kind || extra >= stage2_cap)
-                    continue;
-                extra++;
-            }
+            cand_state *s = &cs[idx[k]];
             st = try_candidate(ctx, d, ms, s, &io, &first);
             timed++;
             if (st == STOF_OK && strcmp(s->verdict, "ok") == 0 &&
                 (*winner < 0 || s->ms < cs[*winner].ms))
-                *winner = i;
+                *winner = idx[k];
         }
         /* Stage 1 found no default-sized candidate (the device's shared
          * memory ruled them out): take the best-ranked one. */
@@ -1207,13 +1249,11 @@ stof_status stof_mha_prepare(stof_ctx *ctx, const stof_mha_desc *desc, const sto
     TRY(st);
     /* The model's first three, and the default size of each kind, so a
      * later search on the GPU finds its stage 1 compiled. */
-    for (int i = 0; i < n && st == STOF_OK; i++) {
-        if (i >= 3 && !is_default_size(&cs[i].c))
-            continue;
-        mha_request r;
-        mha_make_request(&cs[i].c, desc->head_dim, desc->dtype, &r);
-        st = jit_prepare(ctx, &r.req, NULL, NULL);
-    }
+    int idx[MHA_MAX_CANDIDATES], m = 0;
+    for (int i = 0; i < n; i++)
+        if (i < 3 || is_default_size(&cs[i].c))
+            idx[m++] = i;
+    st = compile_candidates(ctx, desc, cs, idx, m);
     free_candidates(cs, n);
     return st;
 }

@@ -1,8 +1,10 @@
 #include "gpu/jit.h"
 
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "base/hash.h"
 #include "base/strbuf.h"
@@ -25,6 +27,16 @@ stof_status jit_cu_check(stof_ctx *ctx, CUresult r, const char *call, const char
         return STOF_OK;
     return err_fail(ctx_err(ctx), STOF_ERR_CUDA, file, line, "%s failed: %s", call,
                     drv_err_str(&ctx->dev, r));
+}
+
+/* 1 when ctx drives a GPU and compiles for it: kernels can be loaded. */
+static int runs_here(const stof_ctx *ctx)
+{
+    char own[32];
+    if (!ctx->dev.ok)
+        return 0;
+    drv_arch_name(ctx->dev.cc_major, ctx->dev.cc_minor, own, sizeof own);
+    return strcmp(own, ctx->arch) == 0;
 }
 
 stof_status ctx_need_device(stof_ctx *ctx)
@@ -121,6 +133,64 @@ static void kernel_key(const char *source, const char *arch, char out[65])
     hash_to_hex(d, out);
 }
 
+/* Counts a finished compile and moves it, with its source, into *k
+ * (which then owns both); on failure both are freed. */
+static stof_status take_compiled(stof_ctx *ctx, const jit_request *req, const char *key,
+                                 char *source, nvrtc_output *o, cache_kernel *k)
+{
+    memset(k, 0, sizeof *k);
+    ctx->stats.nvrtc_compiles++;
+    ctx->stats.nvrtc_ms += o->ms;
+    snprintf(k->key, sizeof k->key, "%s", key);
+    k->op = strdup(req->op);
+    k->name = strdup(req->tmpl);
+    k->entry = strdup(req->entry);
+    k->arch = strdup(ctx->arch);
+    k->options = strdup(nvrtc_default_options);
+    k->params = params_string(req);
+    k->source = source;
+    k->log = o->log;
+    k->cubin = o->cubin;
+    k->cubin_size = o->cubin_size;
+    k->ptx = o->ptx;
+    k->ptx_size = o->ptx_size;
+    k->compile_ms = o->ms;
+    memset(o, 0, sizeof *o);
+    if (!k->op || !k->name || !k->entry || !k->arch || !k->options || !k->params) {
+        cache_kernel_free(k);
+        return CTX_FAIL(ctx, STOF_ERR_NO_MEMORY, "out of memory after compiling %s", req->tmpl);
+    }
+    return STOF_OK;
+}
+
+/* Stores a compiled kernel; a failed store leaves the kernel usable, and
+ * the reason stays readable only if nothing else fails later. */
+static void store(stof_ctx *ctx, cache_kernel *k)
+{
+    if (!ctx->cache)
+        return;
+    err_record saved = ctx->err;
+    if (cache_put_kernel(&ctx->err, ctx->cache, k) == STOF_OK)
+        ctx->err = saved;
+}
+
+/* Looks key up in the cache, counting the hit or miss; 1 when found. */
+static int cache_lookup(stof_ctx *ctx, const char *key, cache_kernel *k)
+{
+    if (!ctx->cache)
+        return 0;
+    int found = 0, rejected = 0;
+    stof_status st = cache_get_kernel(&ctx->err, ctx->cache, key, k, &found, &rejected);
+    /* A cache that fails to read is skipped, never fatal. */
+    if (st == STOF_OK && found) {
+        ctx->stats.cache_hits++;
+        return 1;
+    }
+    ctx->stats.cache_misses++;
+    ctx->stats.cache_rejects += rejected;
+    return 0;
+}
+
 /* Finds req's binary in the cache or compiles (and stores) it. On success
  * *k holds at least cubin, ptx and entry. */
 static stof_status find_or_compile(stof_ctx *ctx, const jit_request *req, cache_kernel *k,
@@ -135,18 +205,10 @@ static stof_status find_or_compile(stof_ctx *ctx, const jit_request *req, cache_
     TRY(full_source(ctx, req, &source));
     char key[65];
     kernel_key(source, ctx->arch, key);
-    if (ctx->cache) {
-        int found = 0, rejected = 0;
-        stof_status st = cache_get_kernel(&ctx->err, ctx->cache, key, k, &found, &rejected);
-        /* A cache that fails to read is skipped, never fatal. */
-        if (st == STOF_OK && found) {
-            ctx->stats.cache_hits++;
-            *origin = JIT_FROM_CACHE;
-            free(source);
-            return STOF_OK;
-        }
-        ctx->stats.cache_misses++;
-        ctx->stats.cache_rejects += rejected;
+    if (cache_lookup(ctx, key, k)) {
+        *origin = JIT_FROM_CACHE;
+        free(source);
+        return STOF_OK;
     }
     nvrtc_output o;
     stof_status st = nvrtc_compile(&ctx->err, req->tmpl, source, ctx->arch, &o);
@@ -155,33 +217,9 @@ static stof_status find_or_compile(stof_ctx *ctx, const jit_request *req, cache_
         free(source);
         return st;
     }
-    ctx->stats.nvrtc_compiles++;
-    ctx->stats.nvrtc_ms += o.ms;
-    snprintf(k->key, sizeof k->key, "%s", key);
-    k->op = strdup(req->op);
-    k->name = strdup(req->tmpl);
-    k->entry = strdup(req->entry);
-    k->arch = strdup(ctx->arch);
-    k->options = strdup(nvrtc_default_options);
-    k->params = params_string(req);
-    k->source = source;
-    k->log = o.log;
-    k->cubin = o.cubin;
-    k->cubin_size = o.cubin_size;
-    k->ptx = o.ptx;
-    k->ptx_size = o.ptx_size;
-    k->compile_ms = o.ms;
-    if (!k->op || !k->name || !k->entry || !k->arch || !k->options || !k->params) {
-        cache_kernel_free(k);
-        return CTX_FAIL(ctx, STOF_ERR_NO_MEMORY, "out of memory after compiling %s", req->tmpl);
-    }
+    TRY(take_compiled(ctx, req, key, source, &o, k));
     *origin = JIT_COMPILED;
-    if (ctx->cache) {
-        /* A failed store leaves the kernel usable; the reason stays readable. */
-        err_record saved = ctx->err;
-        if (cache_put_kernel(&ctx->err, ctx->cache, k) == STOF_OK)
-            ctx->err = saved;
-    }
+    store(ctx, k);
     return STOF_OK;
 }
 
@@ -198,51 +236,29 @@ stof_status jit_prepare(stof_ctx *ctx, const jit_request *req, char *key, jit_or
     return STOF_OK;
 }
 
-stof_status jit_get(stof_ctx *ctx, const jit_request *req, CUfunction *fn, jit_origin *origin,
-                    char *key)
+/* Loads k's CUBIN and keeps it in ctx->modules under sig (which it then
+ * owns, as on failure it frees it). */
+static stof_status load_module(stof_ctx *ctx, char *sig, const cache_kernel *k, const char *entry,
+                               jit_module **out)
 {
-    TRY(ctx_need_device(ctx));
-    char *sig = signature(req);
-    if (!sig)
-        return CTX_FAIL(ctx, STOF_ERR_NO_MEMORY, "out of memory");
-    for (jit_module *m = ctx->modules; m; m = m->next) {
-        if (strcmp(m->signature, sig) == 0) {
-            free(sig);
-            *fn = m->fn;
-            if (key)
-                snprintf(key, 65, "%s", m->key);
-            if (origin)
-                *origin = JIT_FROM_MEMORY;
-            return STOF_OK;
-        }
-    }
-    cache_kernel k;
-    jit_origin o;
-    stof_status st = find_or_compile(ctx, req, &k, &o);
-    if (st != STOF_OK) {
-        free(sig);
-        return st;
-    }
     jit_module *m = calloc(1, sizeof *m);
     if (!m) {
         free(sig);
-        cache_kernel_free(&k);
         return CTX_FAIL(ctx, STOF_ERR_NO_MEMORY, "out of memory");
     }
     m->signature = sig;
-    snprintf(m->key, sizeof m->key, "%s", k.key);
-    st = jit_push(ctx);
+    snprintf(m->key, sizeof m->key, "%s", k->key);
+    stof_status st = jit_push(ctx);
     if (st == STOF_OK) {
-        st = CU(ctx, ModuleLoadData(&m->mod, k.cubin));
+        st = CU(ctx, ModuleLoadData(&m->mod, k->cubin));
         if (st == STOF_OK) {
             ctx->stats.module_loads++;
-            st = CU(ctx, ModuleGetFunction(&m->fn, m->mod, req->entry));
+            st = CU(ctx, ModuleGetFunction(&m->fn, m->mod, entry));
             if (st != STOF_OK)
                 ctx->dev.api.ModuleUnload(m->mod);
         }
         jit_pop(ctx);
     }
-    cache_kernel_free(&k);
     if (st != STOF_OK) {
         free(m->signature);
         free(m);
@@ -250,12 +266,218 @@ stof_status jit_get(stof_ctx *ctx, const jit_request *req, CUfunction *fn, jit_o
     }
     m->next = ctx->modules;
     ctx->modules = m;
+    *out = m;
+    return STOF_OK;
+}
+
+static jit_module *loaded(stof_ctx *ctx, const char *sig)
+{
+    for (jit_module *m = ctx->modules; m; m = m->next)
+        if (strcmp(m->signature, sig) == 0)
+            return m;
+    return NULL;
+}
+
+stof_status jit_get(stof_ctx *ctx, const jit_request *req, CUfunction *fn, jit_origin *origin,
+                    char *key)
+{
+    TRY(ctx_need_device(ctx));
+    char *sig = signature(req);
+    if (!sig)
+        return CTX_FAIL(ctx, STOF_ERR_NO_MEMORY, "out of memory");
+    jit_module *m = loaded(ctx, sig);
+    jit_origin o = JIT_FROM_MEMORY;
+    if (m) {
+        free(sig);
+    } else {
+        cache_kernel k;
+        stof_status st = find_or_compile(ctx, req, &k, &o);
+        if (st != STOF_OK) {
+            free(sig);
+            return st;
+        }
+        st = load_module(ctx, sig, &k, req->entry, &m);
+        cache_kernel_free(&k);
+        TRY(st);
+    }
     *fn = m->fn;
     if (key)
         snprintf(key, 65, "%s", m->key);
     if (origin)
         *origin = o;
     return STOF_OK;
+}
+
+/* ---- several requests at once ------------------------------------------ */
+
+/* One request of jit_prepare_all: its source and key, rendered serially,
+ * then (if neither loaded nor cached) compiled on a pool thread into an
+ * error record of its own. */
+typedef struct prep_item {
+    const jit_request *req;
+    char *sig, *source;
+    char key[65];
+    int compile;
+    stof_status st;
+    nvrtc_output out;
+    err_record err;
+} prep_item;
+
+typedef struct prep_pool {
+    prep_item *items;
+    const int *todo;
+    int n, next;
+    const char *arch;
+    pthread_mutex_t lock;
+} prep_pool;
+
+static void *compile_worker(void *arg)
+{
+    prep_pool *p = arg;
+    for (;;) {
+        pthread_mutex_lock(&p->lock);
+        int i = p->next < p->n ? p->todo[p->next++] : -1;
+        pthread_mutex_unlock(&p->lock);
+        if (i < 0)
+            return NULL;
+        prep_item *it = &p->items[i];
+        it->st = nvrtc_compile(&it->err, it->req->tmpl, it->source, p->arch, &it->out);
+    }
+}
+
+int jit_compile_threads(int n)
+{
+    const char *env = getenv("STOF_COMPILE_THREADS");
+    long t = env && atoi(env) > 0 ? atoi(env) : sysconf(_SC_NPROCESSORS_ONLN);
+    if (t < 1)
+        t = 1;
+    return n < t ? (n > 0 ? n : 1) : (int)t;
+}
+
+/* Compiles the items listed in todo on up to jit_compile_threads() threads,
+ * the calling one among them. */
+static void compile_all(stof_ctx *ctx, prep_item *items, const int *todo, int n)
+{
+    prep_pool p = {items, todo, n, 0, ctx->arch, PTHREAD_MUTEX_INITIALIZER};
+    int nt = jit_compile_threads(n), started = 0;
+    pthread_t th[256];
+    if (nt > 256)
+        nt = 256;
+    /* A thread that cannot start leaves its share to the others. */
+    while (started < nt - 1 && pthread_create(&th[started], NULL, compile_worker, &p) == 0)
+        started++;
+    compile_worker(&p);
+    for (int i = 0; i < started; i++)
+        pthread_join(th[i], NULL);
+    pthread_mutex_destroy(&p.lock);
+}
+
+stof_status jit_prepare_all(stof_ctx *ctx, const jit_request *reqs, int n)
+{
+    if (n <= 0)
+        return STOF_OK;
+    if (!ctx->arch[0])
+        return CTX_FAIL(ctx, STOF_ERR_NO_DEVICE,
+                        "%s, and no architecture was named (stof_options.arch) to compile for",
+                        ctx->dev.why);
+    prep_item *items = calloc((size_t)n, sizeof *items);
+    int *todo = calloc((size_t)n, sizeof *todo);
+    if (!items || !todo) {
+        free(items);
+        free(todo);
+        return CTX_FAIL(ctx, STOF_ERR_NO_MEMORY, "out of memory preparing %d kernels", n);
+    }
+    const int load = runs_here(ctx);
+    stof_status first = STOF_OK;
+    err_record first_err = {{0}};
+#define PREP_FAIL(st_)                  \
+    do {                                \
+        if (first == STOF_OK) {         \
+            first = (st_);              \
+            first_err = ctx->err;       \
+        }                               \
+    } while (0)
+
+    /* Serially: render, key, and find what is loaded or cached already. */
+    int ntodo = 0;
+    for (int i = 0; i < n; i++) {
+        prep_item *it = &items[i];
+        it->req = &reqs[i];
+        if (!(it->sig = signature(it->req))) {
+            PREP_FAIL(CTX_FAIL(ctx, STOF_ERR_NO_MEMORY, "out of memory"));
+            continue;
+        }
+        if (loaded(ctx, it->sig))
+            continue;
+        int twin = 0;
+        for (int j = 0; j < i && !twin; j++)
+            twin = items[j].sig && strcmp(items[j].sig, it->sig) == 0;
+        if (twin)
+            continue;
+        stof_status st = full_source(ctx, it->req, &it->source);
+        if (st != STOF_OK) {
+            PREP_FAIL(st);
+            continue;
+        }
+        kernel_key(it->source, ctx->arch, it->key);
+        cache_kernel k;
+        memset(&k, 0, sizeof k);
+        if (cache_lookup(ctx, it->key, &k)) {
+            jit_module *m;
+            char *sig = it->sig;
+            it->sig = NULL;
+            if (load && (st = load_module(ctx, sig, &k, it->req->entry, &m)) != STOF_OK)
+                PREP_FAIL(st);
+            else if (!load)
+                free(sig);
+            cache_kernel_free(&k);
+            continue;
+        }
+        it->compile = 1;
+        todo[ntodo++] = i;
+    }
+
+    compile_all(ctx, items, todo, ntodo);
+
+    /* Serially again, in the callers' order: count, store and load. */
+    for (int t = 0; t < ntodo; t++) {
+        prep_item *it = &items[todo[t]];
+        if (it->st != STOF_OK) {
+            if (first == STOF_OK) {
+                first = it->st;
+                first_err = it->err;
+            }
+            continue;
+        }
+        cache_kernel k;
+        char *source = it->source;
+        it->source = NULL;
+        stof_status st = take_compiled(ctx, it->req, it->key, source, &it->out, &k);
+        if (st != STOF_OK) {
+            PREP_FAIL(st);
+            continue;
+        }
+        store(ctx, &k);
+        if (load) {
+            jit_module *m;
+            char *sig = it->sig;
+            it->sig = NULL;
+            if ((st = load_module(ctx, sig, &k, it->req->entry, &m)) != STOF_OK)
+                PREP_FAIL(st);
+        }
+        cache_kernel_free(&k);
+    }
+#undef PREP_FAIL
+    for (int i = 0; i < n; i++) {
+        free(items[i].sig);
+        free(items[i].source);
+        nvrtc_output_free(&items[i].out);
+    }
+    free(items);
+    free(todo);
+    if (first != STOF_OK)
+        ctx->err = first_err;
+    return first;
 }
 
 void jit_unload_all(stof_ctx *ctx)

@@ -75,6 +75,19 @@ stof_status jit_get(stof_ctx *ctx, const jit_request *req, CUfunction *fn, jit_o
  * cache key (65 bytes) and may be NULL. */
 stof_status jit_prepare(stof_ctx *ctx, const jit_request *req, char *key, jit_origin *origin);
 
+/* Compiles n requests at once: each is rendered and keyed in turn, those
+ * loaded or cached already are skipped, the rest are compiled by NVRTC on
+ * jit_compile_threads(n) threads, then each is stored in the cache and, where
+ * ctx drives its GPU, loaded, so that a later jit_get finds it with no
+ * compile even uncached. Every request is tried; the first failure is
+ * returned with its sentence in ctx->err (one met while rendering or looking
+ * up comes before any compile's; compiles fail in request order). */
+stof_status jit_prepare_all(stof_ctx *ctx, const jit_request *reqs, int n);
+
+/* How many threads compile n kernels: the online cores, or
+ * $STOF_COMPILE_THREADS where it is set, at most n (1 means serial). */
+int jit_compile_threads(int n);
+
 /* Unloads every module of ctx (at stof_close). */
 void jit_unload_all(stof_ctx *ctx);
 

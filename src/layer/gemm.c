@@ -402,6 +402,36 @@ stof_status gemm_prepare(stof_ctx *ctx, const gemm_config *c, const gemm_shape *
     return jit_prepare(ctx, &r.req, key, NULL);
 }
 
+stof_status gemm_prepare_all(stof_ctx *ctx, const gemm_config *c, const gemm_shape *s,
+                             const gemm_epilogue *e, int n)
+{
+    if (n <= 0)
+        return STOF_OK;
+    gemm_request *r = malloc((size_t)n * sizeof *r);
+    jit_request *reqs = malloc((size_t)n * sizeof *reqs);
+    if (!r || !reqs) {
+        free(r);
+        free(reqs);
+        return CTX_FAIL(ctx, STOF_ERR_NO_MEMORY, "gemm: out of memory listing %d kernels", n);
+    }
+    int m = 0;
+    for (int i = 0; i < n; i++) {
+        err_record saved = ctx->err;
+        if (gemm_check(ctx, &s[i], &e[i], &c[i]) != STOF_OK ||
+            (ctx->dev.ok && gemm_smem_bytes(&c[i], &s[i], &e[i]) > ctx->dev.smem_optin)) {
+            ctx->err = saved;
+            continue;
+        }
+        gemm_make_request(&c[i], &s[i], &e[i], &r[m]);
+        reqs[m] = r[m].req;
+        m++;
+    }
+    stof_status st = jit_prepare_all(ctx, reqs, m);
+    free(r);
+    free(reqs);
+    return st;
+}
+
 stof_status gemm_load(stof_ctx *ctx, const gemm_config *c, const gemm_shape *s,
                       const gemm_epilogue *e, CUfunction *fn, char *key)
 {

@@ -87,6 +87,14 @@ stof_status gemm_launch(stof_ctx *ctx, CUfunction fn, const gemm_config *c, cons
 stof_status gemm_prepare(stof_ctx *ctx, const gemm_config *c, const gemm_shape *s,
                          const gemm_epilogue *e, char *key);
 
+/* Compiles n kernels together (jit_prepare_all): config c[i] of shape s[i]
+ * with epilogue e[i]; where ctx drives its GPU they are loaded too, so a
+ * later gemm_load compiles nothing. A config that gemm_check refuses, or
+ * that needs more shared memory than the device allows, is left to fail
+ * where it is loaded. */
+stof_status gemm_prepare_all(stof_ctx *ctx, const gemm_config *c, const gemm_shape *s,
+                             const gemm_epilogue *e, int n);
+
 /* "128x128x32 w2x4 s3", "wg 128x128x64 s4" */
 void gemm_config_str(const gemm_config *c, char *buf, size_t n);
 

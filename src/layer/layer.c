@@ -647,6 +647,23 @@ static stof_status search_group(stof_ctx *ctx, int gi, const layer_group *g, int
         const int cap = ss->level == STOF_TUNE_FULL ? MAX_TRIED - LS_COUNT : 4;
         const layer_tried w = ss->tried[best];
         int np = scheme_params(ctx, g, w.c.scheme, smem_max, params, cap);
+        /* The generated kernels this stage may time, compiled together. */
+        if (w.c.scheme >= LS_GEN && !out_of_budget(ss, timed)) {
+            int m = np - 1;
+            if (ss->max_candidates > 0 && m > ss->max_candidates - timed)
+                m = ss->max_candidates - timed;
+            gemm_config cfg[MAX_TRIED];
+            gemm_shape sh[MAX_TRIED];
+            gemm_epilogue ge[MAX_TRIED];
+            for (int i = 0; i < m; i++) {
+                cfg[i] = params[1 + i].cfg;
+                sh[i] = shape_of(g);
+                ge[i] = gen_epilogue(g, w.c.scheme);
+            }
+            err_record saved = ctx->err;
+            if (gemm_prepare_all(ctx, cfg, sh, ge, m) != STOF_OK)
+                ctx->err = saved;
+        }
         for (int i = 1; st == STOF_OK && i < np && !out_of_budget(ss, timed); i++) {
             layer_tried *tr = &ss->tried[ss->n++];
             *tr = (layer_tried){gi, params[i], w.predicted_ms, 0, NULL};
@@ -1328,7 +1345,12 @@ stof_status stof_layer_prepare(stof_ctx *ctx, const stof_layer_desc *desc, const
                          : !strncmp(ctx->arch, "sm_90", 5)       ? 227 * 1024
                          : !strcmp(ctx->arch, "sm_80")           ? 163 * 1024
                                                                  : 99 * 1024;
-    /* Every generated kernel a scheme could use, with default parameters. */
+    /* Every generated kernel a scheme could use, with default parameters;
+     * the GEMMs, the slow ones to compile, together. */
+    gemm_config cfg[2 * LG_COUNT];
+    gemm_shape shs[2 * LG_COUNT];
+    gemm_epilogue ges[2 * LG_COUNT];
+    int ngemm = 0;
     for (int i = 0; i < LG_COUNT; i++) {
         const gemm_epilogue *e = &g[i].epi;
         stof_ln_desc lnd = {g[i].m, g[i].n, g[i].dtype, g[i].eps};
@@ -1346,10 +1368,15 @@ stof_status stof_layer_prepare(stof_ctx *ctx, const stof_layer_desc *desc, const
             gemm_shape sh = shape_of(&g[i]);
             gemm_epilogue ge = gen_epilogue(&g[i], s);
             gemm_config c;
-            if (gemm_candidates(&sh, &ge, smem_max, !strcmp(ctx->arch, "sm_90a"), &c, 1) == 1)
-                TRY(gemm_prepare(ctx, &c, &sh, &ge, NULL));
+            if (gemm_candidates(&sh, &ge, smem_max, !strcmp(ctx->arch, "sm_90a"), &c, 1) == 1) {
+                TRY(gemm_check(ctx, &sh, &ge, &c));
+                cfg[ngemm] = c;
+                shs[ngemm] = sh;
+                ges[ngemm++] = ge;
+            }
         }
     }
+    TRY(gemm_prepare_all(ctx, cfg, shs, ges, ngemm));
     if (desc->norm == STOF_PRE_LN) {
         stof_ln_desc lnd = {desc->batch * desc->seq, desc->hidden, desc->dtype, g[0].eps};
         TRY(ln_prepare(ctx, &lnd, 16, 0, 0, 0, NULL));

@@ -488,6 +488,64 @@ START_TEST(prepare_fills_the_cache)
 }
 END_TEST
 
+/* Compile-only preparation on several threads stores exactly the kernels
+ * that one thread stores. */
+static int add_key(const cache_kernel *k, void *arg)
+{
+    char (*keys)[65] = arg;
+    int i = 0;
+    while (keys[i][0])
+        i++;
+    if (i < 63)
+        snprintf(keys[i], 65, "%s", k->key);
+    return 0;
+}
+
+static int by_key(const void *a, const void *b) { return strcmp(a, b); }
+
+START_TEST(prepare_on_threads_matches_one_thread)
+{
+    char *dir = test_tmpdir();
+    static char keys[2][64][65];
+    memset(keys, 0, sizeof keys);
+    long long compiles[2];
+    const char *was = getenv("STOF_COMPILE_THREADS");
+    char *saved = was ? strdup(was) : NULL;
+    for (int run = 0; run < 2; run++) {
+        char path[1200];
+        snprintf(path, sizeof path, "%s/c%d.db", dir, run);
+        setenv("STOF_COMPILE_THREADS", run ? "4" : "1", 1);
+        stof_options o = {.cache_path = path, .arch = "sm_90a"};
+        stof_ctx *ctx;
+        ck_assert_int_eq(stof_open(&ctx, &o), STOF_OK);
+        stof_mask *m;
+        ck_assert_int_eq(stof_mask_parse(ctx, "causal", 256, 256, &m), STOF_OK);
+        stof_mha_desc d = {.batch = 1, .heads = 2, .seq_q = 256, .seq_k = 256, .head_dim = 64,
+                           .dtype = STOF_F16};
+        ck_assert_msg(stof_mha_prepare(ctx, &d, m) == STOF_OK, "%s", stof_last_error(ctx));
+        compiles[run] = ctx->stats.nvrtc_compiles;
+        ck_assert_int_eq(cache_list_kernels(&ctx->err, ctx->cache, "mha", "sm_90a", add_key,
+                                            keys[run]), STOF_OK);
+        stof_mask_free(m);
+        stof_close(ctx);
+    }
+    if (saved)
+        setenv("STOF_COMPILE_THREADS", saved, 1);
+    else
+        unsetenv("STOF_COMPILE_THREADS");
+    free(saved);
+    ck_assert_int_ge(compiles[0], 2);
+    ck_assert_int_le(compiles[0], 63);
+    ck_assert_int_eq(compiles[0], compiles[1]);
+    for (int run = 0; run < 2; run++)
+        qsort(keys[run], (size_t)compiles[run], 65, by_key);
+    for (int i = 0; i < compiles[0]; i++)
+        ck_assert_str_eq(keys[0][i], keys[1][i]);
+    test_rmtree(dir);
+    free(dir);
+}
+END_TEST
+
 /* Every variant the search can pick, for both architectures CI can name,
  * compiled on several threads (NVRTC programs are independent). */
 typedef struct variant_job {
@@ -606,9 +664,13 @@ Suite *suite_attn(void)
     tcase_add_test(t, wgmma_needs_sm90a);
     tcase_add_test(t, bad_arguments_before_the_device);
     suite_add_tcase(s, t);
+    TCase *p = tcase_create("prepare");
+    tcase_set_timeout(p, 300);
+    tcase_add_test(p, prepare_fills_the_cache);
+    tcase_add_test(p, prepare_on_threads_matches_one_thread);
+    suite_add_tcase(s, p);
     TCase *c = tcase_create("compile");
     tcase_set_timeout(c, 900);
-    tcase_add_test(c, prepare_fills_the_cache);
     tcase_add_loop_test(c, every_variant_compiles, 0, 2);
     suite_add_tcase(s, c);
     return s;
