@@ -1,6 +1,7 @@
 #include "cache/cache.h"
 
 #include <errno.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <sqlite3.h>
 #include <stdlib.h>
@@ -11,8 +12,20 @@
 #include "base/hash.h"
 #include "cache/remote.h"
 
+/* A kernel's uses not yet written to its row. */
+typedef struct pending_use {
+    char key[65];
+    long long hits, last_used;
+} pending_use;
+
+/* Uses are written this many at a time, and when the cache closes. */
+#define PENDING_USES 64
+
 struct cache {
     sqlite3 *db;
+    pthread_mutex_t lock;     /* guards pending */
+    pending_use pending[PENDING_USES];
+    int n_pending;
     long long max_bytes;
     char path[1024];
     char nvrtc_version[32];   /* the caller's compiler: rows of another are stale */
@@ -133,6 +146,7 @@ stof_status cache_open(err_record *err, const char *path, long long max_bytes,
     cache *c = calloc(1, sizeof *c);
     if (!c)
         return ERR_FAIL(err, STOF_ERR_NO_MEMORY, "out of memory opening the cache");
+    pthread_mutex_init(&c->lock, NULL);
     snprintf(c->path, sizeof c->path, "%s", path);
     snprintf(c->nvrtc_version, sizeof c->nvrtc_version, "%s", nvrtc_version);
     c->max_bytes = max_bytes > 0 ? max_bytes : 2LL << 30;
@@ -161,6 +175,12 @@ stof_status cache_open(err_record *err, const char *path, long long max_bytes,
         goto fail;
     }
     if ((st = set_wal(err, c)) != STOF_OK)
+        goto fail;
+    /* In WAL mode NORMAL syncs at checkpoints, not at every commit: a
+     * commit survives the process, and at worst the last ones are lost with
+     * the machine's power, never the file. A compile costs seconds; a sync
+     * costs a cached plan most of its time. */
+    if ((st = exec(err, c, "PRAGMA synchronous=NORMAL")) != STOF_OK)
         goto fail;
     if (v < CACHE_SCHEMA_VERSION) {
         /* Version 1 is the first schema: there is nothing older to migrate. */
@@ -221,14 +241,70 @@ static void save_remote_counts(cache *c)
     sqlite3_exec(c->db, ok ? "COMMIT" : "ROLLBACK", NULL, NULL, NULL);
 }
 
+/* Writes the uses counted since the last time, in one transaction.
+ * Bookkeeping: on failure they are dropped, and nothing else is lost. */
+static void flush_uses(cache *c)
+{
+    pthread_mutex_lock(&c->lock);
+    int n = c->n_pending;
+    c->n_pending = 0;
+    if (n == 0 || sqlite3_exec(c->db, "BEGIN IMMEDIATE", NULL, NULL, NULL) != SQLITE_OK) {
+        pthread_mutex_unlock(&c->lock);
+        return;
+    }
+    sqlite3_stmt *u = NULL;
+    int ok = sqlite3_prepare_v2(c->db,
+                                "UPDATE kernels SET hits=hits+?, last_used=max(last_used, ?)"
+                                " WHERE key=?",
+                                -1, &u, NULL) == SQLITE_OK;
+    for (int i = 0; ok && i < n; i++) {
+        sqlite3_reset(u);
+        sqlite3_bind_int64(u, 1, c->pending[i].hits);
+        sqlite3_bind_int64(u, 2, c->pending[i].last_used);
+        sqlite3_bind_text(u, 3, c->pending[i].key, -1, SQLITE_STATIC);
+        ok = sqlite3_step(u) == SQLITE_DONE;
+    }
+    sqlite3_finalize(u);
+    sqlite3_exec(c->db, ok ? "COMMIT" : "ROLLBACK", NULL, NULL, NULL);
+    pthread_mutex_unlock(&c->lock);
+}
+
+/* Counts a use of key; returns the uses of it not yet written, this one
+ * included. */
+static long long count_use(cache *c, const char *key)
+{
+    for (;;) {
+        pthread_mutex_lock(&c->lock);
+        int i = 0;
+        while (i < c->n_pending && strcmp(c->pending[i].key, key) != 0)
+            i++;
+        if (i < PENDING_USES) {
+            if (i == c->n_pending) {
+                snprintf(c->pending[i].key, sizeof c->pending[i].key, "%s", key);
+                c->pending[i].hits = 0;
+                c->n_pending++;
+            }
+            long long n = ++c->pending[i].hits;
+            c->pending[i].last_used = now_s();
+            pthread_mutex_unlock(&c->lock);
+            return n;
+        }
+        pthread_mutex_unlock(&c->lock);
+        flush_uses(c);
+    }
+}
+
 void cache_close(cache *c)
 {
     if (!c)
         return;
+    if (c->db)
+        flush_uses(c);
     if (c->remote)
         save_remote_counts(c);
     remote_close(c->remote);
     sqlite3_close(c->db);
+    pthread_mutex_destroy(&c->lock);
     free(c);
 }
 
@@ -256,7 +332,11 @@ static void remote_say(err_record *err, cache *c)
         snprintf(err->msg, sizeof err->msg, "%s", note);
 }
 
-sqlite3 *cache_db(cache *c) { return c->db; }
+sqlite3 *cache_db(cache *c)
+{
+    flush_uses(c);
+    return c->db;
+}
 
 int cache_versions_current(const char *nvrtc_version, const char *stof_version_,
                            const char *current_nvrtc)
@@ -366,15 +446,10 @@ stof_status cache_get_kernel(err_record *err, cache *c, const char *key, cache_k
         return STOF_OK;
     }
     if (*found) {
-        /* Use counts are bookkeeping: a failure to record one costs nothing. */
-        sqlite3_stmt *u = NULL;
-        if (sqlite3_prepare_v2(c->db, "UPDATE kernels SET hits=hits+1, last_used=? WHERE key=?", -1,
-                               &u, NULL) == SQLITE_OK) {
-            sqlite3_bind_int64(u, 1, now_s());
-            sqlite3_bind_text(u, 2, key, -1, SQLITE_TRANSIENT);
-            sqlite3_step(u);
-        }
-        sqlite3_finalize(u);
+        /* Use counts are bookkeeping, written a batch at a time (a write
+         * per use cost a cached plan a sync); the row read shows the uses
+         * counted before this one. */
+        out->hits += count_use(c, key) - 1;
     }
     return st;
 }
@@ -424,6 +499,7 @@ static stof_status evict(err_record *err, cache *c, const char *keep)
 
 static stof_status put_local(err_record *err, cache *c, cache_kernel *k)
 {
+    flush_uses(c); /* eviction goes by last use */
     cache_checksum(k->cubin, k->cubin_size, k->ptx, k->ptx_size, k->checksum);
     stof_status st = exec(err, c, "BEGIN IMMEDIATE");
     if (st != STOF_OK)
@@ -567,6 +643,7 @@ stof_status cache_get_tuning(err_record *err, cache *c, const char *op, const ch
 stof_status cache_list_kernels(err_record *err, cache *c, const char *op, const char *arch,
                                cache_list_fn fn, void *arg)
 {
+    flush_uses(c);
     sqlite3_stmt *s = NULL;
     if (sqlite3_prepare_v2(c->db,
                            "SELECT " KERNEL_COLS " FROM kernels WHERE (?1 IS NULL OR op=?1)"

@@ -192,10 +192,25 @@ START_TEST(test_roundtrip)
         ck_assert_int_eq(cache_get_kernel(&err, c, k[i].key, &got, &found, &rejected), STOF_OK);
         ck_assert_int_eq(found, 1);
         assert_same_kernel(&got, &k[i]);
+        /* The two uses before were written when the cache closed. */
+        ck_assert_int_eq(got.hits, 2);
+        cache_kernel_free(&got);
+    }
+    /* Uses are written a batch at a time: the file's rows show them to
+     * another reader once the cache hands its database out (the tools'
+     * way in) or closes. */
+    ck_assert_int_eq(sql_int(path, "SELECT sum(hits) FROM kernels"), 6);
+    ck_assert_ptr_nonnull(cache_db(c));
+    ck_assert_int_eq(sql_int(path, "SELECT sum(hits) FROM kernels"), 9);
+    for (int i = 0; i < 3; i++) {
+        cache_kernel got;
+        ck_assert_int_eq(cache_get_kernel(&err, c, k[i].key, &got, &found, &rejected), STOF_OK);
+        ck_assert_int_eq(got.hits, 3);
         cache_kernel_free(&got);
         cache_kernel_free(&k[i]);
     }
     cache_close(c);
+    ck_assert_int_eq(sql_int(path, "SELECT sum(hits) FROM kernels"), 12);
     test_rmtree(dir);
     free(path);
     free(dir);
