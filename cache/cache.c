@@ -107,7 +107,8 @@ static int foreign_tables(sqlite3 *db)
     sqlite3_stmt *s;
     if (sqlite3_prepare_v2(db,
                            "SELECT count(*) FROM sqlite_master WHERE name NOT IN"
-                           " ('kernels', 'kernels_lru', 'tuning', 'remote_stats') AND name NOT LIKE 'sqlite_%'",
+                           " ('kernels', 'kernels_lru', 'tuning', 'remote_stats', 'derived')"
+                           " AND name NOT LIKE 'sqlite_%'",
                            -1, &s, NULL) != SQLITE_OK)
         return -1;
     int n = sqlite3_step(s) == SQLITE_ROW ? sqlite3_column_int(s, 0) : -1;
@@ -639,6 +640,88 @@ stof_status cache_get_tuning(err_record *err, cache *c, const char *op, const ch
     return st;
 }
 
+
+/* The table of derived rows is made by the first put: a file from before it
+ * has none, and a reader then finds nothing. */
+#define DERIVED_TABLE                                                                       \
+    "CREATE TABLE IF NOT EXISTS derived ("                                                  \
+    " kind TEXT NOT NULL, key TEXT NOT NULL, stof_version TEXT NOT NULL, data BLOB NOT NULL," \
+    " checksum TEXT NOT NULL, created INTEGER NOT NULL, PRIMARY KEY (kind, key, stof_version))"
+
+stof_status cache_put_derived(err_record *err, cache *c, const char *kind, const char *key,
+                              const void *data, size_t n)
+{
+    if (n > (size_t)1 << 30)
+        return ERR_FAIL(err, STOF_ERR_INVALID_ARG, "cache %s: a derived row of %zu bytes", c->path,
+                        n);
+    char sum[65];
+    hash_hex(data, n, sum);
+    TRY(exec(err, c, "BEGIN IMMEDIATE"));
+    stof_status st = exec(err, c, DERIVED_TABLE);
+    sqlite3_stmt *s = NULL;
+    if (st == STOF_OK &&
+        sqlite3_prepare_v2(c->db,
+                           "INSERT OR REPLACE INTO derived (kind, key, stof_version, data, checksum,"
+                           " created) VALUES (?,?,?,?,?,?)",
+                           -1, &s, NULL) != SQLITE_OK)
+        st = SQL_FAIL(err, c, "storing a derived row");
+    if (st == STOF_OK) {
+        sqlite3_bind_text(s, 1, kind, -1, SQLITE_TRANSIENT);
+        sqlite3_bind_text(s, 2, key, -1, SQLITE_TRANSIENT);
+        sqlite3_bind_text(s, 3, stof_version(), -1, SQLITE_STATIC);
+        sqlite3_bind_blob(s, 4, data, (int)n, SQLITE_STATIC);
+        sqlite3_bind_text(s, 5, sum, -1, SQLITE_TRANSIENT);
+        sqlite3_bind_int64(s, 6, now_s());
+        if (sqlite3_step(s) != SQLITE_DONE)
+            st = SQL_FAIL(err, c, "storing a derived row");
+    }
+    sqlite3_finalize(s);
+    if (st == STOF_OK)
+        st = exec(err, c, "COMMIT");
+    if (st != STOF_OK)
+        sqlite3_exec(c->db, "ROLLBACK", NULL, NULL, NULL);
+    return st;
+}
+
+stof_status cache_get_derived(err_record *err, cache *c, const char *kind, const char *key,
+                              void **data, size_t *n, int *found)
+{
+    *data = NULL;
+    *n = 0;
+    *found = 0;
+    sqlite3_stmt *s = NULL;
+    /* No table yet (no put so far) reads as absent. */
+    if (sqlite3_prepare_v2(c->db,
+                           "SELECT data, checksum FROM derived WHERE kind=? AND key=? AND stof_version=?",
+                           -1, &s, NULL) != SQLITE_OK)
+        return STOF_OK;
+    sqlite3_bind_text(s, 1, kind, -1, SQLITE_TRANSIENT);
+    sqlite3_bind_text(s, 2, key, -1, SQLITE_TRANSIENT);
+    sqlite3_bind_text(s, 3, stof_version(), -1, SQLITE_STATIC);
+    stof_status st = STOF_OK;
+    int rc = sqlite3_step(s);
+    if (rc == SQLITE_ROW) {
+        const unsigned char *want = sqlite3_column_text(s, 1);
+        void *d = cache_col_blob(s, 0, n);
+        char sum[65];
+        if (!d) {
+            st = ERR_FAIL(err, STOF_ERR_NO_MEMORY, "out of memory reading the cache");
+        } else {
+            hash_hex(d, *n, sum);
+            if (want && strcmp(sum, (const char *)want) == 0) {
+                *data = d;
+                *found = 1;
+            } else {
+                free(d);
+                *n = 0;
+            }
+        }
+    } else if (rc != SQLITE_DONE) {
+        st = SQL_FAIL(err, c, "looking up a derived row");
+    }
+    sqlite3_finalize(s);
+    return st;
+}
 
 stof_status cache_list_kernels(err_record *err, cache *c, const char *op, const char *arch,
                                cache_list_fn fn, void *arg)

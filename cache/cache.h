@@ -50,6 +50,19 @@ stof_status cache_get_tuning(err_record *err, cache *c, const char *op, const ch
                              const char *shape, const char *dtype, const char *arch,
                              cache_tuning *out, int *found);
 
+/* Derived rows: what a plan computes from its inputs and would otherwise
+ * compute again in every process (a mask's hash by its spec, its tiles by
+ * tile shape), as opaque bytes under (kind, key), current for this stof
+ * version only and checked by a checksum. Never sent to the second tier,
+ * never exported or recovered: they are remade on a miss. Not counted
+ * against the size cap (a few kB to a few MB a mask); stof-dump prune
+ * --stale drops other versions' rows. *found = 0 for an absent,
+ * stale or damaged row; *data is malloc'd. */
+stof_status cache_put_derived(err_record *err, cache *c, const char *kind, const char *key,
+                              const void *data, size_t n);
+stof_status cache_get_derived(err_record *err, cache *c, const char *kind, const char *key,
+                              void **data, size_t *n, int *found);
+
 /* Listing for tools: calls fn for each kernel row (blobs not loaded; the
  * row's cubin_size and ptx_size are set). Stops early when fn returns
  * nonzero. */

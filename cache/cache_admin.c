@@ -353,6 +353,9 @@ stof_status cache_admin_stats(err_record *err, cache *c, cache_stats *out)
         !int_query(db, "SELECT count(*) FROM tuning", &out->tuning))
         return ADMIN_FAIL(err, c, "reading statistics");
     out->schema = (int)v;
+    /* No derived table (no plan has stored one yet) counts none. */
+    int_query(db, "SELECT count(*) FROM derived", &out->derived);
+    int_query(db, "SELECT coalesce(sum(length(data)), 0) FROM derived", &out->derived_bytes);
     out->file_bytes = file_size(cache_file(c), "");
     out->wal_bytes = file_size(cache_file(c), "-wal");
     sqlite3_stmt *s = NULL;
@@ -733,6 +736,16 @@ static stof_status prune_stale_tuning(err_record *err, cache *c, cache_prune_res
     sqlite3_finalize(s);
     if (st == STOF_OK)
         r->tuning += sqlite3_changes(cache_db(c));
+    /* Derived rows of other versions too (a file without the table has none). */
+    if (st == STOF_OK && sqlite3_prepare_v2(cache_db(c), "DELETE FROM derived WHERE stof_version != ?",
+                                            -1, &s, NULL) == SQLITE_OK) {
+        sqlite3_bind_text(s, 1, stof_version(), -1, SQLITE_STATIC);
+        if (sqlite3_step(s) != SQLITE_DONE)
+            st = ADMIN_FAIL(err, c, "pruning");
+        else
+            r->derived += sqlite3_changes(cache_db(c));
+        sqlite3_finalize(s);
+    }
     return st;
 }
 

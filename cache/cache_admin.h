@@ -70,6 +70,7 @@ typedef struct cache_stats {
     int schema;
     long long file_bytes, wal_bytes;
     long long tuning;
+    long long derived, derived_bytes; /* masks' hashes and tiles (cache.h), remade on a miss */
     int remote_used;             /* a second tier was ever used with this file */
     cache_remote_counts remote;  /* what it did, as counted on this host */
     cache_group_stats total;
@@ -124,6 +125,7 @@ typedef struct cache_prune_opts {
 
 typedef struct cache_prune_result {
     long long kernels, tuning, bytes;
+    long long derived;        /* derived rows of other stof versions */
     int compacted;            /* the file was vacuumed afterwards */
 } cache_prune_result;
 

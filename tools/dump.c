@@ -896,7 +896,8 @@ static int cmd_stats(dump *d)
         begin_doc(&o, d, NULL);
         const struct { const char *k; long long v; } nums[] = {
             {"schema", s.schema}, {"file_bytes", s.file_bytes}, {"wal_bytes", s.wal_bytes},
-            {"kernels", s.total.kernels}, {"tuning", s.tuning}};
+            {"kernels", s.total.kernels}, {"tuning", s.tuning}, {"derived", s.derived},
+            {"derived_bytes", s.derived_bytes}};
         for (size_t i = 0; i < sizeof nums / sizeof nums[0]; i++) {
             json_key(&o, nums[i].k);
             json_int_out(&o, nums[i].v);
@@ -933,6 +934,10 @@ static int cmd_stats(dump *d)
             group_text(&s.groups[i], s.groups[i].op, s.groups[i].arch);
         group_text(&s.total, "total", "");
         printf("\ntuning records: %lld\n", s.tuning);
+        char b3[32];
+        printf("derived rows:   %lld (%s: masks' hashes and tiles, so that cached plans walk no "
+               "mask; remade on a miss)\n",
+               s.derived, human_bytes(s.derived_bytes, b3));
         if (s.remote_used)
             printf("remote tier:    %lld hit%s, %lld miss%s, %lld refused, %lld written, "
                    "%lld failed exchange%s (counted on this host)\n",
@@ -1090,12 +1095,13 @@ static int cmd_prune(dump *d)
     if (cache_admin_prune(&d->err, d->c, &o, &r) != STOF_OK)
         return fail_lib(d, "prune");
     char b[32];
-    if (r.kernels + r.tuning == 0)
+    if (r.kernels + r.tuning + r.derived == 0)
         printf("nothing to prune\n");
     else
-        printf("pruned %lld kernel%s (%s) and %lld tuning record%s%s\n", r.kernels,
-               r.kernels == 1 ? "" : "s", human_bytes(r.bytes, b), r.tuning,
-               r.tuning == 1 ? "" : "s", r.compacted ? "; the file was compacted" : "");
+        printf("pruned %lld kernel%s (%s), %lld tuning record%s and %lld derived row%s%s\n",
+               r.kernels, r.kernels == 1 ? "" : "s", human_bytes(r.bytes, b), r.tuning,
+               r.tuning == 1 ? "" : "s", r.derived, r.derived == 1 ? "" : "s",
+               r.compacted ? "; the file was compacted" : "");
     return 0;
 }
 

@@ -241,6 +241,113 @@ stof_status attn_tiles_build(stof_ctx *ctx, const mask_summary *ms, attn_kind ki
     return st;
 }
 
+/* ---- the tiles as one buffer ---------------------------------------------- */
+
+#define TILES_MAGIC "stoftil1"
+
+typedef struct tiles_header {
+    char magic[8];
+    int32_t kind, bm, bn, wpr, n_groups, period, has_qidx, pad;
+    int64_t n_tiles, n_full, n_bitmaps, n_kidx_tiles, max_tiles;
+} tiles_header;
+
+/* The arrays in buffer order, with their element counts (int32 each). */
+typedef struct tiles_part {
+    void **p;
+    size_t n;
+} tiles_part;
+
+static int tiles_parts(attn_tiles *t, int has_qidx, tiles_part parts[8])
+{
+    const size_t g = (size_t)t->n_groups, nt = (size_t)t->n_tiles;
+    tiles_part all[8] = {
+        {(void **)&t->group_order, g},
+        {(void **)&t->work, 4 * g},
+        {(void **)&t->qidx, has_qidx ? g * (size_t)t->bm : 0},
+        {(void **)&t->tile_ptr, g + 1},
+        {(void **)&t->tile_key, nt},
+        {(void **)&t->tile_bits, nt},
+        {(void **)&t->kidx, (size_t)t->n_kidx_tiles * (size_t)t->bn},
+        {(void **)&t->bits, (size_t)t->n_bitmaps * (size_t)t->bm * (size_t)t->wpr},
+    };
+    memcpy(parts, all, sizeof all);
+    return 8;
+}
+
+void *attn_tiles_encode(const attn_tiles *t, size_t *n)
+{
+    attn_tiles c = *t;
+    tiles_part parts[8];
+    int np = tiles_parts(&c, t->qidx != NULL, parts);
+    tiles_header h = {.kind = t->kind, .bm = t->bm, .bn = t->bn, .wpr = t->wpr,
+                      .n_groups = t->n_groups, .period = t->period, .has_qidx = t->qidx != NULL,
+                      .n_tiles = t->n_tiles, .n_full = t->n_full, .n_bitmaps = t->n_bitmaps,
+                      .n_kidx_tiles = t->n_kidx_tiles, .max_tiles = t->max_tiles};
+    memcpy(h.magic, TILES_MAGIC, 8);
+    size_t total = sizeof h;
+    for (int i = 0; i < np; i++)
+        total += 4 * parts[i].n;
+    char *buf = malloc(total), *at = buf;
+    if (!buf)
+        return NULL;
+    memcpy(at, &h, sizeof h);
+    at += sizeof h;
+    for (int i = 0; i < np; i++) {
+        if (parts[i].n)
+            memcpy(at, *parts[i].p, 4 * parts[i].n);
+        at += 4 * parts[i].n;
+    }
+    *n = total;
+    return buf;
+}
+
+int attn_tiles_decode(const void *data, size_t n, attn_tiles *t)
+{
+    memset(t, 0, sizeof *t);
+    tiles_header h;
+    if (n < sizeof h)
+        return 0;
+    memcpy(&h, data, sizeof h);
+    if (memcmp(h.magic, TILES_MAGIC, 8) != 0 || (h.kind != ATTN_BLOCK && h.kind != ATTN_GATHER) ||
+        h.bm < 1 || h.bm > 1024 || h.bn < 1 || h.bn > 1024 || h.wpr != (h.bn + 31) / 32 ||
+        h.n_groups < 0 || h.period < 1 || h.n_tiles < 0 || h.n_full < 0 || h.n_bitmaps < 0 ||
+        h.n_kidx_tiles < 0 || h.max_tiles < 0 || h.n_tiles > (int64_t)(n / 4) ||
+        h.n_bitmaps > (int64_t)(n / 4) || h.n_kidx_tiles > (int64_t)(n / 4))
+        return 0;
+    *t = (attn_tiles){.kind = (attn_kind)h.kind, .bm = h.bm, .bn = h.bn, .wpr = h.wpr,
+                      .n_groups = h.n_groups, .period = h.period, .n_tiles = h.n_tiles,
+                      .n_full = h.n_full, .n_bitmaps = h.n_bitmaps,
+                      .n_kidx_tiles = h.n_kidx_tiles, .max_tiles = h.max_tiles};
+    tiles_part parts[8];
+    int np = tiles_parts(t, h.has_qidx, parts);
+    size_t total = sizeof h;
+    for (int i = 0; i < np; i++)
+        total += 4 * parts[i].n;
+    if (total != n) {
+        memset(t, 0, sizeof *t);
+        return 0;
+    }
+    const char *at = (const char *)data + sizeof h;
+    for (int i = 0; i < np; i++) {
+        if (parts[i].p == (void **)&t->qidx && !h.has_qidx)
+            continue; /* rows of a block walk are not listed */
+        /* Every other array is allocated, even when empty. */
+        if (!(*parts[i].p = malloc(4 * (parts[i].n ? parts[i].n : 1)))) {
+            attn_tiles_free(t);
+            return 0;
+        }
+        memcpy(*parts[i].p, at, 4 * parts[i].n);
+        at += 4 * parts[i].n;
+    }
+    const int32_t *tp = t->tile_ptr;
+    int ok = tp && tp[0] == 0 && tp[t->n_groups] == t->n_tiles;
+    for (int i = 0; ok && i < t->n_groups; i++)
+        ok = tp[i] <= tp[i + 1];
+    if (!ok)
+        attn_tiles_free(t);
+    return ok;
+}
+
 static size_t up16(size_t n) { return (n + 15) & ~(size_t)15; }
 
 attn_tiles_layout attn_tiles_layout_of(const attn_tiles *t)

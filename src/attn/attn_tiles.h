@@ -37,6 +37,14 @@ stof_status attn_tiles_build(stof_ctx *ctx, const mask_summary *ms, attn_kind ki
                              int bn, attn_tiles *out);
 void attn_tiles_free(attn_tiles *t);
 
+/* The tiles as one buffer (a header, then every array; host byte order),
+ * for the cache, so that a cached plan never walks its mask: *out is
+ * malloc'd, NULL when out of memory. attn_tiles_decode makes the tiles again
+ * from such a buffer; 0 (and *t zeroed) when the buffer is not one: wrong
+ * size, foreign header, counts that do not add up. */
+void *attn_tiles_encode(const attn_tiles *t, size_t *n);
+int attn_tiles_decode(const void *data, size_t n, attn_tiles *t);
+
 /* Bytes of the arrays the kernels read (work, qidx, tile_key, tile_bits,
  * kidx, bits), laid out one after another (each 16-byte aligned) as
  * attn_tiles_pack writes them. */

@@ -731,6 +731,23 @@ void stof_mask_free(stof_mask *m)
 
 const char *stof_mask_spec(const stof_mask *m) { return m ? m->spec : ""; }
 
+int mask_spec_key(const stof_mask *m, char key[65])
+{
+    if (!m || m->ranges || !m->spec)
+        return 0;
+    hash_sha256 h;
+    unsigned char d[32];
+    char sizes[32];
+    snprintf(sizes, sizeof sizes, "%d x %d", m->lq, m->lk);
+    hash_init(&h);
+    hash_update(&h, "stof mask spec", 15);
+    hash_update(&h, m->spec, strlen(m->spec) + 1);
+    hash_update(&h, sizes, strlen(sizes) + 1);
+    hash_final(&h, d);
+    hash_to_hex(d, key);
+    return 1;
+}
+
 void stof_mask_dims(const stof_mask *m, int *lq, int *lk)
 {
     if (lq)
@@ -1348,8 +1365,13 @@ static void summary_row(void *arg, const mask_range *r, int n)
     s->q++;
 }
 
+static long long summaries_made;
+
+long long mask_summaries_made(void) { return __atomic_load_n(&summaries_made, __ATOMIC_RELAXED); }
+
 stof_status mask_summarize(stof_ctx *ctx, const stof_mask *m, mask_summary *out)
 {
+    __atomic_fetch_add(&summaries_made, 1, __ATOMIC_RELAXED);
     CTX_ARG(ctx, m && out, "mask");
     memset(out, 0, sizeof *out);
     summary_walk s = {0};

@@ -33,6 +33,11 @@ void mask_iter_free(mask_iter *it);
  * call on it. Returns the number of ranges. */
 int mask_row_ranges(mask_iter *it, int q, const mask_range **out);
 
+/* A key for the mask's entries from its spec and sizes alone, without a
+ * walk (the cache keeps the canonical hash under it): 1, or 0 for a mask
+ * built from a matrix, which its spec does not define. */
+int mask_spec_key(const stof_mask *m, char key[65]);
+
 /* The whole mask as lq*lk bytes, row-major, 1 = allowed; for tests. */
 stof_status mask_to_dense(const stof_mask *m, unsigned char **out);
 
@@ -118,6 +123,9 @@ typedef struct mask_summary {
 
 stof_status mask_summarize(stof_ctx *ctx, const stof_mask *m, mask_summary *out);
 void mask_summary_free(mask_summary *s);
+/* The summaries made in this process so far (tests: a cached plan makes
+ * none). */
+long long mask_summaries_made(void);
 
 /*
  * The random term's generator, identical on every platform (uint64 only).

@@ -8,6 +8,7 @@
 #include <time.h>
 
 #include "attn/mask.h"
+#include "attn/memo.h"
 #include "attn/model.h"
 #include "attn/reference.h"
 #include "base/half.h"
@@ -1014,18 +1015,47 @@ int mha_record_parse(const char *rec, mha_candidate *c, double *ms, double *pred
 
 /* ---- public calls ------------------------------------------------------- */
 
-static stof_status finish_plan(stof_ctx *ctx, stof_mha_plan *p, const mask_summary *ms,
+/* The mask's summary, made now if the plan has none yet (a plan whose hash
+ * came from the cache walks the mask only when it must). The walk's hash
+ * is the truth: a cached one that differs is replaced. */
+static stof_status need_summary(stof_ctx *ctx, stof_mha_plan *p, const stof_mask *mask,
+                                const mask_summary **ms, mask_summary *own)
+{
+    if (*ms)
+        return STOF_OK;
+    TRY(mask_summarize(ctx, mask, own));
+    *ms = own;
+    if (memcmp(p->mask_hash, own->hash, sizeof p->mask_hash) != 0) {
+        memcpy(p->mask_hash, own->hash, sizeof p->mask_hash);
+        memo_put_mask_hash(ctx, mask, own->hash);
+    }
+    return STOF_OK;
+}
+
+/* Loads the plan's kernel on its tiles: `tiles` when the caller has them,
+ * else the cache's, else cut from the mask's summary (made if need be) and
+ * then kept in the cache. */
+static stof_status finish_plan(stof_ctx *ctx, stof_mha_plan *p, const stof_mask *mask,
+                               const mask_summary **ms, mask_summary *own,
                                const attn_tiles *tiles)
 {
-    attn_tiles own;
+    attn_tiles made;
+    int have = 0;
+    if (!tiles && memo_tiles(ctx, p->mask_hash, p->c.kind, p->c.bm, p->c.bn, &made)) {
+        tiles = &made;
+        have = 1;
+    }
     if (!tiles) {
-        TRY(attn_tiles_build(ctx, ms, p->c.kind, p->c.bm, p->c.bn, &own));
-        tiles = &own;
+        TRY(need_summary(ctx, p, mask, ms, own));
+        TRY(attn_tiles_build(ctx, *ms, p->c.kind, p->c.bm, p->c.bn, &made));
+        tiles = &made;
     }
     mha_launch L;
     stof_status st = load_candidate(ctx, &p->d, &p->c, tiles, &L);
-    if (tiles == &own)
-        attn_tiles_free(&own);
+    if (st == STOF_OK && !have)
+        memo_put_tiles(ctx, p->mask_hash, tiles);
+    if (tiles == &made)
+        attn_tiles_free(&made);
     if (st == STOF_OK) {
         p->L = L;
         if ((st = jit_push(ctx)) == STOF_OK) {
@@ -1038,29 +1068,35 @@ static stof_status finish_plan(stof_ctx *ctx, stof_mha_plan *p, const mask_summa
     return st;
 }
 
-/* A new plan for desc, after the checks every plan needs, and the mask's
- * summary: *ms when the caller made one, else *own, made here once the
- * checks have passed (the caller frees own; it is zeroed when unused). */
+/* A new plan for desc, after the checks every plan needs. Its mask hash is
+ * the summary's: *ms when the caller made one, else the cache's for the
+ * mask's spec (*ms then stays NULL: need_summary makes it when wanted),
+ * else that of *own, made here (the caller frees own; it is zeroed when
+ * unused). */
 static stof_status plan_new(stof_ctx *ctx, const stof_mha_desc *desc, const stof_mask *mask,
                             const mask_summary **ms, mask_summary *own, stof_mha_plan **out)
 {
     memset(own, 0, sizeof *own);
     TRY(check_desc(ctx, desc, mask));
     TRY(ctx_need_device(ctx));
-    if (!*ms) {
+    char hash[65];
+    int memo = !*ms && memo_mask_hash(ctx, mask, hash);
+    if (!*ms && !memo) {
         TRY(mask_summarize(ctx, mask, own));
         *ms = own;
+        memo_put_mask_hash(ctx, mask, own->hash);
     }
     stof_mha_plan *p = calloc(1, sizeof *p);
     if (!p) {
         mask_summary_free(own);
+        *ms = NULL;
         return CTX_FAIL(ctx, STOF_ERR_NO_MEMORY, "out of memory");
     }
     p->ctx = ctx;
     p->d = *desc;
     if (!p->d.layout)
         p->d.layout = STOF_LAYOUT_BHLD;
-    memcpy(p->mask_hash, (*ms)->hash, sizeof p->mask_hash);
+    memcpy(p->mask_hash, memo ? hash : (*ms)->hash, sizeof p->mask_hash);
     *out = p;
     return STOF_OK;
 }
@@ -1088,7 +1124,7 @@ stof_status mha_plan_create(stof_ctx *ctx, const stof_mha_desc *desc, const stof
         if (cache_get_tuning(&ctx->err, ctx->cache, "mha", p->mask_hash, shape, dt, ctx->arch,
                              &rec, &found) == STOF_OK && found) {
             if (mha_record_parse(rec.record, &p->c, &p->measured_ms, &p->predicted_ms) &&
-                finish_plan(ctx, p, ms, NULL) == STOF_OK) {
+                finish_plan(ctx, p, mask, &ms, &own, NULL) == STOF_OK) {
                 p->origin = "cache";
                 cache_tuning_free(&rec);
                 mask_summary_free(&own);
@@ -1100,6 +1136,8 @@ stof_status mha_plan_create(stof_ctx *ctx, const stof_mha_desc *desc, const stof
     }
     cand_state cs[MHA_MAX_CANDIDATES];
     int n = 0, winner = 0;
+    if (st == STOF_OK)
+        st = need_summary(ctx, p, mask, &ms, &own);
     if (st == STOF_OK)
         st = rank_candidates(ctx, &p->d, ms, 1, cs, &n);
     if (st == STOF_OK && n == 0)
@@ -1117,7 +1155,7 @@ stof_status mha_plan_create(stof_ctx *ctx, const stof_mha_desc *desc, const stof
         p->measured_ms = cs[winner].ms;
         for (int i = 0; i < n; i++)
             p->tried += cs[i].verdict != NULL;
-        st = finish_plan(ctx, p, ms, &cs[winner].tiles);
+        st = finish_plan(ctx, p, mask, &ms, &own, &cs[winner].tiles);
     }
     if (st == STOF_OK && ctx->cache && level != STOF_TUNE_OFF) {
         mha_tried tried[MHA_MAX_CANDIDATES];
@@ -1173,7 +1211,7 @@ stof_status mha_plan_forced(stof_ctx *ctx, const stof_mha_desc *desc, const stof
     TRY(plan_new(ctx, desc, mask, &ms, &own, &p));
     p->c = *c;
     p->origin = "forced";
-    stof_status st = finish_plan(ctx, p, ms, NULL);
+    stof_status st = finish_plan(ctx, p, mask, &ms, &own, NULL);
     mask_summary_free(&own);
     if (st != STOF_OK) {
         stof_mha_plan_free(p);

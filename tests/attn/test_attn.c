@@ -9,6 +9,7 @@
 
 #include "attn/attn_tiles.h"
 #include "attn/mask.h"
+#include "attn/memo.h"
 #include "attn/mha.h"
 #include "attn/model.h"
 #include "base/json.h"
@@ -112,6 +113,32 @@ START_TEST(tiles_expand_to_the_mask)
             ck_assert_mem_eq(buf + lay.work, t.work, 16 * (size_t)t.n_groups);
             ck_assert_mem_eq(buf + lay.tile_key, t.tile_key, 4 * (size_t)t.n_tiles);
             ck_assert_mem_eq(buf + lay.tile_bits, t.tile_bits, 4 * (size_t)t.n_tiles);
+            /* As the cache keeps them: decoded, the same tiles; cut short
+             * or with a count changed, no tiles. */
+            size_t n = 0;
+            unsigned char *enc = attn_tiles_encode(&t, &n);
+            ck_assert_ptr_nonnull(enc);
+            attn_tiles back;
+            ck_assert(attn_tiles_decode(enc, n, &back));
+            ck_assert_int_eq(back.n_tiles, t.n_tiles);
+            ck_assert_int_eq(back.max_tiles, t.max_tiles);
+            ck_assert_int_eq(back.period, t.period);
+            ck_assert_int_eq(back.qidx != NULL, t.qidx != NULL);
+            attn_tiles_layout lb = attn_tiles_layout_of(&back);
+            ck_assert_int_eq(lb.total, lay.total);
+            char *again = malloc(lb.total);
+            attn_tiles_pack(&back, &lb, again);
+            ck_assert_mem_eq(again, buf, lay.total);
+            ck_assert_mem_eq(back.group_order, t.group_order, 4 * (size_t)t.n_groups);
+            ck_assert_mem_eq(back.tile_ptr, t.tile_ptr, 4 * ((size_t)t.n_groups + 1));
+            attn_tiles_free(&back);
+            ck_assert(!attn_tiles_decode(enc, n - 4, &back));
+            ck_assert(!attn_tiles_decode(enc, 20, &back));
+            enc[test_rng_int(&r, 0, 7)] ^= 0x20; /* the magic */
+            ck_assert(!attn_tiles_decode(enc, n, &back));
+            ck_assert_ptr_null(back.work);
+            free(again);
+            free(enc);
             free(buf);
             free(seen);
             free(got);
@@ -121,6 +148,57 @@ START_TEST(tiles_expand_to_the_mask)
         stof_mask_free(m);
     }
     stof_close(ctx);
+}
+END_TEST
+
+/* The cache keeps a spec mask's hash under its spec and sizes, and tiles
+ * under the hash and their shape; a mask built from a matrix has no spec
+ * to key it by, and other sizes or shapes miss. */
+START_TEST(memo_keeps_hash_and_tiles)
+{
+    char *dir = test_tmpdir(), path[1200];
+    snprintf(path, sizeof path, "%s/c.db", dir);
+    stof_options o = {.cache_path = path, .arch = "sm_90a"};
+    stof_ctx *ctx;
+    ck_assert_int_eq(stof_open(&ctx, &o), STOF_OK);
+    stof_mask *m, *other, *dense;
+    ck_assert_int_eq(stof_mask_parse(ctx, "window:30+strided:5", 190, 190, &m), STOF_OK);
+    ck_assert_int_eq(stof_mask_parse(ctx, "window:30+strided:5", 190, 191, &other), STOF_OK);
+    unsigned char *bits;
+    ck_assert_int_eq(mask_to_dense(m, &bits), STOF_OK);
+    ck_assert_int_eq(stof_mask_from_dense(ctx, bits, 190, 190, &dense), STOF_OK);
+    char want[65], got[65];
+    ck_assert_int_eq(stof_mask_hash(m, want), STOF_OK);
+    ck_assert(!memo_mask_hash(ctx, m, got));
+    memo_put_mask_hash(ctx, m, want);
+    memo_put_mask_hash(ctx, dense, want);
+    attn_tiles t, back;
+    ck_assert_int_eq(tiles_of(ctx, m, ATTN_GATHER, 64, 32, &t), STOF_OK);
+    memo_put_tiles(ctx, want, &t);
+    stof_close(ctx);
+
+    ck_assert_int_eq(stof_open(&ctx, &o), STOF_OK);
+    char before[512];
+    snprintf(before, sizeof before, "%s", stof_last_error(ctx));
+    ck_assert(memo_mask_hash(ctx, m, got));
+    ck_assert_str_eq(got, want);
+    ck_assert(!memo_mask_hash(ctx, other, got));
+    ck_assert(!memo_mask_hash(ctx, dense, got));
+    ck_assert(memo_tiles(ctx, want, ATTN_GATHER, 64, 32, &back));
+    ck_assert_int_eq(back.n_tiles, t.n_tiles);
+    ck_assert_mem_eq(back.kidx, t.kidx, 4 * (size_t)t.n_kidx_tiles * (size_t)t.bn);
+    attn_tiles_free(&back);
+    ck_assert(!memo_tiles(ctx, want, ATTN_GATHER, 64, 64, &back));
+    ck_assert(!memo_tiles(ctx, want, ATTN_BLOCK, 64, 32, &back));
+    ck_assert_str_eq(stof_last_error(ctx), before); /* misses are not errors */
+    attn_tiles_free(&t);
+    stof_mask_free(m);
+    stof_mask_free(other);
+    stof_mask_free(dense);
+    free(bits);
+    stof_close(ctx);
+    test_rmtree(dir);
+    free(dir);
 }
 END_TEST
 
@@ -655,6 +733,7 @@ Suite *suite_attn(void)
     Suite *s = suite_create("attn");
     TCase *t = tcase_create("tiles");
     tcase_add_loop_test(t, tiles_expand_to_the_mask, 0, (int)(sizeof SPECS / sizeof SPECS[0]));
+    tcase_add_test(t, memo_keeps_hash_and_tiles);
     tcase_add_test(t, gather_compacts_scattered_masks);
     tcase_add_test(t, schedule_deals_every_item_once);
     tcase_add_test(t, model_scales_with_work);

@@ -5,6 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "attn/mask.h"
 #include "attn/mha.h"
 #include "attn/reference.h"
 #include "base/half.h"
@@ -58,10 +59,15 @@ static void random_fill(test_rng *r, stof_dtype t, void *p, size_t n)
         dtype_store(t, p, i, test_rng_uniform(r) * 2 - 1);
 }
 
+/* The cache run_case plans with (none when NULL), and the mask summaries
+ * its last plan made. */
+static const char *case_cache;
+static long long case_walks;
+
 static double run_case(const mcase *c, uint64_t salt)
 {
     stof_ctx *ctx;
-    stof_options o = {.no_cache = 1};
+    stof_options o = {.no_cache = !case_cache, .cache_path = case_cache};
     ck_assert_int_eq(stof_open(&ctx, &o), STOF_OK);
     stof_mask *m;
     ck_assert_msg(stof_mask_parse(ctx, c->spec, c->lq, c->lk, &m) == STOF_OK, "%s",
@@ -91,6 +97,7 @@ static double run_case(const mcase *c, uint64_t salt)
                        .qkv_packed = c->packed, .tune = STOF_TUNE_FAST};
     stof_mha_plan *plan = NULL;
     stof_status st;
+    long long walks = mask_summaries_made();
     if (c->kind < 0) {
         st = stof_mha_plan_create(ctx, &d, m, &plan);
     } else {
@@ -99,6 +106,7 @@ static double run_case(const mcase *c, uint64_t salt)
         st = mha_plan_forced(ctx, &d, m, &cand, &plan);
     }
     ck_assert_msg(st == STOF_OK, "plan %s: %s", c->spec, stof_last_error(ctx));
+    case_walks = mask_summaries_made() - walks;
     CUdeviceptr dq = upload(ctx, c->packed ? (void *)packed : (void *)q, 2 * nq * (c->packed ? 3 : 1));
     CUdeviceptr dk = c->packed ? 0 : upload(ctx, k, 2 * nk), dv = c->packed ? 0 : upload(ctx, v, 2 * nk);
     CUdeviceptr dout = upload(ctx, NULL, 2 * nq);
@@ -353,6 +361,36 @@ START_TEST(planner_choice)
 }
 END_TEST
 
+/* A plan made again in a fresh context on the same cache: its kernel, its
+ * tuning, the mask's hash and its tiles all come from the cache, and the
+ * mask is never walked; the result is checked as every other. Forced plans
+ * read the tiles the cache holds as well. */
+START_TEST(cached_plan_walks_nothing)
+{
+    static const char *const specs[] = {"window:128+global:32", "dilated:64:2",
+                                        "window:64+strided:8", "causal"};
+    char *dir = test_tmpdir(), path[1200];
+    ck_assert_ptr_nonnull(dir);
+    snprintf(path, sizeof path, "%s/c.db", dir);
+    case_cache = path;
+    mcase c = {specs[_i], 2, 3, 1000, 1000, 64, STOF_F16, STOF_LAYOUT_BHLD, 0, _i == 3, -1, 0, 0,
+               0, 0, 0, 0};
+    run_case(&c, 1300 + _i);
+    ck_assert_int_ge(case_walks, 1);
+    run_case(&c, 1310 + _i);
+    ck_assert_msg(case_walks == 0, "%s: a cached plan summarized its mask %lld times", specs[_i],
+                  case_walks);
+    mcase f = {specs[_i], 1, 2, 1000, 1000, 64, STOF_BF16, STOF_LAYOUT_BHLD, 0, 0, 1, 64, 64, 1,
+               0, 0, 0};
+    run_case(&f, 1320 + _i); /* the cut tiles kept */
+    run_case(&f, 1330 + _i); /* and read back */
+    ck_assert_int_eq(case_walks, 0);
+    case_cache = NULL;
+    test_rmtree(dir);
+    free(dir);
+}
+END_TEST
+
 /* The model's device figures: measured on this GPU the first time, stored in
  * the cache, and read back by a second context with no compile and no
  * timing. The rates are what a kernel library's users would recognise. */
@@ -411,6 +449,7 @@ Suite *suite_gpu_mha(void)
     tcase_add_test(t, ws_runs_follow_pointers);
     tcase_add_loop_test(t, planner_choice, 0, 3);
     tcase_add_test(t, device_figures_once);
+    tcase_add_loop_test(t, cached_plan_walks_nothing, 0, 4);
     suite_add_tcase(s, t);
     return s;
 }

@@ -217,6 +217,59 @@ START_TEST(test_roundtrip)
 }
 END_TEST
 
+/* Derived rows: what was put comes back; a file from before them, a row
+ * whose bytes changed and a row of another stof version read as absent. */
+START_TEST(test_derived_rows)
+{
+    test_rng r = test_rng_make(0xde);
+    char *dir = test_tmpdir(), *path = db_path(dir, "cache.db");
+    err_record err = {0};
+    cache *c = NULL;
+    ck_assert_int_eq(cache_open(&err, path, 0, nvrtc_version_string(), &c), STOF_OK);
+    void *got = NULL;
+    size_t n = 7;
+    int found = 1;
+    ck_assert_int_eq(cache_get_derived(&err, c, "tiles", "k1", &got, &n, &found), STOF_OK);
+    ck_assert_int_eq(found, 0);
+    ck_assert_ptr_null(got);
+    size_t len = (size_t)test_rng_int(&r, 1000, 300000);
+    unsigned char *data = malloc(len);
+    ck_assert_ptr_nonnull(data);
+    for (size_t i = 0; i < len; i++)
+        data[i] = (unsigned char)test_rng_next(&r);
+    ck_assert_int_eq(cache_put_derived(&err, c, "tiles", "k1", data, len), STOF_OK);
+    ck_assert_int_eq(cache_put_derived(&err, c, "mask hash", "k1", "x", 1), STOF_OK);
+    ck_assert_int_eq(cache_get_derived(&err, c, "tiles", "k1", &got, &n, &found), STOF_OK);
+    ck_assert_int_eq(found, 1);
+    ck_assert_uint_eq(n, len);
+    ck_assert_mem_eq(got, data, len);
+    free(got);
+    ck_assert_int_eq(cache_get_derived(&err, c, "mask hash", "k1", &got, &n, &found), STOF_OK);
+    ck_assert(found && n == 1 && memcmp(got, "x", 1) == 0);
+    free(got);
+    cache_close(c);
+    /* One byte changed: absent, and the caller makes it again. */
+    sql(path, "UPDATE derived SET data = CAST(zeroblob(3) AS BLOB) || substr(data, 4) WHERE kind='tiles'");
+    /* Another stof version's row: absent. */
+    sql(path, "UPDATE derived SET stof_version = 'other' WHERE kind='mask hash'");
+    ck_assert_int_eq(cache_open(&err, path, 0, nvrtc_version_string(), &c), STOF_OK);
+    ck_assert_int_eq(cache_get_derived(&err, c, "tiles", "k1", &got, &n, &found), STOF_OK);
+    ck_assert_int_eq(found, 0);
+    ck_assert_int_eq(cache_get_derived(&err, c, "mask hash", "k1", &got, &n, &found), STOF_OK);
+    ck_assert_int_eq(found, 0);
+    /* Put again, found again. */
+    ck_assert_int_eq(cache_put_derived(&err, c, "tiles", "k1", data, len), STOF_OK);
+    ck_assert_int_eq(cache_get_derived(&err, c, "tiles", "k1", &got, &n, &found), STOF_OK);
+    ck_assert(found && n == len);
+    free(got);
+    cache_close(c);
+    free(data);
+    test_rmtree(dir);
+    free(path);
+    free(dir);
+}
+END_TEST
+
 START_TEST(test_damaged_rows_rejected)
 {
     test_rng r = test_rng_make(0xdb);
@@ -845,6 +898,7 @@ Suite *suite_cache(void)
     TCase *tc = tcase_create("cache");
     tcase_add_test(tc, test_roundtrip);
     tcase_add_test(tc, test_damaged_rows_rejected);
+    tcase_add_test(tc, test_derived_rows);
     tcase_add_test(tc, test_jit_replaces_damaged);
     tcase_add_test(tc, test_newer_schema);
     tcase_add_test(tc, test_not_sqlite);
