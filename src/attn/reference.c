@@ -113,6 +113,8 @@ static void ref_head(const ref_attn_args *a, const ref_scratch *s, const mask_ro
     ref_load(a, a->k, b, h, a->lk, klen, s->k);
     ref_load(a, a->v, b, h, a->lk, klen, s->v);
     for (int i = 0; i < a->lq; i++) {
+        if (a->rows && !a->rows[i])
+            continue;
         double *o = out + ref_offset(a, b, h, i, a->lq);
         if (i >= len) {
             memset(o, 0, (size_t)a->head_dim * sizeof *o);

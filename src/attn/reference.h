@@ -27,6 +27,9 @@ typedef struct ref_attn_args {
     const void *q, *k, *v;
     const stof_mask *mask;     /* NULL: dense; else its dims must be (lq, lk) */
     const int *seq_lens;       /* [batch] or NULL */
+    const unsigned char *rows; /* [lq]: only the query rows marked nonzero are
+                                  computed (the others' out is left as it was);
+                                  NULL: every row */
 } ref_attn_args;
 
 stof_status ref_attention(stof_ctx *ctx, const ref_attn_args *a, double *out);

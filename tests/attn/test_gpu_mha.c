@@ -125,7 +125,7 @@ static double run_case(const mcase *c, uint64_t salt)
 
     ref_attn_args a = {c->batch, c->heads, c->lq, c->lk, c->d, c->dtype,
                        c->layout ? c->layout : STOF_LAYOUT_BHLD, 0, q, k, v, m,
-                       c->lens ? lens : NULL};
+                       c->lens ? lens : NULL, NULL};
     ck_assert_int_eq(ref_attention(ctx, &a, ref), STOF_OK);
     double num = 0, den = 0;
     for (size_t i = 0; i < nq; i++) {
@@ -308,7 +308,7 @@ START_TEST(ws_runs_follow_pointers)
         out[s] = upload(ctx, NULL, 2 * n);
         ref[s] = malloc(sizeof(double) * n);
         ref_attn_args a = {B, H, L, L, D, STOF_F16, STOF_LAYOUT_BHLD, 0,
-                           host[s][0], host[s][1], host[s][2], m, NULL};
+                           host[s][0], host[s][1], host[s][2], m, NULL, NULL};
         ck_assert_int_eq(ref_attention(ctx, &a, ref[s]), STOF_OK);
     }
     /* (inputs, output): new both, new both, old inputs into a used output,

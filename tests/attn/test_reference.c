@@ -314,6 +314,43 @@ START_TEST(layouts_agree)
 }
 END_TEST
 
+/* Some rows only: the same values on those rows, the others untouched. */
+START_TEST(chosen_rows_only)
+{
+    stof_ctx *ctx = open_ctx();
+    test_rng r = test_rng_make(207);
+    problem p;
+    random_problem(&r, &p, STOF_F16, STOF_LAYOUT_BLHD);
+    size_t nq = (size_t)p.B * p.H * p.lq * p.D;
+    stof_mask *m = NULL;
+    ck_assert_int_eq(stof_mask_parse(ctx, "causal+global:2", p.lq, p.lk, &m), STOF_OK);
+    double *all = malloc(nq * sizeof *all), *some = malloc(nq * sizeof *some);
+    unsigned char *rows = malloc((size_t)p.lq);
+    for (int i = 0; i < p.lq; i++)
+        rows[i] = test_rng_int(&r, 0, 2) == 0;
+    for (size_t i = 0; i < nq; i++)
+        some[i] = -1234.5;
+    ck_assert_int_eq(run_ref(ctx, &p, m, all), STOF_OK);
+    ref_attn_args a = {.batch = p.B, .heads = p.H, .lq = p.lq, .lk = p.lk, .head_dim = p.D,
+                       .dtype = p.dtype, .layout = p.layout, .q = p.q, .k = p.k, .v = p.v,
+                       .scale = p.scale, .mask = m, .seq_lens = p.lens, .rows = rows};
+    ck_assert_int_eq(ref_attention(ctx, &a, some), STOF_OK);
+    for (int b = 0; b < p.B; b++)
+        for (int h = 0; h < p.H; h++)
+            for (int l = 0; l < p.lq; l++)
+                for (int d = 0; d < p.D; d++) {
+                    size_t i = at(p.layout, p.B, p.H, p.lq, p.D, b, h, l, d);
+                    ck_assert_double_eq(some[i], rows[l] ? all[i] : -1234.5);
+                }
+    free(all);
+    free(some);
+    free(rows);
+    free_problem(&p);
+    stof_mask_free(m);
+    stof_close(ctx);
+}
+END_TEST
+
 START_TEST(bad_arguments)
 {
     stof_ctx *ctx = open_ctx();
@@ -487,6 +524,7 @@ Suite *suite_reference(void)
     tcase_add_test(t, hand_computed);
     tcase_add_test(t, masked_rows_are_zero);
     tcase_add_test(t, layouts_agree);
+    tcase_add_test(t, chosen_rows_only);
     tcase_add_test(t, bad_arguments);
     tcase_add_test(t, sparse_rows_are_cheap);
     tcase_add_loop_test(t, layer_with_zero_weights, 0, 2);
