@@ -67,6 +67,17 @@ static stof_status exec(err_record *err, cache *c, const char *sql)
     return STOF_OK;
 }
 
+/* Ends the write transaction a put began: committed when st is STOF_OK
+ * (then the commit's own result), else rolled back. */
+static stof_status end_write(err_record *err, cache *c, stof_status st)
+{
+    if (st == STOF_OK)
+        st = exec(err, c, "COMMIT");
+    if (st != STOF_OK)
+        sqlite3_exec(c->db, "ROLLBACK", NULL, NULL, NULL);
+    return st;
+}
+
 /* mkdir -p of the folder holding path. */
 static int make_parent(const char *path)
 {
@@ -533,11 +544,7 @@ static stof_status put_local(err_record *err, cache *c, cache_kernel *k)
     if (st == STOF_OK)
         st = evict(err, c, k->key);
 done:
-    if (st == STOF_OK)
-        st = exec(err, c, "COMMIT");
-    if (st != STOF_OK)
-        sqlite3_exec(c->db, "ROLLBACK", NULL, NULL, NULL);
-    return st;
+    return end_write(err, c, st);
 }
 
 stof_status cache_put_kernel(err_record *err, cache *c, cache_kernel *k)
@@ -573,11 +580,7 @@ static stof_status put_tuning_local(err_record *err, cache *c, const cache_tunin
             st = SQL_FAIL(err, c, "storing a tuning record");
         sqlite3_finalize(s);
     }
-    if (st == STOF_OK)
-        st = exec(err, c, "COMMIT");
-    if (st != STOF_OK)
-        sqlite3_exec(c->db, "ROLLBACK", NULL, NULL, NULL);
-    return st;
+    return end_write(err, c, st);
 }
 
 stof_status cache_put_tuning(err_record *err, cache *c, const cache_tuning *t)
@@ -676,11 +679,7 @@ stof_status cache_put_derived(err_record *err, cache *c, const char *kind, const
             st = SQL_FAIL(err, c, "storing a derived row");
     }
     sqlite3_finalize(s);
-    if (st == STOF_OK)
-        st = exec(err, c, "COMMIT");
-    if (st != STOF_OK)
-        sqlite3_exec(c->db, "ROLLBACK", NULL, NULL, NULL);
-    return st;
+    return end_write(err, c, st);
 }
 
 stof_status cache_get_derived(err_record *err, cache *c, const char *kind, const char *key,
