@@ -1082,10 +1082,10 @@ static stof_status finish_plan(stof_ctx *ctx, stof_mha_plan *p, const stof_mask 
                                const attn_tiles *tiles)
 {
     attn_tiles made;
-    int have = 0;
+    int from_cache = 0;
     if (!tiles && memo_tiles(ctx, p->mask_hash, p->c.kind, p->c.bm, p->c.bn, &made)) {
         tiles = &made;
-        have = 1;
+        from_cache = 1;
     }
     if (!tiles) {
         TRY(need_summary(ctx, p, mask, ms, own));
@@ -1094,7 +1094,7 @@ static stof_status finish_plan(stof_ctx *ctx, stof_mha_plan *p, const stof_mask 
     }
     mha_launch L;
     stof_status st = load_candidate(ctx, &p->d, &p->c, tiles, &L);
-    if (st == STOF_OK && !have)
+    if (st == STOF_OK && !from_cache)
         memo_put_tiles(ctx, p->mask_hash, tiles);
     if (tiles == &made)
         attn_tiles_free(&made);
