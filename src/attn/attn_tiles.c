@@ -119,12 +119,18 @@ static stof_status build_gather(stof_ctx *ctx, const mask_summary *ms, attn_tile
     int32_t *keys = malloc(sizeof(int32_t) * (size_t)lk);
     t->qidx = malloc(sizeof(int32_t) * (size_t)t->n_groups * (size_t)bm);
     t->tile_ptr = malloc(sizeof(int32_t) * (size_t)(t->n_groups + 1));
-    growbuf tk = {.elem = sizeof(int32_t)}, tb = {.elem = sizeof(int32_t)},
-            ki = {.elem = sizeof(int32_t)}, bits = {.elem = sizeof(uint32_t)};
+    /* A group's key lists and bitmaps are made in scratch space; the sets
+     * keep the distinct lists and the partial tiles' distinct bitmaps
+     * (regular masks repeat both across groups). */
+    const int max_tiles = (lk + bn - 1) / bn;
+    uint32_t *scratch = malloc(sizeof(uint32_t) * (size_t)(max_tiles > 0 ? max_tiles : 1) * words);
+    int32_t *kix = malloc(sizeof(int32_t) * (size_t)(max_tiles > 0 ? max_tiles : 1) * bn);
+    mask_bitset set = {.wpb = words}, lists = {.wpb = bn};
+    growbuf tk = {.elem = sizeof(int32_t)}, tb = {.elem = sizeof(int32_t)};
     mask_iter it;
     int have_iter = 0;
     stof_status st = STOF_OK;
-    if (!rows || !stamp || !pos || !keys || !t->qidx || !t->tile_ptr) {
+    if (!rows || !stamp || !pos || !keys || !scratch || !kix || !t->qidx || !t->tile_ptr) {
         st = CTX_FAIL(ctx, STOF_ERR_NO_MEMORY, "out of memory building attention tiles");
         goto done;
     }
@@ -158,13 +164,12 @@ static stof_status build_gather(stof_ctx *ctx, const mask_summary *ms, attn_tile
                 keys[i++] = k;
         int ntiles = (nkeys + bn - 1) / bn;
         int32_t *tkey = grow(&tk, (size_t)ntiles), *tbit = grow(&tb, (size_t)ntiles);
-        int32_t *kix = grow(&ki, (size_t)ntiles * bn);
-        uint32_t *bw = grow(&bits, (size_t)ntiles * words);
-        if (ntiles && (!tkey || !tbit || !kix || !bw)) {
+        uint32_t *bw = scratch;
+        if (ntiles && (!tkey || !tbit)) {
             st = CTX_FAIL(ctx, STOF_ERR_NO_MEMORY, "out of memory building attention tiles");
             goto done;
         }
-        long long first_bitmap = (long long)(bits.n / words) - ntiles;
+        memset(bw, 0, sizeof(uint32_t) * (size_t)ntiles * words);
         for (int i = 0; i < ntiles * bn; i++)
             kix[i] = i < nkeys ? keys[i] : -1;
         for (int i = 0; i < nkeys; i++)
@@ -179,26 +184,33 @@ static stof_status build_gather(stof_ctx *ctx, const mask_summary *ms, attn_tile
                 }
         }
         for (int i = 0; i < ntiles; i++) {
-            tkey[i] = (int32_t)(ki.n / bn) - ntiles + i;
+            long long list = mask_bitset_add(&lists, (const uint32_t *)kix + (size_t)i * bn);
+            tkey[i] = (int32_t)list;
             int full = nrows == bm && (i + 1) * bn <= nkeys;
             for (int w = 0; full && w < words; w++) {
                 int c0 = (w % wpr) * 32, valid = bn - c0 < 32 ? bn - c0 : 32;
                 uint32_t want = valid == 32 ? 0xffffffffu : (1u << valid) - 1;
                 full = (bw[(size_t)i * words + w] & want) == want;
             }
-            tbit[i] = full ? -1 : (int32_t)(first_bitmap + i);
+            long long b = full ? -1 : mask_bitset_add(&set, bw + (size_t)i * words);
+            if (list < 0 || (!full && b < 0)) {
+                st = CTX_FAIL(ctx, STOF_ERR_NO_MEMORY, "out of memory building attention tiles");
+                goto done;
+            }
+            tbit[i] = (int32_t)b;
             t->n_full += full;
         }
         t->tile_ptr[g + 1] = t->tile_ptr[g] + ntiles;
     }
     t->n_tiles = t->tile_ptr[t->n_groups];
-    t->n_kidx_tiles = (long long)(ki.n / bn);
-    t->n_bitmaps = (long long)(bits.n / words);
+    t->n_kidx_tiles = lists.n;
+    t->n_bitmaps = set.n;
     t->tile_key = tk.p;
     t->tile_bits = tb.p;
-    t->kidx = ki.p;
-    t->bits = bits.p;
-    tk.p = tb.p = ki.p = bits.p = NULL;
+    t->kidx = (int32_t *)lists.bits;
+    t->bits = set.bits;
+    tk.p = tb.p = NULL;
+    set.bits = lists.bits = NULL;
     /* Empty arrays still get a buffer, so packing never copies from NULL. */
     if (!t->tile_key)
         t->tile_key = calloc(1, sizeof(int32_t));
@@ -217,10 +229,12 @@ done:
     free(stamp);
     free(pos);
     free(keys);
+    free(scratch);
+    free(kix);
+    mask_bitset_free(&set);
+    mask_bitset_free(&lists);
     free(tk.p);
     free(tb.p);
-    free(ki.p);
-    free(bits.p);
     return st;
 }
 

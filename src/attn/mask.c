@@ -1111,15 +1111,6 @@ static void bwalk_clear(mask_bwalk *w)
 
 /* ---- distinct bitmaps --------------------------------------------------------------- */
 
-/* The partial-block bitmaps, each stored once, found again by content. */
-typedef struct mask_bitset {
-    uint32_t *bits;
-    long long n, cap;        /* bitmaps */
-    int wpb;                 /* words per bitmap */
-    int32_t *slot;           /* open addressing: bitmap index + 1, 0 empty */
-    long long n_slots;
-} mask_bitset;
-
 static uint64_t bitmap_hash(const uint32_t *b, int n)
 {
     uint64_t h = 0xcbf29ce484222325ull;
@@ -1145,9 +1136,7 @@ static int bitset_rehash(mask_bitset *s, long long n_slots)
     return 0;
 }
 
-/* The index of bitmap b, adding it if new; -1 when out of memory or past
- * INT32_MAX bitmaps. */
-static long long bitset_add(mask_bitset *s, const uint32_t *b)
+long long mask_bitset_add(mask_bitset *s, const uint32_t *b)
 {
     if ((s->n + 1) * 2 > s->n_slots && bitset_rehash(s, s->n_slots ? s->n_slots * 2 : 1024))
         return -1;
@@ -1166,10 +1155,11 @@ static long long bitset_add(mask_bitset *s, const uint32_t *b)
     return s->n++;
 }
 
-static void bitset_free(mask_bitset *s)
+void mask_bitset_free(mask_bitset *s)
 {
     free(s->bits);
     free(s->slot);
+    memset(s, 0, sizeof *s);
 }
 
 /* ---- block-sparse rows ------------------------------------------------------------ */
@@ -1215,7 +1205,7 @@ stof_status mask_build_blocks(stof_ctx *ctx, const stof_mask *m, int bq, int bk,
             long long idx = -1;
             if (w.count[kb] < bwalk_area(&w, kb)) {
                 bwalk_bitmap(&w, kb, bm);
-                if ((idx = bitset_add(&set, bm)) < 0)
+                if ((idx = mask_bitset_add(&set, bm)) < 0)
                     st = STOF_ERR_NO_MEMORY;
                 out->n_partial++;
             } else {
@@ -1300,7 +1290,7 @@ static stof_status stats_walk(stof_ctx *ctx, const stof_mask *m, int block_q, in
             o.partial_entries += w.count[kb];
             fill_sum += (double)w.count[kb] / a;
             bwalk_bitmap(&w, kb, bm);
-            failed |= bitset_add(&set, bm) < 0;
+            failed |= mask_bitset_add(&set, bm) < 0;
         }
         bwalk_clear(&w);
     }
@@ -1308,7 +1298,7 @@ static stof_status stats_walk(stof_ctx *ctx, const stof_mask *m, int block_q, in
     stats_finish(&o, &w, area, fill_sum);
     free(bm);
     bwalk_free(&w);
-    bitset_free(&set);
+    mask_bitset_free(&set);
     if (failed)
         return CTX_FAIL(ctx, STOF_ERR_NO_MEMORY, "out of memory computing mask statistics");
     *out = o;

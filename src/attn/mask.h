@@ -96,6 +96,22 @@ typedef struct mask_blocks {
     long long n_blocks, n_full, n_partial, n_bitmaps;
 } mask_blocks;
 
+/* Partial-tile bitmaps of wpb words each, each stored once and found again
+ * by content: zero-initialize with wpb set, add, then take bits (n of them)
+ * or free. */
+typedef struct mask_bitset {
+    uint32_t *bits;
+    long long n, cap;        /* bitmaps */
+    int wpb;                 /* words per bitmap */
+    int32_t *slot;           /* open addressing: bitmap index + 1, 0 empty */
+    long long n_slots;
+} mask_bitset;
+
+/* The index of bitmap b, adding it if new; -1 when out of memory or past
+ * INT32_MAX bitmaps. */
+long long mask_bitset_add(mask_bitset *s, const uint32_t *b);
+void mask_bitset_free(mask_bitset *s);
+
 /* STOF_ERR_UNSUPPORTED when the listing would pass INT32_MAX entries. */
 stof_status mask_build_blocks(stof_ctx *ctx, const stof_mask *m, int bq, int bk,
                               mask_blocks *out);

@@ -268,6 +268,17 @@ START_TEST(gather_compacts_scattered_masks)
     ck_assert_int_eq(tiles_of(ctx, m, ATTN_BLOCK, 64, 64, &b), STOF_OK);
     ck_assert_int_eq(tiles_of(ctx, m, ATTN_GATHER, 64, 64, &g), STOF_OK);
     ck_assert_int_lt(g.n_tiles * 2, b.n_tiles);
+    /* Each distinct key list and bitmap is kept once (the groups of a
+     * regular mask repeat them), and a full tile has no bitmap. */
+    ck_assert_int_lt(g.n_bitmaps * 4, g.n_tiles);
+    ck_assert_int_lt(g.n_kidx_tiles, g.n_tiles);
+    const size_t words = (size_t)g.bm * g.wpr;
+    for (long long i = 0; i < g.n_bitmaps; i++)
+        for (long long j = 0; j < i; j++)
+            ck_assert(memcmp(g.bits + i * words, g.bits + j * words, 4 * words) != 0);
+    for (long long i = 0; i < g.n_kidx_tiles; i++)
+        for (long long j = 0; j < i; j++)
+            ck_assert(memcmp(g.kidx + i * g.bn, g.kidx + j * g.bn, 4 * (size_t)g.bn) != 0);
     model_device md = model_device_of(NULL, "sm_90a");
     ck_assert(model_attn_ms(&md, &g, 96, 64, 1, 0) < model_attn_ms(&md, &b, 96, 64, 1, 0));
     ck_assert(model_attn_ms(&md, &b, 96, 64, 1, 1) < model_attn_ms(&md, &b, 96, 64, 1, 0));
