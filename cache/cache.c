@@ -404,6 +404,8 @@ static int read_row(sqlite3_stmt *s, cache_kernel *k)
 }
 
 static stof_status put_local(err_record *err, cache *c, cache_kernel *k);
+static stof_status derived_insert(err_record *err, cache *c, const char *kind, const char *key,
+                                  const void *data, size_t n);
 
 stof_status cache_get_kernel(err_record *err, cache *c, const char *key, cache_kernel *out,
                              int *found, int *rejected)
@@ -466,6 +468,57 @@ stof_status cache_get_kernel(err_record *err, cache *c, const char *key, cache_k
     return st;
 }
 
+stof_status cache_get_cubin(err_record *err, cache *c, const char *key, cache_kernel *out,
+                            int *found, int *rejected)
+{
+    *found = 0;
+    *rejected = 0;
+    memset(out, 0, sizeof *out);
+    void *want = NULL;
+    size_t wn = 0;
+    int have = 0;
+    TRY(cache_get_derived(err, c, CACHE_CUBIN_SUM, key, &want, &wn, &have));
+    sqlite3_stmt *s = NULL;
+    stof_status st = STOF_OK;
+    if (have && wn == 64 &&
+        sqlite3_prepare_v2(c->db, "SELECT cubin, nvrtc_version, stof_version FROM kernels WHERE key=?",
+                           -1, &s, NULL) == SQLITE_OK) {
+        sqlite3_bind_text(s, 1, key, -1, SQLITE_TRANSIENT);
+        if (sqlite3_step(s) == SQLITE_ROW) {
+            const unsigned char *nv = sqlite3_column_text(s, 1), *sv = sqlite3_column_text(s, 2);
+            if (nv && sv &&
+                cache_versions_current((const char *)nv, (const char *)sv, c->nvrtc_version)) {
+                out->cubin = cache_col_blob(s, 0, &out->cubin_size);
+                char sum[65];
+                if (!out->cubin) {
+                    st = ERR_FAIL(err, STOF_ERR_NO_MEMORY, "out of memory reading the cache");
+                } else {
+                    hash_hex(out->cubin, out->cubin_size, sum);
+                    *found = out->cubin_size > 0 && memcmp(sum, want, 64) == 0;
+                }
+            }
+        }
+        sqlite3_finalize(s);
+    }
+    free(want);
+    if (*found) {
+        snprintf(out->key, sizeof out->key, "%s", key);
+        out->hits = count_use(c, key) - 1;
+        return STOF_OK;
+    }
+    cache_kernel_free(out);
+    TRY(st);
+    /* No sum, a stale row or a binary that does not match it: the whole
+     * row's check decides, and a sound row gets its sum (best effort). */
+    TRY(cache_get_kernel(err, c, key, out, found, rejected));
+    if (*found) {
+        char sum[65];
+        hash_hex(out->cubin, out->cubin_size, sum);
+        cache_put_derived(NULL, c, CACHE_CUBIN_SUM, key, sum, 64);
+    }
+    return STOF_OK;
+}
+
 static stof_status evict(err_record *err, cache *c, const char *keep)
 {
     sqlite3_stmt *s = NULL;
@@ -486,9 +539,13 @@ static stof_status evict(err_record *err, cache *c, const char *keep)
                            -1, &s, NULL) != SQLITE_OK)
         return SQL_FAIL(err, c, "evicting");
     sqlite3_bind_text(s, 1, keep, -1, SQLITE_TRANSIENT);
-    sqlite3_stmt *d = NULL;
-    if (sqlite3_prepare_v2(c->db, "DELETE FROM kernels WHERE key=?", -1, &d, NULL) != SQLITE_OK) {
+    /* A kernel goes with its binary's sum (put_local made their table). */
+    sqlite3_stmt *d = NULL, *ds = NULL;
+    if (sqlite3_prepare_v2(c->db, "DELETE FROM kernels WHERE key=?", -1, &d, NULL) != SQLITE_OK ||
+        sqlite3_prepare_v2(c->db, "DELETE FROM derived WHERE kind='" CACHE_CUBIN_SUM "' AND key=?", -1,
+                           &ds, NULL) != SQLITE_OK) {
         sqlite3_finalize(s);
+        sqlite3_finalize(d);
         return SQL_FAIL(err, c, "evicting");
     }
     stof_status st = STOF_OK;
@@ -500,12 +557,16 @@ static stof_status evict(err_record *err, cache *c, const char *keep)
     }
     sqlite3_finalize(s);
     for (int i = 0; i < n && st == STOF_OK; i++) {
-        sqlite3_reset(d);
-        sqlite3_bind_text(d, 1, keys[i], -1, SQLITE_TRANSIENT);
-        if (sqlite3_step(d) != SQLITE_DONE)
-            st = SQL_FAIL(err, c, "evicting");
+        for (int j = 0; j < 2 && st == STOF_OK; j++) {
+            sqlite3_stmt *x = j ? ds : d;
+            sqlite3_reset(x);
+            sqlite3_bind_text(x, 1, keys[i], -1, SQLITE_TRANSIENT);
+            if (sqlite3_step(x) != SQLITE_DONE)
+                st = SQL_FAIL(err, c, "evicting");
+        }
     }
     sqlite3_finalize(d);
+    sqlite3_finalize(ds);
     return st;
 }
 
@@ -541,6 +602,11 @@ static stof_status put_local(err_record *err, cache *c, cache_kernel *k)
     if (sqlite3_step(s) != SQLITE_DONE)
         st = SQL_FAIL(err, c, "storing a kernel");
     sqlite3_finalize(s);
+    if (st == STOF_OK) {
+        char sum[65];
+        hash_hex(k->cubin, k->cubin_size, sum);
+        st = derived_insert(err, c, CACHE_CUBIN_SUM, k->key, sum, 64);
+    }
     if (st == STOF_OK)
         st = evict(err, c, k->key);
 done:
@@ -651,15 +717,12 @@ stof_status cache_get_tuning(err_record *err, cache *c, const char *op, const ch
     " kind TEXT NOT NULL, key TEXT NOT NULL, stof_version TEXT NOT NULL, data BLOB NOT NULL," \
     " checksum TEXT NOT NULL, created INTEGER NOT NULL, PRIMARY KEY (kind, key, stof_version))"
 
-stof_status cache_put_derived(err_record *err, cache *c, const char *kind, const char *key,
-                              const void *data, size_t n)
+/* Inside a write transaction: stores the row, making the table if need be. */
+static stof_status derived_insert(err_record *err, cache *c, const char *kind, const char *key,
+                                  const void *data, size_t n)
 {
-    if (n > (size_t)1 << 30)
-        return ERR_FAIL(err, STOF_ERR_INVALID_ARG, "cache %s: a derived row of %zu bytes", c->path,
-                        n);
     char sum[65];
     hash_hex(data, n, sum);
-    TRY(exec(err, c, "BEGIN IMMEDIATE"));
     stof_status st = exec(err, c, DERIVED_TABLE);
     sqlite3_stmt *s = NULL;
     if (st == STOF_OK &&
@@ -679,7 +742,17 @@ stof_status cache_put_derived(err_record *err, cache *c, const char *kind, const
             st = SQL_FAIL(err, c, "storing a derived row");
     }
     sqlite3_finalize(s);
-    return end_write(err, c, st);
+    return st;
+}
+
+stof_status cache_put_derived(err_record *err, cache *c, const char *kind, const char *key,
+                              const void *data, size_t n)
+{
+    if (n > (size_t)1 << 30)
+        return ERR_FAIL(err, STOF_ERR_INVALID_ARG, "cache %s: a derived row of %zu bytes", c->path,
+                        n);
+    TRY(exec(err, c, "BEGIN IMMEDIATE"));
+    return end_write(err, c, derived_insert(err, c, kind, key, data, n));
 }
 
 stof_status cache_get_derived(err_record *err, cache *c, const char *kind, const char *key,

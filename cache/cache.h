@@ -50,6 +50,17 @@ stof_status cache_get_tuning(err_record *err, cache *c, const char *op, const ch
                              const char *shape, const char *dtype, const char *arch,
                              cache_tuning *out, int *found);
 
+/* For loading: the kernel's binary alone (out->cubin and cubin_size, key),
+ * read without its PTX, source and log and checked against the checksum of
+ * the binary alone, a derived row (CACHE_CUBIN_SUM) that cache_put_kernel
+ * writes with the kernel. A row without one, stale, or whose binary fails
+ * it gets cache_get_kernel's whole check (and then, when sound, its sum);
+ * *found, *rejected and the use count as there. A damaged PTX alone goes
+ * unnoticed here: the binary is what loads. */
+stof_status cache_get_cubin(err_record *err, cache *c, const char *key, cache_kernel *out,
+                            int *found, int *rejected);
+#define CACHE_CUBIN_SUM "cubin sum"
+
 /* Derived rows: what a plan computes from its inputs and would otherwise
  * compute again in every process (a mask's hash by its spec, its tiles by
  * tile shape), as opaque bytes under (kind, key), current for this stof

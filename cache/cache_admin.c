@@ -699,10 +699,13 @@ static stof_status pick_lru(err_record *err, cache *c, long long cutoff, long lo
 
 static stof_status delete_keys(err_record *err, cache *c, const keylist *l, cache_prune_result *r)
 {
-    sqlite3_stmt *d = NULL;
+    sqlite3_stmt *d = NULL, *ds = NULL;
     if (sqlite3_prepare_v2(cache_db(c), "DELETE FROM kernels WHERE key=?", -1, &d, NULL) !=
         SQLITE_OK)
         return ADMIN_FAIL(err, c, "pruning");
+    /* With each kernel its binary's sum, part of it (no table: none). */
+    sqlite3_prepare_v2(cache_db(c), "DELETE FROM derived WHERE kind='" CACHE_CUBIN_SUM "' AND key=?",
+                       -1, &ds, NULL);
     stof_status st = STOF_OK;
     for (int i = 0; i < l->n && st == STOF_OK; i++) {
         sqlite3_reset(d);
@@ -713,8 +716,15 @@ static stof_status delete_keys(err_record *err, cache *c, const keylist *l, cach
             r->kernels++;
             r->bytes += l->bytes[i];
         }
+        if (ds && st == STOF_OK) {
+            sqlite3_reset(ds);
+            sqlite3_bind_text(ds, 1, l->key[i], -1, SQLITE_TRANSIENT);
+            if (sqlite3_step(ds) != SQLITE_DONE)
+                st = ADMIN_FAIL(err, c, "pruning");
+        }
     }
     sqlite3_finalize(d);
+    sqlite3_finalize(ds);
     return st;
 }
 

@@ -935,8 +935,8 @@ static int cmd_stats(dump *d)
         group_text(&s.total, "total", "");
         printf("\ntuning records: %lld\n", s.tuning);
         char b3[32];
-        printf("derived rows:   %lld (%s: masks' hashes and tiles, so that cached plans walk no "
-               "mask; remade on a miss)\n",
+        printf("derived rows:   %lld (%s: masks' hashes and tiles, kernels' binary sums, so that "
+               "cached plans walk no mask and load no PTX; remade on a miss)\n",
                s.derived, human_bytes(s.derived_bytes, b3));
         if (s.remote_used)
             printf("remote tier:    %lld hit%s, %lld miss%s, %lld refused, %lld written, "

@@ -270,6 +270,93 @@ START_TEST(test_derived_rows)
 }
 END_TEST
 
+/* One cache_get_cubin; returns found and checks rejected against want_rejected. */
+static int cubin_found(cache *c, const char *key, const cache_kernel *want, int want_rejected)
+{
+    err_record err = {0};
+    cache_kernel got;
+    int found = -1, rejected = -1;
+    ck_assert_int_eq(cache_get_cubin(&err, c, key, &got, &found, &rejected), STOF_OK);
+    ck_assert_int_eq(rejected, want_rejected);
+    if (found) {
+        ck_assert_str_eq(got.key, key);
+        ck_assert_uint_eq(got.cubin_size, want->cubin_size);
+        ck_assert_mem_eq(got.cubin, want->cubin, want->cubin_size);
+    } else {
+        ck_assert_ptr_null(got.cubin);
+    }
+    cache_kernel_free(&got);
+    return found;
+}
+
+/* A load reads the binary alone, vouched for by its own sum: the PTX is
+ * never read; a damaged binary or a stale row is still refused; a row
+ * without a sum gets the whole row's check and then a sum. */
+START_TEST(test_cubin_read_alone)
+{
+    test_rng r = test_rng_make(0xcb);
+    char *dir = test_tmpdir(), *path = db_path(dir, "cache.db");
+    err_record err = {0};
+    cache *c = NULL;
+    ck_assert_int_eq(cache_open(&err, path, 0, nvrtc_version_string(), &c), STOF_OK);
+    char key[65], q[256];
+    random_hex(&r, key);
+    cache_kernel k;
+    make_kernel(&r, key, 40000, 30000, 500, &k);
+    ck_assert_int_eq(cache_put_kernel(&err, c, &k), STOF_OK);
+    ck_assert_int_eq(sql_int(path, "SELECT count(*) FROM derived WHERE kind='" CACHE_CUBIN_SUM "'"), 1);
+    cache_kernel got;
+    int found = 0, rejected = 0;
+    ck_assert_int_eq(cache_get_cubin(&err, c, key, &got, &found, &rejected), STOF_OK);
+    ck_assert(found && !rejected);
+    ck_assert_ptr_null(got.ptx);
+    ck_assert_ptr_null(got.source);
+    ck_assert_int_eq(got.hits, 0);
+    cache_kernel_free(&got);
+    ck_assert(cubin_found(c, key, &k, 0));
+
+    /* The PTX damaged: the binary still loads; the whole row's check
+     * (the tools', a plain get) refuses it. */
+    ((char *)k.ptx)[test_rng_next(&r) % k.ptx_size] ^= 4;
+    sql_set_blob(path, key, "ptx", k.ptx, k.ptx_size);
+    ck_assert(cubin_found(c, key, &k, 0));
+    ck_assert_int_eq(cache_get_kernel(&err, c, key, &got, &found, &rejected), STOF_OK);
+    ck_assert(!found && rejected);
+
+    /* The binary damaged, or the row stale: refused. */
+    ck_assert_int_eq(cache_put_kernel(&err, c, &k), STOF_OK);
+    unsigned char *bad = malloc(k.cubin_size);
+    memcpy(bad, k.cubin, k.cubin_size);
+    bad[test_rng_next(&r) % k.cubin_size] ^= 0x10;
+    sql_set_blob(path, key, "cubin", bad, k.cubin_size);
+    ck_assert(!cubin_found(c, key, &k, 1));
+    ck_assert_int_eq(cache_put_kernel(&err, c, &k), STOF_OK);
+    snprintf(q, sizeof q, "UPDATE kernels SET stof_version='0.0-old' WHERE key='%s'", key);
+    sql(path, q);
+    ck_assert(!cubin_found(c, key, &k, 1));
+
+    /* No sum (a row from before them): the whole check, then a sum. */
+    ck_assert_int_eq(cache_put_kernel(&err, c, &k), STOF_OK);
+    sql(path, "DELETE FROM derived");
+    ck_assert(cubin_found(c, key, &k, 0));
+    ck_assert_int_eq(sql_int(path, "SELECT count(*) FROM derived WHERE kind='" CACHE_CUBIN_SUM "'"), 1);
+    /* A sum that does not match a sound row (a kernel replaced by another
+     * writer): the whole check passes and the sum is made again. */
+    sql(path, "UPDATE derived SET data=CAST(zeroblob(64) AS BLOB)");
+    ck_assert(cubin_found(c, key, &k, 0));
+    ck_assert(cubin_found(c, key, &k, 0));
+    /* An absent key: neither. */
+    random_hex(&r, key);
+    ck_assert(!cubin_found(c, key, &k, 0));
+    free(bad);
+    cache_kernel_free(&k);
+    cache_close(c);
+    test_rmtree(dir);
+    free(path);
+    free(dir);
+}
+END_TEST
+
 START_TEST(test_damaged_rows_rejected)
 {
     test_rng r = test_rng_make(0xdb);
@@ -578,6 +665,8 @@ START_TEST(test_eviction)
     cache_kernel_free(&k);
     ck_assert_int_eq(sql_int(path, "SELECT count(*) FROM kernels"), 1);
     ck_assert(present(&err, c, keys[7]));
+    /* The evicted kernels' binary sums went with them. */
+    ck_assert_int_eq(sql_int(path, "SELECT count(*) FROM derived WHERE kind='" CACHE_CUBIN_SUM "'"), 1);
     cache_close(c);
     test_rmtree(dir);
     free(path);
@@ -898,6 +987,7 @@ Suite *suite_cache(void)
     TCase *tc = tcase_create("cache");
     tcase_add_test(tc, test_roundtrip);
     tcase_add_test(tc, test_damaged_rows_rejected);
+    tcase_add_test(tc, test_cubin_read_alone);
     tcase_add_test(tc, test_derived_rows);
     tcase_add_test(tc, test_jit_replaces_damaged);
     tcase_add_test(tc, test_newer_schema);
