@@ -29,6 +29,12 @@ static char *read_file(const char *path)
     return strbuf_take(&b);
 }
 
+const char *render_templates_digest(void)
+{
+    const char *dir = getenv("STOF_TEMPLATE_DIR");
+    return dir && *dir ? NULL : render_embedded_digest;
+}
+
 stof_status render_load(err_record *err, const char *name, char **text)
 {
     *text = NULL;

@@ -22,6 +22,11 @@ typedef struct render_embedded {
 
 /* The table written by codegen/embed.c; ends with a NULL name. */
 extern const render_embedded render_embedded_templates[];
+extern const char render_embedded_digest[];
+
+/* A digest of the templates in use (16 hex digits), or NULL while
+ * STOF_TEMPLATE_DIR is set: their texts are then not known in advance. */
+const char *render_templates_digest(void);
 
 /* The text of template `name` ("layernorm.cu"); the caller frees it. */
 stof_status render_load(err_record *err, const char *name, char **text);

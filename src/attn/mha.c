@@ -333,13 +333,15 @@ static stof_status launch(stof_ctx *ctx, const stof_mha_desc *d, const mha_launc
 }
 
 /* Compiles (or finds) a candidate's kernel and uploads its tiles. */
+/* Loads c's kernel (looked for under `known` first: jit_get_known) and
+ * uploads t for it. */
 static stof_status load_candidate(stof_ctx *ctx, const stof_mha_desc *d, const mha_candidate *c,
-                                  const attn_tiles *t, mha_launch *L)
+                                  const attn_tiles *t, const char *known, mha_launch *L)
 {
     memset(L, 0, sizeof *L);
     mha_request r;
     mha_make_request(c, d->head_dim, d->dtype, &r);
-    TRY(jit_get(ctx, &r.req, &L->fn, NULL, L->key));
+    TRY(jit_get_known(ctx, &r.req, known, &L->fn, L->key));
     L->wg = c->wg;
     L->bm = c->bm;
     L->bn = c->bn;
@@ -671,7 +673,7 @@ static stof_status measure_engine(stof_ctx *ctx, int wg, double *tflops)
     mha_launch lc;
     double ms = 0;
     if ((st = io_alloc(ctx, &d, &io)) == STOF_OK) {
-        if ((st = load_candidate(ctx, &d, &c, &t, &lc)) == STOF_OK) {
+        if ((st = load_candidate(ctx, &d, &c, &t, NULL, &lc)) == STOF_OK) {
             st = time_candidate(ctx, &d, &lc, &io, &ms);
             unload_candidate(ctx, &lc);
         }
@@ -870,7 +872,7 @@ static stof_status try_candidate(stof_ctx *ctx, const stof_mha_desc *d, const ma
                                  cand_state *s, const search_io *io, uint16_t **first_out)
 {
     mha_launch L;
-    stof_status st = load_candidate(ctx, d, &s->c, &s->tiles, &L);
+    stof_status st = load_candidate(ctx, d, &s->c, &s->tiles, NULL, &L);
     if (st == STOF_OK)
         st = time_candidate(ctx, d, &L, io, &s->ms);
     uint16_t *out = NULL;
@@ -1010,6 +1012,9 @@ char *mha_record_format(const mha_tried *cs, int n, int winner, const char *kern
                   kind_name(w->c.kind), w->c.bm, w->c.bn, w->c.mt, w->c.qs, w->c.wg, w->c.st, w->ms,
                   w->predicted_ms, kernel,
                   w->ms > 0 ? w->predicted_ms / w->ms - 1 : 0.0, why);
+    char id[17];
+    if (jit_source_id(id))
+        strbuf_printf(&b, "\"source\":\"%s\",", id);
     /* A spec is [a-z0-9_:,+&-] only, so it needs no escaping; a record
      * without one just cannot name its mask. */
     if (mask_spec && *mask_spec && strspn(mask_spec, "abcdefghijklmnopqrstuvwxyz0123456789_:,+&-") ==
@@ -1030,6 +1035,17 @@ char *mha_record_format(const mha_tried *cs, int n, int winner, const char *kern
     }
     strbuf_puts(&b, "]}");
     return strbuf_take(&b);
+}
+
+int mha_record_kernel(const char *rec, char key[65])
+{
+    char id[17], got[17];
+    const char *k = rec ? strstr(rec, "\"kernel\":\"") : NULL;
+    const char *s = rec ? strstr(rec, "\"source\":\"") : NULL;
+    if (!k || !s || !jit_source_id(id) || sscanf(s, "\"source\":\"%16[0-9a-f]\"", got) != 1 ||
+        strcmp(got, id) != 0 || sscanf(k, "\"kernel\":\"%64[0-9a-f]\"", key) != 1)
+        return 0;
+    return strlen(key) == 64;
 }
 
 /* The winner stored in a tuning record. */
@@ -1074,12 +1090,13 @@ static stof_status need_summary(stof_ctx *ctx, stof_mha_plan *p, const stof_mask
     return STOF_OK;
 }
 
-/* Loads the plan's kernel on its tiles: `tiles` when the caller has them,
- * else the cache's, else cut from the mask's summary (made if need be) and
- * then kept in the cache. */
+/* Loads the plan's kernel (known: its key from a tuning record, or NULL)
+ * on its tiles: `tiles` when the caller has them, else the cache's, else
+ * cut from the mask's summary (made if need be) and then kept in the
+ * cache. */
 static stof_status finish_plan(stof_ctx *ctx, stof_mha_plan *p, const stof_mask *mask,
                                const mask_summary **ms, mask_summary *own,
-                               const attn_tiles *tiles)
+                               const attn_tiles *tiles, const char *known)
 {
     attn_tiles made;
     int from_cache = 0;
@@ -1093,7 +1110,7 @@ static stof_status finish_plan(stof_ctx *ctx, stof_mha_plan *p, const stof_mask 
         tiles = &made;
     }
     mha_launch L;
-    stof_status st = load_candidate(ctx, &p->d, &p->c, tiles, &L);
+    stof_status st = load_candidate(ctx, &p->d, &p->c, tiles, known, &L);
     if (st == STOF_OK && !from_cache)
         memo_put_tiles(ctx, p->mask_hash, tiles);
     if (tiles == &made)
@@ -1165,8 +1182,10 @@ stof_status mha_plan_create(stof_ctx *ctx, const stof_mha_desc *desc, const stof
         int found = 0;
         if (cache_get_tuning(&ctx->err, ctx->cache, "mha", p->mask_hash, shape, dt, ctx->arch,
                              &rec, &found) == STOF_OK && found) {
+            char key[65];
+            const int known = mha_record_kernel(rec.record, key);
             if (mha_record_parse(rec.record, &p->c, &p->measured_ms, &p->predicted_ms) &&
-                finish_plan(ctx, p, mask, &ms, &own, NULL) == STOF_OK) {
+                finish_plan(ctx, p, mask, &ms, &own, NULL, known ? key : NULL) == STOF_OK) {
                 p->origin = "cache";
                 cache_tuning_free(&rec);
                 mask_summary_free(&own);
@@ -1197,7 +1216,7 @@ stof_status mha_plan_create(stof_ctx *ctx, const stof_mha_desc *desc, const stof
         p->measured_ms = cs[winner].ms;
         for (int i = 0; i < n; i++)
             p->tried += cs[i].verdict != NULL;
-        st = finish_plan(ctx, p, mask, &ms, &own, &cs[winner].tiles);
+        st = finish_plan(ctx, p, mask, &ms, &own, &cs[winner].tiles, NULL);
     }
     if (st == STOF_OK && ctx->cache && level != STOF_TUNE_OFF) {
         mha_tried tried[MHA_MAX_CANDIDATES];
@@ -1253,7 +1272,7 @@ stof_status mha_plan_forced(stof_ctx *ctx, const stof_mha_desc *desc, const stof
     TRY(plan_new(ctx, desc, mask, &ms, &own, &p));
     p->c = *c;
     p->origin = "forced";
-    stof_status st = finish_plan(ctx, p, mask, &ms, &own, NULL);
+    stof_status st = finish_plan(ctx, p, mask, &ms, &own, NULL, NULL);
     mask_summary_free(&own);
     if (st != STOF_OK) {
         stof_mha_plan_free(p);

@@ -68,6 +68,9 @@ char *mha_record_format(const mha_tried *tried, int n, int winner, const char *k
                         const char *why, const char *mask_spec);
 /* The winner of a record; 0 when the text is not a valid record. */
 int mha_record_parse(const char *record, mha_candidate *c, double *ms, double *predicted_ms);
+/* 1 and the winner's kernel key in key when the record was written with
+ * the current jit_source_id (so the key is what rendering would give). */
+int mha_record_kernel(const char *record, char key[65]);
 
 /* The model's figures for ctx's device: from the cache when this device
  * and arch were measured before, else measured now (dense attention on each

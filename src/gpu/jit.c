@@ -174,13 +174,14 @@ static void store(stof_ctx *ctx, cache_kernel *k)
         ctx->err = saved;
 }
 
-/* Looks key up in the cache, counting the hit or miss; 1 when found. */
+/* Looks key's binary up in the cache, counting the hit or miss; 1 when
+ * found. */
 static int cache_lookup(stof_ctx *ctx, const char *key, cache_kernel *k)
 {
     if (!ctx->cache)
         return 0;
     int found = 0, rejected = 0;
-    stof_status st = cache_get_kernel(&ctx->err, ctx->cache, key, k, &found, &rejected);
+    stof_status st = cache_get_cubin(&ctx->err, ctx->cache, key, k, &found, &rejected);
     /* A cache that fails to read is skipped, never fatal. */
     if (st == STOF_OK && found) {
         ctx->stats.cache_hits++;
@@ -191,10 +192,29 @@ static int cache_lookup(stof_ctx *ctx, const char *key, cache_kernel *k)
     return 0;
 }
 
-/* Finds req's binary in the cache or compiles (and stores) it. On success
- * *k holds at least cubin, ptx and entry. */
-static stof_status find_or_compile(stof_ctx *ctx, const jit_request *req, cache_kernel *k,
-                                   jit_origin *origin)
+int jit_source_id(char out[17])
+{
+    const char *t = render_templates_digest();
+    out[0] = 0;
+    if (!t)
+        return 0;
+    uint64_t h = 0xcbf29ce484222325ull;
+    for (const char *s = t;; s++) {
+        h = (h ^ (uint8_t)*s) * 0x100000001b3ull;
+        if (!*s)
+            break;
+    }
+    for (const char *s = nvrtc_default_options; *s; s++)
+        h = (h ^ (uint8_t)*s) * 0x100000001b3ull;
+    snprintf(out, 17, "%016llx", (unsigned long long)h);
+    return 1;
+}
+
+/* Finds req's binary in the cache (under `known` first, when given: see
+ * jit_get_known) or compiles (and stores) it. On success *k holds at least
+ * its key and cubin. */
+static stof_status find_or_compile(stof_ctx *ctx, const jit_request *req, const char *known,
+                                   cache_kernel *k, jit_origin *origin)
 {
     char *source = NULL;
     memset(k, 0, sizeof *k);
@@ -202,6 +222,20 @@ static stof_status find_or_compile(stof_ctx *ctx, const jit_request *req, cache_
         return CTX_FAIL(ctx, STOF_ERR_NO_DEVICE,
                         "%s, and no architecture was named (stof_options.arch) to compile for",
                         ctx->dev.why);
+    if (known && ctx->cache) {
+        /* Rendering would give this key: the row, if sound, is req's. A
+         * miss is not counted; the rendered key's lookup counts. */
+        int found = 0, rejected = 0;
+        err_record saved = ctx->err;
+        if (cache_get_cubin(&ctx->err, ctx->cache, known, k, &found, &rejected) == STOF_OK &&
+            found) {
+            ctx->stats.cache_hits++;
+            *origin = JIT_FROM_CACHE;
+            return STOF_OK;
+        }
+        ctx->err = saved;
+        cache_kernel_free(k);
+    }
     TRY(full_source(ctx, req, &source));
     char key[65];
     kernel_key(source, ctx->arch, key);
@@ -227,7 +261,7 @@ stof_status jit_prepare(stof_ctx *ctx, const jit_request *req, char *key, jit_or
 {
     cache_kernel k;
     jit_origin o;
-    TRY(find_or_compile(ctx, req, &k, &o));
+    TRY(find_or_compile(ctx, req, NULL, &k, &o));
     if (key)
         snprintf(key, 65, "%s", k.key);
     if (origin)
@@ -278,8 +312,8 @@ static jit_module *loaded(stof_ctx *ctx, const char *sig)
     return NULL;
 }
 
-stof_status jit_get(stof_ctx *ctx, const jit_request *req, CUfunction *fn, jit_origin *origin,
-                    char *key)
+static stof_status get(stof_ctx *ctx, const jit_request *req, const char *known, CUfunction *fn,
+                       jit_origin *origin, char *key)
 {
     TRY(ctx_need_device(ctx));
     char *sig = signature(req);
@@ -291,7 +325,7 @@ stof_status jit_get(stof_ctx *ctx, const jit_request *req, CUfunction *fn, jit_o
         free(sig);
     } else {
         cache_kernel k;
-        stof_status st = find_or_compile(ctx, req, &k, &o);
+        stof_status st = find_or_compile(ctx, req, known, &k, &o);
         if (st != STOF_OK) {
             free(sig);
             return st;
@@ -306,6 +340,18 @@ stof_status jit_get(stof_ctx *ctx, const jit_request *req, CUfunction *fn, jit_o
     if (origin)
         *origin = o;
     return STOF_OK;
+}
+
+stof_status jit_get(stof_ctx *ctx, const jit_request *req, CUfunction *fn, jit_origin *origin,
+                    char *key)
+{
+    return get(ctx, req, NULL, fn, origin, key);
+}
+
+stof_status jit_get_known(stof_ctx *ctx, const jit_request *req, const char *known, CUfunction *fn,
+                          char *key)
+{
+    return get(ctx, req, known, fn, NULL, key);
 }
 
 /* ---- several requests at once ------------------------------------------ */

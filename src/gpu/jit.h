@@ -71,6 +71,18 @@ typedef enum jit_origin { JIT_FROM_MEMORY, JIT_FROM_CACHE, JIT_COMPILED } jit_or
 stof_status jit_get(stof_ctx *ctx, const jit_request *req, CUfunction *fn, jit_origin *origin,
                     char *key);
 
+/* What a kernel's source depends on besides its request (the templates and
+ * the compile options), as 16 hex digits in out; 0 (and "") while the
+ * templates come from STOF_TEMPLATE_DIR. A key recorded together with the
+ * current id names the kernel that req would render to. */
+int jit_source_id(char out[17]);
+
+/* jit_get, first looking for `known` (a key recorded with the current
+ * jit_source_id, or NULL) in the cache without rendering req; a miss there
+ * renders as jit_get does. */
+stof_status jit_get_known(stof_ctx *ctx, const jit_request *req, const char *known, CUfunction *fn,
+                          char *key);
+
 /* Compiles req for ctx->arch into the cache without a GPU; key is the
  * cache key (65 bytes) and may be NULL. */
 stof_status jit_prepare(stof_ctx *ctx, const jit_request *req, char *key, jit_origin *origin);

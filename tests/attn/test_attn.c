@@ -487,7 +487,37 @@ START_TEST(tuning_record_round_trip)
     ck_assert_int_eq(c.bm, 192);
     ck_assert_int_eq(c.bn, 64);
     ck_assert_int_eq(c.st, 3);
+    /* The winner's kernel key is trusted only under the source id it was
+     * recorded with: not after a template or option change, not while the
+     * templates come from a folder, and never a key that is not one. */
+    char key[65], want[65], id[17];
+    memset(want, 'a', 64);
+    want[64] = 0;
+    ck_assert(!mha_record_kernel(rec, key)); /* "4567" */
     free(rec);
+    rec = mha_record_format(t, 3, 0, want, "fast", NULL);
+    ck_assert(jit_source_id(id));
+    ck_assert_ptr_nonnull(strstr(rec, id));
+    ck_assert(mha_record_kernel(rec, key));
+    ck_assert_str_eq(key, want);
+    char *other = strdup(rec);
+    char *at = strstr(other, id);
+    at[0] = at[0] == '0' ? '1' : '0';
+    ck_assert(!mha_record_kernel(other, key));
+    free(other);
+    char *dir = test_tmpdir();
+    setenv("STOF_TEMPLATE_DIR", dir, 1);
+    ck_assert(!jit_source_id(id));
+    ck_assert(!mha_record_kernel(rec, key));
+    free(rec);
+    rec = mha_record_format(t, 3, 0, want, "fast", NULL);
+    ck_assert_ptr_null(strstr(rec, "\"source\""));
+    unsetenv("STOF_TEMPLATE_DIR");
+    ck_assert(!mha_record_kernel(rec, key));
+    test_rmtree(dir);
+    free(dir);
+    free(rec);
+    ck_assert(!mha_record_kernel(NULL, key));
     ck_assert(!mha_record_parse("{\"winner\":{\"kind\":\"magic\"}}", &c, &ms, &pred));
     ck_assert(!mha_record_parse("not json", &c, &ms, &pred));
     ck_assert(!mha_record_parse(NULL, &c, &ms, &pred));

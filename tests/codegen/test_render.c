@@ -156,7 +156,10 @@ START_TEST(test_template_dir_override)
     char *dir = test_tmpdir();
     ck_assert_ptr_nonnull(dir);
     write_file(dir, "layernorm.cu", "override {{X}}\n");
+    ck_assert_ptr_eq(render_templates_digest(), render_embedded_digest);
     setenv("STOF_TEMPLATE_DIR", dir, 1);
+    /* Texts from a folder are not the embedded ones: no digest. */
+    ck_assert_ptr_null(render_templates_digest());
     render_var v[] = {{"X", "works"}};
     char *out = NULL;
     ck_assert_int_eq(render_template(&err, "layernorm.cu", v, 1, &out), STOF_OK);
@@ -277,6 +280,27 @@ START_TEST(test_embedded_templates)
     }
     ck_assert_int_eq(embedded, files);
     ck_assert_int_ge(embedded, 2);
+    /* The digest covers every byte and every name: embed writes another
+     * for a changed byte or a renamed file, the same for the same files. */
+    ck_assert_uint_eq(strlen(render_embedded_digest), 16);
+    char *dir = test_tmpdir(), *out[4] = {0};
+    write_file(dir, "a.cu", "// one\n");
+    write_file(dir, "b.cu", "// one!\n");
+    write_file(dir, "c.cu", "// one\n");
+    const char *files_of[4] = {"a.cu", "a.cu", "b.cu", "c.cu"};
+    for (int i = 0; i < 4; i++) {
+        char cmd[1024];
+        snprintf(cmd, sizeof cmd, "%s %s/%s | grep render_embedded_digest", test_build_path("embed"),
+                 dir, files_of[i]);
+        ck_assert_int_eq(test_run(cmd, &out[i]), 0);
+    }
+    ck_assert_str_eq(out[0], out[1]);
+    ck_assert_str_ne(out[0], out[2]);
+    ck_assert_str_ne(out[0], out[3]);
+    for (int i = 0; i < 4; i++)
+        free(out[i]);
+    test_rmtree(dir);
+    free(dir);
     /* The prelude takes no values and renders to itself. */
     char *prelude = NULL, *raw = NULL;
     ck_assert_int_eq(render_template(&err, "common.cuh", NULL, 0, &prelude), STOF_OK);
