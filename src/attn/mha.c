@@ -414,6 +414,11 @@ typedef struct search_io {
     size_t q_elems, kv_elems, o_elems;
     CUdeviceptr q[4], k[4], v[4], out;
     uint16_t *hq, *hk, *hv;  /* set 0 on the host, for the CPU check */
+    /* Outputs on the host, page-locked (a pageable copy of 50 MB took
+     * 50 ms a candidate): the first candidate's, and the one compared
+     * with it. pinned[i]: from cuMemAllocHost, else malloc. */
+    uint16_t *first, *cur;
+    int pinned[2];
 } search_io;
 
 static uint64_t rng_next(uint64_t *s)
@@ -433,6 +438,19 @@ void mha_fill_random(uint16_t *p, size_t n, stof_dtype t, uint64_t seed)
     }
 }
 
+/* mha_fill_random's numbers repeating with a prime period of about a
+ * million (filling every value of the search's inputs cost a cold plan at
+ * L 4096 half a second): no two heads or rows of a shape meet the same
+ * values unless their distance is a multiple of the prime. */
+#define FILL_PERIOD 1048573
+static void fill_periodic(uint16_t *p, size_t n, stof_dtype t, uint64_t seed)
+{
+    size_t m = n < FILL_PERIOD ? n : FILL_PERIOD;
+    mha_fill_random(p, m, t, seed);
+    for (size_t at = m; at < n; at += m)
+        memcpy(p + at, p, 2 * (n - at < m ? n - at : m));
+}
+
 static void io_free(stof_ctx *ctx, search_io *io)
 {
     if (jit_push(ctx) == STOF_OK) {
@@ -443,8 +461,16 @@ static void io_free(stof_ctx *ctx, search_io *io)
         }
         if (io->out)
             ctx->dev.api.MemFree(io->out);
+        uint16_t *h[2] = {io->first, io->cur};
+        for (int i = 0; i < 2; i++)
+            if (h[i] && io->pinned[i])
+                ctx->dev.api.MemFreeHost(h[i]);
         jit_pop(ctx);
     }
+    if (!io->pinned[0])
+        free(io->first);
+    if (!io->pinned[1])
+        free(io->cur);
     free(io->hq);
     free(io->hk);
     free(io->hv);
@@ -473,9 +499,9 @@ static stof_status io_alloc(stof_ctx *ctx, const stof_mha_desc *d, search_io *io
      * sets are copies of it at other addresses, which is all that keeps
      * the L2 from flattering (filling each set anew cost a cold plan at
      * L 4096 over a second). */
-    mha_fill_random(io->hq, io->q_elems, d->dtype, 1000);
-    mha_fill_random(io->hk, io->kv_elems, d->dtype, 2000);
-    mha_fill_random(io->hv, io->kv_elems, d->dtype, 3000);
+    fill_periodic(io->hq, io->q_elems, d->dtype, 1000);
+    fill_periodic(io->hk, io->kv_elems, d->dtype, 2000);
+    fill_periodic(io->hv, io->kv_elems, d->dtype, 3000);
     stof_status st = jit_push(ctx);
     for (int s = 0; st == STOF_OK && s < io->nsets; s++) {
         st = CU(ctx, MemAlloc(&io->q[s], 2 * io->q_elems));
@@ -530,37 +556,49 @@ static stof_status time_candidate(stof_ctx *ctx, const stof_mha_desc *d, const m
     return timing_median(ctx, run_timed, &t, ms);
 }
 
-/* Output of the last launch, on the host. */
-static stof_status fetch_out(stof_ctx *ctx, const search_io *io, uint16_t **out)
+/* The output of the last launch, on the host: into io->first (which = 0)
+ * or io->cur (1), made on first use. */
+static stof_status fetch_out(stof_ctx *ctx, search_io *io, int which)
 {
-    *out = malloc(2 * io->o_elems);
-    if (!*out)
-        return CTX_FAIL(ctx, STOF_ERR_NO_MEMORY, "out of memory");
-    stof_status st = jit_push(ctx);
-    if (st == STOF_OK) {
-        st = CU(ctx, MemcpyDtoH(*out, io->out, 2 * io->o_elems));
-        jit_pop(ctx);
+    uint16_t **h = which ? &io->cur : &io->first;
+    TRY(jit_push(ctx));
+    stof_status st = STOF_OK;
+    if (!*h) {
+        /* Page-locked where the system allows, else plain memory. */
+        io->pinned[which] = ctx->dev.api.MemAllocHost((void **)h, 2 * io->o_elems) == CUDA_SUCCESS;
+        if (!io->pinned[which] && !(*h = malloc(2 * io->o_elems)))
+            st = CTX_FAIL(ctx, STOF_ERR_NO_MEMORY, "out of memory for the search's outputs");
     }
-    if (st != STOF_OK) {
-        free(*out);
-        *out = NULL;
-    }
+    if (st == STOF_OK)
+        st = CU(ctx, MemcpyDtoH(*h, io->out, 2 * io->o_elems));
+    jit_pop(ctx);
     return st;
 }
 
-static double rel_l2(const uint16_t *a, const uint16_t *b, size_t n, stof_dtype t)
+/* Relative L2 distance of a from b (NaN anywhere: infinite), converting
+ * through a table of all 65536 values. */
+static stof_status rel_l2(stof_ctx *ctx, const uint16_t *a, const uint16_t *b, size_t n, stof_dtype t,
+                     double *out)
 {
+    float *val = malloc(65536 * sizeof *val);
+    if (!val)
+        return CTX_FAIL(ctx, STOF_ERR_NO_MEMORY, "out of memory comparing outputs");
+    for (uint32_t i = 0; i < 65536; i++) {
+        uint16_t h = (uint16_t)i;
+        val[i] = (float)dtype_load(t, &h, 0);
+    }
     double num = 0, den = 0;
+    int nan = 0;
     for (size_t i = 0; i < n; i++) {
-        double x = dtype_load(t, a, i), y = dtype_load(t, b, i);
-        if (isnan(x) || isnan(y))
-            return INFINITY;
+        double x = val[a[i]], y = val[b[i]];
+        nan |= isnan(x) || isnan(y);
         num += (x - y) * (x - y);
         den += y * y;
     }
-    return den > 0 ? sqrt(num / den) : sqrt(num);
+    free(val);
+    *out = nan ? INFINITY : den > 0 ? sqrt(num / den) : sqrt(num);
+    return STOF_OK;
 }
-
 /* The reference's share of a search: head (0, 0) is checked on every row
  * while its allowed entries times head_dim stay below this (about a tenth
  * of a second of the double reference), else on a sample of rows. */
@@ -867,30 +905,30 @@ static int is_default_size(const mha_candidate *c)
     return c->bm == 64 && c->bn == 64 && c->mt == 1 && !c->qs;
 }
 
-/* Times candidate i, checks its output, records the verdict. */
+/* Times candidate s and checks its output, recording the verdict: the
+ * first to run (*have_first 0) against the CPU reference, every later one
+ * against the first's output. */
 static stof_status try_candidate(stof_ctx *ctx, const stof_mha_desc *d, const mask_summary *ms,
-                                 cand_state *s, const search_io *io, uint16_t **first_out)
+                                 cand_state *s, search_io *io, int *have_first)
 {
     mha_launch L;
     stof_status st = load_candidate(ctx, d, &s->c, &s->tiles, NULL, &L);
     if (st == STOF_OK)
         st = time_candidate(ctx, d, &L, io, &s->ms);
-    uint16_t *out = NULL;
     if (st == STOF_OK)
-        st = fetch_out(ctx, io, &out);
+        st = fetch_out(ctx, io, *have_first);
     unload_candidate(ctx, &L);
     if (st != STOF_OK) {
         s->verdict = "failed";
         return st;
     }
-    if (!*first_out) {
+    if (!*have_first) {
         int checked = 0;
         double err = 0;
-        st = cpu_check(ctx, d, ms, io, out, &checked, &err);
+        st = cpu_check(ctx, d, ms, io, io->first, &checked, &err);
         double tol = d->dtype == STOF_BF16 ? 1.5e-2 : 5e-3;
         if (st == STOF_OK && checked && !(err <= tol)) {
             s->verdict = "mismatch";
-            free(out);
             return CTX_FAIL(ctx, STOF_ERR_INTERNAL,
                             "attention kernel %s %dx%d (%s, m_tiles %d, q in %s) disagrees "
                             "with the CPU reference (relative L2 error %.3g)",
@@ -898,12 +936,12 @@ static stof_status try_candidate(stof_ctx *ctx, const stof_mha_desc *d, const ma
                             s->c.qs ? "smem" : "regs", err);
         }
         s->verdict = "ok";
-        *first_out = out;
+        *have_first = 1;
         return st;
     }
-    double tol = d->dtype == STOF_BF16 ? 2e-2 : 1e-2;
-    s->verdict = rel_l2(out, *first_out, io->o_elems, d->dtype) <= tol ? "ok" : "mismatch";
-    free(out);
+    double tol = d->dtype == STOF_BF16 ? 2e-2 : 1e-2, dist = 0;
+    TRY(rel_l2(ctx, io->cur, io->first, io->o_elems, d->dtype, &dist));
+    s->verdict = dist <= tol ? "ok" : "mismatch";
     return STOF_OK;
 }
 
@@ -959,7 +997,7 @@ static stof_status search(stof_ctx *ctx, const stof_mha_desc *d, const mask_summ
 {
     search_io io;
     TRY(io_alloc(ctx, d, &io));
-    uint16_t *first = NULL;
+    int have_first = 0;
     double t0 = now_s();
     int budget = d->max_candidates > 0 ? d->max_candidates : 1 << 30, timed = 0;
     int stage2_cap = level == STOF_TUNE_FULL ? 1 << 30 : 3;
@@ -978,7 +1016,7 @@ static stof_status search(stof_ctx *ctx, const stof_mha_desc *d, const mask_summ
             if (d->max_seconds > 0 && now_s() - t0 > d->max_seconds && *winner >= 0)
                 break;
             cand_state *s = &cs[idx[k]];
-            st = try_candidate(ctx, d, ms, s, &io, &first);
+            st = try_candidate(ctx, d, ms, s, &io, &have_first);
             timed++;
             if (st == STOF_OK && strcmp(s->verdict, "ok") == 0 &&
                 (*winner < 0 || s->ms < cs[*winner].ms))
@@ -987,13 +1025,12 @@ static stof_status search(stof_ctx *ctx, const stof_mha_desc *d, const mask_summ
         /* Stage 1 found no default-sized candidate (the device's shared
          * memory ruled them out): take the best-ranked one. */
         if (stage == 1 && *winner < 0 && st == STOF_OK && n > 0 && timed < budget) {
-            st = try_candidate(ctx, d, ms, &cs[0], &io, &first);
+            st = try_candidate(ctx, d, ms, &cs[0], &io, &have_first);
             timed++;
             if (st == STOF_OK && strcmp(cs[0].verdict, "ok") == 0)
                 *winner = 0;
         }
     }
-    free(first);
     io_free(ctx, &io);
     if (st == STOF_OK && *winner < 0)
         st = CTX_FAIL(ctx, STOF_ERR_INTERNAL, "no attention candidate passed its checks");

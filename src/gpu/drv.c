@@ -29,6 +29,8 @@ static const struct { const char *name; size_t off; } SYMS[] = {
     S(LaunchKernel, "cuLaunchKernel"),
     S(MemAlloc, "cuMemAlloc_v2"),
     S(MemFree, "cuMemFree_v2"),
+    S(MemAllocHost, "cuMemAllocHost_v2"),
+    S(MemFreeHost, "cuMemFreeHost"),
     S(MemcpyHtoD, "cuMemcpyHtoD_v2"),
     S(MemcpyDtoH, "cuMemcpyDtoH_v2"),
     S(MemcpyDtoDAsync, "cuMemcpyDtoDAsync_v2"),
