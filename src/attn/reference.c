@@ -1,8 +1,10 @@
 #include "attn/reference.h"
 
 #include <math.h>
+#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "attn/mask.h"
 #include "base/half.h"
@@ -104,15 +106,28 @@ static void ref_row(const ref_attn_args *a, const ref_scratch *s, const int32_t 
         o[d] /= sum;
 }
 
-static void ref_head(const ref_attn_args *a, const ref_scratch *s, const mask_rows *rows, int b,
-                     int h, double scale, double *out)
+/* Query rows [r0, r1) of one head, on K and V already loaded. */
+typedef struct ref_rows_job {
+    const ref_attn_args *a;
+    ref_scratch s;           /* k, v shared; q, score this job's own */
+    const mask_rows *rows;
+    int b, h, r0, r1;
+    double scale;
+    double *out;
+} ref_rows_job;
+
+static void *ref_rows(void *arg)
 {
+    const ref_rows_job *j = arg;
+    const ref_attn_args *a = j->a;
+    const ref_scratch *s = &j->s;
+    const mask_rows *rows = j->rows;
+    const int b = j->b, h = j->h;
     int len = a->seq_lens ? a->seq_lens[b] : (a->lq > a->lk ? a->lq : a->lk);
     int klen = len < a->lk ? len : a->lk;
     const int32_t all_start = 0, all_len = a->lk;
-    ref_load(a, a->k, b, h, a->lk, klen, s->k);
-    ref_load(a, a->v, b, h, a->lk, klen, s->v);
-    for (int i = 0; i < a->lq; i++) {
+    double scale = j->scale, *out = j->out;
+    for (int i = j->r0; i < j->r1; i++) {
         if (a->rows && !a->rows[i])
             continue;
         double *o = out + ref_offset(a, b, h, i, a->lq);
@@ -128,6 +143,44 @@ static void ref_head(const ref_attn_args *a, const ref_scratch *s, const mask_ro
         else
             ref_row(a, s, &all_start, &all_len, 1, klen, scale, o);
     }
+    return NULL;
+}
+
+/* Threads for one head's rows: the cores, at most 16, and no fewer than
+ * 64 rows each. */
+#define REF_THREADS 16
+
+/* One head: K and V loaded once, its rows split over threads (each with
+ * its own q and scores; one that cannot start leaves its rows to the
+ * caller). extra: REF_THREADS - 1 spare scratches. */
+static void ref_head(const ref_attn_args *a, const ref_scratch *s, ref_scratch *extra,
+                     int nthreads, const mask_rows *rows, int b, int h, double scale, double *out)
+{
+    int len = a->seq_lens ? a->seq_lens[b] : (a->lq > a->lk ? a->lq : a->lk);
+    int klen = len < a->lk ? len : a->lk;
+    ref_load(a, a->k, b, h, a->lk, klen, s->k);
+    ref_load(a, a->v, b, h, a->lk, klen, s->v);
+    int n = a->lq / 64 < nthreads ? a->lq / 64 : nthreads;
+    n = n < 1 ? 1 : n;
+    ref_rows_job jobs[REF_THREADS];
+    pthread_t th[REF_THREADS];
+    int started[REF_THREADS] = {0};
+    for (int t = 0; t < n; t++) {
+        jobs[t] = (ref_rows_job){a, *s, rows, b, h, (int)((long long)a->lq * t / n),
+                                 (int)((long long)a->lq * (t + 1) / n), scale, out};
+        if (t > 0) {
+            jobs[t].s.q = extra[t - 1].q;
+            jobs[t].s.score = extra[t - 1].score;
+            started[t] = pthread_create(&th[t], NULL, ref_rows, &jobs[t]) == 0;
+        }
+    }
+    ref_rows(&jobs[0]);
+    for (int t = 1; t < n; t++) {
+        if (started[t])
+            pthread_join(th[t], NULL);
+        else
+            ref_rows(&jobs[t]);
+    }
 }
 
 stof_status ref_attention(stof_ctx *ctx, const ref_attn_args *a, double *out)
@@ -141,12 +194,25 @@ stof_status ref_attention(stof_ctx *ctx, const ref_attn_args *a, double *out)
     ref_scratch s = {malloc(kv * sizeof(double)), malloc(kv * sizeof(double)),
                      malloc((size_t)a->head_dim * sizeof(double)),
                      malloc((size_t)a->lk * sizeof(double))};
+    long cores = sysconf(_SC_NPROCESSORS_ONLN);
+    int nthreads = cores < 1 ? 1 : cores > REF_THREADS ? REF_THREADS : (int)cores;
+    ref_scratch extra[REF_THREADS - 1] = {{0}};
     stof_status st = STOF_OK;
-    if (!s.k || !s.v || !s.q || !s.score)
+    for (int t = 0; t < nthreads - 1; t++) {
+        extra[t].q = malloc((size_t)a->head_dim * sizeof(double));
+        extra[t].score = malloc((size_t)a->lk * sizeof(double));
+        if (!extra[t].q || !extra[t].score)
+            st = STOF_ERR_NO_MEMORY;
+    }
+    if (!s.k || !s.v || !s.q || !s.score || st != STOF_OK)
         st = CTX_FAIL(ctx, STOF_ERR_NO_MEMORY, "out of memory in reference attention");
     for (int b = 0; b < a->batch && st == STOF_OK; b++)
         for (int h = 0; h < a->heads; h++)
-            ref_head(a, &s, a->mask ? &rows : NULL, b, h, scale, out);
+            ref_head(a, &s, extra, nthreads, a->mask ? &rows : NULL, b, h, scale, out);
+    for (int t = 0; t < nthreads - 1; t++) {
+        free(extra[t].q);
+        free(extra[t].score);
+    }
     free(s.k);
     free(s.v);
     free(s.q);
