@@ -332,7 +332,6 @@ static stof_status launch(stof_ctx *ctx, const stof_mha_desc *d, const mha_launc
                                 (unsigned)L->smem, stream, args, NULL));
 }
 
-/* Compiles (or finds) a candidate's kernel and uploads its tiles. */
 /* Loads c's kernel (looked for under `known` first: jit_get_known) and
  * uploads t for it. */
 static stof_status load_candidate(stof_ctx *ctx, const stof_mha_desc *d, const mha_candidate *c,
@@ -577,8 +576,8 @@ static stof_status fetch_out(stof_ctx *ctx, search_io *io, int which)
 
 /* Relative L2 distance of a from b (NaN anywhere: infinite), converting
  * through a table of all 65536 values. */
-static stof_status rel_l2(stof_ctx *ctx, const uint16_t *a, const uint16_t *b, size_t n, stof_dtype t,
-                     double *out)
+static stof_status rel_l2(stof_ctx *ctx, const uint16_t *a, const uint16_t *b, size_t n,
+                          stof_dtype t, double *out)
 {
     float *val = malloc(65536 * sizeof *val);
     if (!val)
@@ -599,6 +598,7 @@ static stof_status rel_l2(stof_ctx *ctx, const uint16_t *a, const uint16_t *b, s
     *out = nan ? INFINITY : den > 0 ? sqrt(num / den) : sqrt(num);
     return STOF_OK;
 }
+
 /* The reference's share of a search: head (0, 0) is checked on every row
  * while its allowed entries times head_dim stay below this (about a tenth
  * of a second of the double reference), else on a sample of rows. */

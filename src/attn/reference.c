@@ -111,7 +111,7 @@ typedef struct ref_rows_job {
     const ref_attn_args *a;
     ref_scratch s;           /* k, v shared; q, score this job's own */
     const mask_rows *rows;
-    int b, h, r0, r1;
+    int b, h, r0, r1, len, klen; /* the sequence's length, its keys' */
     double scale;
     double *out;
 } ref_rows_job;
@@ -122,9 +122,7 @@ static void *ref_rows(void *arg)
     const ref_attn_args *a = j->a;
     const ref_scratch *s = &j->s;
     const mask_rows *rows = j->rows;
-    const int b = j->b, h = j->h;
-    int len = a->seq_lens ? a->seq_lens[b] : (a->lq > a->lk ? a->lq : a->lk);
-    int klen = len < a->lk ? len : a->lk;
+    const int b = j->b, h = j->h, len = j->len, klen = j->klen;
     const int32_t all_start = 0, all_len = a->lk;
     double scale = j->scale, *out = j->out;
     for (int i = j->r0; i < j->r1; i++) {
@@ -167,7 +165,7 @@ static void ref_head(const ref_attn_args *a, const ref_scratch *s, ref_scratch *
     int started[REF_THREADS] = {0};
     for (int t = 0; t < n; t++) {
         jobs[t] = (ref_rows_job){a, *s, rows, b, h, (int)((long long)a->lq * t / n),
-                                 (int)((long long)a->lq * (t + 1) / n), scale, out};
+                                 (int)((long long)a->lq * (t + 1) / n), len, klen, scale, out};
         if (t > 0) {
             jobs[t].s.q = extra[t - 1].q;
             jobs[t].s.score = extra[t - 1].score;

@@ -198,15 +198,15 @@ int jit_source_id(char out[17])
     out[0] = 0;
     if (!t)
         return 0;
-    uint64_t h = 0xcbf29ce484222325ull;
-    for (const char *s = t;; s++) {
-        h = (h ^ (uint8_t)*s) * 0x100000001b3ull;
-        if (!*s)
-            break;
-    }
-    for (const char *s = nvrtc_default_options; *s; s++)
-        h = (h ^ (uint8_t)*s) * 0x100000001b3ull;
-    snprintf(out, 17, "%016llx", (unsigned long long)h);
+    hash_sha256 h;
+    unsigned char d[32];
+    char hex[65];
+    hash_init(&h);
+    hash_update(&h, t, strlen(t) + 1);
+    hash_update(&h, nvrtc_default_options, strlen(nvrtc_default_options));
+    hash_final(&h, d);
+    hash_to_hex(d, hex);
+    snprintf(out, 17, "%.16s", hex);
     return 1;
 }
 
