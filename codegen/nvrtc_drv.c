@@ -7,11 +7,21 @@
 #include <string.h>
 #include <time.h>
 
-/* -lineinfo keeps source lines in SASS for stof-dump and the profiler;
- * ptxas -v puts each kernel's registers and spills in the compile log. */
-const char *const nvrtc_default_options = "-std=c++17 -lineinfo --ptxas-options=-v";
-static const char *const OPTS[] = {"-std=c++17", "-lineinfo", "--ptxas-options=-v"};
+/* ptxas -v puts each kernel's registers and spills in the compile log;
+ * -lineinfo (on request) keeps source lines in SASS for a profiler. */
+static const char *const OPTS[] = {"-std=c++17", "--ptxas-options=-v", "-lineinfo"};
 #define NOPTS (int)(sizeof OPTS / sizeof OPTS[0])
+
+static int lineinfo(void)
+{
+    const char *e = getenv("STOF_LINEINFO");
+    return e && *e && strcmp(e, "0") != 0;
+}
+
+const char *nvrtc_options(void)
+{
+    return lineinfo() ? "-std=c++17 --ptxas-options=-v -lineinfo" : "-std=c++17 --ptxas-options=-v";
+}
 
 static double now_ms(void)
 {
@@ -107,13 +117,14 @@ stof_status nvrtc_compile(err_record *err, const char *name, const char *source,
     char archopt[64];
     snprintf(archopt, sizeof archopt, "-arch=%s", arch);
     const char *opts[NOPTS + 1];
-    for (int i = 0; i < NOPTS; i++)
+    int nopts = lineinfo() ? NOPTS : NOPTS - 1;
+    for (int i = 0; i < nopts; i++)
         opts[i] = OPTS[i];
-    opts[NOPTS] = archopt;
+    opts[nopts] = archopt;
 
     double t0 = now_ms();
     NVRTC_TRY(nvrtcCreateProgram(&prog, source, name, 0, NULL, NULL));
-    nvrtcResult cr = nvrtcCompileProgram(prog, NOPTS + 1, opts);
+    nvrtcResult cr = nvrtcCompileProgram(prog, nopts + 1, opts);
     size_t logn = 0;
     NVRTC_TRY(nvrtcGetProgramLogSize(prog, &logn));
     if (!(out->log = malloc(logn + 1))) {

@@ -18,8 +18,12 @@ typedef struct nvrtc_output {
     double ms;           /* wall time of the compile */
 } nvrtc_output;
 
-/* The fixed options every kernel is compiled with, besides -arch. */
-extern const char *const nvrtc_default_options;
+/* The options every kernel is compiled with, besides -arch, as one string
+ * (part of every kernel's key): "-std=c++17 --ptxas-options=-v", with
+ * -lineinfo added while $STOF_LINEINFO is set and not "0" (source lines
+ * for a profiler; NVRTC then also embeds the PTX text, which made a
+ * cached kernel four times the size to read, check and load). */
+const char *nvrtc_options(void);
 
 stof_status nvrtc_compile(err_record *err, const char *name, const char *source,
                           const char *arch, nvrtc_output *out);

@@ -124,7 +124,7 @@ static void kernel_key(const char *source, const char *arch, char out[65])
 {
     hash_sha256 h;
     unsigned char d[32];
-    const char *parts[] = {source, nvrtc_default_options, arch, nvrtc_version_string(),
+    const char *parts[] = {source, nvrtc_options(), arch, nvrtc_version_string(),
                            stof_version()};
     hash_init(&h);
     for (int i = 0; i < 5; i++)
@@ -146,7 +146,7 @@ static stof_status take_compiled(stof_ctx *ctx, const jit_request *req, const ch
     k->name = strdup(req->tmpl);
     k->entry = strdup(req->entry);
     k->arch = strdup(ctx->arch);
-    k->options = strdup(nvrtc_default_options);
+    k->options = strdup(nvrtc_options());
     k->params = params_string(req);
     k->source = source;
     k->log = o->log;
@@ -203,7 +203,8 @@ int jit_source_id(char out[17])
     char hex[65];
     hash_init(&h);
     hash_update(&h, t, strlen(t) + 1);
-    hash_update(&h, nvrtc_default_options, strlen(nvrtc_default_options));
+    const char *opts = nvrtc_options();
+    hash_update(&h, opts, strlen(opts));
     hash_final(&h, d);
     hash_to_hex(d, hex);
     snprintf(out, 17, "%.16s", hex);

@@ -53,7 +53,7 @@ static void make_kernel(test_rng *r, const char *key, size_t cubin_n, size_t ptx
     k->name = strdup("layernorm.cu");
     k->entry = strdup("stof_layernorm");
     k->arch = strdup(test_rng_next(r) & 1 ? "sm_90a" : "sm_80");
-    k->options = strdup(nvrtc_default_options);
+    k->options = strdup(nvrtc_options());
     k->params = random_text(r, 40);
     k->source = random_text(r, src_n);
     k->log = random_text(r, 20);

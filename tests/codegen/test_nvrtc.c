@@ -18,6 +18,7 @@
 #include "codegen/nvrtc_drv.h"
 #include "codegen/render.h"
 #include "ctx.h"
+#include "gpu/jit.h"
 #include "layer/layernorm.h"
 #include "testutil.h"
 
@@ -334,6 +335,50 @@ START_TEST(test_arch_names)
 }
 END_TEST
 
+/* Whether an ELF image holds a section (or any string) named `name`. */
+static int has_bytes(const void *data, size_t n, const char *name)
+{
+    return memmem(data, n, name, strlen(name)) != NULL;
+}
+
+/* Line info is on request: without it a kernel carries neither line
+ * tables nor the embedded PTX text, and the options (so the kernel keys
+ * and the records' source ids) tell the two apart. */
+START_TEST(test_lineinfo_on_request)
+{
+    const char *src = "extern \"C\" __global__ void k(int *p) { p[threadIdx.x] += 1; }";
+    err_record err = {0};
+    nvrtc_output plain, lines;
+    char id_plain[17], id_lines[17], key_plain[65], key_lines[65];
+    stof_ln_desc d = {.rows = 64, .hidden = 768, .dtype = STOF_F16};
+    unsetenv("STOF_LINEINFO");
+    ck_assert_ptr_null(strstr(nvrtc_options(), "-lineinfo"));
+    ck_assert_int_eq(nvrtc_compile(&err, "k.cu", src, "sm_90a", &plain), STOF_OK);
+    int have_id = jit_source_id(id_plain);
+    stof_ctx *ctx = NULL;
+    ck_assert_int_eq(stof_open(&ctx, &(stof_options){.no_cache = 1, .arch = "sm_90a"}), STOF_OK);
+    ck_assert_int_eq(ln_prepare(ctx, &d, 16, 1, 1, 0, key_plain), STOF_OK);
+    setenv("STOF_LINEINFO", "1", 1);
+    ck_assert_ptr_nonnull(strstr(nvrtc_options(), "-lineinfo"));
+    ck_assert_int_eq(nvrtc_compile(&err, "k.cu", src, "sm_90a", &lines), STOF_OK);
+    ck_assert_int_eq(jit_source_id(id_lines), have_id);
+    ck_assert_int_eq(ln_prepare(ctx, &d, 16, 1, 1, 0, key_lines), STOF_OK);
+    setenv("STOF_LINEINFO", "0", 1);
+    ck_assert_ptr_null(strstr(nvrtc_options(), "-lineinfo"));
+    unsetenv("STOF_LINEINFO");
+    stof_close(ctx);
+    ck_assert(!has_bytes(plain.cubin, plain.cubin_size, ".debug_line"));
+    ck_assert(!has_bytes(plain.cubin, plain.cubin_size, ".nv_debug_ptx_txt"));
+    ck_assert(has_bytes(lines.cubin, lines.cubin_size, ".debug_line"));
+    ck_assert_uint_gt(lines.cubin_size, plain.cubin_size);
+    ck_assert_str_ne(key_plain, key_lines);
+    if (have_id)
+        ck_assert_str_ne(id_plain, id_lines);
+    nvrtc_output_free(&plain);
+    nvrtc_output_free(&lines);
+}
+END_TEST
+
 Suite *suite_nvrtc(void)
 {
     Suite *s = suite_create("nvrtc");
@@ -342,6 +387,7 @@ Suite *suite_nvrtc(void)
     tcase_add_test(tc, test_compile_error_through_prepare);
     tcase_add_test(tc, test_compile_error_log_head);
     tcase_add_test(tc, test_arch_names);
+    tcase_add_test(tc, test_lineinfo_on_request);
     suite_add_tcase(s, tc);
     return s;
 }
