@@ -394,33 +394,25 @@ void attn_tiles_pack(const attn_tiles *t, const attn_tiles_layout *l, void *dst)
     memcpy(d + l->bits, t->bits, 4 * (size_t)t->n_bitmaps * (size_t)t->bm * (size_t)t->wpr);
 }
 
-/* The CTA with the least work sits at the top of a binary heap of (load,
- * cta), ties to the lower CTA, so that the deal is the same on every run. */
-typedef struct sched_slot {
-    long long load;
-    int cta;
-} sched_slot;
-
-static int slot_less(sched_slot a, sched_slot b)
+/* The CTA with the least work sits at the top of a binary heap of keys
+ * load << 16 | cta: one integer compare orders by load, ties to the lower
+ * CTA, so that the deal is the same on every run (a heap of pairs compared
+ * field by field cost a cached plan 0.2 ms for 2048 items). */
+static void heap_down(uint64_t *h, int n)
 {
-    return a.load < b.load || (a.load == b.load && a.cta < b.cta);
-}
-
-static void heap_down(sched_slot *h, int n, int i)
-{
+    uint64_t x = h[0];
+    int i = 0;
     for (;;) {
-        int l = 2 * i + 1, r = l + 1, m = i;
-        if (l < n && slot_less(h[l], h[m]))
-            m = l;
-        if (r < n && slot_less(h[r], h[m]))
-            m = r;
-        if (m == i)
-            return;
-        sched_slot x = h[i];
+        int l = 2 * i + 1;
+        if (l >= n)
+            break;
+        int m = l + 1 < n && h[l + 1] < h[l] ? l + 1 : l;
+        if (h[m] >= x)
+            break;
         h[i] = h[m];
-        h[m] = x;
         i = m;
     }
+    h[i] = x;
 }
 
 int attn_tiles_schedule(const attn_tiles *t, int batch, int heads, int run, int ctas,
@@ -428,8 +420,10 @@ int attn_tiles_schedule(const attn_tiles *t, int batch, int heads, int run, int 
 {
     const long long bh = (long long)batch * heads, n = (long long)t->n_groups * bh;
     run = run < 1 ? 1 : run > bh ? (int)bh : run;
-    sched_slot *heap = malloc(sizeof *heap * (size_t)(ctas > 0 ? ctas : 1));
-    int32_t *owner = malloc(sizeof *owner * (size_t)(n > 0 ? n : 1));
+    if (ctas < 1 || ctas > 0xffff)
+        return 0;
+    uint64_t *heap = malloc(sizeof *heap * (size_t)ctas);
+    uint16_t *owner = malloc(sizeof *owner * (size_t)(n > 0 ? n : 1));
     int32_t *order = malloc(4 * sizeof *order * (size_t)(n > 0 ? n : 1));
     if (!heap || !owner || !order) {
         free(heap);
@@ -438,7 +432,7 @@ int attn_tiles_schedule(const attn_tiles *t, int batch, int heads, int run, int 
         return 0;
     }
     for (int c = 0; c < ctas; c++)
-        heap[c] = (sched_slot){0, c};
+        heap[c] = (uint64_t)c;
     memset(first, 0, sizeof *first * (size_t)(ctas + 1));
     long long k = 0;
     for (long long r0 = 0; r0 < bh; r0 += run)
@@ -448,10 +442,11 @@ int attn_tiles_schedule(const attn_tiles *t, int batch, int heads, int run, int 
                 int32_t *o = order + 4 * k;
                 o[0] = w[0], o[1] = w[1], o[2] = w[2];
                 o[3] = (int32_t)((x / heads) << 16 | (x % heads));
-                owner[k] = heap[0].cta;
-                first[heap[0].cta + 1]++;
-                heap[0].load += w[2] - w[1] + 1;
-                heap_down(heap, ctas, 0);
+                const int c = (int)(heap[0] & 0xffff);
+                owner[k] = (uint16_t)c;
+                first[c + 1]++;
+                heap[0] += (uint64_t)(w[2] - w[1] + 1) << 16;
+                heap_down(heap, ctas);
             }
     for (int c = 0; c < ctas; c++)
         first[c + 1] += first[c];
