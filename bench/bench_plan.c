@@ -1,11 +1,14 @@
 /*
- * bench_plan — what an attention plan costs to make. For each case of a
- * workload file (default bench/workloads/attention.json), in a fresh process
+ * bench_plan — what a plan costs to make. For each attention or layer case
+ * of a workload file (default bench/workloads/attention.json; layers in
+ * bench/workloads/layers.json), in a fresh process
  * each time: the cold plan (an empty cache: every candidate compiled, then
  * timed) and the cached plan (the cache the cold one filled); then the median
  * and the slowest of each per suite. Where there is no GPU the plan is a
  * compile-only stof_mha_prepare for sm_90a, so the compiling is what is
- * measured. The threads that compile are $STOF_COMPILE_THREADS, else the
+ * measured. A layer case is planned by stof_layer_tune (stof_layer_plan_create
+ * without weights: the same search, records and loads), or stof_layer_prepare
+ * with no GPU. The threads that compile are $STOF_COMPILE_THREADS, else the
  * online cores; the Redis tier is left out so that cold means cold. A plan's
  * time runs from an open context (stof_open: the driver, the context and the
  * cache file, printed apart as "open ms") to the plan made: the mask parsed,
@@ -55,11 +58,17 @@ static int child(const workload *w, int i, const char *cache)
     if (st == STOF_OK)
         st = stof_mask_parse(ctx, c->mask, c->seq_q, c->seq_k, &m);
     if (st == STOF_OK) {
-        stof_mha_desc d;
-        workload_mha_desc(c, STOF_TUNE_DEFAULT, &d);
-        stof_mha_plan *p = NULL;
-        st = has ? stof_mha_plan_create(ctx, &d, m, &p) : stof_mha_prepare(ctx, &d, m);
-        stof_mha_plan_free(p);
+        if (c->op == WORKLOAD_LAYER) {
+            stof_layer_desc d;
+            workload_layer_desc(c, STOF_TUNE_DEFAULT, &d);
+            st = has ? stof_layer_tune(ctx, &d, m) : stof_layer_prepare(ctx, &d, m);
+        } else {
+            stof_mha_desc d;
+            workload_mha_desc(c, STOF_TUNE_DEFAULT, &d);
+            stof_mha_plan *p = NULL;
+            st = has ? stof_mha_plan_create(ctx, &d, m, &p) : stof_mha_prepare(ctx, &d, m);
+            stof_mha_plan_free(p);
+        }
     }
     double ms = now_ms() - t1, open_ms = t1 - t0;
     stof_mask_free(m);
@@ -116,6 +125,12 @@ static int run_child(const char *self, const char *file, int i, const char *cach
     return ok && WIFEXITED(status) && WEXITSTATUS(status) == 0 ? 0 : -1;
 }
 
+/* The cases that have a plan to time: attention and layers. */
+static int planned(const workload_case *c)
+{
+    return c->op == WORKLOAD_MHA || c->op == WORKLOAD_LAYER;
+}
+
 static int cmp_double(const void *a, const void *b)
 {
     double x = *(const double *)a, y = *(const double *)b;
@@ -158,7 +173,7 @@ int main(int argc, char **argv)
         return 1;
     }
     if (child_index >= 0) {
-        int rc = child_index < w.n && w.cases[child_index].op == WORKLOAD_MHA && cache
+        int rc = child_index < w.n && planned(&w.cases[child_index]) && cache
                      ? child(&w, child_index, cache)
                      : 2;
         workload_free(&w);
@@ -201,9 +216,9 @@ int main(int argc, char **argv)
     char suite[128] = "";
     for (int i = 0; i < w.n && cold && cached && all_cold; i++) {
         const workload_case *c = &w.cases[i];
-        int pick = c->op == WORKLOAD_MHA && nonly == 0;
+        int pick = planned(c) && nonly == 0;
         for (int k = 0; k < nonly && !pick; k++)
-            pick = c->op == WORKLOAD_MHA && strstr(c->name, only[k]) != NULL;
+            pick = planned(c) && strstr(c->name, only[k]) != NULL;
         if (!pick)
             continue;
         char s[128];
