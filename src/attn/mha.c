@@ -437,15 +437,15 @@ void mha_fill_random(uint16_t *p, size_t n, stof_dtype t, uint64_t seed)
     }
 }
 
-/* mha_fill_random's numbers repeating with a prime period of about a
- * million (filling every value of the search's inputs cost a cold plan at
- * L 4096 half a second): no two heads or rows of a shape meet the same
- * values unless their distance is a multiple of the prime. */
 #define FILL_PERIOD 1048573
-static void fill_periodic(uint16_t *p, size_t n, stof_dtype t, uint64_t seed)
+void mha_fill_periodic(uint16_t *p, size_t n, stof_dtype t, uint64_t seed, float scale,
+                       float offset)
 {
     size_t m = n < FILL_PERIOD ? n : FILL_PERIOD;
     mha_fill_random(p, m, t, seed);
+    if (scale != 1 || offset != 0)
+        for (size_t i = 0; i < m; i++)
+            dtype_store(t, p, i, offset + scale * (float)dtype_load(t, p, i));
     for (size_t at = m; at < n; at += m)
         memcpy(p + at, p, 2 * (n - at < m ? n - at : m));
 }
@@ -498,9 +498,9 @@ static stof_status io_alloc(stof_ctx *ctx, const stof_mha_desc *d, search_io *io
      * sets are copies of it at other addresses, which is all that keeps
      * the L2 from flattering (filling each set anew cost a cold plan at
      * L 4096 over a second). */
-    fill_periodic(io->hq, io->q_elems, d->dtype, 1000);
-    fill_periodic(io->hk, io->kv_elems, d->dtype, 2000);
-    fill_periodic(io->hv, io->kv_elems, d->dtype, 3000);
+    mha_fill_periodic(io->hq, io->q_elems, d->dtype, 1000, 1, 0);
+    mha_fill_periodic(io->hk, io->kv_elems, d->dtype, 2000, 1, 0);
+    mha_fill_periodic(io->hv, io->kv_elems, d->dtype, 3000, 1, 0);
     stof_status st = jit_push(ctx);
     for (int s = 0; st == STOF_OK && s < io->nsets; s++) {
         st = CU(ctx, MemAlloc(&io->q[s], 2 * io->q_elems));

@@ -53,6 +53,14 @@ int mha_candidates(int head_dim, int smem_max, int wgmma, mha_candidate *out, in
  * bench/peers_mha.py draws the same numbers. */
 void mha_fill_random(uint16_t *p, size_t n, stof_dtype t, uint64_t seed);
 
+/* offset + scale * (mha_fill_random's numbers), repeating with a prime
+ * period of about a million, for the searches' scratch inputs (drawing
+ * every value cost a cold attention plan at L 4096 half a second, a cold
+ * layer plan seconds): no two rows or heads of a shape hold the same values
+ * unless their distance is a multiple of the prime. */
+void mha_fill_periodic(uint16_t *p, size_t n, stof_dtype t, uint64_t seed, float scale,
+                       float offset);
+
 /* One line of a tuning record: a candidate, the model's prediction, and,
  * once timed, its median ms and verdict ("ok", "mismatch", "failed"). */
 typedef struct mha_tried {

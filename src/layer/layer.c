@@ -318,19 +318,9 @@ static stof_status gexec_run(stof_ctx *ctx, const gexec *e, const gio *io, CUstr
 
 /* ---- device scratch ---------------------------------------------------------- */
 
-/* Values offset + scale * u, u uniform in [-1, 1) (mha_fill_random's
- * numbers), rounded to t. */
-static void fill(uint16_t *p, size_t n, stof_dtype t, uint64_t seed, float scale, float offset)
-{
-    mha_fill_random(p, n, t, seed);
-    for (size_t i = 0; i < n; i++) {
-        float v = offset + scale * (float)dtype_load(t, p, i);
-        dtype_store(t, p, i, v);
-    }
-}
-
-/* Allocates n 16-bit values on the device, filled as fill() draws them (or
- * not at all when seed is 0); the host copy goes to *host when asked. */
+/* Allocates n 16-bit values on the device, filled as mha_fill_periodic
+ * draws them (or not at all when seed is 0); the host copy goes to *host
+ * when asked. */
 static stof_status upload(stof_ctx *ctx, CUdeviceptr *d, size_t n, stof_dtype t, uint64_t seed,
                           float scale, float offset, uint16_t **host)
 {
@@ -341,7 +331,7 @@ static stof_status upload(stof_ctx *ctx, CUdeviceptr *d, size_t n, stof_dtype t,
     uint16_t *h = malloc(2 * n);
     if (!h)
         return CTX_FAIL(ctx, STOF_ERR_NO_MEMORY, "out of memory for the search's inputs");
-    fill(h, n, t, seed, scale, offset);
+    mha_fill_periodic(h, n, t, seed, scale, offset);
     stof_status st = CU(ctx, MemcpyHtoD(*d, h, 2 * n));
     if (host && st == STOF_OK)
         *host = h;
@@ -358,11 +348,17 @@ static void free_all(stof_ctx *ctx, CUdeviceptr *p, int n)
     memset(p, 0, sizeof *p * (size_t)n);
 }
 
+/* The rows the CPU checks: the first and the last few. */
+#define CHECK_ROWS 12
+
 /* One group's search buffers: two input sets (so the L2 does not hold the
- * input between runs), weights, the epilogue's vectors, outputs. */
+ * input between runs), weights, the epilogue's vectors, outputs; and, for
+ * the checked rows, what every candidate must write (made once a group:
+ * checking each candidate anew cost a cold layer plan 7 seconds). */
 typedef struct gscratch {
     CUdeviceptr x[2], w, bias, residual, gamma, beta, out, sum_out, tmp, blas_ws;
-    uint16_t *hx, *hw, *hb, *hr, *hg, *hbeta;
+    int rows[2 * CHECK_ROWS], nr;
+    double *want, *want_sum;   /* nr x n: the output, and the pre-norm sum */
 } gscratch;
 #define GSCRATCH_PTRS 11
 
@@ -372,8 +368,78 @@ static void gscratch_free(stof_ctx *ctx, gscratch *s)
         free_all(ctx, s->x, GSCRATCH_PTRS);
         jit_pop(ctx);
     }
-    free(s->hx), free(s->hw), free(s->hb), free(s->hr), free(s->hg), free(s->hbeta);
+    free(s->want), free(s->want_sum);
     memset(s, 0, sizeof *s);
+}
+
+/* Host copies of the inputs, for the reference. */
+typedef struct ginputs {
+    uint16_t *x, *w, *b, *r, *g, *beta;
+} ginputs;
+
+/* The checked rows of g's output (and pre-norm sum) in double precision,
+ * from the inputs as uploaded. */
+static stof_status reference_rows(stof_ctx *ctx, const layer_group *g, const ginputs *in,
+                                  gscratch *s)
+{
+    const int n = g->n, k = g->k;
+    const stof_dtype t = g->dtype;
+    s->nr = 0;
+    for (int r = 0; r < g->m && s->nr < 2 * CHECK_ROWS; r++)
+        s->rows[s->nr++] = r < CHECK_ROWS ? r : g->m - 2 * CHECK_ROWS + r;
+    if (g->m > 2 * CHECK_ROWS)
+        for (int i = 0; i < CHECK_ROWS; i++)
+            s->rows[CHECK_ROWS + i] = g->m - CHECK_ROWS + i;
+    s->want = malloc(sizeof(double) * (size_t)s->nr * n);
+    s->want_sum = malloc(sizeof(double) * (size_t)s->nr * n);
+    float *w = malloc(sizeof(float) * (size_t)n * k), *x = malloc(sizeof(float) * (size_t)k);
+    if (!s->want || !s->want_sum || !w || !x) {
+        free(w), free(x);
+        return CTX_FAIL(ctx, STOF_ERR_NO_MEMORY, "out of memory for the layer search's check");
+    }
+    for (size_t i = 0; i < (size_t)n * k; i++)
+        w[i] = (float)dtype_load(t, in->w, i);
+    for (int i = 0; i < s->nr; i++) {
+        const size_t r = (size_t)s->rows[i];
+        double *v = s->want_sum + (size_t)i * n, *o = s->want + (size_t)i * n;
+        for (int j = 0; j < k; j++)
+            x[j] = (float)dtype_load(t, in->x, r * k + j);
+        for (int c = 0; c < n; c++) {
+            const float *wc = w + (size_t)c * k;
+            /* Four sums, so that the adds do not wait on one another. */
+            double part[4] = {0, 0, 0, 0};
+            int j = 0;
+            for (; j + 4 <= k; j += 4)
+                for (int u = 0; u < 4; u++)
+                    part[u] += (double)x[j + u] * wc[j + u];
+            for (; j < k; j++)
+                part[0] += (double)x[j] * wc[j];
+            double a = dtype_load(t, in->b, c) + (part[0] + part[1]) + (part[2] + part[3]);
+            switch (g->epi.act) {
+            case GEMM_ACT_GELU: a = 0.5 * a * (1 + erf(a / sqrt(2.0))); break;
+            case GEMM_ACT_GELU_TANH:
+                a = 0.5 * a * (1 + tanh(sqrt(2 / M_PI) * (a + 0.044715 * a * a * a)));
+                break;
+            case GEMM_ACT_RELU: a = a > 0 ? a : 0; break;
+            default: break;
+            }
+            if (g->epi.residual)
+                a += dtype_load(t, in->r, r * n + c);
+            v[c] = o[c] = a;
+        }
+        if (!g->epi.ln)
+            continue;
+        double mean = 0, var = 0;
+        for (int c = 0; c < n; c++)
+            mean += v[c] / n;
+        for (int c = 0; c < n; c++)
+            var += (v[c] - mean) * (v[c] - mean) / n;
+        for (int c = 0; c < n; c++)
+            o[c] = (v[c] - mean) / sqrt(var + g->eps) * dtype_load(t, in->g, c) +
+                   dtype_load(t, in->beta, c);
+    }
+    free(w), free(x);
+    return STOF_OK;
 }
 
 static stof_status gscratch_alloc(stof_ctx *ctx, const layer_group *g, gscratch *s)
@@ -381,19 +447,23 @@ static stof_status gscratch_alloc(stof_ctx *ctx, const layer_group *g, gscratch 
     memset(s, 0, sizeof *s);
     const size_t m = (size_t)g->m, n = (size_t)g->n, k = (size_t)g->k;
     const stof_dtype t = g->dtype;
+    ginputs in = {0};
     TRY(jit_push(ctx));
-    stof_status st = upload(ctx, &s->x[0], m * k, t, 101, 1, 0, &s->hx);
+    stof_status st = upload(ctx, &s->x[0], m * k, t, 101, 1, 0, &in.x);
     if (st == STOF_OK) st = upload(ctx, &s->x[1], m * k, t, 102, 1, 0, NULL);
-    if (st == STOF_OK) st = upload(ctx, &s->w, n * k, t, 103, 1 / sqrtf((float)k), 0, &s->hw);
-    if (st == STOF_OK) st = upload(ctx, &s->bias, n, t, 104, 0.1f, 0, &s->hb);
-    if (st == STOF_OK) st = upload(ctx, &s->residual, m * n, t, 105, 1, 0, &s->hr);
-    if (st == STOF_OK) st = upload(ctx, &s->gamma, n, t, 106, 0.1f, 1, &s->hg);
-    if (st == STOF_OK) st = upload(ctx, &s->beta, n, t, 107, 0.1f, 0, &s->hbeta);
+    if (st == STOF_OK) st = upload(ctx, &s->w, n * k, t, 103, 1 / sqrtf((float)k), 0, &in.w);
+    if (st == STOF_OK) st = upload(ctx, &s->bias, n, t, 104, 0.1f, 0, &in.b);
+    if (st == STOF_OK) st = upload(ctx, &s->residual, m * n, t, 105, 1, 0, &in.r);
+    if (st == STOF_OK) st = upload(ctx, &s->gamma, n, t, 106, 0.1f, 1, &in.g);
+    if (st == STOF_OK) st = upload(ctx, &s->beta, n, t, 107, 0.1f, 0, &in.beta);
     if (st == STOF_OK) st = upload(ctx, &s->out, m * n, t, 0, 0, 0, NULL);
     if (st == STOF_OK) st = upload(ctx, &s->sum_out, m * n, t, 0, 0, 0, NULL);
     if (st == STOF_OK) st = upload(ctx, &s->tmp, m * n, t, 0, 0, 0, NULL);
     if (st == STOF_OK) st = CU(ctx, MemAlloc(&s->blas_ws, BLAS_WORKSPACE_BYTES));
     jit_pop(ctx);
+    if (st == STOF_OK)
+        st = reference_rows(ctx, g, &in, s);
+    free(in.x), free(in.w), free(in.b), free(in.r), free(in.g), free(in.beta);
     if (st != STOF_OK)
         gscratch_free(ctx, s);
     return st;
@@ -405,66 +475,29 @@ static gio gio_of(const gscratch *s, int set)
                  s->tmp, s->blas_ws};
 }
 
-/* The rows the CPU checks: the first and the last few. */
-#define CHECK_ROWS 12
-
 /* Relative L2 error of the checked rows of out (and of sum_out where the
- * group keeps its pre-norm sum) against double precision; NaN (an
- * unwritten element) gives infinity. */
+ * group keeps its pre-norm sum) against the reference; NaN (an unwritten
+ * element) gives infinity. */
 static stof_status cpu_check(stof_ctx *ctx, const layer_group *g, const gscratch *s, double *err)
 {
-    const int n = g->n, k = g->k, es = 2;
+    const int n = g->n, es = 2;
     const stof_dtype t = g->dtype;
-    int rows[2 * CHECK_ROWS], nr = 0;
-    for (int r = 0; r < g->m && nr < 2 * CHECK_ROWS; r++)
-        rows[nr++] = r < CHECK_ROWS ? r : g->m - 2 * CHECK_ROWS + r;
-    if (g->m > 2 * CHECK_ROWS)
-        for (int i = 0; i < CHECK_ROWS; i++)
-            rows[CHECK_ROWS + i] = g->m - CHECK_ROWS + i;
     uint16_t *got = malloc((size_t)es * n), *sum = malloc((size_t)es * n);
-    double *v = malloc(sizeof(double) * n);
-    stof_status st = got && sum && v ? jit_push(ctx)
-                                     : CTX_FAIL(ctx, STOF_ERR_NO_MEMORY, "out of memory");
+    stof_status st = got && sum ? jit_push(ctx)
+                                : CTX_FAIL(ctx, STOF_ERR_NO_MEMORY, "out of memory");
     const int pushed = st == STOF_OK;
     double num = 0, den = 0;
-    for (int i = 0; st == STOF_OK && i < nr; i++) {
-        const size_t r = (size_t)rows[i];
+    for (int i = 0; st == STOF_OK && i < s->nr; i++) {
+        const size_t r = (size_t)s->rows[i];
         st = CU(ctx, MemcpyDtoH(got, s->out + r * n * es, (size_t)n * es));
         if (st == STOF_OK && g->epi.ln_sum)
             st = CU(ctx, MemcpyDtoH(sum, s->sum_out + r * n * es, (size_t)n * es));
         for (int c = 0; st == STOF_OK && c < n; c++) {
-            double a = dtype_load(t, s->hb, c);
-            for (int j = 0; j < k; j++)
-                a += dtype_load(t, s->hx, r * k + j) * dtype_load(t, s->hw, (size_t)c * k + j);
-            switch (g->epi.act) {
-            case GEMM_ACT_GELU: a = 0.5 * a * (1 + erf(a / sqrt(2.0))); break;
-            case GEMM_ACT_GELU_TANH:
-                a = 0.5 * a * (1 + tanh(sqrt(2 / M_PI) * (a + 0.044715 * a * a * a)));
-                break;
-            case GEMM_ACT_RELU: a = a > 0 ? a : 0; break;
-            default: break;
-            }
-            if (g->epi.residual)
-                a += dtype_load(t, s->hr, r * n + c);
-            v[c] = a;
-        }
-        if (st != STOF_OK)
-            break;
-        double mean = 0, var = 0;
-        for (int c = 0; c < n; c++)
-            mean += v[c] / n;
-        for (int c = 0; c < n; c++)
-            var += (v[c] - mean) * (v[c] - mean) / n;
-        for (int c = 0; c < n; c++) {
-            double want = v[c];
-            if (g->epi.ln) {
-                if (g->epi.ln_sum) {
-                    double x = dtype_load(t, sum, c);
-                    num += isnan(x) ? INFINITY : (x - want) * (x - want);
-                    den += want * want;
-                }
-                want = (v[c] - mean) / sqrt(var + g->eps) * dtype_load(t, s->hg, c) +
-                       dtype_load(t, s->hbeta, c);
+            const double want = s->want[(size_t)i * n + c];
+            if (g->epi.ln_sum) {
+                double x = dtype_load(t, sum, c), w = s->want_sum[(size_t)i * n + c];
+                num += isnan(x) ? INFINITY : (x - w) * (x - w);
+                den += w * w;
             }
             double x = dtype_load(t, got, c);
             num += isnan(x) ? INFINITY : (x - want) * (x - want);
@@ -473,7 +506,7 @@ static stof_status cpu_check(stof_ctx *ctx, const layer_group *g, const gscratch
     }
     if (pushed)
         jit_pop(ctx);
-    free(got), free(sum), free(v);
+    free(got), free(sum);
     *err = den > 0 ? sqrt(num / den) : sqrt(num);
     return st;
 }
@@ -616,6 +649,54 @@ static int model_pick(stof_ctx *ctx, const layer_group *g, int smem_max, const m
     return 0;
 }
 
+/* How many of the ranked schemes stage 1 times. */
+static int stage1_of(stof_tune level, int ns) { return level == STOF_TUNE_FULL ? ns : ns < 2 ? ns : 2; }
+
+/* How many parameters stage 2 tries. */
+static int stage2_of(stof_tune level) { return level == STOF_TUNE_FULL ? MAX_TRIED - LS_COUNT : 4; }
+
+/* Compiles together, before any group is timed, the generated GEMMs the
+ * search is likely to load: per group, the defaults of the generated
+ * schemes stage 1 times and stage 2's parameters for the first of them
+ * (compiled group by group, one kernel at a time in stage 1, they cost a
+ * cold BERT-base layer plan 4 of its 8 seconds). A budget on candidates or
+ * time may stop the search short of them, so none are compiled ahead then. */
+static void precompile(stof_ctx *ctx, const layer_group *g, int smem_max, const model_device *md,
+                       const search_state *ss)
+{
+    if (ss->max_candidates > 0 || ss->deadline > 0)
+        return;
+    const int cap = LG_COUNT * (LS_COUNT + MAX_TRIED);
+    gemm_config *cfg = malloc(sizeof *cfg * cap);
+    gemm_shape *sh = malloc(sizeof *sh * cap);
+    gemm_epilogue *ge = malloc(sizeof *ge * cap);
+    int m = 0;
+    for (int gi = 0; cfg && sh && ge && gi < LG_COUNT; gi++) {
+        layer_scheme rank[LS_COUNT];
+        double pred[LS_COUNT];
+        layer_choice params[MAX_TRIED];
+        int ns = layer_rank_schemes(&g[gi], blas_available(ctx, NULL), smem_max, md, rank, pred);
+        for (int i = 0, first = 1; i < stage1_of(ss->level, ns); i++) {
+            if (rank[i] < LS_GEN)
+                continue;
+            int np = scheme_params(ctx, &g[gi], rank[i], smem_max, params,
+                                   first ? stage2_of(ss->level) : 1);
+            for (int j = 0; j < np; j++, m++) {
+                cfg[m] = params[j].cfg;
+                sh[m] = shape_of(&g[gi]);
+                ge[m] = gen_epilogue(&g[gi], rank[i]);
+            }
+            first = 0;
+        }
+    }
+    /* A kernel that fails to compile here fails again, and is judged, when
+     * the search loads it. */
+    err_record saved = ctx->err;
+    if (cfg && sh && ge && gemm_prepare_all(ctx, cfg, sh, ge, m) != STOF_OK)
+        ctx->err = saved;
+    free(cfg), free(sh), free(ge);
+}
+
 /* Stage 1 over the ranked schemes, stage 2 over the winner's parameters. */
 static stof_status search_group(stof_ctx *ctx, int gi, const layer_group *g, int smem_max,
                                 const model_device *md, search_state *ss, layer_choice *win,
@@ -632,7 +713,7 @@ static stof_status search_group(stof_ctx *ctx, int gi, const layer_group *g, int
     TRY(gscratch_alloc(ctx, g, &s));
     stof_status st = STOF_OK;
     const int first = ss->n;
-    int stage1 = ss->level == STOF_TUNE_FULL ? ns : ns < 2 ? ns : 2, timed = 0, best = -1;
+    int stage1 = stage1_of(ss->level, ns), timed = 0, best = -1;
     for (int i = 0; st == STOF_OK && i < stage1 && !out_of_budget(ss, timed); i++) {
         if (scheme_params(ctx, g, rank[i], smem_max, params, 1) < 1)
             continue;
@@ -644,7 +725,7 @@ static stof_status search_group(stof_ctx *ctx, int gi, const layer_group *g, int
             best = (int)(tr - ss->tried);
     }
     if (st == STOF_OK && best >= 0) {
-        const int cap = ss->level == STOF_TUNE_FULL ? MAX_TRIED - LS_COUNT : 4;
+        const int cap = stage2_of(ss->level);
         const layer_tried w = ss->tried[best];
         int np = scheme_params(ctx, g, w.c.scheme, smem_max, params, cap);
         /* The generated kernels this stage may time, compiled together. */
@@ -1176,6 +1257,8 @@ static stof_status plan_make(stof_ctx *ctx, const stof_layer_desc *desc, const s
             ss->max_candidates = desc->max_candidates;
             ss->deadline = desc->max_seconds > 0 ? t0 + desc->max_seconds : 0;
         }
+        if (ss)
+            precompile(ctx, p->g, smem_max, &md, ss);
         for (int g = 0; st == STOF_OK && g < LG_COUNT; g++)
             st = search_group(ctx, g, &p->g[g], smem_max, &md, ss, &p->rec.c[g], &p->rec.ms[g]);
         if (st == STOF_OK)
