@@ -34,6 +34,9 @@ FUZZ_TARGETS = json workload mask cache
 FUZZ_CC  ?= clang
 FUZZ_FLAGS = -g -O1 -fno-omit-frame-pointer -fsanitize=address,undefined -fno-sanitize-recover=all
 
+PY_INCLUDE := $(shell python3 -c 'import sysconfig; print(sysconfig.get_paths()["include"])' 2>/dev/null)
+PY_NATIVE   = $(if $(wildcard $(PY_INCLUDE)/Python.h),build/_native.abi3.so)
+
 LIB_SRC  = $(wildcard src/*.c src/*/*.c codegen/*.c cache/*.c)
 LIB_SRC := $(filter-out codegen/embed.c,$(LIB_SRC))
 LIB_OBJ  = $(LIB_SRC:%.c=build/obj/%.o) build/obj/gen/templates.o
@@ -45,7 +48,13 @@ TOOLS    = build/stof-dump build/stof-warm build/stof-demo build/stof-demo-attn
 BENCHES  = $(patsubst bench/%.c,build/%,$(wildcard bench/*.c))
 
 .PHONY: all test test-python demo bench install clean sanitize fuzz fuzz-replay gpu-check floors
-all: build/libstof.a build/libstof.so $(TOOLS) build/stof-tests $(BENCHES) build/floors.ok
+all: build/libstof.a build/libstof.so $(TOOLS) build/stof-tests $(BENCHES) build/floors.ok $(PY_NATIVE)
+
+# The Python package's launch calls without ctypes (python/stof/_native.c,
+# on the stable ABI: one file for CPython 3.8 and later), built where
+# Python's headers are; without it the package launches through ctypes.
+build/_native.abi3.so: python/stof/_native.c
+	$(CC) $(CFLAGS) $(WARN) -I$(PY_INCLUDE) -shared -fPIC -o $@ $<
 
 build/gen/templates.c: $(TEMPLATES) build/embed
 	@mkdir -p $(@D)
@@ -139,7 +148,7 @@ fuzz-replay: $(FUZZ_TARGETS:%=build/fuzz/replay_%)
 
 # The Python package's suites (stdlib unittest): CPU ones everywhere, GPU ones
 # where torch sees a GPU.
-test-python: build/libstof.so $(TOOLS)
+test-python: build/libstof.so $(TOOLS) $(PY_NATIVE)
 	@if command -v python3 >/dev/null; then STOF_LIB=build/libstof.so python3 python/tests/run.py; \
 	 else echo "python tests left out: no python3"; fi
 

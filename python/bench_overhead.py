@@ -3,9 +3,10 @@
 Times 10,000 calls one by one (time.perf_counter_ns around each; the GPU is
 synchronised every 100 calls, outside the timed part, so the launch queue
 never fills and no call waits for the GPU), and prints the median and the
-90th percentile for: stof.attention on torch tensors, the same under a
-plain stof_mha_run through ctypes (the C launch alone: context push,
-cuLaunchKernel, pop), the output's allocation alone, stof.attention into a
+90th percentile for: stof.attention on torch tensors, the same with its
+launch made through ctypes instead of the _native module (when that was
+built), the launch call alone both ways (stof_mha_run: cuLaunchKernel and
+the checks around it), the output's allocation alone, stof.attention into a
 given out=, and torch's own SDPA on the same tensors for scale.
 The gate (issue 21) is stof.attention's median, which includes the launch.
 
@@ -46,7 +47,7 @@ def main():
         print("bench_overhead: no CUDA device; nothing to measure")
         return 0
     import stof
-    from stof import _attention
+    from stof import _attention, _lib
 
     b, h, l, d = (int(x) for x in args.shape.split(","))
     dt = torch.float16 if args.dtype == "fp16" else torch.bfloat16
@@ -56,25 +57,50 @@ def main():
     stream = torch.cuda.current_stream().cuda_stream
     sync = torch.cuda.synchronize
 
-    def c_only():
-        e.run(e.plan, q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr(), None, stream)
+    native = e.call is not _lib._ctypes_call
+    ctypes_run = e.ctx._lib.mha_run
+
+    def launch():
+        e.call(e.run, e.plan, q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr(), None,
+               stream)
+
+    def launch_ctypes():
+        ctypes_run(e.plan, q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr(), None, stream)
+
+    def through_ctypes():
+        # The same call with the entry's launch swapped for ctypes' for a moment.
+        call, run = e.call, e.run
+        e.call, e.run = _lib._ctypes_call, ctypes_run
+        try:
+            stof.attention(q, k, v, mask=args.mask)
+        finally:
+            e.call, e.run = call, run
 
     dense = torch.ones(l, l, dtype=torch.bool, device="cuda")
     sdpa = torch.nn.functional.scaled_dot_product_attention
 
     def alloc():
-        torch.empty_strided(e.out_shape, e.out_stride, dtype=q.dtype, device=q.device)
+        if e.like_q:
+            torch.empty_like(q)
+        else:
+            torch.empty_strided(e.out_shape, e.out_stride, dtype=q.dtype, device=q.device)
 
     rows = [("stof.attention", lambda: stof.attention(q, k, v, mask=args.mask)),
             ("stof.attention, out=", lambda: stof.attention(q, k, v, mask=args.mask, out=out)),
-            ("stof_mha_run via ctypes", c_only),
-            ("torch.empty_strided (out)", alloc),
+            ("stof_mha_run via %s" % ("_native" if native else "ctypes"), launch),
+            ("output allocation", alloc),
             ("torch SDPA, bool mask", lambda: sdpa(q, k, v, attn_mask=dense))]
+    if native:
+        rows[2:2] = [("stof.attention, ctypes launch", through_ctypes),
+                     ("stof_mha_run via ctypes", launch_ctypes)]
     print("device: %s; torch %s; stof %s (%s)" % (torch.cuda.get_device_name(), torch.__version__,
                                                  stof.version(), stof.library_path()))
     print("shape B,H,L,D = %s, %s, mask %s; %d calls each" % (args.shape, args.dtype, args.mask,
                                                               args.calls))
     print("plan: %s" % e.describe())
+    print("launch through %s; output by %s" % ("the _native module" if native else "ctypes",
+                                              "torch.empty_like" if e.like_q else
+                                              "torch.empty_strided"))
     print("%-28s %12s %12s" % ("call", "median us", "p90 us"))
     for name, fn in rows:
         for _ in range(200):

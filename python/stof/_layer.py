@@ -16,7 +16,7 @@ NORMS = {"post_ln": 0, "pre_ln": 1}
 
 
 class _Plan:
-    __slots__ = ("ctx", "plan", "workspace", "mask", "batch", "seq", "_free")
+    __slots__ = ("ctx", "plan", "call", "run", "workspace", "mask", "batch", "seq", "_free")
 
     def __del__(self):
         p, self.plan = getattr(self, "plan", None), None
@@ -139,6 +139,7 @@ class EncoderLayer:
         p = _Plan()
         p.ctx, p.plan, p.mask, p.batch, p.seq = ctx, h.value, m, batch, seq
         p._free = ctx._lib.layer_plan_free
+        p.call, p.run = ctx._lib.launcher("layer_run")
         with ctx.lock:
             ctx.check(ctx._lib.layer_workspace_size(p.plan, byref(size)))
         # Kept with the plan, so its address (one of what a CUDA Graph of the
@@ -183,8 +184,8 @@ class EncoderLayer:
         stream = torch.cuda.current_stream(self.device).cuda_stream
         ctx = p.ctx
         with ctx.lock:
-            ctx.check(ctx._lib.layer_run(p.plan, x.data_ptr(), out.data_ptr(), sp,
-                                         p.workspace.data_ptr(), stream))
+            ctx.check(p.call(p.run, p.plan, x.data_ptr(), out.data_ptr(), sp,
+                             p.workspace.data_ptr(), stream))
         return out
 
     def describe(self, batch, seq, mask=None):

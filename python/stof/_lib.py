@@ -7,6 +7,8 @@ one per device, each with the lock that makes it safe from several threads
 """
 import atexit
 import ctypes
+import importlib.machinery
+import importlib.util
 import os
 import threading
 from ctypes import (POINTER, Structure, byref, c_char_p, c_double, c_float, c_int,
@@ -214,10 +216,33 @@ def candidates():
             "libstof.so.0"]
 
 
+NATIVE = "_native.abi3.so"
+
+
+def _load_native(folder):
+    """stof._native (python/stof/_native.c) from beside the package or
+    libstof.so (make builds build/_native.abi3.so; the wheel carries it), or
+    None where it was not built (no Python headers): ctypes then launches."""
+    for d in (_PKG_DIR, folder) if folder else (_PKG_DIR,):
+        path = os.path.join(d, NATIVE)
+        if not os.path.isfile(path):
+            continue
+        try:
+            loader = importlib.machinery.ExtensionFileLoader("stof._native", path)
+            spec = importlib.util.spec_from_file_location("stof._native", path, loader=loader)
+            mod = importlib.util.module_from_spec(spec)
+            loader.exec_module(mod)
+            return mod
+        except ImportError:
+            continue
+    return None
+
+
 class _Lib:
     def __init__(self, cdll, path):
         self.cdll = cdll
         self.path = path
+        self.native = _load_native(os.path.dirname(path) if os.sep in path else None)
         for name, (res, args) in _PROTOS.items():
             f = getattr(cdll, name)
             f.restype, f.argtypes = res, args
@@ -228,11 +253,24 @@ class _Lib:
                 f.restype, f.argtypes = res, args
             setattr(self, name[5:], f)
 
+    def launcher(self, name):
+        """(call, fn) with call(fn, *pointers) running stof_<name>, a launch
+        (mha_run, layer_run) whose host time counts: through _native's
+        call when it was built (about half ctypes' time), else ctypes."""
+        f = getattr(self, name)
+        if self.native is not None:
+            return self.native.call, ctypes.cast(f, c_void_p).value
+        return _ctypes_call, f
+
     def need(self, name):
         f = getattr(self, name)
         if f is None:
             raise UnsupportedError("%s lacks stof_%s: rebuild it (make)" % (self.path, name))
         return f
+
+
+def _ctypes_call(fn, *args):
+    return fn(*args)
 
 
 _lib = None

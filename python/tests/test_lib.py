@@ -79,6 +79,28 @@ class Binding(unittest.TestCase):
                    "assert 'torch' not in sys.modules and 'numpy' not in sys.modules")
         self.assertEqual(r.returncode, 0, r.stderr)
 
+    def test_launcher(self):
+        # Both ways in reach the library: a NULL plan is STOF_ERR_INVALID_ARG
+        # (1) before anything is launched, so no GPU is needed.
+        L = _lib.lib()
+        native = os.path.join(os.path.dirname(L.path), _lib.NATIVE)
+        if os.path.exists(native):
+            self.assertIsNotNone(L.native, "%s is there but was not loaded" % native)
+        for name, n in (("mha_run", 7), ("layer_run", 6)):
+            call, fn = L.launcher(name)
+            args = [None, 16, 32, 48, 64, None, None][:n]
+            self.assertEqual(call(fn, *args), 1, name)
+            self.assertEqual(_lib._ctypes_call(getattr(L, name), *args), 1, name)
+        if L.native is not None:
+            call, fn = L.launcher("mha_run")
+            self.assertIs(call, L.native.call)
+            with self.assertRaises(TypeError):
+                call(fn, None, 1)                      # six or seven arguments only
+            with self.assertRaises(TypeError):
+                call(fn, "q", 1, 2, 3, 4, None, None)  # pointers are ints
+            with self.assertRaises(ValueError):
+                call(None, None, 1, 2, 3, 4, None, None)
+
     def test_library_not_found_says_where(self):
         r = run_py("import stof\ntry:\n stof.version()\nexcept stof.LibraryNotFoundError as e:\n"
                    " print(e)", STOF_LIB="/nonexistent/libstof.so")

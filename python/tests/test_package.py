@@ -12,6 +12,7 @@ import unittest
 import zipfile
 
 from _util import REPO
+from stof import _lib
 
 
 def have(module):
@@ -39,6 +40,8 @@ class Package(unittest.TestCase):
             names = zipfile.ZipFile(wheel).namelist()
             for f in ("stof/__init__.py", "stof/libstof.so", "stof/stof-warm", "stof/stof-dump"):
                 self.assertIn(f, names)
+            if os.path.exists(os.path.join(REPO, "build", _lib.NATIVE)):
+                self.assertIn("stof/" + _lib.NATIVE, names)
             env["STOF_BUILD"] = os.path.join(d, "nowhere")
             shutil.rmtree(os.path.join(src, "build"), ignore_errors=True)
             r = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-build-isolation",
