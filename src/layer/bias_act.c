@@ -2,12 +2,6 @@
 
 #include <stdio.h>
 
-typedef struct ba_request {
-    char text[2][16];
-    render_var vars[8];
-    jit_request req;
-} ba_request;
-
 static void make_request(int cols, stof_dtype t, gemm_act act, int has_bias, int has_res,
                          ba_request *r, int *vec)
 {
@@ -39,12 +33,18 @@ stof_status ba_load(stof_ctx *ctx, int cols, stof_dtype t, gemm_act act, int has
     return jit_get(ctx, &r.req, &k->fn, NULL, NULL);
 }
 
+void ba_make_request(int cols, stof_dtype t, gemm_act act, int has_bias, int has_residual,
+                     ba_request *r)
+{
+    int vec;
+    make_request(cols, t, act, has_bias, has_residual, r, &vec);
+}
+
 stof_status ba_prepare(stof_ctx *ctx, int cols, stof_dtype t, gemm_act act, int has_bias,
                        int has_residual)
 {
     ba_request r;
-    int vec;
-    make_request(cols, t, act, has_bias, has_residual, &r, &vec);
+    ba_make_request(cols, t, act, has_bias, has_residual, &r);
     return jit_prepare(ctx, &r.req, NULL, NULL);
 }
 

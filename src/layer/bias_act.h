@@ -18,6 +18,16 @@ typedef struct ba_kernel {
 stof_status ba_load(stof_ctx *ctx, int cols, stof_dtype t, gemm_act act, int has_bias,
                     int has_residual, ba_kernel *k);
 /* Compiles the same kernel into the cache without a GPU. */
+/* The kernel ba_load(cols, t, ...) loads, as a request for a batch
+ * (jit_prepare_all). Its values live in `text`, which must outlive it. */
+typedef struct ba_request {
+    char text[2][16];
+    render_var vars[8];
+    jit_request req;
+} ba_request;
+
+void ba_make_request(int cols, stof_dtype t, gemm_act act, int has_bias, int has_residual,
+                     ba_request *r);
 stof_status ba_prepare(stof_ctx *ctx, int cols, stof_dtype t, gemm_act act, int has_bias,
                        int has_residual);
 /* Enqueues it over rows rows; out may alias x or residual. */

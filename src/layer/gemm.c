@@ -402,6 +402,22 @@ stof_status gemm_prepare(stof_ctx *ctx, const gemm_config *c, const gemm_shape *
     return jit_prepare(ctx, &r.req, key, NULL);
 }
 
+int gemm_requests(stof_ctx *ctx, const gemm_config *c, const gemm_shape *s, const gemm_epilogue *e,
+                  int n, gemm_request *r)
+{
+    int m = 0;
+    for (int i = 0; i < n; i++) {
+        err_record saved = ctx->err;
+        if (gemm_check(ctx, &s[i], &e[i], &c[i]) != STOF_OK ||
+            (ctx->dev.ok && gemm_smem_bytes(&c[i], &s[i], &e[i]) > ctx->dev.smem_optin)) {
+            ctx->err = saved;
+            continue;
+        }
+        gemm_make_request(&c[i], &s[i], &e[i], &r[m++]);
+    }
+    return m;
+}
+
 stof_status gemm_prepare_all(stof_ctx *ctx, const gemm_config *c, const gemm_shape *s,
                              const gemm_epilogue *e, int n)
 {
@@ -414,18 +430,9 @@ stof_status gemm_prepare_all(stof_ctx *ctx, const gemm_config *c, const gemm_sha
         free(reqs);
         return CTX_FAIL(ctx, STOF_ERR_NO_MEMORY, "gemm: out of memory listing %d kernels", n);
     }
-    int m = 0;
-    for (int i = 0; i < n; i++) {
-        err_record saved = ctx->err;
-        if (gemm_check(ctx, &s[i], &e[i], &c[i]) != STOF_OK ||
-            (ctx->dev.ok && gemm_smem_bytes(&c[i], &s[i], &e[i]) > ctx->dev.smem_optin)) {
-            ctx->err = saved;
-            continue;
-        }
-        gemm_make_request(&c[i], &s[i], &e[i], &r[m]);
-        reqs[m] = r[m].req;
-        m++;
-    }
+    const int m = gemm_requests(ctx, c, s, e, n, r);
+    for (int i = 0; i < m; i++)
+        reqs[i] = r[i].req;
     stof_status st = jit_prepare_all(ctx, reqs, m);
     free(r);
     free(reqs);

@@ -87,6 +87,12 @@ stof_status gemm_launch(stof_ctx *ctx, CUfunction fn, const gemm_config *c, cons
 stof_status gemm_prepare(stof_ctx *ctx, const gemm_config *c, const gemm_shape *s,
                          const gemm_epilogue *e, char *key);
 
+/* The requests of those of the n kernels (config c[i] of shape s[i] with
+ * epilogue e[i]) that gemm_check accepts and the device's shared memory
+ * holds, into r (room for n); returns how many. */
+int gemm_requests(stof_ctx *ctx, const gemm_config *c, const gemm_shape *s, const gemm_epilogue *e,
+                  int n, gemm_request *r);
+
 /* Compiles n kernels together (jit_prepare_all): config c[i] of shape s[i]
  * with epilogue e[i]; where ctx drives its GPU they are loaded too, so a
  * later gemm_load compiles nothing. A config that gemm_check refuses, or

@@ -235,47 +235,54 @@ static blas_gemm lt_gemm_of(const layer_group *g)
                        g->epi.bias ? epis[g->epi.act] : BLAS_EPI_NONE, NULL};
 }
 
+/* The kernel a scheme runs beside its GEMM: a LayerNorm (ln), a bias and
+ * activation pass (ba), or none; gexec_load loads it, precompile compiles
+ * it ahead. */
+typedef struct aux_kernel {
+    int ln, ba;
+    int bias, residual;
+} aux_kernel;
+
+static aux_kernel aux_of(const layer_group *g, layer_scheme s)
+{
+    const gemm_epilogue *p = &g->epi;
+    switch (s) {
+    case LS_BLAS: /* the GEMM alone: the whole epilogue follows */
+        return p->ln ? (aux_kernel){1, 0, p->bias, p->residual}
+                     : (aux_kernel){0, 1, p->bias, p->residual};
+    case LS_LT: /* bias, residual and ReLU or tanh GELU inside; LN and erf GELU follow */
+        return (aux_kernel){p->ln, !p->ln && lt_needs_act(g), 0, 0};
+    case LS_GEN: /* everything inside but the LayerNorm */
+        return (aux_kernel){p->ln, 0, 0, 0};
+    default:
+        return (aux_kernel){0, 0, 0, 0};
+    }
+}
+
 static stof_status gexec_load(stof_ctx *ctx, const layer_group *g, const layer_choice *c, gexec *e)
 {
     memset(e, 0, sizeof *e);
     e->g = *g;
     e->c = *c;
-    const gemm_epilogue *p = &g->epi;
-    stof_ln_desc lnd = {g->m, g->n, g->dtype, g->eps};
     stof_status st = STOF_OK;
-    switch (c->scheme) {
-    case LS_BLAS:
-        if (p->ln) {
-            e->has_ln = 1;
-            st = ln_load(ctx, &lnd, 16, p->bias, p->residual, p->ln_sum, &e->ln);
-        } else {
-            e->has_ba = 1;
-            st = ba_load(ctx, g->n, g->dtype, p->act, p->bias, p->residual, &e->ba);
-        }
-        break;
-    case LS_LT: {
+    if (c->scheme == LS_LT) {
         blas_gemm bg = lt_gemm_of(g);
         st = blas_lt_make(ctx, &bg, c->algo, &e->lt, NULL);
-        if (st == STOF_OK && p->ln) {
-            e->has_ln = 1;
-            st = ln_load(ctx, &lnd, 16, 0, 0, p->ln_sum, &e->ln);
-        } else if (st == STOF_OK && lt_needs_act(g)) {
-            e->has_ba = 1;
-            st = ba_load(ctx, g->n, g->dtype, p->act, 0, 0, &e->ba);
-        }
-        break;
-    }
-    default: {
+    } else if (c->scheme != LS_BLAS) {
         gemm_shape sh = shape_of(g);
         gemm_epilogue ge = gen_epilogue(g, c->scheme);
         st = gemm_check(ctx, &sh, &ge, &c->cfg);
         if (st == STOF_OK)
             st = gemm_load(ctx, &c->cfg, &sh, &ge, &e->gemm_fn, NULL);
-        if (st == STOF_OK && p->ln && c->scheme == LS_GEN) {
-            e->has_ln = 1;
-            st = ln_load(ctx, &lnd, 16, 0, 0, p->ln_sum, &e->ln);
-        }
     }
+    const aux_kernel a = aux_of(g, c->scheme);
+    stof_ln_desc lnd = {g->m, g->n, g->dtype, g->eps};
+    if (st == STOF_OK && a.ln) {
+        e->has_ln = 1;
+        st = ln_load(ctx, &lnd, 16, a.bias, a.residual, g->epi.ln_sum, &e->ln);
+    } else if (st == STOF_OK && a.ba) {
+        e->has_ba = 1;
+        st = ba_load(ctx, g->n, g->dtype, g->epi.act, a.bias, a.residual, &e->ba);
     }
     if (st != STOF_OK)
         gexec_free(ctx, e);
@@ -655,46 +662,66 @@ static int stage1_of(stof_tune level, int ns) { return level == STOF_TUNE_FULL ?
 /* How many parameters stage 2 tries. */
 static int stage2_of(stof_tune level) { return level == STOF_TUNE_FULL ? MAX_TRIED - LS_COUNT : 4; }
 
-/* Compiles together, before any group is timed, the generated GEMMs the
- * search is likely to load: per group, the defaults of the generated
- * schemes stage 1 times and stage 2's parameters for the first of them
- * (compiled group by group, one kernel at a time in stage 1, they cost a
- * cold BERT-base layer plan 4 of its 8 seconds). A budget on candidates or
- * time may stop the search short of them, so none are compiled ahead then. */
+/* The kernels the search is likely to load, compiled in one batch before
+ * any group is timed: the generated GEMMs of the schemes stage 1 times and
+ * stage 2's parameters for the first of them, and the LayerNorm and bias
+ * passes that stage 1's schemes run beside their GEMMs (compiled group by
+ * group, one kernel at a time, the GEMMs cost a cold BERT-base layer plan 4
+ * of its 8 seconds, the small passes half a second). A budget on candidates
+ * or time may stop the search short of them, so none are compiled ahead then. */
 static void precompile(stof_ctx *ctx, const layer_group *g, int smem_max, const model_device *md,
                        const search_state *ss)
 {
     if (ss->max_candidates > 0 || ss->deadline > 0)
         return;
-    const int cap = LG_COUNT * (LS_COUNT + MAX_TRIED);
+    const int cap = LG_COUNT * (LS_COUNT + MAX_TRIED), aux_cap = LG_COUNT * LS_COUNT;
     gemm_config *cfg = malloc(sizeof *cfg * cap);
     gemm_shape *sh = malloc(sizeof *sh * cap);
     gemm_epilogue *ge = malloc(sizeof *ge * cap);
-    int m = 0;
-    for (int gi = 0; cfg && sh && ge && gi < LG_COUNT; gi++) {
+    gemm_request *gr = malloc(sizeof *gr * cap);
+    ln_request *lr = malloc(sizeof *lr * aux_cap);
+    ba_request *br = malloc(sizeof *br * aux_cap);
+    jit_request *reqs = malloc(sizeof *reqs * (cap + aux_cap));
+    const int ok = cfg && sh && ge && gr && lr && br && reqs;
+    int m = 0, nl = 0, nb = 0;
+    for (int gi = 0; ok && gi < LG_COUNT; gi++) {
         layer_scheme rank[LS_COUNT];
         double pred[LS_COUNT];
         layer_choice params[MAX_TRIED];
-        int ns = layer_rank_schemes(&g[gi], blas_available(ctx, NULL), smem_max, md, rank, pred);
+        const layer_group *gg = &g[gi];
+        int ns = layer_rank_schemes(gg, blas_available(ctx, NULL), smem_max, md, rank, pred);
         for (int i = 0, first = 1; i < stage1_of(ss->level, ns); i++) {
+            const aux_kernel a = aux_of(gg, rank[i]);
+            const stof_ln_desc lnd = {gg->m, gg->n, gg->dtype, gg->eps};
+            if (a.ln)
+                ln_make_request(&lnd, 16, a.bias, a.residual, gg->epi.ln_sum, &lr[nl++]);
+            if (a.ba)
+                ba_make_request(gg->n, gg->dtype, gg->epi.act, a.bias, a.residual, &br[nb++]);
             if (rank[i] < LS_GEN)
                 continue;
-            int np = scheme_params(ctx, &g[gi], rank[i], smem_max, params,
+            int np = scheme_params(ctx, gg, rank[i], smem_max, params,
                                    first ? stage2_of(ss->level) : 1);
             for (int j = 0; j < np; j++, m++) {
                 cfg[m] = params[j].cfg;
-                sh[m] = shape_of(&g[gi]);
-                ge[m] = gen_epilogue(&g[gi], rank[i]);
+                sh[m] = shape_of(gg);
+                ge[m] = gen_epilogue(gg, rank[i]);
             }
             first = 0;
         }
     }
+    int n = ok ? gemm_requests(ctx, cfg, sh, ge, m, gr) : 0;
+    for (int i = 0; i < n; i++)
+        reqs[i] = gr[i].req;
+    for (int i = 0; i < nl; i++)
+        reqs[n++] = lr[i].req;
+    for (int i = 0; i < nb; i++)
+        reqs[n++] = br[i].req;
     /* A kernel that fails to compile here fails again, and is judged, when
      * the search loads it. */
     err_record saved = ctx->err;
-    if (cfg && sh && ge && gemm_prepare_all(ctx, cfg, sh, ge, m) != STOF_OK)
+    if (n && jit_prepare_all(ctx, reqs, n) != STOF_OK)
         ctx->err = saved;
-    free(cfg), free(sh), free(ge);
+    free(cfg), free(sh), free(ge), free(gr), free(lr), free(br), free(reqs);
 }
 
 /* Stage 1 over the ranked schemes, stage 2 over the winner's parameters. */

@@ -71,13 +71,6 @@ static const char *elem(stof_dtype t)
     return t == STOF_F32 ? "float" : t == STOF_F16 ? "stof_f16" : "stof_bf16";
 }
 
-/* The values live in `text`, which must outlive the request. */
-typedef struct ln_request {
-    char text[5][16];
-    render_var vars[12];
-    jit_request req;
-} ln_request;
-
 static void make_request(const stof_ln_desc *d, const ln_config *c, int has_bias, int has_res,
                          int write_sum, ln_request *r)
 {
@@ -96,15 +89,21 @@ static void make_request(const stof_ln_desc *d, const ln_config *c, int has_bias
     r->req = (jit_request){"layernorm", "layernorm.cu", "stof_layernorm", r->vars, 11, NULL};
 }
 
+void ln_make_request(const stof_ln_desc *desc, int align_bytes, int has_bias, int has_residual,
+                     int write_sum, ln_request *r)
+{
+    ln_config c = ln_choose(desc->hidden, desc->dtype, align_bytes);
+    make_request(desc, &c, has_bias, has_residual, write_sum, r);
+}
+
 stof_status ln_prepare(stof_ctx *ctx, const stof_ln_desc *desc, int align_bytes, int has_bias,
                        int has_residual, int write_sum, char *key)
 {
     if (!ctx)
         return STOF_ERR_INVALID_ARG;
     TRY(check(ctx, desc));
-    ln_config c = ln_choose(desc->hidden, desc->dtype, align_bytes);
     ln_request r;
-    make_request(desc, &c, has_bias, has_residual, write_sum, &r);
+    ln_make_request(desc, align_bytes, has_bias, has_residual, write_sum, &r);
     return jit_prepare(ctx, &r.req, key, NULL);
 }
 

@@ -8,6 +8,7 @@
 
 #include <cuda.h>
 
+#include "gpu/jit.h"
 #include "stof.h"
 
 #define LN_MAX_HIDDEN 16384
@@ -26,6 +27,17 @@ ln_config ln_choose(int hidden, stof_dtype dtype, int align_bytes);
 /* Compiles, with no GPU, the kernel ln_run would use for desc with every
  * pointer aligned to align_bytes and bias / residual / sum_out given or
  * not; key (65 bytes, may be NULL) receives its cache key. */
+/* The kernel ln_load(desc, align_bytes, ...) loads, as a request for a
+ * batch (jit_prepare_all). Its values live in `text`, which must outlive it. */
+typedef struct ln_request {
+    char text[5][16];
+    render_var vars[12];
+    jit_request req;
+} ln_request;
+
+void ln_make_request(const stof_ln_desc *desc, int align_bytes, int has_bias, int has_residual,
+                     int write_sum, ln_request *r);
+
 stof_status ln_prepare(stof_ctx *ctx, const stof_ln_desc *desc, int align_bytes, int has_bias,
                        int has_residual, int write_sum, char *key);
 
