@@ -662,6 +662,55 @@ static int stage1_of(stof_tune level, int ns) { return level == STOF_TUNE_FULL ?
 /* How many parameters stage 2 tries. */
 static int stage2_of(stof_tune level) { return level == STOF_TUNE_FULL ? MAX_TRIED - LS_COUNT : 4; }
 
+/* Kernels compiled together (jit_prepare_all): the GEMMs, LayerNorms and
+ * bias passes a layer plan or prepare is about to need. */
+#define KB_GEMMS (LG_COUNT * (LS_COUNT + MAX_TRIED))
+#define KB_AUX (LG_COUNT * LS_COUNT + 1)
+typedef struct kbatch {
+    gemm_config cfg[KB_GEMMS];
+    gemm_shape sh[KB_GEMMS];
+    gemm_epilogue ge[KB_GEMMS];
+    gemm_request gr[KB_GEMMS];
+    ln_request ln[KB_AUX];
+    ba_request ba[KB_AUX];
+    jit_request reqs[KB_GEMMS + 2 * KB_AUX];
+    int ngemm, nln, nba;
+} kbatch;
+
+static void kbatch_gemm(kbatch *b, const layer_group *g, layer_scheme s, const gemm_config *c)
+{
+    if (b->ngemm < KB_GEMMS) {
+        b->cfg[b->ngemm] = *c;
+        b->sh[b->ngemm] = shape_of(g);
+        b->ge[b->ngemm++] = gen_epilogue(g, s);
+    }
+}
+
+/* The pass scheme s runs beside g's GEMM, if any. */
+static void kbatch_aux(kbatch *b, const layer_group *g, layer_scheme s)
+{
+    const aux_kernel a = aux_of(g, s);
+    const stof_ln_desc lnd = {g->m, g->n, g->dtype, g->eps};
+    if (a.ln && b->nln < KB_AUX)
+        ln_make_request(&lnd, 16, a.bias, a.residual, g->epi.ln_sum, &b->ln[b->nln++]);
+    if (a.ba && b->nba < KB_AUX)
+        ba_make_request(g->n, g->dtype, g->epi.act, a.bias, a.residual, &b->ba[b->nba++]);
+}
+
+/* GEMMs that gemm_check or the device's shared memory refuse are left out,
+ * to fail where they are loaded. */
+static stof_status kbatch_compile(stof_ctx *ctx, kbatch *b)
+{
+    int n = gemm_requests(ctx, b->cfg, b->sh, b->ge, b->ngemm, b->gr);
+    for (int i = 0; i < n; i++)
+        b->reqs[i] = b->gr[i].req;
+    for (int i = 0; i < b->nln; i++)
+        b->reqs[n++] = b->ln[i].req;
+    for (int i = 0; i < b->nba; i++)
+        b->reqs[n++] = b->ba[i].req;
+    return jit_prepare_all(ctx, b->reqs, n);
+}
+
 /* The kernels the search is likely to load, compiled in one batch before
  * any group is timed: the generated GEMMs of the schemes stage 1 times and
  * stage 2's parameters for the first of them, and the LayerNorm and bias
@@ -674,54 +723,31 @@ static void precompile(stof_ctx *ctx, const layer_group *g, int smem_max, const 
 {
     if (ss->max_candidates > 0 || ss->deadline > 0)
         return;
-    const int cap = LG_COUNT * (LS_COUNT + MAX_TRIED), aux_cap = LG_COUNT * LS_COUNT;
-    gemm_config *cfg = malloc(sizeof *cfg * cap);
-    gemm_shape *sh = malloc(sizeof *sh * cap);
-    gemm_epilogue *ge = malloc(sizeof *ge * cap);
-    gemm_request *gr = malloc(sizeof *gr * cap);
-    ln_request *lr = malloc(sizeof *lr * aux_cap);
-    ba_request *br = malloc(sizeof *br * aux_cap);
-    jit_request *reqs = malloc(sizeof *reqs * (cap + aux_cap));
-    const int ok = cfg && sh && ge && gr && lr && br && reqs;
-    int m = 0, nl = 0, nb = 0;
-    for (int gi = 0; ok && gi < LG_COUNT; gi++) {
+    kbatch *b = calloc(1, sizeof *b);
+    if (!b)
+        return;
+    for (int gi = 0; gi < LG_COUNT; gi++) {
         layer_scheme rank[LS_COUNT];
         double pred[LS_COUNT];
         layer_choice params[MAX_TRIED];
-        const layer_group *gg = &g[gi];
-        int ns = layer_rank_schemes(gg, blas_available(ctx, NULL), smem_max, md, rank, pred);
+        int ns = layer_rank_schemes(&g[gi], blas_available(ctx, NULL), smem_max, md, rank, pred);
         for (int i = 0, first = 1; i < stage1_of(ss->level, ns); i++) {
-            const aux_kernel a = aux_of(gg, rank[i]);
-            const stof_ln_desc lnd = {gg->m, gg->n, gg->dtype, gg->eps};
-            if (a.ln)
-                ln_make_request(&lnd, 16, a.bias, a.residual, gg->epi.ln_sum, &lr[nl++]);
-            if (a.ba)
-                ba_make_request(gg->n, gg->dtype, gg->epi.act, a.bias, a.residual, &br[nb++]);
+            kbatch_aux(b, &g[gi], rank[i]);
             if (rank[i] < LS_GEN)
                 continue;
-            int np = scheme_params(ctx, gg, rank[i], smem_max, params,
+            int np = scheme_params(ctx, &g[gi], rank[i], smem_max, params,
                                    first ? stage2_of(ss->level) : 1);
-            for (int j = 0; j < np; j++, m++) {
-                cfg[m] = params[j].cfg;
-                sh[m] = shape_of(gg);
-                ge[m] = gen_epilogue(gg, rank[i]);
-            }
+            for (int j = 0; j < np; j++)
+                kbatch_gemm(b, &g[gi], rank[i], &params[j].cfg);
             first = 0;
         }
     }
-    int n = ok ? gemm_requests(ctx, cfg, sh, ge, m, gr) : 0;
-    for (int i = 0; i < n; i++)
-        reqs[i] = gr[i].req;
-    for (int i = 0; i < nl; i++)
-        reqs[n++] = lr[i].req;
-    for (int i = 0; i < nb; i++)
-        reqs[n++] = br[i].req;
     /* A kernel that fails to compile here fails again, and is judged, when
      * the search loads it. */
     err_record saved = ctx->err;
-    if (n && jit_prepare_all(ctx, reqs, n) != STOF_OK)
+    if (kbatch_compile(ctx, b) != STOF_OK)
         ctx->err = saved;
-    free(cfg), free(sh), free(ge), free(gr), free(lr), free(br), free(reqs);
+    free(b);
 }
 
 /* Stage 1 over the ranked schemes, stage 2 over the winner's parameters. */
@@ -1455,42 +1481,34 @@ stof_status stof_layer_prepare(stof_ctx *ctx, const stof_layer_desc *desc, const
                          : !strncmp(ctx->arch, "sm_90", 5)       ? 227 * 1024
                          : !strcmp(ctx->arch, "sm_80")           ? 163 * 1024
                                                                  : 99 * 1024;
-    /* Every generated kernel a scheme could use, with default parameters;
-     * the GEMMs, the slow ones to compile, together. */
-    gemm_config cfg[2 * LG_COUNT];
-    gemm_shape shs[2 * LG_COUNT];
-    gemm_epilogue ges[2 * LG_COUNT];
-    int ngemm = 0;
-    for (int i = 0; i < LG_COUNT; i++) {
-        const gemm_epilogue *e = &g[i].epi;
-        stof_ln_desc lnd = {g[i].m, g[i].n, g[i].dtype, g[i].eps};
-        if (e->ln) {
-            TRY(ln_prepare(ctx, &lnd, 16, e->bias, e->residual, e->ln_sum, NULL));
-            TRY(ln_prepare(ctx, &lnd, 16, 0, 0, e->ln_sum, NULL));
-        } else {
-            TRY(ba_prepare(ctx, g[i].n, g[i].dtype, e->act, e->bias, e->residual));
-            if (lt_needs_act(&g[i]))
-                TRY(ba_prepare(ctx, g[i].n, g[i].dtype, e->act, 0, 0));
-        }
-        for (layer_scheme s = LS_GEN; s <= LS_GEN_LN; s++) {
-            if (s == LS_GEN_LN && !e->ln)
+    /* Every kernel a scheme could use, the generated GEMMs with default
+     * parameters, compiled together. */
+    kbatch *b = calloc(1, sizeof *b);
+    if (!b)
+        return CTX_FAIL(ctx, STOF_ERR_NO_MEMORY, "out of memory");
+    stof_status st = STOF_OK;
+    for (int i = 0; st == STOF_OK && i < LG_COUNT; i++) {
+        for (layer_scheme s = LS_BLAS; s <= LS_GEN; s++)
+            kbatch_aux(b, &g[i], s);
+        for (layer_scheme s = LS_GEN; st == STOF_OK && s <= LS_GEN_LN; s++) {
+            if (s == LS_GEN_LN && !g[i].epi.ln)
                 continue;
             gemm_shape sh = shape_of(&g[i]);
             gemm_epilogue ge = gen_epilogue(&g[i], s);
             gemm_config c;
-            if (gemm_candidates(&sh, &ge, smem_max, !strcmp(ctx->arch, "sm_90a"), &c, 1) == 1) {
-                TRY(gemm_check(ctx, &sh, &ge, &c));
-                cfg[ngemm] = c;
-                shs[ngemm] = sh;
-                ges[ngemm++] = ge;
-            }
+            if (gemm_candidates(&sh, &ge, smem_max, !strcmp(ctx->arch, "sm_90a"), &c, 1) == 1 &&
+                (st = gemm_check(ctx, &sh, &ge, &c)) == STOF_OK)
+                kbatch_gemm(b, &g[i], s, &c);
         }
     }
-    TRY(gemm_prepare_all(ctx, cfg, shs, ges, ngemm));
-    if (desc->norm == STOF_PRE_LN) {
+    if (st == STOF_OK && desc->norm == STOF_PRE_LN) {
         stof_ln_desc lnd = {desc->batch * desc->seq, desc->hidden, desc->dtype, g[0].eps};
-        TRY(ln_prepare(ctx, &lnd, 16, 0, 0, 0, NULL));
+        ln_make_request(&lnd, 16, 0, 0, 0, &b->ln[b->nln++]);
     }
+    if (st == STOF_OK)
+        st = kbatch_compile(ctx, b);
+    free(b);
+    TRY(st);
     stof_mha_desc md = mha_desc_of(desc);
     return stof_mha_prepare(ctx, &md, mask);
 }
