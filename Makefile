@@ -96,6 +96,8 @@ build/libstof.so: $(LIB_OBJ)
 build/stof-%: tools/%.c build/libstof.a
 	$(CC) $(CPPFLAGS) $(CFLAGS) $(WARN) -o $@ $< $(filter %.o,$^) build/libstof.a $(LIBS)
 build/stof-warm: build/obj/tools/workload.o
+# tools/cli.c: the demos' shared command line.
+build/stof-demo build/stof-demo-attn: build/obj/tools/cli.o
 
 build/bench_%: bench/bench_%.c build/libstof.a
 	$(CC) $(CPPFLAGS) $(CFLAGS) $(WARN) -o $@ $< $(filter %.o,$^) build/libstof.a $(LIBS)
@@ -118,6 +120,7 @@ build/asan/stof-tests: tests/run.c $(TEST_SRC) tests/testutil.h build/gen/suites
 build/asan/stof-%: tools/%.c $(SAN_OBJ)
 	$(CC) $(CPPFLAGS) $(CFLAGS) $(WARN) $(SAN) -o $@ $< $(filter %.o,$^) $(LIBS)
 build/asan/stof-warm: build/asan/tools/workload.o
+build/asan/stof-demo build/asan/stof-demo-attn: build/asan/tools/cli.o
 
 # Fuzz targets with the plain driver (gcc, ASan and UBSan): the corpus replay.
 # The workload target reads through tools/workload.c, as stof-warm does.

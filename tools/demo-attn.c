@@ -16,10 +16,7 @@
  * The last line of its output is "result: key=value ...", for demo.sh.
  * Exit status: 0 done, 1 a failure (the check included), 2 a bad command line.
  */
-#include <errno.h>
-#include <limits.h>
 #include <math.h>
-#include <stdarg.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -35,17 +32,14 @@
 #include "ctx.h"
 #include "gpu/jit.h"
 #include "stof.h"
+#include "tools/cli.h"
+
+static const char PROG[] = "stof-demo-attn";
 
 typedef struct demo_args {
-    const char *cache;      /* NULL: stof's default */
-    int no_cache;
+    cli_opts o;             /* --cache, --no-cache, --dtype, --arch, --iters, --seed */
     int batch, heads, seq, head_dim;
     const char *mask;
-    stof_dtype dtype;
-    const char *arch;       /* compile-only target where there is no GPU */
-    int arch_given;
-    int iters;
-    uint64_t seed;
 } demo_args;
 
 static void usage(FILE *f)
@@ -68,102 +62,36 @@ static void usage(FILE *f)
             "  --help           this text\n");
 }
 
-static void bad_usage(const char *fmt, ...) __attribute__((format(printf, 1, 2), noreturn));
-static void bad_usage(const char *fmt, ...)
-{
-    va_list ap;
-    va_start(ap, fmt);
-    fputs("stof-demo-attn: ", stderr);
-    vfprintf(stderr, fmt, ap);
-    fputs("\nTry 'stof-demo-attn --help'.\n", stderr);
-    va_end(ap);
-    exit(2);
-}
-
-static long long parse_int(const char *opt, const char *s, long long lo, long long hi)
-{
-    char *end;
-    errno = 0;
-    long long v = strtoll(s, &end, 10);
-    if (errno || end == s || *end || v < lo || v > hi)
-        bad_usage("%s wants an integer from %lld to %lld, not \"%s\"", opt, lo, hi, s);
-    return v;
-}
-
 static demo_args parse_args(int argc, char **argv)
 {
+    static const char *const own[] = {"--batch", "--heads", "--seq", "--head-dim", "--mask", NULL};
     demo_args a = {.batch = 8, .heads = 12, .seq = 2048, .head_dim = 64,
-                   .mask = "window:256+global:64", .dtype = STOF_F16, .arch = "sm_90a",
-                   .iters = 50};
-    const char *seed = getenv("STOF_SEED");
-    a.seed = seed && *seed ? strtoull(seed, NULL, 0) : (uint64_t)time(NULL);
-    for (int i = 1; i < argc; i++) {
-        const char *opt = argv[i], *val = NULL;
-        char name[32];
-        const char *eq = strchr(opt, '=');
-        if (strncmp(opt, "--", 2) == 0 && eq && (size_t)(eq - opt) < sizeof name) {
-            snprintf(name, sizeof name, "%.*s", (int)(eq - opt), opt);
-            opt = name;
-            val = eq + 1;
-        }
-        if (strcmp(opt, "--help") == 0 || strcmp(opt, "-h") == 0) {
-            usage(stdout);
-            exit(0);
-        }
-        if (strcmp(opt, "--no-cache") == 0) {
-            a.no_cache = 1;
-            continue;
-        }
-        static const char *const with_value[] = {"--cache", "--batch", "--heads", "--seq",
-                                                 "--head-dim", "--mask", "--dtype", "--arch",
-                                                 "--iters", "--seed"};
-        int known = 0;
-        for (size_t k = 0; k < sizeof with_value / sizeof with_value[0]; k++)
-            known |= strcmp(opt, with_value[k]) == 0;
-        if (!known)
-            bad_usage("unknown option \"%s\"", argv[i]);
-        if (!val) {
-            if (i + 1 >= argc)
-                bad_usage("%s needs a value", opt);
-            val = argv[++i];
-        }
-        if (strcmp(opt, "--cache") == 0) {
-            if (!*val)
-                bad_usage("--cache needs a path");
-            a.cache = val;
-        } else if (strcmp(opt, "--batch") == 0) {
-            a.batch = (int)parse_int(opt, val, 1, 1024);
+                   .mask = "window:256+global:64"};
+    cli c;
+    cli_begin(&c, PROG, usage, 0, argc, argv);
+    const char *opt, *val;
+    while (cli_next(&c, own, &opt, &val)) {
+        if (strcmp(opt, "--batch") == 0) {
+            a.batch = (int)cli_int(&c, opt, val, 1, 1024);
         } else if (strcmp(opt, "--heads") == 0) {
-            a.heads = (int)parse_int(opt, val, 1, 256);
+            a.heads = (int)cli_int(&c, opt, val, 1, 256);
         } else if (strcmp(opt, "--seq") == 0) {
-            a.seq = (int)parse_int(opt, val, 1, 1 << 17);
+            a.seq = (int)cli_int(&c, opt, val, 1, 1 << 17);
         } else if (strcmp(opt, "--head-dim") == 0) {
-            a.head_dim = (int)parse_int(opt, val, 32, 128);
+            a.head_dim = (int)cli_int(&c, opt, val, 32, 128);
             if (a.head_dim != 32 && a.head_dim != 64 && a.head_dim != 80 && a.head_dim != 96 &&
                 a.head_dim != 128)
-                bad_usage("--head-dim is 32, 64, 80, 96 or 128, not %d", a.head_dim);
-        } else if (strcmp(opt, "--mask") == 0) {
-            if (!*val)
-                bad_usage("--mask needs a spec");
-            a.mask = val;
-        } else if (strcmp(opt, "--dtype") == 0) {
-            a.dtype = strcmp(val, "fp16") == 0 ? STOF_F16 : strcmp(val, "bf16") == 0 ? STOF_BF16
-                                                                                      : STOF_DTYPE_INVALID;
-            if (!a.dtype)
-                bad_usage("--dtype is fp16 or bf16, not \"%s\"", val);
-        } else if (strcmp(opt, "--arch") == 0) {
-            a.arch = val;
-            a.arch_given = 1;
-        } else if (strcmp(opt, "--iters") == 0) {
-            a.iters = (int)parse_int(opt, val, 1, 100000);
+                cli_fail(PROG, "--head-dim is 32, 64, 80, 96 or 128, not %d", a.head_dim);
         } else {
-            a.seed = (uint64_t)parse_int(opt, val, 0, LLONG_MAX);
+            if (!*val)
+                cli_fail(PROG, "--mask needs a spec");
+            a.mask = val;
         }
     }
-    if (a.no_cache && a.cache)
-        bad_usage("--cache and --no-cache contradict each other");
+    cli_end(&c);
     if ((long long)a.batch * a.heads > 65535)
-        bad_usage("--batch x --heads is at most 65535");
+        cli_fail(PROG, "--batch x --heads is at most 65535");
+    a.o = c.o;
     return a;
 }
 
@@ -177,7 +105,7 @@ static double now_ms(void)
 static void die(stof_ctx *ctx, const char *what) __attribute__((noreturn));
 static void die(stof_ctx *ctx, const char *what)
 {
-    fprintf(stderr, "stof-demo-attn: %s failed: %s\n", what, stof_last_error(ctx));
+    fprintf(stderr, "%s: %s failed: %s\n", PROG, what, stof_last_error(ctx));
     exit(1);
 }
 
@@ -249,7 +177,7 @@ static int compile_only(stof_ctx *ctx, const demo_args *a, const stof_mha_desc *
     double ms = now_ms() - t0;
     stof_stats s;
     stof_get_stats(ctx, &s);
-    printf("kernels for %s ready in %.1f ms: %s (%lld compiled, %lld from the cache)\n", a->arch,
+    printf("kernels for %s ready in %.1f ms: %s (%lld compiled, %lld from the cache)\n", a->o.arch,
            ms, how_ready(&s), s.nvrtc_compiles, s.cache_hits);
     print_stats(&s);
     mha_ranked r[MHA_MAX_CANDIDATES];
@@ -268,10 +196,10 @@ static int compile_only(stof_ctx *ctx, const demo_args *a, const stof_mha_desc *
     printf("not run: %s\n", why);
     printf("the kernels for %s are %s%s; running attention, timing it against the dense mask and "
            "checking it against the CPU reference need a GPU\n",
-           a->arch, *path ? "in " : "compiled but not kept (uncached)", path);
+           a->o.arch, *path ? "in " : "compiled but not kept (uncached)", path);
     printf("result: gpu=0 arch=%s case=b=%d,h=%d,L=%d,d=%d,%s mask=%s ready_ms=%.2f compiles=%lld "
            "cache_hits=%lld timings=%lld kernel=%s engine=%s tile=%dx%d saved=%.4f\n",
-           a->arch, a->batch, a->heads, a->seq, a->head_dim, a->dtype == STOF_BF16 ? "bf16" : "fp16",
+           a->o.arch, a->batch, a->heads, a->seq, a->head_dim, a->o.dtype == STOF_BF16 ? "bf16" : "fp16",
            stof_mask_spec(m), ms, s.nvrtc_compiles, s.cache_hits, s.timing_runs, kind_of(&r[0].c),
            engine_of(&r[0].c), r[0].c.bm, r[0].c.bn, saved);
     return 0;
@@ -343,13 +271,13 @@ static void check_slice(stof_ctx *ctx, const demo_args *a, const stof_mask *m, c
         fprintf(stderr, "stof-demo-attn: out of memory\n");
         exit(1);
     }
-    ref_attn_args ra = {1, 1, a->seq, a->seq, a->head_dim, a->dtype, STOF_LAYOUT_BHLD, 0,
+    ref_attn_args ra = {1, 1, a->seq, a->seq, a->head_dim, a->o.dtype, STOF_LAYOUT_BHLD, 0,
                         q + off, k + off, v + off, m, NULL, NULL};
     if (ref_attention(ctx, &ra, ref) != STOF_OK)
         die(ctx, "ref_attention");
     double num = 0, den = 0;
     for (size_t i = 0; i < L * D; i++) {
-        double g = dtype_load(a->dtype, out + off, i), e = fabs(g - ref[i]);
+        double g = dtype_load(a->o.dtype, out + off, i), e = fabs(g - ref[i]);
         num += e * e;
         den += ref[i] * ref[i];
         *maxe = e > *maxe || isnan(e) ? e : *maxe;
@@ -397,10 +325,10 @@ static int run_on_gpu(stof_ctx *ctx, const demo_args *a, const stof_mha_desc *d,
         fprintf(stderr, "stof-demo-attn: out of host memory for 4 x %zu bytes\n", bytes);
         return 1;
     }
-    uint64_t seed = a->seed ? a->seed : 1;
-    mha_fill_random(q, n, a->dtype, seed);
-    mha_fill_random(k, n, a->dtype, seed + 1);
-    mha_fill_random(v, n, a->dtype, seed + 2);
+    uint64_t seed = a->o.seed ? a->o.seed : 1;
+    mha_fill_random(q, n, a->o.dtype, seed);
+    mha_fill_random(k, n, a->o.dtype, seed + 1);
+    mha_fill_random(v, n, a->o.dtype, seed + 2);
     if (jit_push(ctx) != STOF_OK)
         die(ctx, "jit_push");
     bufs b[2];
@@ -424,20 +352,20 @@ static int run_on_gpu(stof_ctx *ctx, const demo_args *a, const stof_mha_desc *d,
     double rel = 0, maxe = 0;
     check_slice(ctx, a, m, q, k, v, out, 0, 0, &rel, &maxe);
     check_slice(ctx, a, m, q, k, v, out, a->batch - 1, a->heads - 1, &rel, &maxe);
-    const double limit = a->dtype == STOF_BF16 ? 1.5e-2 : 5e-3;
+    const double limit = a->o.dtype == STOF_BF16 ? 1.5e-2 : 5e-3;
     int ok = rel <= limit;
     printf("check against the CPU reference (double), heads (0, 0) and (%d, %d): max abs err "
            "%.2e, rel L2 %.2e (limit %.0e): %s\n",
            a->batch - 1, a->heads - 1, maxe, rel, limit, ok ? "ok" : "FAILED");
 
     /* stof's kernel, then the same kernel (kind, engine, tiles) on the dense mask. */
-    double stof_ms = time_plan(ctx, plan, b, nsets, a->iters);
+    double stof_ms = time_plan(ctx, plan, b, nsets, a->o.iters);
     stof_mask *dense = NULL;
     stof_mha_plan *dplan = NULL;
     if (stof_mask_parse(ctx, "dense", a->seq, a->seq, &dense) != STOF_OK ||
         mha_plan_forced(ctx, d, dense, &c, &dplan) != STOF_OK)
         die(ctx, "the dense plan");
-    double dense_ms = time_plan(ctx, dplan, b, nsets, a->iters);
+    double dense_ms = time_plan(ctx, dplan, b, nsets, a->o.iters);
     long long walked, all;
     double saved = saved_by(ctx, m, &c, a->seq, &walked, &all);
     double flop = 4.0 * a->batch * a->heads * (double)a->seq * a->seq * a->head_dim;
@@ -453,7 +381,7 @@ static int run_on_gpu(stof_ctx *ctx, const demo_args *a, const stof_mha_desc *d,
     printf("result: gpu=1 case=b=%d,h=%d,L=%d,d=%d,%s mask=%s ready_ms=%.2f compiles=%lld "
            "cache_hits=%lld timings=%lld kernel=%s engine=%s tile=%dx%d stof_ms=%.4f dense_ms=%.4f "
            "speedup=%.2f saved=%.4f rel_l2=%.2e max_abs_err=%.2e ok=%d\n",
-           a->batch, a->heads, a->seq, a->head_dim, a->dtype == STOF_BF16 ? "bf16" : "fp16",
+           a->batch, a->heads, a->seq, a->head_dim, a->o.dtype == STOF_BF16 ? "bf16" : "fp16",
            stof_mask_spec(m), ready_ms, compiles, hits, timings, kind_of(&c), engine_of(&c), c.bm,
            c.bn, stof_ms, dense_ms, dense_ms / stof_ms, saved, rel, maxe, ok);
 
@@ -477,7 +405,7 @@ static int run_on_gpu(stof_ctx *ctx, const demo_args *a, const stof_mha_desc *d,
 int main(int argc, char **argv)
 {
     demo_args a = parse_args(argc, argv);
-    stof_options opt = {.cache_path = a.cache, .no_cache = a.no_cache};
+    stof_options opt = {.cache_path = a.o.cache, .no_cache = a.o.no_cache};
     stof_ctx *ctx = NULL;
     if (stof_open(&ctx, &opt) != STOF_OK)
         die(NULL, "stof_open");
@@ -485,15 +413,15 @@ int main(int argc, char **argv)
      * a usage error with or without a GPU. */
     char why[2100];
     stof_mask *m = NULL;
-    if (nvrtc_check_arch(&ctx->err, a.arch) != STOF_OK) {
+    if (nvrtc_check_arch(&ctx->err, a.o.arch) != STOF_OK) {
         snprintf(why, sizeof why, "%s", ctx->err.msg);
         stof_close(ctx);
-        bad_usage("--arch: %s", why);
+        cli_fail(PROG, "--arch: %s", why);
     }
     if (stof_mask_parse(ctx, a.mask, a.seq, a.seq, &m) != STOF_OK) {
         snprintf(why, sizeof why, "%s", stof_last_error(ctx));
         stof_close(ctx);
-        bad_usage("--mask: %s", why);
+        cli_fail(PROG, "--mask: %s", why);
     }
     int has = 0;
     char arch[32] = "", name[128] = "";
@@ -502,7 +430,7 @@ int main(int argc, char **argv)
         snprintf(why, sizeof why, "%s", ctx->dev.why);
         stof_mask_free(m);
         stof_close(ctx);
-        opt.arch = a.arch;
+        opt.arch = a.o.arch;
         if (stof_open(&ctx, &opt) != STOF_OK)
             die(NULL, "stof_open");
         if (stof_mask_parse(ctx, a.mask, a.seq, a.seq, &m) != STOF_OK)
@@ -510,22 +438,22 @@ int main(int argc, char **argv)
     }
     const char *path = stof_cache_path(ctx);
     printf("stof-demo-attn %s: %s; cache %s; seed %llu\n", stof_version(), has ? name : "no GPU",
-           *path ? path : "off (uncached)", (unsigned long long)a.seed);
-    if (!*path && !a.no_cache)
+           *path ? path : "off (uncached)", (unsigned long long)a.o.seed);
+    if (!*path && !a.o.no_cache)
         printf("note: %s\n", stof_last_error(ctx));
     stof_mask_info info;
     if (stof_mask_stats(ctx, m, 64, 64, &info) != STOF_OK)
         die(ctx, "stof_mask_stats");
     printf("masked attention: batch %d, %d heads, L %d, head_dim %d, %s, mask %s (allows %.1f%% "
            "of the pairs)\n",
-           a.batch, a.heads, a.seq, a.head_dim, a.dtype == STOF_BF16 ? "bf16" : "fp16",
+           a.batch, a.heads, a.seq, a.head_dim, a.o.dtype == STOF_BF16 ? "bf16" : "fp16",
            stof_mask_spec(m), 100.0 * info.density);
     stof_mha_desc d = {.batch = a.batch, .heads = a.heads, .seq_q = a.seq, .seq_k = a.seq,
-                       .head_dim = a.head_dim, .dtype = a.dtype};
+                       .head_dim = a.head_dim, .dtype = a.o.dtype};
     int rc;
     if (has) {
-        if (a.arch_given && strcmp(a.arch, arch) != 0)
-            printf("note: --arch %s ignored: the GPU here is %s\n", a.arch, arch);
+        if (a.o.arch_given && strcmp(a.o.arch, arch) != 0)
+            printf("note: --arch %s ignored: the GPU here is %s\n", a.o.arch, arch);
         printf("device: %s (%s, %d SMs)\n", name, arch, ctx->dev.sm_count);
         rc = run_on_gpu(ctx, &a, &d, m, info.density);
     } else {

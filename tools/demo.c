@@ -12,10 +12,7 @@
  * The last line of its output is "result: key=value ...", for demo.sh.
  * Exit status: 0 done, 1 a failure, 2 a bad command line.
  */
-#include <errno.h>
-#include <limits.h>
 #include <math.h>
-#include <stdarg.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -28,16 +25,13 @@
 #include "gpu/jit.h"
 #include "layer/layernorm.h"
 #include "stof.h"
+#include "tools/cli.h"
+
+static const char PROG[] = "stof-demo";
 
 typedef struct demo_args {
-    const char *cache;      /* NULL: stof's default */
-    int no_cache;
+    cli_opts o;             /* --cache, --no-cache, --dtype, --arch, --iters, --seed */
     int rows, hidden;
-    stof_dtype dtype;
-    const char *arch;       /* compile-only target where there is no GPU */
-    int arch_given;
-    int iters;
-    uint64_t seed;
 } demo_args;
 
 static void usage(FILE *f)
@@ -58,89 +52,21 @@ static void usage(FILE *f)
             LN_MAX_HIDDEN);
 }
 
-static void bad_usage(const char *fmt, ...) __attribute__((format(printf, 1, 2), noreturn));
-static void bad_usage(const char *fmt, ...)
-{
-    va_list ap;
-    va_start(ap, fmt);
-    fputs("stof-demo: ", stderr);
-    vfprintf(stderr, fmt, ap);
-    fputs("\nTry 'stof-demo --help'.\n", stderr);
-    va_end(ap);
-    exit(2);
-}
-
-static long long parse_int(const char *opt, const char *s, long long lo, long long hi)
-{
-    char *end;
-    errno = 0;
-    long long v = strtoll(s, &end, 10);
-    if (errno || end == s || *end || v < lo || v > hi)
-        bad_usage("%s wants an integer from %lld to %lld, not \"%s\"", opt, lo, hi, s);
-    return v;
-}
-
 static demo_args parse_args(int argc, char **argv)
 {
-    demo_args a = {.rows = 8 * 2048, .hidden = 768, .dtype = STOF_F16, .arch = "sm_90a",
-                   .iters = 50};
-    const char *seed = getenv("STOF_SEED");
-    a.seed = seed && *seed ? strtoull(seed, NULL, 0) : (uint64_t)time(NULL);
-    for (int i = 1; i < argc; i++) {
-        const char *opt = argv[i], *val = NULL;
-        char name[32];
-        const char *eq = strchr(opt, '=');
-        if (strncmp(opt, "--", 2) == 0 && eq && (size_t)(eq - opt) < sizeof name) {
-            snprintf(name, sizeof name, "%.*s", (int)(eq - opt), opt);
-            opt = name;
-            val = eq + 1;
-        }
-        if (strcmp(opt, "--help") == 0 || strcmp(opt, "-h") == 0) {
-            usage(stdout);
-            exit(0);
-        }
-        if (strcmp(opt, "--no-cache") == 0) {
-            a.no_cache = 1;
-            continue;
-        }
-        static const char *const with_value[] = {"--cache", "--rows", "--hidden", "--dtype",
-                                                 "--arch", "--iters", "--seed"};
-        int known = 0;
-        for (size_t k = 0; k < sizeof with_value / sizeof with_value[0]; k++)
-            known |= strcmp(opt, with_value[k]) == 0;
-        if (!known)
-            bad_usage("unknown option \"%s\"", argv[i]);
-        if (!val) {
-            if (i + 1 >= argc)
-                bad_usage("%s needs a value", opt);
-            val = argv[++i];
-        }
-        if (strcmp(opt, "--cache") == 0) {
-            if (!*val)
-                bad_usage("--cache needs a path");
-            a.cache = val;
-        } else if (strcmp(opt, "--rows") == 0) {
-            a.rows = (int)parse_int(opt, val, 1, 1 << 24);
-        } else if (strcmp(opt, "--hidden") == 0) {
-            a.hidden = (int)parse_int(opt, val, 1, LN_MAX_HIDDEN);
-        } else if (strcmp(opt, "--dtype") == 0) {
-            a.dtype = strcmp(val, "fp32") == 0   ? STOF_F32
-                      : strcmp(val, "fp16") == 0 ? STOF_F16
-                      : strcmp(val, "bf16") == 0 ? STOF_BF16
-                                                 : STOF_DTYPE_INVALID;
-            if (!a.dtype)
-                bad_usage("--dtype is fp32, fp16 or bf16, not \"%s\"", val);
-        } else if (strcmp(opt, "--arch") == 0) {
-            a.arch = val;
-            a.arch_given = 1;
-        } else if (strcmp(opt, "--iters") == 0) {
-            a.iters = (int)parse_int(opt, val, 1, 100000);
-        } else {
-            a.seed = (uint64_t)parse_int(opt, val, 0, LLONG_MAX);
-        }
+    static const char *const own[] = {"--rows", "--hidden", NULL};
+    demo_args a = {.rows = 8 * 2048, .hidden = 768};
+    cli c;
+    cli_begin(&c, PROG, usage, 1, argc, argv);
+    const char *opt, *val;
+    while (cli_next(&c, own, &opt, &val)) {
+        if (strcmp(opt, "--rows") == 0)
+            a.rows = (int)cli_int(&c, opt, val, 1, 1 << 24);
+        else
+            a.hidden = (int)cli_int(&c, opt, val, 1, LN_MAX_HIDDEN);
     }
-    if (a.no_cache && a.cache)
-        bad_usage("--cache and --no-cache contradict each other");
+    cli_end(&c);
+    a.o = c.o;
     return a;
 }
 
@@ -154,7 +80,7 @@ static double now_ms(void)
 static void die(stof_ctx *ctx, const char *what) __attribute__((noreturn));
 static void die(stof_ctx *ctx, const char *what)
 {
-    fprintf(stderr, "stof-demo: %s failed: %s\n", what, ctx ? stof_last_error(ctx) : stof_last_error(NULL));
+    fprintf(stderr, "%s: %s failed: %s\n", PROG, what, ctx ? stof_last_error(ctx) : stof_last_error(NULL));
     exit(1);
 }
 
@@ -209,21 +135,21 @@ static void print_stats(stof_ctx *ctx)
 /* No GPU: compile into the cache for the named arch and say what was not run. */
 static int compile_only(stof_ctx *ctx, const demo_args *a, const char *why)
 {
-    stof_ln_desc d = {.rows = a->rows, .hidden = a->hidden, .dtype = a->dtype};
+    stof_ln_desc d = {.rows = a->rows, .hidden = a->hidden, .dtype = a->o.dtype};
     double t0 = now_ms();
     if (stof_bias_residual_layernorm_prepare(ctx, &d) != STOF_OK)
         die(ctx, "stof_bias_residual_layernorm_prepare");
     double ms = now_ms() - t0;
     stof_stats s;
     stof_get_stats(ctx, &s);
-    printf("kernel for %s ready in %.1f ms: %s\n", a->arch, ms, how_ready(&s));
+    printf("kernel for %s ready in %.1f ms: %s\n", a->o.arch, ms, how_ready(&s));
     print_stats(ctx);
     const char *path = stof_cache_path(ctx);
     printf("not run: %s\n", why);
     printf("the kernel for %s is %s%s; running it, checking it against the CPU reference and "
            "timing it need a GPU\n",
-           a->arch, *path ? "in " : "compiled but not kept (uncached)", path);
-    printf("result: gpu=0 arch=%s ready_ms=%.2f compiles=%lld cache_hits=%lld\n", a->arch, ms,
+           a->o.arch, *path ? "in " : "compiled but not kept (uncached)", path);
+    printf("result: gpu=0 arch=%s ready_ms=%.2f compiles=%lld cache_hits=%lld\n", a->o.arch, ms,
            s.nvrtc_compiles, s.cache_hits);
     return 0;
 }
@@ -309,7 +235,7 @@ static double copy_ms(stof_ctx *ctx, const copy_bufs *c, CUevent e0, CUevent e1,
 
 static int run_on_gpu(stof_ctx *ctx, const demo_args *a)
 {
-    const stof_dtype t = a->dtype;
+    const stof_dtype t = a->o.dtype;
     const size_t es = (size_t)dtype_size(t), h = (size_t)a->hidden;
     const size_t n = (size_t)a->rows * h, tensor = n * es;
     /* Enough sets of (x, residual, out) that rotating through them leaves
@@ -323,7 +249,7 @@ static int run_on_gpu(stof_ctx *ctx, const demo_args *a)
     if (nsets > 64)
         nsets = 64;
 
-    uint64_t s = a->seed ? a->seed : 1;
+    uint64_t s = a->o.seed ? a->o.seed : 1;
     void *x = malloc(tensor), *res = malloc(tensor), *out = malloc(tensor);
     void *bias = malloc(h * es), *g = malloc(h * es), *b = malloc(h * es);
     if (!x || !res || !out || !bias || !g || !b) {
@@ -400,14 +326,14 @@ static int run_on_gpu(stof_ctx *ctx, const demo_args *a)
         CK(ctx, EventCreate(&ev[i], 0));
     const size_t copy_bytes = (size_t)512 << 20;
     copy_bufs cb = copy_alloc(ctx, copy_bytes);
-    float *times = malloc(sizeof(float) * (size_t)a->iters);
+    float *times = malloc(sizeof(float) * (size_t)a->o.iters);
     size_t next = 1;
     for (int i = 0; i < 5; i++, next++) /* warm-up */
         LAUNCH(next % nsets);
     /* Each sample brackets GROUP launches back to back, rotating the input
      * sets, and divides: the kernel's sustained rate, measured the way the
      * copy is (one long stream of work), not its launch latency. */
-    for (int done = 0; done < a->iters; done++) {
+    for (int done = 0; done < a->o.iters; done++) {
         if (cb.bytes)
             CK(ctx, MemcpyDtoDAsync(cb.dst, cb.src, cb.bytes, NULL));
         CK(ctx, EventRecord(ev[0], NULL));
@@ -418,7 +344,7 @@ static int run_on_gpu(stof_ctx *ctx, const demo_args *a)
         CK(ctx, EventElapsedTime(&times[done], ev[0], ev[1]));
         times[done] /= GROUP;
     }
-    double ln_ms = median(times, a->iters);
+    double ln_ms = median(times, a->o.iters);
     double bytes = 3.0 * (double)tensor + 3.0 * (double)(h * es);
     double ln_gbs = bytes / (ln_ms * 1e-3) / 1e9;
 
@@ -427,7 +353,7 @@ static int run_on_gpu(stof_ctx *ctx, const demo_args *a)
 
     printf("layernorm %d x %d %s: %.1f us, median of %d groups of 10 back-to-back launches over %zu rotating input sets of %.1f MiB "
            "(L2 %.0f MiB): %.2f TB/s\n",
-           a->rows, a->hidden, dtype_name(t), ln_ms * 1e3, a->iters, nsets,
+           a->rows, a->hidden, dtype_name(t), ln_ms * 1e3, a->o.iters, nsets,
            3.0 * (double)tensor / (1 << 20), (double)l2 / (1 << 20), ln_gbs / 1e3);
     if (nsets * 3 * tensor < 2 * l2)
         printf("note: all the sets together are less than twice the L2: some reads may come "
@@ -467,18 +393,18 @@ static int run_on_gpu(stof_ctx *ctx, const demo_args *a)
 int main(int argc, char **argv)
 {
     demo_args a = parse_args(argc, argv);
-    stof_options opt = {.cache_path = a.cache, .no_cache = a.no_cache};
+    stof_options opt = {.cache_path = a.o.cache, .no_cache = a.o.no_cache};
     stof_ctx *ctx = NULL;
     if (stof_open(&ctx, &opt) != STOF_OK)
         die(NULL, "stof_open");
     /* The arch is checked on every machine, so a bad one is a usage error
      * with or without a GPU. */
-    stof_status ast = nvrtc_check_arch(&ctx->err, a.arch);
+    stof_status ast = nvrtc_check_arch(&ctx->err, a.o.arch);
     if (ast != STOF_OK) {
         char why[2100];
         snprintf(why, sizeof why, "%s", stof_last_error(ctx));
         stof_close(ctx);
-        bad_usage("--arch: %s", why);
+        cli_fail(PROG, "--arch: %s", why);
     }
     int has = 0;
     char arch[32] = "", name[128] = "", why[600] = "";
@@ -486,21 +412,21 @@ int main(int argc, char **argv)
     if (!has) {
         snprintf(why, sizeof why, "%s", ctx->dev.why);
         stof_close(ctx);
-        opt.arch = a.arch;
+        opt.arch = a.o.arch;
         if (stof_open(&ctx, &opt) != STOF_OK)
             die(NULL, "stof_open");
     }
     const char *path = stof_cache_path(ctx);
     printf("stof-demo %s: %s; cache %s; seed %llu\n", stof_version(),
-           has ? name : "no GPU", *path ? path : "off (uncached)", (unsigned long long)a.seed);
-    if (!*path && !a.no_cache)
+           has ? name : "no GPU", *path ? path : "off (uncached)", (unsigned long long)a.o.seed);
+    if (!*path && !a.o.no_cache)
         printf("note: %s\n", stof_last_error(ctx));
     printf("fused bias + residual + LayerNorm: %d rows x %d, %s\n", a.rows, a.hidden,
-           dtype_name(a.dtype));
+           dtype_name(a.o.dtype));
     int rc;
     if (has) {
-        if (a.arch_given && strcmp(a.arch, arch) != 0)
-            printf("note: --arch %s ignored: the GPU here is %s\n", a.arch, arch);
+        if (a.o.arch_given && strcmp(a.o.arch, arch) != 0)
+            printf("note: --arch %s ignored: the GPU here is %s\n", a.o.arch, arch);
         printf("device: %s (%s, %d SMs)\n", name, arch, ctx->dev.sm_count);
         rc = run_on_gpu(ctx, &a);
     } else {
