@@ -4,7 +4,8 @@ It owns the mapping of arrays onto stof_mha_desc (shapes, dtypes, layouts
 read from strides, packed QKV recognised from pointers), the checks that
 must pass before anything is launched, and the process's plans: one per
 (device, shapes, strides, dtypes, layout, mask, scale), so a repeated call
-is a dict lookup, an output allocation and one ctypes call.
+is a dict lookup, an output allocation and one launch call (through
+_native where it was built, else ctypes).
 """
 import sys
 import threading
