@@ -716,7 +716,7 @@ static stof_status kbatch_compile(stof_ctx *ctx, kbatch *b)
  * stage 2's parameters for the first of them, and the LayerNorm and bias
  * passes that stage 1's schemes run beside their GEMMs (compiled group by
  * group, one kernel at a time, the GEMMs cost a cold BERT-base layer plan 4
- * of its 8 seconds, the small passes half a second). A budget on candidates
+ * of its 8 seconds, the small passes a few tenths of one). A budget on candidates
  * or time may stop the search short of them, so none are compiled ahead then. */
 static void precompile(stof_ctx *ctx, const layer_group *g, int smem_max, const model_device *md,
                        const search_state *ss)
