@@ -10,6 +10,8 @@
  * stands out; then a "summary:" line per case with the fastest config of
  * each engine. EPILOGUE: none, bias, gelu, gelu_tanh, relu, residual
  * or ln (residual and LayerNorm; all but none with the bias).
+ * --only SUBSTRING (repeatable, before the cases) keeps the configs whose
+ * name holds one of them, e.g. --only "tma coop" (for ncu, one at a time).
  */
 #include <math.h>
 #include <stdio.h>
@@ -83,6 +85,17 @@ static void download(stof_ctx *ctx, CUdeviceptr d, uint16_t *h, size_t n)
     jit_pop(ctx);
 }
 
+static const char *only[16];
+static int nonly;
+
+static int picked(const char *name)
+{
+    for (int i = 0; i < nonly; i++)
+        if (strstr(name, only[i]))
+            return 1;
+    return nonly == 0;
+}
+
 static void bench_case(stof_ctx *ctx, const gemm_shape *s, const char *epi_name,
                        const gemm_epilogue *e)
 {
@@ -99,10 +112,13 @@ static void bench_case(stof_ctx *ctx, const gemm_shape *s, const char *epi_name,
         exit(1);
     const double flop = 2.0 * s->m * (double)s->n * s->k;
     double best[2] = {0, 0};
+    int done = 0;  /* configs timed; the first is the reference */
     char best_name[2][48] = {"none", "none"};
     for (int i = 0; i < n; i++) {
         char name[48];
         gemm_config_str(&c[i], name, sizeof name);
+        if (!picked(name))
+            continue;
         bench_run r = {&c[i], s, NULL,
                        {(void *)x, (void *)w, e->bias ? (void *)b : NULL,
                         e->residual ? (void *)res : NULL, e->ln ? (void *)gamma : NULL,
@@ -110,15 +126,15 @@ static void bench_case(stof_ctx *ctx, const gemm_shape *s, const char *epi_name,
         CHECK(ctx, gemm_load(ctx, &c[i], s, e, &r.fn, NULL));
         double ms = 0;
         CHECK(ctx, timing_median(ctx, run_once, &r, &ms));
-        download(ctx, out, i ? got : first, mn);
+        download(ctx, out, done ? got : first, mn);
         double num = 0, den = 0;
-        for (size_t q = 0; i && q < mn; q++) {
+        for (size_t q = 0; done && q < mn; q++) {
             const double a = dtype_load(s->dtype, first, q), g = dtype_load(s->dtype, got, q);
             num += (g - a) * (g - a);
             den += a * a;
         }
         char vs[32] = "(the reference)";
-        if (i)
+        if (done++)
             snprintf(vs, sizeof vs, "%.2g", sqrt(num / (den > 0 ? den : 1)));
         printf("%6d %5d %5d %-9s %-5s %-22s %8.4f %7.1f   %s\n", s->m, s->n, s->k, epi_name,
                dtype_name(s->dtype), name, ms, flop / (ms * 1e9), vs);
@@ -142,8 +158,13 @@ static void bench_case(stof_ctx *ctx, const gemm_shape *s, const char *epi_name,
 
 int main(int argc, char **argv)
 {
+    while (argc > 2 && !strcmp(argv[1], "--only") && nonly < 16) {
+        only[nonly++] = argv[2];
+        argv += 2;
+        argc -= 2;
+    }
     if ((argc - 1) % 5) {
-        fprintf(stderr, "usage: bench_gemm [M N K EPILOGUE DTYPE]...  (EPILOGUE none, bias, gelu, "
+        fprintf(stderr, "usage: bench_gemm [--only SUBSTRING]... [M N K EPILOGUE DTYPE]...  (EPILOGUE none, bias, gelu, "
                         "gelu_tanh, relu, residual or ln; DTYPE fp16 or bf16; without cases, "
                         "BERT-base's products at 16384 rows)\n");
         return 2;
