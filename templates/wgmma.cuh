@@ -181,5 +181,12 @@ __device__ __forceinline__ void tma_store4(const stof_tmap *map, unsigned src, i
                  ::"l"((unsigned long long)map), "r"(src), "r"(x0), "r"(x1), "r"(x2), "r"(x3)
                  : "memory");
 }
+// The same from shared memory at src to the box of a 2-D map at (x0, x1).
+__device__ __forceinline__ void tma_store(const stof_tmap *map, unsigned src, int x0, int x1)
+{
+    asm volatile("cp.async.bulk.tensor.2d.global.shared::cta.bulk_group [%0, {%2, %3}], [%1];\n"
+                 ::"l"((unsigned long long)map), "r"(src), "r"(x0), "r"(x1)
+                 : "memory");
+}
 __device__ __forceinline__ void tma_commit() { asm volatile("cp.async.bulk.commit_group;\n" ::: "memory"); }
 __device__ __forceinline__ void tma_wait_read() { asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory"); }

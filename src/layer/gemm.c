@@ -37,13 +37,16 @@ static const gemm_config WG_TILES[] = {
 
 /* TMA tiles (sm_90a, wg 2): a producer warpgroup feeds two consumer
  * warpgroups that either take alternate tiles (wm 1, "ping-pong": one's
- * epilogue overlaps the other's products) or share one (wm 2). Stages: as
- * many as fit 227 KiB. 192 columns fill an H100's 132 SMs where N is 768
- * and M 4096: 128 tiles of 128 x 192 (583 TFLOP/s at K 3072 there, 128 x
- * 128's 192 tiles 473). */
+ * epilogue overlaps the other's products) or share one (wm 2). Stages: at
+ * most these, as many as fit beside the output's staging tiles. Where the
+ * estimate ties, the table's order stands: 128 x 192 shared tiles (4
+ * stages) came first on an H100 in each of BERT-base's four products at
+ * 16384 rows (557, 640, 477 and 678 TFLOP/s), and fill its 132 SMs where N
+ * is 768 and M 4096 (128 tiles; 128 x 128's 192 took 0.0409 ms to 128 x
+ * 192's 0.0331 at K 3072 there). */
 static const gemm_config TMA_TILES[] = {
-    {128, 128, 64, 1, 1, 6, 2}, {256, 128, 64, 2, 1, 4, 2}, {128, 256, 64, 2, 1, 4, 2},
-    {128, 192, 64, 2, 1, 5, 2}, {64, 256, 64, 1, 1, 5, 2},  {64, 192, 64, 1, 1, 6, 2},
+    {128, 192, 64, 2, 1, 5, 2}, {128, 128, 64, 1, 1, 6, 2}, {256, 128, 64, 2, 1, 4, 2},
+    {128, 256, 64, 2, 1, 4, 2}, {64, 256, 64, 1, 1, 5, 2},  {64, 192, 64, 1, 1, 6, 2},
     {64, 128, 64, 1, 1, 8, 2},
 };
 
@@ -61,12 +64,15 @@ int gemm_smem_bytes(const gemm_config *c, const gemm_shape *s, const gemm_epilog
 {
     if (c->wg == GEMM_TMA) {
         /* Stages, a full and an empty barrier each, 2 turns, 4 LN exchange
-         * barriers, 8 warps' 16 x 36 fp32 staging buffers, alignment slack;
-         * with ln, the slots: 2 consumers x 2 parities x the cluster's CTAs
-         * x 32 row pairs x 16 bytes. */
-        const int cl = e && e->ln && c->bn > 0 ? s->n / c->bn : 0;
-        return c->stages * (c->bm + c->bn) * 128 + 16 * c->stages + 48 + 8 * 16 * 36 * 4 +
-               4 * cl * 32 * 16 + 1024;
+         * barriers, 2 residual barriers, alignment slack; without ln, the
+         * consumers' staging tiles in fp16 (the whole tile, twice where
+         * they take alternate tiles); with ln, 8 warps' 16 x 36 fp32
+         * staging buffers and the slots: 2 consumers x 2 parities x the
+         * cluster's CTAs x 32 row pairs x 16 bytes. */
+        const int ln = e && e->ln, cl = ln && c->bn > 0 ? s->n / c->bn : 0;
+        const int staging = ln ? 8 * 16 * 36 * 4 + 4 * cl * 32 * 16
+                               : (c->wm == 2 ? 1 : 2) * c->bm * c->bn * 2;
+        return c->stages * (c->bm + c->bn) * 128 + 16 * c->stages + 64 + staging + 1024;
     }
     if (c->wg) {
         /* Swizzled 128-byte rows of X and W per stage, a full and an empty
@@ -182,10 +188,12 @@ int gemm_candidates(const gemm_shape *s, const gemm_epilogue *e, int smem_max, i
          * 430-635 (550 with the erf GELU), 375-550 and (mma.sync) 230-275
          * TFLOP/s. The search times the engines. */
         for (size_t i = 0; wgmma && i < sizeof TMA_TILES / sizeof TMA_TILES[0]; i++) {
-            const gemm_config *t = &TMA_TILES[i];
-            if (t->bn > round_up(s->n, 64) || !fits(t, s, e, smem_max) || n == GEMM_MAX_CANDIDATES)
+            gemm_config t = TMA_TILES[i];
+            while (t.stages > 2 && !fits(&t, s, e, smem_max))
+                t.stages--;
+            if (t.bn > round_up(s->n, 64) || !fits(&t, s, e, smem_max) || n == GEMM_MAX_CANDIDATES)
                 continue;
-            c[n++] = *t;
+            c[n++] = t;
         }
         ntma = n;
         for (size_t i = 0; wgmma && s->k % 64 == 0 && i < sizeof WG_TILES / sizeof WG_TILES[0]; i++) {
@@ -477,8 +485,9 @@ static stof_status check_ptr(stof_ctx *ctx, const void *p, const char *name, int
     return STOF_OK;
 }
 
-/* A TMA descriptor of rows x k elements, row-major, read in boxes of
- * box_rows x 64 with 128-byte swizzling; out-of-range elements read as 0. */
+/* A TMA descriptor of rows x k elements, row-major, read or written in
+ * boxes of box_rows x 64 with 128-byte swizzling; out-of-range elements
+ * read as 0 and are not written. */
 static stof_status tma_map(stof_ctx *ctx, CUtensorMap *map, const void *p, stof_dtype t, int rows,
                            int k, int box_rows)
 {
@@ -495,12 +504,14 @@ static stof_status tma_map(stof_ctx *ctx, CUtensorMap *map, const void *p, stof_
 static stof_status launch_tma(stof_ctx *ctx, CUfunction fn, const gemm_config *c, const gemm_shape *s,
                               const gemm_args *a, CUstream stream)
 {
-    CUtensorMap tx, tw;
+    CUtensorMap tx, tw, to, tr;
+    memset(&to, 0, sizeof to);
+    memset(&tr, 0, sizeof tr);
     const void *bias = a->bias, *res = a->residual, *gamma = a->gamma, *beta = a->beta;
     void *out = a->out;
     int m = s->m;
     float eps = a->eps > 0.f ? a->eps : 1e-5f;
-    void *args[] = {&tx, &tw, &bias, &res, &gamma, &beta, &out, &m, &eps};
+    void *args[] = {&tx, &tw, &to, &tr, &bias, &res, &gamma, &beta, &out, &m, &eps};
     const int ln = tma_ln_layout(c), cl = ln ? s->n / c->bn : 1;
     const gemm_epilogue layout = {.ln = ln};
     const unsigned smem = (unsigned)gemm_smem_bytes(c, s, &layout);
@@ -528,6 +539,13 @@ static stof_status launch_tma(stof_ctx *ctx, CUfunction fn, const gemm_config *c
         st = tma_map(ctx, &tx, a->x, s->dtype, s->m, s->k, c->bm);
     if (st == STOF_OK)
         st = tma_map(ctx, &tw, a->w, s->dtype, s->n, s->k, c->wn == 2 ? c->bn / 2 : c->bn);
+    /* Without ln, the output and the residual in boxes of 64 columns by a
+     * consumer's rows (the staging tile's boxes). */
+    const int wg_rows = c->wm == 2 ? c->bm / 2 : c->bm;
+    if (st == STOF_OK && !ln)
+        st = tma_map(ctx, &to, a->out, s->dtype, s->m, s->n, wg_rows);
+    if (st == STOF_OK && !ln && a->residual)
+        st = tma_map(ctx, &tr, a->residual, s->dtype, s->m, s->n, wg_rows);
     if (st == STOF_OK)
         st = CU(ctx, LaunchKernel(fn, grid, 1, 1, 384, 1, 1, smem, stream, args, NULL));
     jit_pop(ctx);
