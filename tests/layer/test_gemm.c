@@ -150,6 +150,23 @@ START_TEST(candidates_fit_the_limits)
     ck_assert_int_ge(gemm_candidates(&small, &EPILOGUES[0], 227 * 1024, 1, c, GEMM_MAX_CANDIDATES), 10);
     ck_assert(c[0].wg);
     ck_assert_int_le(c[0].bm * c[0].bn, 64 * 128);
+    /* Without ln, a TMA tile's output staging (the whole tile in fp16,
+     * twice where the consumers take turns) comes out of its stages: each
+     * TMA candidate has the deepest pipeline that fits beside it, 256 x 128
+     * shared tiles 3 stages of 48 KiB. */
+    const gemm_config coop = {256, 128, 64, 2, 1, 3, GEMM_TMA}, pp = {128, 128, 64, 1, 1, 5, GEMM_TMA};
+    ck_assert_int_ge(gemm_smem_bytes(&coop, &big, &EPILOGUES[2]), 3 * 384 * 128 + 256 * 128 * 2);
+    ck_assert_int_ge(gemm_smem_bytes(&pp, &big, &EPILOGUES[2]), 5 * 256 * 128 + 2 * 128 * 128 * 2);
+    int n = gemm_candidates(&big, &EPILOGUES[2], 227 * 1024, 1, c, GEMM_MAX_CANDIDATES);
+    int coops = 0;
+    for (int j = 0; j < n && c[j].wg == GEMM_TMA; j++) {
+        gemm_config deeper = c[j];
+        deeper.stages++;
+        ck_assert(deeper.stages > 8 || gemm_smem_bytes(&deeper, &big, &EPILOGUES[2]) > 227 * 1024);
+        if (c[j].bm == 256 && c[j].bn == 128)
+            coops += c[j].stages == 3;
+    }
+    ck_assert_int_eq(coops, 1);
     /* LayerNorm's TMA clusters: the fewest CTAs first; shared 384-column
      * blocks first where 64-row blocks take one round of the SMs. */
     for (int m = 4096; m <= 16384; m *= 4) {
@@ -163,7 +180,7 @@ START_TEST(candidates_fit_the_limits)
     /* No cp.async wg tile where K leaves a partial 64-column step; TMA
      * tiles zero-fill it. */
     gemm_shape odd = {4096, 768, 800, STOF_F16};
-    int n = gemm_candidates(&odd, &EPILOGUES[0], 227 * 1024, 1, c, GEMM_MAX_CANDIDATES);
+    n = gemm_candidates(&odd, &EPILOGUES[0], 227 * 1024, 1, c, GEMM_MAX_CANDIDATES);
     ck_assert_int_ge(n, 6);
     ck_assert_int_eq(c[0].wg, GEMM_TMA);
     for (int j = 0; j < n; j++)
