@@ -118,6 +118,15 @@ static_assert(STAGES >= 2 && STAGES <= 8, "2 to 8 stages");
 
 __device__ __forceinline__ float to_f32(elem_t v) { return stof_{{MMA_TYPE}}_to_f32(v); }
 
+// The bias of columns col and col + 1 (0 without a bias or past N).
+__device__ __forceinline__ float2 bias_pair(const elem_t *bias, int col)
+{
+    if (!HAS_BIAS || (N % BN != 0 && col >= N))
+        return make_float2(0.f, 0.f);
+    const unsigned bb = *reinterpret_cast<const unsigned *>(bias + col);
+    return make_float2(to_f32((elem_t)(bb & 0xffff)), to_f32((elem_t)(bb >> 16)));
+}
+
 
 // The CTA's i-th tile of its walk at (m0, n0); false past the end. With LN
 // the cluster walks row blocks and this CTA takes its rank's columns.
@@ -375,20 +384,15 @@ stof_gemm_tma(const __grid_constant__ stof_tmap tx, const __grid_constant__ stof
                 for (int b = 0; b < NB; b++)
 #pragma unroll
                     for (int j = 0; j < WN / 8; j++) {
-                        const int cl = b * WN + j * 8, col = n0 + cl + 2 * t;
-                        float b0 = 0.f, b1 = 0.f;
-                        if (HAS_BIAS && (N % BN == 0 || col < N)) {
-                            const unsigned bb = *reinterpret_cast<const unsigned *>(bias + col);
-                            b0 = to_f32((elem_t)(bb & 0xffff));
-                            b1 = to_f32((elem_t)(bb >> 16));
-                        }
+                        const int cl = b * WN + j * 8;
+                        const float2 bv = bias_pair(bias, n0 + cl + 2 * t);
 #pragma unroll
                         for (int h = 0; h < 2; h++) {
                             const int r = mi * 64 + wrow + 8 * h;
                             const unsigned at = ob + cl / 64 * WG_ROWS * 128 + r * 128 +
                                                 (((cl % 64) / 8) ^ (r % 8)) * 16 + 4 * t;
-                            float v0 = stof_act<ACT>(acc[mi][b][j][2 * h] + b0),
-                                  v1 = stof_act<ACT>(acc[mi][b][j][2 * h + 1] + b1);
+                            float v0 = stof_act<ACT>(acc[mi][b][j][2 * h] + bv.x),
+                                  v1 = stof_act<ACT>(acc[mi][b][j][2 * h + 1] + bv.y);
                             if (HAS_RESIDUAL) {
                                 unsigned rw;
                                 asm volatile("ld.shared.b32 %0, [%1];\n" : "=r"(rw) : "r"(at));
@@ -448,18 +452,12 @@ stof_gemm_tma(const __grid_constant__ stof_tmap tx, const __grid_constant__ stof
 #pragma unroll
                 for (int q = 0; q < 4; q++) {
                     const int jj = cc * 4 + q, b = jj * 8 / WN, j = jj % (WN / 8);
-                    const int col = n0 + jj * 8 + 2 * t;
-                    float b0 = 0.f, b1 = 0.f;
-                    if (HAS_BIAS && (N % BN == 0 || col < N)) {
-                        const unsigned bb = *reinterpret_cast<const unsigned *>(bias + col);
-                        b0 = to_f32((elem_t)(bb & 0xffff));
-                        b1 = to_f32((elem_t)(bb >> 16));
-                    }
+                    const float2 bv = bias_pair(bias, n0 + jj * 8 + 2 * t);
 #pragma unroll
                     for (int h = 0; h < 2; h++) {
                         float2 v;
-                        v.x = stof_act<ACT>(acc[mi][b][j][2 * h] + b0);
-                        v.y = stof_act<ACT>(acc[mi][b][j][2 * h + 1] + b1);
+                        v.x = stof_act<ACT>(acc[mi][b][j][2 * h] + bv.x);
+                        v.y = stof_act<ACT>(acc[mi][b][j][2 * h + 1] + bv.y);
                         *reinterpret_cast<float2 *>(stage + (g + 8 * h) * EPI_LD + q * 8 + 2 * t) = v;
                     }
                 }
