@@ -1,5 +1,7 @@
 #include "cache/cache_recover.h"
 
+#include "base/json.h"
+
 #include <errno.h>
 #include <fcntl.h>
 #include <sqlite3.h>
@@ -678,6 +680,17 @@ static void tuning_row(scan *s, const unsigned char *local, size_t nlocal, uint6
         t.record = get_bytes(s, p, r, 6, NULL);
         t.created = get_int(p + r->at[7], r->type[7]);
     }
+    /* A whole row whose record no longer parses (a page zeroed within its
+     * text) is lost, not kept: check would call the new file damaged. */
+    json_value *v = id && t.record ? json_parse(t.record, strlen(t.record), NULL) : NULL;
+    if (!s->oom && id && t.record && !v) {
+        char label[300];
+        tuning_label(id, label, sizeof label);
+        add_lost(s, id, 0, 0, NULL, "%s: its record is not JSON", label);
+        free(id);
+        id = NULL;
+    }
+    json_free(v);
     if (!s->oom && id) {
         names_add(s, &s->tuning_kept, id, strlen(id));
         if (s->sink && s->sink->tuning && s->sink->tuning(&t, ver, s->sink->arg))
