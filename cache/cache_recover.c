@@ -1,7 +1,5 @@
 #include "cache/cache_recover.h"
 
-#include "base/json.h"
-
 #include <errno.h>
 #include <fcntl.h>
 #include <sqlite3.h>
@@ -12,6 +10,8 @@
 #include <string.h>
 #include <sys/stat.h>
 #include <unistd.h>
+
+#include "base/json.h"
 
 
 /*
