@@ -9,7 +9,10 @@
 
 /* ptxas -v puts each kernel's registers and spills in the compile log;
  * -lineinfo (on request) keeps source lines in SASS for a profiler. */
-static const char *const OPTS[] = {"-std=c++17", "--ptxas-options=-v", "-lineinfo"};
+#define OPT_STD "-std=c++17"
+#define OPT_VERBOSE "--ptxas-options=-v"
+#define OPT_LINEINFO "-lineinfo"
+static const char *const OPTS[] = {OPT_STD, OPT_VERBOSE, OPT_LINEINFO};
 #define NOPTS (int)(sizeof OPTS / sizeof OPTS[0])
 
 static int lineinfo(void)
@@ -20,7 +23,7 @@ static int lineinfo(void)
 
 const char *nvrtc_options(void)
 {
-    return lineinfo() ? "-std=c++17 --ptxas-options=-v -lineinfo" : "-std=c++17 --ptxas-options=-v";
+    return lineinfo() ? OPT_STD " " OPT_VERBOSE " " OPT_LINEINFO : OPT_STD " " OPT_VERBOSE;
 }
 
 static double now_ms(void)
