@@ -14,9 +14,9 @@
 // warps walks the CTA's items: per item it waits until every consumer is
 // done reading Q, loads Q (BLOCK_M rows), then each listed tile's K and V
 // (BLOCK_N rows each, keys read 32 tiles at a time across the warp) into a
-// ring of STAGES stages. Each copy is a TMA box of 64 columns into the
-// 128-byte swizzled layout wgmma reads (wgmma.cuh), rows past the tensor's
-// end read as zeros; K and V have "full" barriers (bytes landed) and
+// ring of STAGES stages. Each copy is a TMA box of one swizzle atom's
+// columns (SW below) into the swizzled layout wgmma reads (wgmma.cuh), rows
+// past the tensor's end read as zeros; K and V have "full" barriers (bytes landed) and
 // "empty" barriers (one arrival per consumer warp) of their own, so S can
 // start before V lands.
 //
@@ -32,11 +32,11 @@
 // length come out as zeros, rows past the tensor's end are not written).
 //
 // The launch passes TMA descriptors of Q, K, V and O as 4-D tensors
-// (head_dim, length, heads, batch), boxes of 64 x BLOCK_M (Q), 64 x BLOCK_N
-// (K, V) and 64 x 64 (O), 128-byte swizzled.
+// (head_dim, length, heads, batch), boxes of SW / 2 columns by BLOCK_M (Q),
+// BLOCK_N (K, V) and 64 (O) rows, swizzled over SW bytes.
 //
 // Parameters:
-//   HEAD_DIM   64 or 128 (whole 128-byte rows per 64-column half)
+//   HEAD_DIM   64, 96 or 128 (the host runs 80 as 96)
 //   BLOCK_M    query rows per item: 64 per consumer warpgroup, 128 or 192
 //   BLOCK_N    keys per tile: 64, 128 or 192
 //   STAGES     K and V tiles in shared memory, 2 to 4
@@ -48,7 +48,12 @@ constexpr int BN = {{BLOCK_N}};
 constexpr int STAGES = {{STAGES}};
 constexpr int NC = BM / 64;                  // consumer warpgroups
 constexpr int THREADS = 128 * (NC + 1);
-constexpr int HALVES = D / 64;               // 128-byte row halves of the head
+// The head's columns in swizzled atoms of SW bytes a row: 64 columns to an
+// atom (128-byte swizzle) at head_dim 64 and 128, 32 (64-byte) at 96, so
+// that a head of 96 (or 80, run as 96) is not padded to 128.
+constexpr int SW = D % 64 == 0 ? 128 : 64;
+constexpr int AW = SW / 2;                   // columns per atom
+constexpr int ATOMS = D / AW;
 constexpr int WPR = (BN + 31) / 32;          // bitmap words per tile row
 constexpr int Q_BYTES = BM * D * 2, KV_BYTES = BN * D * 2, O_BYTES = 64 * D * 2;
 // 65536 registers: the producer keeps few, the consumers share the rest.
@@ -58,7 +63,7 @@ constexpr int CONSUMER_REGS = NC == 2 ? 232 : 160;
 // consumer's epilogue.
 constexpr int BAR_TURN = 1, BAR_EPI = 1 + NC;
 
-static_assert(D == 64 || D == 128, "head_dim 64 or 128");
+static_assert(D == 64 || D == 96 || D == 128, "head_dim 64, 96 or 128");
 static_assert(NC == 2 || NC == 3, "two or three consumer warpgroups");
 static_assert(BN == 64 || BN == 128 || BN == 192, "one m64n64, n128 or n192 product for S");
 static_assert(STAGES >= 2 && STAGES <= 4, "2 to 4 stages");
@@ -116,8 +121,8 @@ stof_attn(const __grid_constant__ stof_tmap tq, const __grid_constant__ stof_tma
                     mbar_wait(q_empty, (n - 1) & 1);
                 mbar_expect(q_full, Q_BYTES);
 #pragma unroll
-                for (int hf = 0; hf < HALVES; hf++)
-                    tma_load4(Qs + hf * BM * 128, &tq, q_full, hf * 64, w.x * BM, h, b);
+                for (int a = 0; a < ATOMS; a++)
+                    tma_load4(Qs + a * BM * SW, &tq, q_full, a * AW, w.x * BM, h, b);
             }
             for (int t0 = w.y; t0 < w.z; t0 += 32) {
                 const int key = t0 + lane < w.z ? tile_key[t0 + lane] : 0;
@@ -133,9 +138,9 @@ stof_attn(const __grid_constant__ stof_tmap tq, const __grid_constant__ stof_tma
                             mbar_wait(empty + 8 * s, (it / STAGES - 1) & 1);
                         mbar_expect(full + 8 * s, KV_BYTES);
 #pragma unroll
-                        for (int hf = 0; hf < HALVES; hf++)
-                            tma_load4(dst + s * KV_BYTES + hf * BN * 128, map, full + 8 * s,
-                                      hf * 64, kf, h, b);
+                        for (int a = 0; a < ATOMS; a++)
+                            tma_load4(dst + s * KV_BYTES + a * BN * SW, map, full + 8 * s,
+                                      a * AW, kf, h, b);
                     };
                     load(Ks, &tk, k_full, k_empty);
                     load(Vs, &tv, v_full, v_empty);
@@ -149,7 +154,7 @@ stof_attn(const __grid_constant__ stof_tmap tq, const __grid_constant__ stof_tma
     const int c = wg - 1;
     const int g = lane / 4, t = lane % 4;
     const int wrow = c * 64 + (warp % 4) * 16;  // this warp's first row in the item
-    const unsigned q_wg = Qs + c * 64 * 128;    // this warpgroup's rows, in each half
+    const unsigned q_wg = Qs + c * 64 * SW;     // this warpgroup's rows, in each atom
     const unsigned o_wg = Os + c * O_BYTES;
     // One warp of a warpgroup arrives for all four on an "empty" barrier.
     auto release = [&](unsigned bar) {
@@ -166,7 +171,7 @@ stof_attn(const __grid_constant__ stof_tmap tq, const __grid_constant__ stof_tma
 
     // S = Q Kᵀ for the tile in stage st; committed, not waited for.
     auto issue_s = [&](float (&s)[BN / 8][4], int st) {
-        wg_qk<D, BM, BN>(s, q_wg, Ks + st * KV_BYTES);
+        wg_qk<D, BM, BN, SW>(s, q_wg, Ks + st * KV_BYTES);
     };
     // O += P V for the tile in stage st (V's rows are the keys, read
     // N-major); committed, not waited for.
@@ -175,7 +180,7 @@ stof_attn(const __grid_constant__ stof_tmap tq, const __grid_constant__ stof_tma
         wg_fence();
 #pragma unroll
         for (int kk = 0; kk < BN / 16; kk++)
-            wg_rs(o, pf[kk], wg_desc(vt + kk * 16 * 128, BN * 128, 1024));
+            wg_rs(o, pf[kk], wg_desc(vt + kk * 16 * SW, BN * SW, 8 * SW, SW));
         wg_commit();
     };
     // Masks tile it's scores where needed: a partial tile's bitmap, keys
@@ -273,7 +278,11 @@ stof_attn(const __grid_constant__ stof_tmap tq, const __grid_constant__ stof_tma
             const float inv = sum > 0.f && group * BM + c * 64 + r < qlim ? 1.f / sum : 0.f;
 #pragma unroll
             for (int j = 0; j < D / 8; j++) {
-                const unsigned at = o_wg + (j / 8) * 64 * 128 + r * 128 + (((j % 8) ^ (r % 8)) << 4) + 4 * t;
+                // 16-byte chunk j of the row: chunk j % CPA of atom j / CPA,
+                // XORed with the address bits above the 128-byte line.
+                constexpr int CPA = SW / 16;
+                const unsigned at = o_wg + (j / CPA) * 64 * SW + r * SW +
+                                    (((j % CPA) ^ ((r * SW >> 7) & (CPA - 1))) << 4) + 4 * t;
                 asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(at),
                              "r"(mma_tag::pack2(o[j][2 * h2] * inv, o[j][2 * h2 + 1] * inv))
                              : "memory");
@@ -284,8 +293,8 @@ stof_attn(const __grid_constant__ stof_tmap tq, const __grid_constant__ stof_tma
         named_sync(BAR_EPI + c, 128);
         if (threadIdx.x % 128 == 0) {
 #pragma unroll
-            for (int hf = 0; hf < HALVES; hf++)
-                tma_store4(&to, o_wg + hf * 64 * 128, hf * 64, group * BM + c * 64, h, b);
+            for (int a = 0; a < ATOMS; a++)
+                tma_store4(&to, o_wg + a * 64 * SW, a * AW, group * BM + c * 64, h, b);
             tma_commit();
         }
     }

@@ -7,7 +7,9 @@
 //
 // Operands in shared memory use the 128-byte swizzled layout: rows of 128
 // bytes (64 16-bit elements) whose 16-byte chunks are XORed with the row's
-// index mod 8, each tile 1024-byte aligned; wg_desc describes one.
+// index mod 8, each tile 1024-byte aligned; wg_desc describes one (and the
+// 64-byte form, whose rows are 64 bytes and whose chunks are XORed with
+// the row's index / 2 mod 4).
 //
 // Parameters:
 //   MMA_TYPE   f16 or bf16: the operand type of the products
@@ -32,13 +34,17 @@ __device__ __forceinline__ void wg_hold(float (&d)[N][4])
             asm volatile("" : "+f"(d[i][e])::"memory");
 }
 
-// Descriptor of a 128-byte swizzled operand at shared address addr: lbo and
-// sbo in bytes (K-major: sbo = 8 rows; N-major: lbo = the next 64 columns,
-// sbo = the next 8 rows of K).
-__device__ __forceinline__ unsigned long long wg_desc(unsigned addr, unsigned lbo, unsigned sbo)
+// Descriptor of a swizzled operand at shared address addr: lbo and sbo in
+// bytes (K-major: sbo = 8 rows; N-major: lbo = the next swizzle atom's
+// columns, sbo = the next 8 rows of K). sw is the swizzle's span in bytes:
+// 128 (64 16-bit columns a row, the default) or 64 (32 columns: a head of 96
+// columns as three atoms).
+__device__ __forceinline__ unsigned long long wg_desc(unsigned addr, unsigned lbo, unsigned sbo,
+                                                      int sw = 128)
 {
+    const unsigned long long layout = sw == 128 ? 1 : 2;
     return (unsigned long long)((addr & 0x3ffff) >> 4) | ((unsigned long long)(lbo >> 4) << 16) |
-           ((unsigned long long)(sbo >> 4) << 32) | (1ull << 62);
+           ((unsigned long long)(sbo >> 4) << 32) | (layout << 62);
 }
 
 // d (m64 x n) {+}= a (desc, K-major) * b (desc, K-major); acc 0 overwrites d.
@@ -49,10 +55,12 @@ __device__ __forceinline__ unsigned long long wg_desc(unsigned addr, unsigned lb
     STOF_ACC4(i), STOF_ACC4(i + 1), STOF_ACC4(i + 2), STOF_ACC4(i + 3), STOF_ACC4(i + 4),         \
         STOF_ACC4(i + 5), STOF_ACC4(i + 6), STOF_ACC4(i + 7)
 #define STOF_ACC8 STOF_ACC_8(0)
+#define STOF_ACC12 STOF_ACC8, STOF_ACC4(8), STOF_ACC4(9), STOF_ACC4(10), STOF_ACC4(11)
 #define STOF_ACC16 STOF_ACC8, STOF_ACC_8(8)
 #define STOF_ACC24 STOF_ACC16, STOF_ACC_8(16)
 #define STOF_ACC32 STOF_ACC24, STOF_ACC_8(24)
 #define STOF_REGS8 "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31"
+#define STOF_REGS12 STOF_REGS8 ", %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47"
 #define STOF_REGS16 STOF_REGS8 ", %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63"
 #define STOF_REGS24 STOF_REGS16 ", %64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, %80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95"
 #define STOF_REGS32 STOF_REGS24 ", %96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111, %112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127"
@@ -83,23 +91,25 @@ __device__ __forceinline__ unsigned long long wg_desc(unsigned addr, unsigned lb
     }
 STOF_WG_SS(8, 64, 32, 33, 34)
 STOF_WG_RS(8, 64, 32, 33, 34, 35, 36, 37)
+STOF_WG_RS(12, 96, 48, 49, 50, 51, 52, 53)
 STOF_WG_SS(16, 128, 64, 65, 66)
 STOF_WG_RS(16, 128, 64, 65, 66, 67, 68, 69)
 STOF_WG_SS(24, 192, 96, 97, 98)
 STOF_WG_SS(32, 256, 128, 129, 130)
 
 // S (64 x BN) = Q Kᵀ, committed, not waited for: 64 rows of Q at q, which
-// lie in a tile of QR rows, and BN rows of K at k, both stored in 64-column
-// swizzled halves (a tile's half h at h * rows * 128 bytes); 16 columns of
-// the head per product, 4 per half.
-template <int D, int QR, int BN>
+// lie in a tile of QR rows, and BN rows of K at k, both stored in swizzled
+// atoms of SW bytes a row (SW / 2 columns; a tile's atom a at a * rows * SW
+// bytes); 16 columns of the head per product, SW / 32 per atom.
+template <int D, int QR, int BN, int SW = 128>
 __device__ __forceinline__ void wg_qk(float (&s)[BN / 8][4], unsigned q, unsigned k)
 {
+    constexpr int KPA = SW / 32;
     wg_fence();
 #pragma unroll
     for (int kk = 0; kk < D / 16; kk++)
-        wg_ss(s, wg_desc(q + (kk / 4) * QR * 128 + (kk % 4) * 32, 16, 1024),
-              wg_desc(k + (kk / 4) * BN * 128 + (kk % 4) * 32, 16, 1024), kk > 0);
+        wg_ss(s, wg_desc(q + (kk / KPA) * QR * SW + (kk % KPA) * 32, 16, 8 * SW, SW),
+              wg_desc(k + (kk / KPA) * BN * SW + (kk % KPA) * 32, 16, 8 * SW, SW), kk > 0);
     wg_commit();
 }
 

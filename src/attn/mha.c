@@ -53,7 +53,7 @@ struct stof_mha_plan {
 
 int mha_kernel_dim(const mha_candidate *c, int head_dim)
 {
-    return c->wg == MHA_WS ? (head_dim + 63) / 64 * 64 : head_dim;
+    return c->wg == MHA_WS ? (head_dim + 31) / 32 * 32 : head_dim;
 }
 
 void mha_make_request(const mha_candidate *c, int head_dim, stof_dtype dtype, mha_request *r)
@@ -136,16 +136,21 @@ int mha_candidates(int head_dim, int smem_max, int wgmma, mha_candidate *out, in
         }
         /* Warp-specialized: S of 64 x bn and O of 64 x head_dim in each
          * consumer's registers (232 each with two consumers, 160 with three);
-         * head_dim 80 and 96 run as 128, the TMA loads filling the columns
-         * past head_dim with zeros and the stores leaving them out. */
+         * head_dim 96 in swizzled atoms of 32 columns (attn_ws.cu), and 80
+         * as 96, the TMA loads filling the columns past head_dim with zeros
+         * and the stores leaving them out. */
         const size_t nws = wgmma && head_dim % 16 == 0 && head_dim >= 64 && kind == ATTN_BLOCK
                                ? sizeof ws_sizes / sizeof ws_sizes[0] : 0;
         for (size_t i = 0; i < nws && n < cap; i++) {
             mha_candidate c = {ATTN_BLOCK, ws_sizes[i][0], ws_sizes[i][1], 1, 0, MHA_WS,
                                ws_sizes[i][2]};
             const int regs = c.bm == 128 ? 232 : 160;
-            const int live = c.bn / 2 + c.bn / 4 + mha_kernel_dim(&c, head_dim) / 2; /* S, P, O */
-            if (live + 32 <= regs && mha_smem_bytes(&c, head_dim) <= smem_max)
+            const int kd = mha_kernel_dim(&c, head_dim);
+            const int live = c.bn / 2 + c.bn / 4 + kd / 2; /* S, P, O */
+            /* (192 keys beside an O of 96 columns fit by this count and
+             * spill all the same.) */
+            if (live + 32 <= regs && !(c.bn == 192 && kd > 64) &&
+                mha_smem_bytes(&c, head_dim) <= smem_max)
                 out[n++] = c;
         }
     }
@@ -250,22 +255,26 @@ static mha_strides strides_of(const stof_mha_desc *d)
 
 /* A TMA descriptor of one of q, k, v, out as the 4-D tensor (head_dim,
  * rows, heads, batch) with the given element strides (row, head, batch),
- * read or written in boxes of 64 x box_rows, 128-byte swizzled; rows past
- * the end read as zeros and are not written. */
+ * read or written in boxes of one swizzle atom's columns x box_rows, as
+ * attn_ws.cu lays them out: 64 columns 128-byte swizzled at head_dim 64 and
+ * 128, 32 columns 64-byte swizzled at 80 and 96; rows and columns past the
+ * end read as zeros and are not written. */
 static stof_status tensor_map(stof_ctx *ctx, CUtensorMap *map, CUdeviceptr p, const stof_mha_desc *d,
                               int rows, const long long (*stride)[3], int box_rows)
 {
+    const int sw = d->head_dim % 64 == 0 ? 128 : 64;
     const cuuint64_t dims[4] = {(cuuint64_t)d->head_dim, (cuuint64_t)rows, (cuuint64_t)d->heads,
                                 (cuuint64_t)d->batch};
     const cuuint64_t strides[3] = {(cuuint64_t)(*stride)[2] * 2, (cuuint64_t)(*stride)[1] * 2,
                                    (cuuint64_t)(*stride)[0] * 2};
-    const cuuint32_t box[4] = {64, (cuuint32_t)box_rows, 1, 1}, elem_strides[4] = {1, 1, 1, 1};
+    const cuuint32_t box[4] = {(cuuint32_t)sw / 2, (cuuint32_t)box_rows, 1, 1},
+                     elem_strides[4] = {1, 1, 1, 1};
     return CU(ctx, TensorMapEncodeTiled(
                        map, d->dtype == STOF_BF16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16
                                                   : CU_TENSOR_MAP_DATA_TYPE_FLOAT16,
                        4, (void *)p, dims, strides, box, elem_strides, CU_TENSOR_MAP_INTERLEAVE_NONE,
-                       CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
-                       CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE));
+                       sw == 128 ? CU_TENSOR_MAP_SWIZZLE_128B : CU_TENSOR_MAP_SWIZZLE_64B,
+                       CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE));
 }
 
 /* The warp-specialized engine's launch: descriptors for this run's

@@ -33,7 +33,7 @@ typedef struct mha_request {
 } mha_request;
 void mha_make_request(const mha_candidate *c, int head_dim, stof_dtype dtype, mha_request *r);
 /* The head size candidate c's kernel is compiled for: head_dim, or on the
- * warp-specialized engine head_dim rounded up to 64 (80 and 96 run as 128). */
+ * warp-specialized engine head_dim rounded up to 32 (80 runs as 96). */
 int mha_kernel_dim(const mha_candidate *c, int head_dim);
 
 /* Dynamic shared memory of a candidate's kernel, in bytes, and its threads. */

@@ -242,8 +242,8 @@ START_TEST(layouts_lens_packed)
 END_TEST
 
 /* The warp-specialized engine on lengths that are not tile multiples, with
- * and without per-sequence lengths, batch 1, every head size (80 and 96 run
- * as 128) and both dtypes. */
+ * and without per-sequence lengths, batch 1, every head size (96 in 64-byte
+ * swizzled atoms, 80 run as 96) and both dtypes. */
 START_TEST(ws_long_rows)
 {
     if (!has_wgmma())
