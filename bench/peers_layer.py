@@ -8,8 +8,16 @@ and inputs:
   eager    eager, attention written out (matmul, additive mask, softmax, matmul)
   sdpa     eager, F.scaled_dot_product_attention with an additive float mask
   c-sdpa   torch.compile, SDPA with the same mask
+  c-cudnn  torch.compile, SDPA with the same mask, its cuDNN backend forced
   c-flex   torch.compile, FlexAttention (block mask built once per case)
-  cg-flex  torch.compile(mode="reduce-overhead"), FlexAttention: CUDA graphs
+  c-flex-fa4   the same with kernel_options BACKEND="FLASH": FlashAttention-4's
+           block-sparse kernels (../shared/peers/FA4.md says how to install it)
+  cg-flex, cg-flex-fa4   torch.compile(mode="reduce-overhead"): CUDA graphs
+  ma-flex, ma-flex-fa4   torch.compile(mode="max-autotune"): Inductor tunes its
+           GEMMs and fusions by timing, and replays CUDA graphs
+The best peer of a case is the fastest of those that ran (a peer that cannot
+run, e.g. FA4 not installed or cuDNN refusing the mask, is a "fail" cell and
+a summary line).
 Both sides are timed the same way: the GPU rests --settle seconds (default 1),
 then CUDA events around batches of runs of about 5 ms (host launch costs
 included, as an application pays them), inputs rotated between as many sets
@@ -52,12 +60,15 @@ import time
 import numpy as np
 import torch
 import torch.nn.functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.nn.attention.flex_attention import create_block_mask, flex_attention
 
 from peers_mha import random_tensor, save_results, spec_fn
 
-PEERS = ["eager", "sdpa", "c-sdpa", "c-flex", "cg-flex"]
-GATES = [("bert-base", 8, 2048, 1.4), ("bert-base", 8, 512, 1.5)]
+PEERS = ["eager", "sdpa", "c-sdpa", "c-cudnn", "c-flex", "c-flex-fa4", "cg-flex", "cg-flex-fa4", "ma-flex",
+         "ma-flex-fa4"]
+# Issue 20's gate 1: the geomean over layers.json's masks at that length.
+GATES = [("bert-base", 8, 2048, 1.5), ("bert-base", 8, 512, 1.8)]
 MISMATCH = 2e-2
 EPS = 1e-5
 ACTS = {"gelu": F.gelu, "gelu_tanh": lambda t: F.gelu(t, approximate="tanh"), "relu": F.relu}
@@ -163,8 +174,17 @@ def attend_sdpa(q, k, v, bias):
     return F.scaled_dot_product_attention(q, k, v, attn_mask=bias)
 
 
+def attend_cudnn(q, k, v, bias):
+    with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=bias)
+
+
 def attend_flex(q, k, v, block_mask):
     return flex_attention(q, k, v, block_mask=block_mask)
+
+
+def attend_flex_fa4(q, k, v, block_mask):
+    return flex_attention(q, k, v, block_mask=block_mask, kernel_options={"BACKEND": "FLASH"})
 
 
 def make_layer(c, attend):
@@ -193,19 +213,21 @@ def make_layer(c, attend):
     return layer
 
 
-ATTEND = {"eager": attend_explicit, "sdpa": attend_sdpa, "c-sdpa": attend_sdpa, "c-flex": attend_flex,
-          "cg-flex": attend_flex}
+ATTEND = {"eager": attend_explicit, "sdpa": attend_sdpa, "c-sdpa": attend_sdpa, "c-cudnn": attend_cudnn,
+          "c-flex": attend_flex, "c-flex-fa4": attend_flex_fa4, "cg-flex": attend_flex,
+          "cg-flex-fa4": attend_flex_fa4, "ma-flex": attend_flex, "ma-flex-fa4": attend_flex_fa4}
+MODES = {"c-": None, "cg-": "reduce-overhead", "ma-": "max-autotune"}  # by the name's prefix
 COMPILED = {}
 
 
 def peer_fn(c, peer):
-    """One function per (model config, peer): later shapes and masks recompile it."""
-    if not peer.startswith(("c-", "cg-")):
+    """One function per (model config, peer) and case (peers() starts each case afresh)."""
+    prefix = peer.split("-")[0] + "-"
+    if prefix not in MODES:
         return make_layer(c, ATTEND[peer])
     key = (c["hidden"], c["heads"], c["ffn_hidden"], c["activation"], c["norm"], peer)
     if key not in COMPILED:
-        mode = "reduce-overhead" if peer.startswith("cg-") else None
-        COMPILED[key] = torch.compile(make_layer(c, ATTEND[peer]), dynamic=False, mode=mode)
+        COMPILED[key] = torch.compile(make_layer(c, ATTEND[peer]), dynamic=False, mode=MODES[prefix])
     return COMPILED[key]
 
 
@@ -253,6 +275,10 @@ def peers(c, wanted, stof_out, sets, dev):
     del allowed
     block_mask = create_block_mask(lambda bi, hi, qi, ki: f(qi, ki), None, None, l, l, device=dev)
     res = {"ms": {}, "err": {}, "fail": {}}
+    # Each case compiles afresh: a CUDA-graph layer (cg-, ma-) recompiled in one process for a second shape
+    # failed with an AssertionError (torch 2.11).
+    torch._dynamo.reset()
+    COMPILED.clear()
     with torch.no_grad():
         try:
             ref = make_layer(c, attend_explicit)(x.float(), bias.float(), *(t.float() for t in w))
@@ -266,8 +292,8 @@ def peers(c, wanted, stof_out, sets, dev):
             t0 = time.time()
             try:
                 fn = peer_fn(c, p)
-                mask = block_mask if p.endswith("flex") else bias
-                if p.startswith("cg-"):
+                mask = block_mask if "flex" in p else bias
+                if p.startswith(("cg-", "ma-")):
                     for t in w:  # weights stay put: CUDA graphs need not copy them per call
                         torch._dynamo.mark_static_address(t)
                 out = fn(x, mask, *w)  # compiles, where it does
@@ -277,6 +303,9 @@ def peers(c, wanted, stof_out, sets, dev):
                 res["ms"][p] = bench(lambda xi: fn(xi, mask, *w), xs)
             except Exception as e:  # a peer that cannot run (OOM, compile error) is a cell, not a crash
                 res["fail"][p] = ("OOM" if isinstance(e, torch.OutOfMemoryError) else repr(e))[:300]
+                # A failed CUDA-graph compile left the next ones failing too (AssertionError): start them afresh.
+                torch._dynamo.reset()
+                COMPILED.clear()
             got = "%.4f ms" % res["ms"][p] if p in res["ms"] else "fail: " + res["fail"][p][:120]
             log("  %-8s %s (%.0f s, compiling included)" % (p, got, time.time() - t0))
             torch.cuda.empty_cache()
