@@ -165,17 +165,19 @@ stof_attn(const elem_t *__restrict__ q, const elem_t *__restrict__ k,
     }
     __syncthreads();
 
-    // Tile j of the walk (tile t0 + j) lives in stage j % STAGES. Every
+    // Tile j of the walk (tile t0 + j) lives in stage j mod STAGES. Every
     // thread copies its share and arms the stage's full barrier to fire when
     // its copies land; the stage is reused only once every warp has released
     // tile j - STAGES. Tiles are issued STAGES - 2 ahead, so one warpgroup
     // can run up to a tile ahead of another (its products overlapping their
     // softmax) instead of meeting them at a CTA barrier every tile.
     const int ntiles = t1 - t0;
-    auto issue = [&](int j) {
-        const int stage = j % STAGES;
+    stof_ring<STAGES> iss, cons;  // the next tile issued's stage, the next consumed's
+    auto issue = [&](int j) {     // j: 0, 1, 2, ... in turn
+        const int stage = iss.stage;
         if (j >= STAGES)
-            mbar_wait(bar_empty + 8 * stage, ((j / STAGES) - 1) & 1);
+            mbar_wait(bar_empty + 8 * stage, iss.phase ^ 1);
+        iss.next();
         if (j == 0) {
 {{#if GATHER_Q}}
             load_rows<BM>(Qs, qb, q_sl, qrow);
@@ -231,11 +233,11 @@ stof_attn(const elem_t *__restrict__ q, const elem_t *__restrict__ k,
         wg_commit();
     };
 
-    for (int j = 0; j < ntiles; j++) {
-        const int stage = j % STAGES, it = t0 + j;
+    for (int j = 0; j < ntiles; j++, cons.next()) {
+        const int stage = cons.stage, it = t0 + j;
         if (j + STAGES - 2 < ntiles)
             issue(j + STAGES - 2);
-        mbar_wait(bar_full + 8 * stage, (j / STAGES) & 1);
+        mbar_wait(bar_full + 8 * stage, cons.phase);
         // cp.async wrote through the generic proxy; wgmma reads through the async one.
         asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
         float s[BN / 8][4];

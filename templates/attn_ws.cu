@@ -46,19 +46,7 @@ constexpr int D = {{HEAD_DIM}};
 constexpr int BM = {{BLOCK_M}};
 constexpr int BN = {{BLOCK_N}};
 constexpr int STAGES = {{STAGES}};
-// A ring position: the stage and the parity of its current round, advanced
-// one tile at a time (no division by STAGES, which is not always a power
-// of two: with 3 stages the quotients in the loop cost 6-10%).
-struct ring_pos {
-    int stage = 0, phase = 0;
-    __device__ __forceinline__ void next()
-    {
-        if (++stage == STAGES) {
-            stage = 0;
-            phase ^= 1;
-        }
-    }
-};
+using ring_pos = stof_ring<STAGES>;  // a K and V stage and its round's parity
 constexpr int NC = BM / 64;                  // consumer warpgroups
 constexpr int THREADS = 128 * (NC + 1);
 // The head's columns in swizzled atoms of SW bytes a row: 64 columns to an

@@ -252,13 +252,14 @@ stof_gemm_tma(const __grid_constant__ stof_tmap tx, const __grid_constant__ stof
         asm volatile("prefetch.tensormap [%0];\n" ::"l"((unsigned long long)&tw) : "memory");
         if (!LN)
             asm volatile("prefetch.tensormap [%0];\n" ::"l"((unsigned long long)&to) : "memory");
-        int it = 0;  // K steps issued
+        int it = 0;               // K steps issued
+        stof_ring<STAGES> at;     // where step it goes
         int m0, n0;
         for (int i = 0; walk(i, m, m0, n0); i++)
-            for (int kb = 0; kb < KT; kb++, it++) {
-                const int s = it % STAGES;
+            for (int kb = 0; kb < KT; kb++, it++, at.next()) {
+                const int s = at.stage;
                 if (it >= STAGES)
-                    mbar_wait(bar_empty + 8 * s, (it / STAGES - 1) & 1);
+                    mbar_wait(bar_empty + 8 * s, at.phase ^ 1);
                 const unsigned st = base + s * STAGE_BYTES;
                 mbar_expect(bar_full + 8 * s, STAGE_BYTES);
                 tma_load(st, &tx, bar_full + 8 * s, kb * BK, m0);
@@ -319,9 +320,12 @@ stof_gemm_tma(const __grid_constant__ stof_tmap tx, const __grid_constant__ stof
                 wg_hold(acc[mi][b]);
             }
 
-        for (int kb = 0; kb < KT; kb++) {
-            const int it = i * KT + kb, s = it % STAGES;
-            mbar_wait(bar_full + 8 * s, (it / STAGES) & 1);
+        // K step i * KT + kb's stage: one quotient a tile, none a step.
+        stof_ring<STAGES> p = stof_ring<STAGES>::at(i * KT);
+        int prev = 0;  // the step before's stage
+        for (int kb = 0; kb < KT; kb++, p.next()) {
+            const int s = p.stage;
+            mbar_wait(bar_full + 8 * s, p.phase);
             const unsigned a_t = base + s * STAGE_BYTES + a_off,
                            b_t = base + s * STAGE_BYTES + A_BYTES + b_off;
             wg_fence();
@@ -348,8 +352,9 @@ stof_gemm_tma(const __grid_constant__ stof_tmap tx, const __grid_constant__ stof
             if (kb > 0) {
                 __syncwarp();
                 if (lane == 0)
-                    mbar_arrive(bar_empty + 8 * ((it - 1) % STAGES));
+                    mbar_arrive(bar_empty + 8 * prev);
             }
+            prev = s;
         }
         __syncwarp();
         if (!COOP && lane == 0)
@@ -357,7 +362,7 @@ stof_gemm_tma(const __grid_constant__ stof_tmap tx, const __grid_constant__ stof
         wg_wait0();
         __syncwarp();
         if (lane == 0)
-            mbar_arrive(bar_empty + 8 * ((i * KT + KT - 1) % STAGES));
+            mbar_arrive(bar_empty + 8 * prev);
 #pragma unroll
         for (int mi = 0; mi < MI; mi++)
 #pragma unroll

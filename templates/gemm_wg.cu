@@ -111,13 +111,15 @@ stof_gemm_wg(const elem_t *x, const elem_t *w, const elem_t *bias, const elem_t 
     }
     __syncthreads();
 
-    // Tile j lives in stage j % STAGES. Every thread copies its share and
+    // Tile j lives in stage j mod STAGES. Every thread copies its share and
     // arms the full barrier to fire when its copies land; a stage is
     // refilled only once every warp has released the tile before.
-    auto issue = [&](int j) {
-        const int s = j % STAGES;
+    stof_ring<STAGES> iss, cons;  // the next tile issued's stage, the next consumed's
+    auto issue = [&](int j) {     // j: 0, 1, 2, ... in turn
+        const int s = iss.stage;
         if (j >= STAGES)
-            mbar_wait(bar_empty + 8 * s, ((j / STAGES) - 1) & 1);
+            mbar_wait(bar_empty + 8 * s, iss.phase ^ 1);
+        iss.next();
         const unsigned st = base + s * STAGE_BYTES;
         load_tile<BM>(st, x, m0, m, j * BK);
         load_tile<BN>(st + A_BYTES, w, n0, N, j * BK);
@@ -138,9 +140,10 @@ stof_gemm_wg(const elem_t *x, const elem_t *w, const elem_t *bias, const elem_t 
     for (int b = 0; b < NB; b++)
         wg_hold(acc[b]);  // the zeros are written before the first fence
 
-    for (int j = 0; j < KT; j++) {
-        const int s = j % STAGES;
-        mbar_wait(bar_full + 8 * s, (j / STAGES) & 1);
+    int prev = 0;  // tile j - 1's stage
+    for (int j = 0; j < KT; j++, cons.next()) {
+        const int s = cons.stage;
+        mbar_wait(bar_full + 8 * s, cons.phase);
         // cp.async wrote through the generic proxy; wgmma reads through the async one.
         asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
         const unsigned a_t = base + s * STAGE_BYTES + wg * 64 * 128, b_t = base + s * STAGE_BYTES + A_BYTES;
@@ -158,8 +161,9 @@ stof_gemm_wg(const elem_t *x, const elem_t *w, const elem_t *bias, const elem_t 
         if (j > 0) {
             __syncwarp();
             if (lane == 0)
-                mbar_arrive(bar_empty + 8 * ((j - 1) % STAGES));
+                mbar_arrive(bar_empty + 8 * prev);
         }
+        prev = s;
         if (j + STAGES - 1 < KT)
             issue(j + STAGES - 1);
     }

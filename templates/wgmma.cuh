@@ -135,6 +135,29 @@ __device__ __forceinline__ void mbar_wait(unsigned bar, int parity)
                  "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
                  "@!done bra WAIT;\n}\n" ::"r"(bar), "r"(parity) : "memory");
 }
+// A position in a ring of N stages: the stage and the parity of its
+// round, advanced one step at a time. (A quotient by N in a loop, where N is
+// not a power of two, cost attention with 3 stages 6-10%.)
+template <int N>
+struct stof_ring {
+    int stage = 0, phase = 0;
+    __device__ __forceinline__ void next()
+    {
+        if (++stage == N) {
+            stage = 0;
+            phase ^= 1;
+        }
+    }
+    // Step x's position: one quotient, for outside a loop.
+    __device__ static __forceinline__ stof_ring at(int x)
+    {
+        stof_ring r;
+        r.stage = x % N;
+        r.phase = (x / N) & 1;
+        return r;
+    }
+};
+
 // Arrives on bar and adds bytes to the transfer count its phase waits for.
 __device__ __forceinline__ void mbar_expect(unsigned bar, unsigned bytes)
 {
