@@ -39,11 +39,13 @@ static const gemm_config WG_TILES[] = {
  * warpgroups that either take alternate tiles (wm 1, "ping-pong": one's
  * epilogue overlaps the other's products) or share one (wm 2). Stages: at
  * most these, as many as fit beside the output's staging tiles. Where the
- * estimate ties, the table's order stands: 128 x 192 shared tiles (4
- * stages) came first on an H100 in each of BERT-base's four products at
- * 16384 rows (557, 640, 477 and 678 TFLOP/s), and fill its 132 SMs where N
- * is 768 and M 4096 (128 tiles; 128 x 128's 192 took 0.0409 ms to 128 x
- * 192's 0.0331 at K 3072 there). */
+ * estimate ties, the table's order stands, and stage 2 times the first
+ * four: 128 x 192 shared tiles (4 stages) ran BERT-base's four products at
+ * 16384 rows on an H100 at 560, 641, 476 and 681 TFLOP/s, and fill its 132
+ * SMs where N is 768 and M 4096 (128 tiles; 128 x 128's 192 took 0.0409 ms
+ * to 128 x 192's 0.0331 at K 3072 there); 128 x 128 alternate tiles (5
+ * stages) ran the residual product at K 768 at 485 and 128 x 256 shared
+ * tiles (3 stages) the QKV one at 650. */
 static const gemm_config TMA_TILES[] = {
     {128, 192, 64, 2, 1, 5, 2}, {128, 128, 64, 1, 1, 6, 2}, {256, 128, 64, 2, 1, 4, 2},
     {128, 256, 64, 2, 1, 4, 2}, {64, 256, 64, 1, 1, 5, 2},  {64, 192, 64, 1, 1, 6, 2},
