@@ -16,9 +16,9 @@
 // (BLOCK_N rows each, keys read 32 tiles at a time across the warp) into a
 // ring of STAGES stages. Each copy is a TMA box of one swizzle atom's
 // columns (SW below) into the swizzled layout wgmma reads (wgmma.cuh), rows
-// past the tensor's end read as zeros; K and V have "full" barriers (bytes landed) and
-// "empty" barriers (one arrival per consumer warp) of their own, so S can
-// start before V lands.
+// past the tensor's end read as zeros; K and V have "full" barriers (bytes
+// landed) and "empty" barriers (one arrival per consumer warp) of their
+// own, so S can start before V lands.
 //
 // Consumers: warpgroup c owns rows 64c .. 64c + 63 of the item. Tile j's
 // step issues S_j = Q K_jᵀ and O += P_{j-1} V_{j-1} back to back, then,
