@@ -6,9 +6,9 @@
  * in a fresh context with its NVRTC and timing counters), and the mean |out|
  * of input set 0 so the peers' script can check it computed the same thing.
  * bench/peers_mha.py drives it and times the PyTorch peers. --force
- * ENGINE:BM:BN:STAGES times that block-kind candidate instead of the
- * planner's choice (engine 0 mma.sync, 1 wgmma, 2 warp-specialized), for
- * comparing kernel variants.
+ * ENGINE:BM:BN:STAGES[:QS] times that block-kind candidate instead of the
+ * planner's choice (engine 0 mma.sync, 1 wgmma, 2 warp-specialized; QS 1:
+ * P through shared memory on the last), for comparing kernel variants.
  */
 #include <math.h>
 #include <stdio.h>
@@ -195,12 +195,12 @@ int main(int argc, char **argv)
         if (strcmp(argv[i], "--cache") == 0 && i + 1 < argc) {
             cache = argv[++i];
         } else if (strcmp(argv[i], "--force") == 0 && i + 1 < argc &&
-                   sscanf(argv[i + 1], "%d:%d:%d:%d", &force.wg, &force.bm, &force.bn,
-                          &force.st) == 4) {
+                   sscanf(argv[i + 1], "%d:%d:%d:%d:%d", &force.wg, &force.bm, &force.bn,
+                          &force.st, &force.qs) >= 4) {
             forced = 1;
             i++;
         } else {
-            fprintf(stderr, "usage: bench_mha [--cache PATH] [--force ENGINE:BM:BN:STAGES] < cases\n"
+            fprintf(stderr, "usage: bench_mha [--cache PATH] [--force ENGINE:BM:BN:STAGES[:QS]] < cases\n"
                             "  each case line: NAME BATCH HEADS SEQ HEAD_DIM fp16|bf16 SPEC\n");
             return 2;
         }

@@ -24,7 +24,10 @@
 // step issues S_j = Q K_jᵀ and O += P_{j-1} V_{j-1} back to back, then,
 // while the P V product runs, masks S_j and takes its softmax (P_j in
 // fp32, the factor alpha); once the product is done it rescales O and
-// packs P_j for the next step. The consumers take turns issuing their
+// packs P_j for the next step: in registers, or with P_SMEM in the
+// warpgroup's own shared-memory tile (128-byte swizzled atoms of 64 keys),
+// which frees a register per two keys so that 192-row items fit at head_dim
+// 96 (the P V product then reads P with a descriptor, as it reads V). The consumers take turns issuing their
 // products (named barriers, round robin), so that one's softmax runs while
 // another's products keep the tensor cores busy. The epilogue divides by
 // the row sums, writes the warpgroup's 64 rows into its own staging buffer
@@ -36,27 +39,33 @@
 // BLOCK_N (K, V) and 64 (O) rows, swizzled over SW bytes.
 //
 // Parameters:
-//   HEAD_DIM   64, 96 or 128 (the host runs 80 as 96)
+//   HEAD_DIM   64, 80, 96 or 128
 //   BLOCK_M    query rows per item: 64 per consumer warpgroup, 128 or 192
 //   BLOCK_N    keys per tile: 64, 128 or 192
 //   STAGES     K and V tiles in shared memory, 2 to 4
+//   P_SMEM     1: P through shared memory, 0: in registers
 //   MMA_TYPE   f16 or bf16 (wgmma.cuh uses it too)
 
 constexpr int D = {{HEAD_DIM}};
 constexpr int BM = {{BLOCK_M}};
 constexpr int BN = {{BLOCK_N}};
 constexpr int STAGES = {{STAGES}};
+constexpr int P_SMEM = {{P_SMEM}};
 using ring_pos = stof_ring<STAGES>;  // a K and V stage and its round's parity
 constexpr int NC = BM / 64;                  // consumer warpgroups
 constexpr int THREADS = 128 * (NC + 1);
 // The head's columns in swizzled atoms of SW bytes a row: 64 columns to an
-// atom (128-byte swizzle) at head_dim 64 and 128, 32 (64-byte) at 96, so
-// that a head of 96 (or 80, run as 96) is not padded to 128.
+// atom (128-byte swizzle) at head_dim 64 and 128, 32 (64-byte) at 80 and
+// 96, so that neither is padded to 128. At 80 the last atom's columns
+// 80-95 are laid out (the loads fill them with zeros) and the products
+// leave them out: S takes five k16 steps, O is m64n80.
 constexpr int SW = D % 64 == 0 ? 128 : 64;
 constexpr int AW = SW / 2;                   // columns per atom
-constexpr int ATOMS = D / AW;
+constexpr int ATOMS = (D + AW - 1) / AW;
+constexpr int DA = ATOMS * AW;               // columns laid out
 constexpr int WPR = (BN + 31) / 32;          // bitmap words per tile row
-constexpr int Q_BYTES = BM * D * 2, KV_BYTES = BN * D * 2, O_BYTES = 64 * D * 2;
+constexpr int Q_BYTES = BM * DA * 2, KV_BYTES = BN * DA * 2, O_BYTES = 64 * DA * 2;
+constexpr int P_BYTES = P_SMEM ? 64 * BN * 2 : 0;  // a consumer's P tile
 // 65536 registers: the producer keeps few, the consumers share the rest.
 constexpr int PRODUCER_REGS = NC == 2 ? 40 : 32;
 constexpr int CONSUMER_REGS = NC == 2 ? 232 : 160;
@@ -64,7 +73,7 @@ constexpr int CONSUMER_REGS = NC == 2 ? 232 : 160;
 // consumer's epilogue.
 constexpr int BAR_TURN = 1, BAR_EPI = 1 + NC;
 
-static_assert(D == 64 || D == 96 || D == 128, "head_dim 64, 96 or 128");
+static_assert(D == 64 || D == 80 || D == 96 || D == 128, "head_dim 64, 80, 96 or 128");
 static_assert(NC == 2 || NC == 3, "two or three consumer warpgroups");
 static_assert(BN == 64 || BN == 128 || BN == 192, "one m64n64, n128 or n192 product for S");
 static_assert(STAGES >= 2 && STAGES <= 4, "2 to 4 stages");
@@ -80,11 +89,13 @@ stof_attn(const __grid_constant__ stof_tmap tq, const __grid_constant__ stof_tma
           const unsigned *__restrict__ bits, float scale_log2)
 {
     // The launch gives 1 KiB of slack to align the swizzled tiles. Q, the K
-    // stages, the V stages, each consumer's O, then the barriers.
+    // stages, the V stages, each consumer's O, each consumer's P (P_SMEM),
+    // then the barriers.
     extern __shared__ __align__(1024) unsigned char smem_raw[];
     const unsigned Qs = (stof_smem_u32(smem_raw) + 1023) & ~1023u;
     const unsigned Ks = Qs + Q_BYTES, Vs = Ks + STAGES * KV_BYTES, Os = Vs + STAGES * KV_BYTES;
-    const unsigned q_full = Os + NC * O_BYTES, q_empty = q_full + 8;
+    const unsigned Ps = Os + NC * O_BYTES;
+    const unsigned q_full = Ps + NC * P_BYTES, q_empty = q_full + 8;
     const unsigned k_full = q_empty + 8, k_empty = k_full + 8 * STAGES;
     const unsigned v_full = k_empty + 8 * STAGES, v_empty = v_full + 8 * STAGES;
     const int wg = threadIdx.x / 128, warp = threadIdx.x / 32, lane = threadIdx.x % 32;
@@ -158,7 +169,7 @@ stof_attn(const __grid_constant__ stof_tmap tq, const __grid_constant__ stof_tma
     const int g = lane / 4, t = lane % 4;
     const int wrow = c * 64 + (warp % 4) * 16;  // this warp's first row in the item
     const unsigned q_wg = Qs + c * 64 * SW;     // this warpgroup's rows, in each atom
-    const unsigned o_wg = Os + c * O_BYTES;
+    const unsigned o_wg = Os + c * O_BYTES, p_wg = Ps + c * P_BYTES;
     // One warp of a warpgroup arrives for all four on an "empty" barrier.
     auto release = [&](unsigned bar) {
         __syncwarp();
@@ -182,9 +193,32 @@ stof_attn(const __grid_constant__ stof_tmap tq, const __grid_constant__ stof_tma
         const unsigned vt = Vs + st * KV_BYTES;
         wg_fence();
 #pragma unroll
-        for (int kk = 0; kk < BN / 16; kk++)
-            wg_rs(o, pf[kk], wg_desc(vt + kk * 16 * SW, BN * SW, 8 * SW, SW));
+        for (int kk = 0; kk < BN / 16; kk++) {
+            const unsigned long long vd = wg_desc(vt + kk * 16 * SW, BN * SW, 8 * SW, SW);
+            if constexpr (P_SMEM)
+                wg_ssn(o, wg_desc(p_wg + (kk / 4) * 64 * 128 + (kk % 4) * 32, 16, 8 * 128), vd);
+            else
+                wg_rs(o, pf[kk], vd);
+        }
         wg_commit();
+    };
+    // P_j from S's accumulators into the operand of the next P V product:
+    // packed in pf, and with P_SMEM stored from there into the warpgroup's
+    // P tile (lane i writes row i % 8 of 8x8 matrix i / 8: rows 8 (i / 8 % 2)
+    // on of the warp's 16, key block 2 kk + i / 16) for the copy engine's
+    // proxy to read once all four warps have stored.
+    const int prow = (warp % 4) * 16 + (lane / 8 % 2) * 8 + lane % 8;
+    auto put_p = [&](const float (&s)[BN / 8][4], unsigned (&pf)[BN / 16][4]) {
+        stof_pack_p<mma_tag>(s, pf);
+        if constexpr (P_SMEM) {
+#pragma unroll
+            for (int kk = 0; kk < BN / 16; kk++) {
+                const int j = 2 * kk + lane / 16;
+                stmatrix4(p_wg + (j / 8) * 64 * 128 + prow * 128 + (((j % 8) ^ (lane % 8)) << 4), pf[kk]);
+            }
+            asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+            named_sync(BAR_EPI + c, 128);
+        }
     };
     // Masks tile it's scores where needed: a partial tile's bitmap, keys
     // at or past klim.
@@ -229,7 +263,7 @@ stof_attn(const __grid_constant__ stof_tmap tq, const __grid_constant__ stof_tma
                 release(q_empty);
             mask(s, bm, kfirst, klim);
             stof_softmax_p(s, m, l, alpha, scale_log2);
-            stof_pack_p<mma_tag>(s, pf);
+            put_p(s, pf);
             // Tile j: S_j and P_{j-1} V_{j-1}, then S_j's softmax under the latter.
             for (int j = 1; j < ntiles; j++) {
                 const int sp = st, vph = p.phase;
@@ -254,7 +288,7 @@ stof_attn(const __grid_constant__ stof_tmap tq, const __grid_constant__ stof_tma
                 wg_hold(o);
                 release(v_empty + 8 * sp);
                 stof_rescale(o, alpha);
-                stof_pack_p<mma_tag>(s, pf);
+                put_p(s, pf);
             }
             // The last tile's P V.
             mbar_wait(v_full + 8 * st, p.phase);

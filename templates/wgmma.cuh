@@ -47,20 +47,23 @@ __device__ __forceinline__ unsigned long long wg_desc(unsigned addr, unsigned lb
            ((unsigned long long)(sbo >> 4) << 32) | (layout << 62);
 }
 
-// d (m64 x n) {+}= a (desc, K-major) * b (desc, K-major); acc 0 overwrites d.
-// d += a (registers) * b (desc, N-major). One overload per n, d[n / 8][4];
+// wg_ss: d (m64 x n) {+}= a (desc, K-major) * b (desc, K-major); acc 0
+// overwrites d. wg_rs: d += a (registers) * b (desc, N-major). wg_ssn: d +=
+// a (desc, K-major) * b (desc, N-major). One overload per n, d[n / 8][4];
 // the accumulators' operand lists are spelled once, here, 32 at a time.
 #define STOF_ACC4(i) "+f"(d[i][0]), "+f"(d[i][1]), "+f"(d[i][2]), "+f"(d[i][3])
 #define STOF_ACC_8(i)                                                                             \
     STOF_ACC4(i), STOF_ACC4(i + 1), STOF_ACC4(i + 2), STOF_ACC4(i + 3), STOF_ACC4(i + 4),         \
         STOF_ACC4(i + 5), STOF_ACC4(i + 6), STOF_ACC4(i + 7)
 #define STOF_ACC8 STOF_ACC_8(0)
-#define STOF_ACC12 STOF_ACC8, STOF_ACC4(8), STOF_ACC4(9), STOF_ACC4(10), STOF_ACC4(11)
+#define STOF_ACC10 STOF_ACC8, STOF_ACC4(8), STOF_ACC4(9)
+#define STOF_ACC12 STOF_ACC10, STOF_ACC4(10), STOF_ACC4(11)
 #define STOF_ACC16 STOF_ACC8, STOF_ACC_8(8)
 #define STOF_ACC24 STOF_ACC16, STOF_ACC_8(16)
 #define STOF_ACC32 STOF_ACC24, STOF_ACC_8(24)
 #define STOF_REGS8 "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31"
-#define STOF_REGS12 STOF_REGS8 ", %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47"
+#define STOF_REGS10 STOF_REGS8 ", %32, %33, %34, %35, %36, %37, %38, %39"
+#define STOF_REGS12 STOF_REGS10 ", %40, %41, %42, %43, %44, %45, %46, %47"
 #define STOF_REGS16 STOF_REGS8 ", %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63"
 #define STOF_REGS24 STOF_REGS16 ", %64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, %80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95"
 #define STOF_REGS32 STOF_REGS24 ", %96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111, %112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127"
@@ -89,11 +92,26 @@ __device__ __forceinline__ unsigned long long wg_desc(unsigned addr, unsigned lb
                      : STOF_ACC##NB                                                               \
                      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(1));               \
     }
+#define STOF_WG_SSN(NB, N, A, B, P)                                                               \
+    __device__ __forceinline__ void wg_ssn(float (&d)[NB][4], unsigned long long a,               \
+                                           unsigned long long b)                                  \
+    {                                                                                             \
+        asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %" #P ", 0;\n"                             \
+                     "wgmma.mma_async.sync.aligned.m64n" #N "k16.f32.{{MMA_TYPE}}.{{MMA_TYPE}}\n" \
+                     "{" STOF_REGS##NB "},\n%" #A ", %" #B ", p, 1, 1, 0, 1;\n}\n"                \
+                     : STOF_ACC##NB                                                               \
+                     : "l"(a), "l"(b), "r"(1));                                                   \
+    }
 STOF_WG_SS(8, 64, 32, 33, 34)
 STOF_WG_RS(8, 64, 32, 33, 34, 35, 36, 37)
+STOF_WG_SSN(8, 64, 32, 33, 34)
+STOF_WG_RS(10, 80, 40, 41, 42, 43, 44, 45)
+STOF_WG_SSN(10, 80, 40, 41, 42)
 STOF_WG_RS(12, 96, 48, 49, 50, 51, 52, 53)
+STOF_WG_SSN(12, 96, 48, 49, 50)
 STOF_WG_SS(16, 128, 64, 65, 66)
 STOF_WG_RS(16, 128, 64, 65, 66, 67, 68, 69)
+STOF_WG_SSN(16, 128, 64, 65, 66)
 STOF_WG_SS(24, 192, 96, 97, 98)
 STOF_WG_SS(32, 256, 128, 129, 130)
 
@@ -111,6 +129,16 @@ __device__ __forceinline__ void wg_qk(float (&s)[BN / 8][4], unsigned q, unsigne
         wg_ss(s, wg_desc(q + (kk / KPA) * QR * SW + (kk % KPA) * 32, 16, 8 * SW, SW),
               wg_desc(k + (kk / KPA) * BN * SW + (kk % KPA) * 32, 16, 8 * SW, SW), kk > 0);
     wg_commit();
+}
+
+// Four 8x8 matrices of 16-bit elements from registers to shared memory:
+// register k of thread (g, t) is row g, columns 2t and 2t + 1 of matrix k;
+// lane i gives the address of matrix i / 8's row i % 8.
+__device__ __forceinline__ void stmatrix4(unsigned addr, const unsigned (&r)[4])
+{
+    asm volatile("stmatrix.sync.aligned.m8n8.x4.shared.b16 [%0], {%1, %2, %3, %4};\n" ::"r"(addr),
+                 "r"(r[0]), "r"(r[1]), "r"(r[2]), "r"(r[3])
+                 : "memory");
 }
 
 // ---- shared-memory barriers ---------------------------------------------------

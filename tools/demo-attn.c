@@ -208,16 +208,17 @@ static int compile_only(stof_ctx *ctx, const demo_args *a, const stof_mha_desc *
 /* The plan's candidate, read back from its description. */
 static int plan_candidate(const stof_mha_plan *p, mha_candidate *c)
 {
-    char buf[1024], kind[16], engine[16], q_in[8];
+    char buf[1024], kind[16], engine[16], q_in[8], p_in[8];
     int mt = 1, st = 0;
     if (stof_mha_plan_describe(p, buf, sizeof buf) != STOF_OK ||
-        sscanf(buf, "kernel=%15s engine=%15s block_m=%d block_n=%d m_tiles=%d q_in=%7s stages=%d",
-               kind, engine, &c->bm, &c->bn, &mt, q_in, &st) != 7)
+        sscanf(buf, "kernel=%15s engine=%15s block_m=%d block_n=%d m_tiles=%d q_in=%7s stages=%d "
+                    "p_in=%7s",
+               kind, engine, &c->bm, &c->bn, &mt, q_in, &st, p_in) != 8)
         return 0;
     c->kind = strcmp(kind, "gather") == 0 ? ATTN_GATHER : ATTN_BLOCK;
     c->wg = strcmp(engine, "wgmma-ws") == 0 ? MHA_WS : strcmp(engine, "wgmma") == 0 ? 1 : 0;
     c->mt = mt;
-    c->qs = !c->wg && strcmp(q_in, "smem") == 0;
+    c->qs = c->wg ? c->wg == MHA_WS && strcmp(p_in, "smem") == 0 : strcmp(q_in, "smem") == 0;
     c->st = c->wg ? st : 0;
     return 1;
 }

@@ -51,14 +51,8 @@ struct stof_mha_plan {
 
 /* ---- candidates and requests ------------------------------------------- */
 
-int mha_kernel_dim(const mha_candidate *c, int head_dim)
-{
-    return c->wg == MHA_WS ? (head_dim + 31) / 32 * 32 : head_dim;
-}
-
 void mha_make_request(const mha_candidate *c, int head_dim, stof_dtype dtype, mha_request *r)
 {
-    head_dim = mha_kernel_dim(c, head_dim);
     const int nums[4] = {head_dim, c->bm, c->bn, c->wg ? c->st : c->mt};
     static const char *const names[2][4] = {{"HEAD_DIM", "BLOCK_M", "BLOCK_N", "M_TILES"},
                                             {"HEAD_DIM", "BLOCK_M", "BLOCK_N", "STAGES"}};
@@ -71,8 +65,11 @@ void mha_make_request(const mha_candidate *c, int head_dim, stof_dtype dtype, mh
     r->vars[n++] = (render_var){"MMA_TYPE", dtype == STOF_BF16 ? "bf16" : "f16"};
     r->req = (jit_request){"mha", files[c->wg], "stof_attn", r->vars, n,
                            c->wg ? "wgmma.cuh" : NULL};
-    if (c->wg == MHA_WS) /* block kind only: no gathered rows or keys */
+    if (c->wg == MHA_WS) { /* block kind only: no gathered rows or keys */
+        r->vars[n++] = (render_var){"P_SMEM", c->qs ? "1" : "0"};
+        r->req.nvars = n;
         return;
+    }
     const int g = c->kind == ATTN_GATHER;
     r->vars[n++] = (render_var){"GATHER_Q", g ? "1" : "0"};
     r->vars[n++] = (render_var){"BLOCK_Q", g ? "0" : "1"};
@@ -87,9 +84,10 @@ void mha_make_request(const mha_candidate *c, int head_dim, stof_dtype dtype, mh
 
 int mha_smem_bytes(const mha_candidate *c, int head_dim)
 {
-    if (c->wg == MHA_WS) /* Q, K and V stages, each consumer's O; barriers; alignment slack */
-        return (2 * c->bm + 2 * c->st * c->bn) * mha_kernel_dim(c, head_dim) * 2 +
-               8 * (2 + 4 * c->st) + 1024;
+    if (c->wg == MHA_WS) /* Q, K and V stages, each consumer's O (and P) in whole swizzle
+                            atoms (80 columns laid out as 96); barriers; alignment slack */
+        return (2 * c->bm + 2 * c->st * c->bn) * ((head_dim + 31) / 32 * 32) * 2 +
+               (c->qs ? c->bm * c->bn * 2 : 0) + 8 * (2 + 4 * c->st) + 1024;
     if (c->wg) /* unpadded swizzled tiles, 1 KiB of alignment slack */
         return (c->bm + 2 * c->st * c->bn) * head_dim * 2 + 16 * c->st + 1024;
     return (c->bm + 4 * c->bn) * (head_dim + 8) * 2 + 2 * c->bn * 4;
@@ -112,8 +110,10 @@ int mha_candidates(int head_dim, int smem_max, int wgmma, mha_candidate *out, in
     static const int wg_sizes[][3] = {{128, 128, 3}, {128, 64, 4}, {192, 64, 4}, {192, 128, 3},
                                       {64, 128, 4},  {64, 64, 4},  {128, 128, 4}, {128, 64, 3},
                                       {64, 64, 3},   {64, 64, 2}};
-    static const int ws_sizes[][3] = {{128, 128, 2}, {192, 128, 2}, {128, 64, 3},
-                                      {128, 192, 2}, {192, 64, 3},  {128, 128, 3}};
+    /* rows, keys, stages, P through shared memory */
+    static const int ws_sizes[][4] = {{128, 128, 2, 0}, {192, 128, 2, 0}, {128, 64, 3, 0},
+                                      {128, 192, 2, 0}, {192, 64, 3, 0},  {128, 128, 3, 0},
+                                      {192, 128, 2, 1}};
     int n = 0;
     for (int kind = 0; kind < 2; kind++) {
         for (size_t i = 0; i < sizeof sizes / sizeof sizes[0] && n < cap; i++) {
@@ -136,20 +136,22 @@ int mha_candidates(int head_dim, int smem_max, int wgmma, mha_candidate *out, in
         }
         /* Warp-specialized: S of 64 x bn and O of 64 x head_dim in each
          * consumer's registers (232 each with two consumers, 160 with three);
-         * head_dim 96 in swizzled atoms of 32 columns (attn_ws.cu), and 80
-         * as 96, the TMA loads filling the columns past head_dim with zeros
-         * and the stores leaving them out. */
+         * head_dim 80 and 96 in swizzled atoms of 32 columns (attn_ws.cu;
+         * at 80 the TMA loads fill the last atom's columns 80-95 with zeros,
+         * the products and stores leave them out); P through shared memory
+         * only where it does not fit in registers. */
         const size_t nws = wgmma && head_dim % 16 == 0 && head_dim >= 64 && kind == ATTN_BLOCK
                                ? sizeof ws_sizes / sizeof ws_sizes[0] : 0;
         for (size_t i = 0; i < nws && n < cap; i++) {
-            mha_candidate c = {ATTN_BLOCK, ws_sizes[i][0], ws_sizes[i][1], 1, 0, MHA_WS,
-                               ws_sizes[i][2]};
+            mha_candidate c = {ATTN_BLOCK, ws_sizes[i][0], ws_sizes[i][1], 1, ws_sizes[i][3],
+                               MHA_WS, ws_sizes[i][2]};
             const int regs = c.bm == 128 ? 232 : 160;
-            const int kd = mha_kernel_dim(&c, head_dim);
-            const int live = c.bn / 2 + c.bn / 4 + kd / 2; /* S, P, O */
-            /* (192 keys beside an O of 96 columns fit by this count and
-             * spill all the same.) */
-            if (live + 32 <= regs && !(c.bn == 192 && kd > 64) &&
+            const int live = c.bn / 2 + c.bn / 4 + head_dim / 2; /* S, P, O */
+            const int fits = c.qs ? live - c.bn / 4 + 32 <= regs && live + 32 > regs
+                                  : live + 32 <= regs;
+            /* (192 keys beside an O of 80 or 96 columns fit by this count
+             * and spill all the same.) */
+            if (fits && !(c.bn == 192 && head_dim > 64) &&
                 mha_smem_bytes(&c, head_dim) <= smem_max)
                 out[n++] = c;
         }
@@ -889,8 +891,7 @@ static stof_status rank_candidates(stof_ctx *ctx, const stof_mha_desc *d, const 
         }
         s->built = 1;
         s->predicted_ms =
-            model_attn_ms(&md, &s->tiles, d->batch * d->heads, mha_kernel_dim(&s->c, d->head_dim),
-                          s->c.mt, s->c.wg);
+            model_attn_ms(&md, &s->tiles, d->batch * d->heads, d->head_dim, s->c.mt, s->c.wg);
     }
     qsort(cs, (size_t)*n, sizeof *cs, by_prediction);
     return STOF_OK;
@@ -1108,8 +1109,8 @@ int mha_record_parse(const char *rec, mha_candidate *c, double *ms, double *pred
     c->kind = strcmp(kind, "gather") == 0 ? ATTN_GATHER : ATTN_BLOCK;
     if (c->wg == MHA_WS)
         return c->kind == ATTN_BLOCK && (c->bm == 128 || c->bm == 192) &&
-               (c->bn == 64 || c->bn == 128 || c->bn == 192) && c->mt == 1 && c->qs == 0 &&
-               c->st >= 2 && c->st <= 4;
+               (c->bn == 64 || c->bn == 128 || c->bn == 192) && c->mt == 1 &&
+               (c->qs == 0 || c->qs == 1) && c->st >= 2 && c->st <= 4;
     if (c->wg == 1)
         return c->bm >= 64 && c->bm <= 192 && c->bm % 64 == 0 && (c->bn == 64 || c->bn == 128) &&
                c->mt == 1 && c->qs == 0 && c->st >= 2 && c->st <= 4;
@@ -1360,11 +1361,13 @@ stof_status stof_mha_plan_describe(const stof_mha_plan *p, char *buf, size_t n)
     if (!p || !buf || n == 0)
         return STOF_ERR_INVALID_ARG;
     snprintf(buf, n,
-             "kernel=%s engine=%s block_m=%d block_n=%d m_tiles=%d q_in=%s stages=%d head_dim=%d "
+             "kernel=%s engine=%s block_m=%d block_n=%d m_tiles=%d q_in=%s stages=%d p_in=%s "
+             "head_dim=%d "
              "%s groups=%d regs=%d local=%d smem=%d chosen_by=%s predicted_ms=%.4f "
              "measured_ms=%.4f candidates_timed=%d mask=%.16s",
              kind_name(p->c.kind), engine_name(&p->c), p->c.bm, p->c.bn, p->c.mt,
-             p->c.wg || p->c.qs ? "smem" : "regs", p->c.wg ? p->c.st : 2, p->d.head_dim,
+             p->c.wg || p->c.qs ? "smem" : "regs", p->c.wg ? p->c.st : 2,
+             p->c.wg == MHA_WS && p->c.qs ? "smem" : "regs", p->d.head_dim,
              dtype_name(p->d.dtype),
              p->L.n_groups, p->regs, p->spill, p->L.smem, p->origin, p->predicted_ms, p->measured_ms,
              p->tried, p->mask_hash);

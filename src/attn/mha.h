@@ -16,10 +16,12 @@ typedef struct mha_candidate {
     attn_kind kind;
     int bm, bn;
     int mt;              /* m16 row tiles per warp: 1 or 2 */
-    int qs;              /* 1: Q re-read from shared memory per tile, not kept in registers */
+    int qs;              /* 1: an operand goes through shared memory each tile, not kept in
+                            registers: Q on mma.sync, P (of P V) on the warp-specialized
+                            engine */
     int wg;              /* engine: 0 mma.sync (templates/attn.cu); on sm_90a, 1 warpgroup
                             MMA (attn_wg.cu), 2 warp-specialized, TMA-fed (attn_ws.cu,
-                            block kind only); with 1 and 2, mt 1 and qs 0 */
+                            block kind only); with 1 and 2, mt 1; with 1, qs 0 */
     int st;              /* wgmma: K and V stages in shared memory, 2 to 4; else 0 */
 } mha_candidate;
 
@@ -32,9 +34,6 @@ typedef struct mha_request {
     jit_request req;
 } mha_request;
 void mha_make_request(const mha_candidate *c, int head_dim, stof_dtype dtype, mha_request *r);
-/* The head size candidate c's kernel is compiled for: head_dim, or on the
- * warp-specialized engine head_dim rounded up to 32 (80 runs as 96). */
-int mha_kernel_dim(const mha_candidate *c, int head_dim);
 
 /* Dynamic shared memory of a candidate's kernel, in bytes, and its threads. */
 int mha_smem_bytes(const mha_candidate *c, int head_dim);

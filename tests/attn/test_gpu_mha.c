@@ -21,7 +21,7 @@ typedef struct mcase {
     int packed, lens;
     int kind, bm, bn;   /* kind -1: the planner chooses (tune fast) */
     int mt;             /* m16 row tiles per warp; 0 means 1 */
-    int qs;             /* Q re-read from shared memory */
+    int qs;             /* Q re-read from shared memory (mma.sync), P through it (ws) */
     int wg;             /* engine: 1 warpgroup MMA, 2 warp-specialized (sm_90a) */
     int st;             /* its stages; 0 means 2 */
 } mcase;
@@ -195,12 +195,13 @@ END_TEST
 
 /* The warpgroup MMA kernels: each head size and dtype, every size and
  * stage count the search may pick, both kinds (the warp-specialized
- * engine: block kind). */
+ * engine: block kind, and 96, P in registers or shared memory). */
 START_TEST(wgmma_tiles)
 {
     if (!has_wgmma())
         return;
-    const int dim = _i ? 128 : 64;
+    static const int dims[] = {64, 128, 96};
+    const int dim = dims[_i];
     mha_candidate cs[64];
     int n = mha_candidates(dim, 227 * 1024, 1, cs, 64), tested = 0;
     for (int i = 0; i < n; i++) {
@@ -208,10 +209,11 @@ START_TEST(wgmma_tiles)
             continue;
         int dt = tested++ % 2;
         mcase c = {"window:96+global:8", 1, 2, 301, 301, dim, dt ? STOF_BF16 : STOF_F16,
-                   STOF_LAYOUT_BHLD, 0, 0, cs[i].kind, cs[i].bm, cs[i].bn, 1, 0, cs[i].wg, cs[i].st};
+                   STOF_LAYOUT_BHLD, 0, 0, cs[i].kind, cs[i].bm, cs[i].bn, 1, cs[i].qs, cs[i].wg,
+                   cs[i].st};
         run_case(&c, 700 + _i * 50 + i);
     }
-    ck_assert_int_ge(tested, 8);
+    ck_assert_int_ge(tested, dim == 96 ? 4 : 8);
 }
 END_TEST
 
@@ -256,6 +258,23 @@ START_TEST(ws_long_rows)
     mcase c = {specs[_i], 1, 2, lens[_i], lens[_i], d, _i % 2 ? STOF_BF16 : STOF_F16,
                STOF_LAYOUT_BHLD, 0, _i >= 2, ATTN_BLOCK, 128, d == 64 ? 192 : 128, 1, 0, MHA_WS, 2};
     run_case(&c, 1100 + _i);
+}
+END_TEST
+
+/* The warp-specialized engine with P through shared memory (192-row items
+ * at head_dim 80 and 96): lengths that are not tile multiples, per-sequence
+ * lengths, several items per CTA, both dtypes. */
+START_TEST(ws_p_in_smem)
+{
+    if (!has_wgmma())
+        return;
+    mcase cases[] = {
+        {"dense", 1, 2, 3001, 3001, 96, STOF_F16, STOF_LAYOUT_BHLD, 0, 0, ATTN_BLOCK, 192, 128, 1, 1, MHA_WS, 2},
+        {"causal", 4, 8, 1000, 1000, 80, STOF_BF16, STOF_LAYOUT_BLHD, 0, 1, ATTN_BLOCK, 192, 128, 1, 1, MHA_WS, 2},
+        {"window:256+global:64", 2, 4, 1000, 1000, 64, STOF_F16, STOF_LAYOUT_BHLD, 0, 1, ATTN_BLOCK, 192, 128, 1, 1, MHA_WS, 2},
+        {"docs:100,157,120", 3, 2, 377, 377, 96, STOF_BF16, STOF_LAYOUT_BHLD, 0, 1, ATTN_BLOCK, 192, 128, 1, 1, MHA_WS, 2},
+    };
+    run_case(&cases[_i], 1350 + _i);
 }
 END_TEST
 
@@ -442,10 +461,11 @@ Suite *suite_gpu_mha(void)
     tcase_set_timeout(t, 600);
     tcase_add_loop_test(t, every_mask_both_kinds, 0, NSPECS);
     tcase_add_loop_test(t, head_dims_dtypes_tiles, 0, 5);
-    tcase_add_loop_test(t, wgmma_tiles, 0, 2);
+    tcase_add_loop_test(t, wgmma_tiles, 0, 3);
     tcase_add_loop_test(t, layouts_lens_packed, 0, 16);
     tcase_add_loop_test(t, ws_long_rows, 0, 8);
     tcase_add_loop_test(t, ws_items_in_turn, 0, 4);
+    tcase_add_loop_test(t, ws_p_in_smem, 0, 4);
     tcase_add_test(t, ws_runs_follow_pointers);
     tcase_add_loop_test(t, planner_choice, 0, 3);
     tcase_add_test(t, device_figures_once);
