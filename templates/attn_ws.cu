@@ -41,7 +41,7 @@
 // Parameters:
 //   HEAD_DIM   64, 80, 96 or 128
 //   BLOCK_M    query rows per item: 64 per consumer warpgroup, 128 or 192
-//   BLOCK_N    keys per tile: 64, 128 or 192
+//   BLOCK_N    keys per tile: 64, 96, 128 or 192
 //   STAGES     K and V tiles in shared memory, 2 to 4
 //   P_SMEM     1: P through shared memory, 0: in registers
 //   MMA_TYPE   f16 or bf16 (wgmma.cuh uses it too)
@@ -75,7 +75,8 @@ constexpr int BAR_TURN = 1, BAR_EPI = 1 + NC;
 
 static_assert(D == 64 || D == 80 || D == 96 || D == 128, "head_dim 64, 80, 96 or 128");
 static_assert(NC == 2 || NC == 3, "two or three consumer warpgroups");
-static_assert(BN == 64 || BN == 128 || BN == 192, "one m64n64, n128 or n192 product for S");
+static_assert(BN == 64 || BN == 96 || BN == 128 || BN == 192,
+              "one m64n64, n96, n128 or n192 product for S");
 static_assert(STAGES >= 2 && STAGES <= 4, "2 to 4 stages");
 
 typedef unsigned short elem_t;

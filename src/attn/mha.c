@@ -113,7 +113,7 @@ int mha_candidates(int head_dim, int smem_max, int wgmma, mha_candidate *out, in
     /* rows, keys, stages, P through shared memory */
     static const int ws_sizes[][4] = {{128, 128, 2, 0}, {192, 128, 2, 0}, {128, 64, 3, 0},
                                       {128, 192, 2, 0}, {192, 64, 3, 0},  {128, 128, 3, 0},
-                                      {192, 128, 2, 1}};
+                                      {192, 128, 2, 1}, {192, 96, 2, 0}};
     int n = 0;
     for (int kind = 0; kind < 2; kind++) {
         for (size_t i = 0; i < sizeof sizes / sizeof sizes[0] && n < cap; i++) {
@@ -150,8 +150,8 @@ int mha_candidates(int head_dim, int smem_max, int wgmma, mha_candidate *out, in
             const int fits = c.qs ? live - c.bn / 4 + 32 <= regs && live + 32 > regs
                                   : live + 32 <= regs;
             /* (192 keys beside an O of 80 or 96 columns fit by this count
-             * and spill all the same.) */
-            if (fits && !(c.bn == 192 && head_dim > 64) &&
+             * and spill all the same; 96 keys lost to 128 at head_dim 64.) */
+            if (fits && !(c.bn == 192 && head_dim > 64) && !(c.bn == 96 && head_dim <= 64) &&
                 mha_smem_bytes(&c, head_dim) <= smem_max)
                 out[n++] = c;
         }
@@ -1109,7 +1109,7 @@ int mha_record_parse(const char *rec, mha_candidate *c, double *ms, double *pred
     c->kind = strcmp(kind, "gather") == 0 ? ATTN_GATHER : ATTN_BLOCK;
     if (c->wg == MHA_WS)
         return c->kind == ATTN_BLOCK && (c->bm == 128 || c->bm == 192) &&
-               (c->bn == 64 || c->bn == 128 || c->bn == 192) && c->mt == 1 &&
+               (c->bn == 64 || c->bn == 96 || c->bn == 128 || c->bn == 192) && c->mt == 1 &&
                (c->qs == 0 || c->qs == 1) && c->st >= 2 && c->st <= 4;
     if (c->wg == 1)
         return c->bm >= 64 && c->bm <= 192 && c->bm % 64 == 0 && (c->bn == 64 || c->bn == 128) &&

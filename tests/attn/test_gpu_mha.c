@@ -244,8 +244,8 @@ START_TEST(layouts_lens_packed)
 END_TEST
 
 /* The warp-specialized engine on lengths that are not tile multiples, with
- * and without per-sequence lengths, batch 1, every head size (96 in 64-byte
- * swizzled atoms, 80 run as 96) and both dtypes. */
+ * and without per-sequence lengths, batch 1, every head size (80 and 96 in
+ * 64-byte swizzled atoms) and both dtypes. */
 START_TEST(ws_long_rows)
 {
     if (!has_wgmma())
@@ -261,10 +261,11 @@ START_TEST(ws_long_rows)
 }
 END_TEST
 
-/* The warp-specialized engine with P through shared memory (192-row items
- * at head_dim 80 and 96): lengths that are not tile multiples, per-sequence
+/* The warp-specialized engine's 192-row items at head_dim 80 and 96 (P
+ * through shared memory beside 128-key tiles, in registers beside 96-key
+ * ones; and at 64): lengths that are not tile multiples, per-sequence
  * lengths, several items per CTA, both dtypes. */
-START_TEST(ws_p_in_smem)
+START_TEST(ws_wide_heads)
 {
     if (!has_wgmma())
         return;
@@ -273,6 +274,8 @@ START_TEST(ws_p_in_smem)
         {"causal", 4, 8, 1000, 1000, 80, STOF_BF16, STOF_LAYOUT_BLHD, 0, 1, ATTN_BLOCK, 192, 128, 1, 1, MHA_WS, 2},
         {"window:256+global:64", 2, 4, 1000, 1000, 64, STOF_F16, STOF_LAYOUT_BHLD, 0, 1, ATTN_BLOCK, 192, 128, 1, 1, MHA_WS, 2},
         {"docs:100,157,120", 3, 2, 377, 377, 96, STOF_BF16, STOF_LAYOUT_BHLD, 0, 1, ATTN_BLOCK, 192, 128, 1, 1, MHA_WS, 2},
+        {"causal", 1, 2, 3001, 3001, 96, STOF_BF16, STOF_LAYOUT_BHLD, 0, 0, ATTN_BLOCK, 192, 96, 1, 0, MHA_WS, 2},
+        {"window:256+global:64", 4, 8, 1000, 1000, 80, STOF_F16, STOF_LAYOUT_BLHD, 0, 1, ATTN_BLOCK, 192, 96, 1, 0, MHA_WS, 2},
     };
     run_case(&cases[_i], 1350 + _i);
 }
@@ -465,7 +468,7 @@ Suite *suite_gpu_mha(void)
     tcase_add_loop_test(t, layouts_lens_packed, 0, 16);
     tcase_add_loop_test(t, ws_long_rows, 0, 8);
     tcase_add_loop_test(t, ws_items_in_turn, 0, 4);
-    tcase_add_loop_test(t, ws_p_in_smem, 0, 4);
+    tcase_add_loop_test(t, ws_wide_heads, 0, 6);
     tcase_add_test(t, ws_runs_follow_pointers);
     tcase_add_loop_test(t, planner_choice, 0, 3);
     tcase_add_test(t, device_figures_once);
