@@ -905,11 +905,13 @@ static void free_candidates(cand_state *cs, int n)
 
 /* Stage 1's sizes for each kind: mma.sync's 64x64, wgmma's 64x64 (small
  * tiles waste least on windows) and 128x64 (dense rows), four stages, and
- * the warp-specialized engine's 128x128 and 192x128, two stages (long rows). */
+ * the warp-specialized engine's 128x128, 192x128 and (at head_dim 80 and
+ * 96) 192x96, two stages (long rows). */
 static int is_default_size(const mha_candidate *c)
 {
     if (c->wg == MHA_WS)
-        return (c->bm == 128 || c->bm == 192) && c->bn == 128 && c->st == 2;
+        return (c->bm == 128 || c->bm == 192) && (c->bn == 128 || (c->bm == 192 && c->bn == 96)) &&
+               c->st == 2;
     if (c->wg)
         return (c->bm == 64 || c->bm == 128) && c->bn == 64 && c->st == 4;
     return c->bm == 64 && c->bn == 64 && c->mt == 1 && !c->qs;
