@@ -26,8 +26,9 @@
 // fp32, the factor alpha); once the product is done it rescales O and
 // packs P_j for the next step: in registers, or with P_SMEM in the
 // warpgroup's own shared-memory tile (128-byte swizzled atoms of 64 keys),
-// which frees a register per two keys so that 192-row items fit at head_dim
-// 96 (the P V product then reads P with a descriptor, as it reads V). The consumers take turns issuing their
+// which frees BLOCK_N / 4 registers a thread so that 192-row items with
+// 128-key tiles fit at head_dim 80 and 96 (the P V product then reads P
+// with a descriptor, as it reads V). The consumers take turns issuing their
 // products (named barriers, round robin), so that one's softmax runs while
 // another's products keep the tensor cores busy. The epilogue divides by
 // the row sums, writes the warpgroup's 64 rows into its own staging buffer
@@ -206,8 +207,8 @@ stof_attn(const __grid_constant__ stof_tmap tq, const __grid_constant__ stof_tma
     // P_j from S's accumulators into the operand of the next P V product:
     // packed in pf, and with P_SMEM stored from there into the warpgroup's
     // P tile (lane i writes row i % 8 of 8x8 matrix i / 8: rows 8 (i / 8 % 2)
-    // on of the warp's 16, key block 2 kk + i / 16) for the copy engine's
-    // proxy to read once all four warps have stored.
+    // on of the warp's 16, key block 2 kk + i / 16), fenced for the async
+    // proxy that wgmma reads it through, once all four warps have stored.
     const int prow = (warp % 4) * 16 + (lane / 8 % 2) * 8 + lane % 8;
     auto put_p = [&](const float (&s)[BN / 8][4], unsigned (&pf)[BN / 16][4]) {
         stof_pack_p<mma_tag>(s, pf);
@@ -215,7 +216,8 @@ stof_attn(const __grid_constant__ stof_tmap tq, const __grid_constant__ stof_tma
 #pragma unroll
             for (int kk = 0; kk < BN / 16; kk++) {
                 const int j = 2 * kk + lane / 16;
-                stmatrix4(p_wg + (j / 8) * 64 * 128 + prow * 128 + (((j % 8) ^ (lane % 8)) << 4), pf[kk]);
+                stmatrix4(p_wg + (j / 8) * 64 * 128 + prow * 128 + (((j % 8) ^ (lane % 8)) << 4),
+                          pf[kk]);
             }
             asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
             named_sync(BAR_EPI + c, 128);
