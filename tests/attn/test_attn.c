@@ -525,6 +525,28 @@ START_TEST(tuning_record_round_trip)
     ck_assert(!mha_record_parse("{\"winner\":{\"kind\":\"magic\"}}", &c, &ms, &pred));
     ck_assert(!mha_record_parse("not json", &c, &ms, &pred));
     ck_assert(!mha_record_parse(NULL, &c, &ms, &pred));
+    /* The warp-specialized engine's winners: P through shared memory, and
+     * 96-key tiles; not a P flag past 1, nor keys it has no product for. */
+    mha_tried ws[2] = {{{ATTN_BLOCK, 192, 128, 1, 1, MHA_WS, 2}, 0.3, 0.4, "ok"},
+                       {{ATTN_BLOCK, 192, 96, 1, 0, MHA_WS, 2}, 0.3, 0.35, "ok"}};
+    for (int w = 0; w < 2; w++) {
+        rec = mha_record_format(ws, 2, w, "89ab", "fast", NULL);
+        ck_assert(mha_record_parse(rec, &c, &ms, &pred));
+        ck_assert_int_eq(c.wg, MHA_WS);
+        ck_assert_int_eq(c.bm, 192);
+        ck_assert_int_eq(c.bn, ws[w].c.bn);
+        ck_assert_int_eq(c.qs, ws[w].c.qs);
+        free(rec);
+    }
+    ck_assert(!mha_record_parse("{\"winner\":{\"kind\":\"block\",\"bm\":192,\"bn\":128,\"mt\":1,"
+                                "\"qs\":2,\"wg\":2,\"st\":2,\"ms\":0.4,\"predicted_ms\":0.3",
+                                &c, &ms, &pred));
+    ck_assert(!mha_record_parse("{\"winner\":{\"kind\":\"block\",\"bm\":192,\"bn\":80,\"mt\":1,"
+                                "\"qs\":0,\"wg\":2,\"st\":2,\"ms\":0.4,\"predicted_ms\":0.3",
+                                &c, &ms, &pred));
+    ck_assert(mha_record_parse("{\"winner\":{\"kind\":\"block\",\"bm\":192,\"bn\":96,\"mt\":1,"
+                               "\"qs\":0,\"wg\":2,\"st\":2,\"ms\":0.4,\"predicted_ms\":0.3",
+                               &c, &ms, &pred));
 }
 END_TEST
 
