@@ -142,7 +142,7 @@ int blas_available(stof_ctx *ctx, const char **why)
     return ctx->blas->ok;
 }
 
-static stof_status need(stof_ctx *ctx)
+stof_status blas_need(stof_ctx *ctx)
 {
     const char *why;
     if (!blas_available(ctx, &why))
@@ -168,7 +168,7 @@ static cudaDataType data_type(stof_dtype t) { return t == STOF_BF16 ? CUDA_R_16B
  * column-major w' (k x n) transposed, times the column-major x' (k x m). */
 stof_status blas_gemm_run(stof_ctx *ctx, const blas_gemm *g, CUstream stream)
 {
-    TRY(need(ctx));
+    TRY(blas_need(ctx));
     const float one = 1.f, zero = 0.f;
     const cudaDataType t = data_type(g->dtype);
     TRY(jit_push(ctx));
@@ -200,7 +200,7 @@ stof_status blas_lt_make(stof_ctx *ctx, const blas_gemm *g, int algo, blas_lt_op
     memset(op, 0, sizeof *op);
     if (count)
         *count = 0;
-    TRY(need(ctx));
+    TRY(blas_need(ctx));
     const blas_api *a = &ctx->blas->api;
     const cudaDataType t = data_type(g->dtype);
     const cublasOperation_t tr = CUBLAS_OP_T;
@@ -251,7 +251,7 @@ stof_status blas_lt_make(stof_ctx *ctx, const blas_gemm *g, int algo, blas_lt_op
 
 stof_status blas_lt_run(stof_ctx *ctx, const blas_lt_op *op, const blas_gemm *g, CUstream stream)
 {
-    TRY(need(ctx));
+    TRY(blas_need(ctx));
     const float one = 1.f, zero = 0.f;
     stof_status st = STOF_OK;
     if (g->epi != BLAS_EPI_NONE)

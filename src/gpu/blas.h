@@ -39,6 +39,10 @@ typedef struct blas_gemm {
  * NULL) says why not. Opens the handles on the first call. */
 int blas_available(stof_ctx *ctx, const char **why);
 
+/* STOF_OK where cuBLAS and cuBLASLt are open and their handles made (on
+ * first use), else fails with the reason. */
+stof_status blas_need(stof_ctx *ctx);
+
 /* y = x w' with cublasGemmEx (no bias, residual or epilogue). */
 stof_status blas_gemm_run(stof_ctx *ctx, const blas_gemm *g, CUstream stream);
 

@@ -268,7 +268,11 @@ static stof_status gexec_load(stof_ctx *ctx, const layer_group *g, const layer_c
     if (c->scheme == LS_LT) {
         blas_gemm bg = lt_gemm_of(g);
         st = blas_lt_make(ctx, &bg, c->algo, &e->lt, NULL);
-    } else if (c->scheme != LS_BLAS) {
+    } else if (c->scheme == LS_BLAS) {
+        /* cuBLAS opened now, so that loading the plan pays for it and not
+         * its first run. */
+        st = blas_need(ctx);
+    } else {
         gemm_shape sh = shape_of(g);
         gemm_epilogue ge = gen_epilogue(g, c->scheme);
         st = gemm_check(ctx, &sh, &ge, &c->cfg);
@@ -625,12 +629,25 @@ static int scheme_params(stof_ctx *ctx, const layer_group *g, layer_scheme s, in
 }
 
 #define MAX_TRIED 32
+/* Room for a layer's timings: per group, stage 1 and stage 2 twice (the
+ * winner's parameters, and a generated scheme's behind a library winner). */
+#define SEARCH_ROOM (LG_COUNT * 2 * MAX_TRIED)
+
+/* Loading cuBLAS and cuBLASLt into a process costs 60 to 170 ms on an H100
+ * host (libcublasLt's dlopen about 60, then the handles, the first
+ * heuristic query and kernel loads), paid by the first plan or run that
+ * needs them, where a cached plan on generated kernels alone loads in 3 to
+ * 6 ms. So a library scheme wins a group only by more than LIB_MARGIN (about
+ * the spread of one timing between processes) over the generated kernels,
+ * whose own parameters stage 2 tries too where they came within GEN_REACH. */
+#define LIB_MARGIN LAYER_LIB_MARGIN
+#define GEN_REACH 1.15
 
 typedef struct search_state {
     stof_tune level;
     int max_candidates;
     double deadline;           /* 0: none */
-    layer_tried tried[LG_COUNT * MAX_TRIED];
+    layer_tried tried[SEARCH_ROOM];
     int n;
 } search_state;
 
@@ -656,8 +673,19 @@ static int model_pick(stof_ctx *ctx, const layer_group *g, int smem_max, const m
     return 0;
 }
 
-/* How many of the ranked schemes stage 1 times. */
-static int stage1_of(stof_tune level, int ns) { return level == STOF_TUNE_FULL ? ns : ns < 2 ? ns : 2; }
+/* Whether stage 1 times ranked scheme i of ns: the first two (all with tune
+ * full), and the generated ones where those are both libraries (the model
+ * ranks a LayerNorm group's generated schemes apart by less than it errs). */
+static int in_stage1(stof_tune level, const layer_scheme *rank, int ns, int i)
+{
+    const int n = level == STOF_TUNE_FULL ? ns : ns < 2 ? ns : 2;
+    if (i < n)
+        return 1;
+    for (int j = 0; j < n; j++)
+        if (rank[j] >= LS_GEN)
+            return 0;
+    return rank[i] >= LS_GEN;
+}
 
 /* How many parameters stage 2 tries. */
 static int stage2_of(stof_tune level) { return level == STOF_TUNE_FULL ? MAX_TRIED - LS_COUNT : 4; }
@@ -731,7 +759,9 @@ static void precompile(stof_ctx *ctx, const layer_group *g, int smem_max, const 
         double pred[LS_COUNT];
         layer_choice params[MAX_TRIED];
         int ns = layer_rank_schemes(&g[gi], blas_available(ctx, NULL), smem_max, md, rank, pred);
-        for (int i = 0, first = 1; i < stage1_of(ss->level, ns); i++) {
+        for (int i = 0, first = 1; i < ns; i++) {
+            if (!in_stage1(ss->level, rank, ns, i))
+                continue;
             kbatch_aux(b, &g[gi], rank[i]);
             if (rank[i] < LS_GEN)
                 continue;
@@ -750,7 +780,61 @@ static void precompile(stof_ctx *ctx, const layer_group *g, int smem_max, const 
     free(b);
 }
 
-/* Stage 1 over the ranked schemes, stage 2 over the winner's parameters. */
+/* Stage 2 for the scheme of tried entry w: its other parameters, the
+ * generated kernels among them compiled together; *best follows the
+ * fastest entry that passed. */
+static stof_status explore(stof_ctx *ctx, int gi, const layer_group *g, int smem_max,
+                           gscratch *s, search_state *ss, int w_at, int *timed, int *best)
+{
+    layer_choice params[MAX_TRIED];
+    const layer_tried w = ss->tried[w_at];
+    int np = scheme_params(ctx, g, w.c.scheme, smem_max, params, stage2_of(ss->level));
+    if (np > SEARCH_ROOM - ss->n + 1)
+        np = SEARCH_ROOM - ss->n + 1;
+    if (w.c.scheme >= LS_GEN && !out_of_budget(ss, *timed)) {
+        int m = np - 1;
+        if (ss->max_candidates > 0 && m > ss->max_candidates - *timed)
+            m = ss->max_candidates - *timed;
+        gemm_config cfg[MAX_TRIED];
+        gemm_shape sh[MAX_TRIED];
+        gemm_epilogue ge[MAX_TRIED];
+        for (int i = 0; i < m; i++) {
+            cfg[i] = params[1 + i].cfg;
+            sh[i] = shape_of(g);
+            ge[i] = gen_epilogue(g, w.c.scheme);
+        }
+        err_record saved = ctx->err;
+        if (m > 0 && gemm_prepare_all(ctx, cfg, sh, ge, m) != STOF_OK)
+            ctx->err = saved;
+    }
+    stof_status st = STOF_OK;
+    for (int i = 1; st == STOF_OK && i < np && !out_of_budget(ss, *timed); i++) {
+        layer_tried *tr = &ss->tried[ss->n++];
+        *tr = (layer_tried){gi, params[i], w.predicted_ms, 0, NULL};
+        st = try_choice(ctx, g, s, tr, NULL);
+        ++*timed;
+        if (st == STOF_OK && !strcmp(tr->verdict, "ok") && tr->ms < ss->tried[*best].ms)
+            *best = (int)(tr - ss->tried);
+    }
+    return st;
+}
+
+/* The fastest entry from `first` on that passed and runs a generated GEMM;
+ * -1 if none. */
+static int best_generated(const search_state *ss, int first)
+{
+    int b = -1;
+    for (int i = first; i < ss->n; i++)
+        if (ss->tried[i].c.scheme >= LS_GEN && ss->tried[i].verdict &&
+            !strcmp(ss->tried[i].verdict, "ok") && (b < 0 || ss->tried[i].ms < ss->tried[b].ms))
+            b = i;
+    return b;
+}
+
+/* Stage 1 over the ranked schemes, stage 2 over the winner's parameters.
+ * Stage 1 always times a generated scheme where one can run, and a library
+ * winner (cuBLAS, cuBLASLt) keeps its place only where it beats the
+ * generated kernels, their parameters tried too, by more than LIB_MARGIN. */
 static stof_status search_group(stof_ctx *ctx, int gi, const layer_group *g, int smem_max,
                                 const model_device *md, search_state *ss, layer_choice *win,
                                 double *win_ms)
@@ -766,9 +850,10 @@ static stof_status search_group(stof_ctx *ctx, int gi, const layer_group *g, int
     TRY(gscratch_alloc(ctx, g, &s));
     stof_status st = STOF_OK;
     const int first = ss->n;
-    int stage1 = stage1_of(ss->level, ns), timed = 0, best = -1;
-    for (int i = 0; st == STOF_OK && i < stage1 && !out_of_budget(ss, timed); i++) {
-        if (scheme_params(ctx, g, rank[i], smem_max, params, 1) < 1)
+    int timed = 0, best = -1;
+    for (int i = 0; st == STOF_OK && i < ns && !out_of_budget(ss, timed); i++) {
+        if (!in_stage1(ss->level, rank, ns, i) ||
+            scheme_params(ctx, g, rank[i], smem_max, params, 1) < 1)
             continue;
         layer_tried *tr = &ss->tried[ss->n++];
         *tr = (layer_tried){gi, params[0], pred[i], 0, NULL};
@@ -777,35 +862,17 @@ static stof_status search_group(stof_ctx *ctx, int gi, const layer_group *g, int
         if (st == STOF_OK && !strcmp(tr->verdict, "ok") && (best < 0 || tr->ms < ss->tried[best].ms))
             best = (int)(tr - ss->tried);
     }
-    if (st == STOF_OK && best >= 0) {
-        const int cap = stage2_of(ss->level);
-        const layer_tried w = ss->tried[best];
-        int np = scheme_params(ctx, g, w.c.scheme, smem_max, params, cap);
-        /* The generated kernels this stage may time, compiled together. */
-        if (w.c.scheme >= LS_GEN && !out_of_budget(ss, timed)) {
-            int m = np - 1;
-            if (ss->max_candidates > 0 && m > ss->max_candidates - timed)
-                m = ss->max_candidates - timed;
-            gemm_config cfg[MAX_TRIED];
-            gemm_shape sh[MAX_TRIED];
-            gemm_epilogue ge[MAX_TRIED];
-            for (int i = 0; i < m; i++) {
-                cfg[i] = params[1 + i].cfg;
-                sh[i] = shape_of(g);
-                ge[i] = gen_epilogue(g, w.c.scheme);
-            }
-            err_record saved = ctx->err;
-            if (gemm_prepare_all(ctx, cfg, sh, ge, m) != STOF_OK)
-                ctx->err = saved;
-        }
-        for (int i = 1; st == STOF_OK && i < np && !out_of_budget(ss, timed); i++) {
-            layer_tried *tr = &ss->tried[ss->n++];
-            *tr = (layer_tried){gi, params[i], w.predicted_ms, 0, NULL};
-            st = try_choice(ctx, g, &s, tr, NULL);
-            timed++;
-            if (st == STOF_OK && !strcmp(tr->verdict, "ok") && tr->ms < ss->tried[best].ms)
-                best = (int)(tr - ss->tried);
-        }
+    if (st == STOF_OK && best >= 0)
+        st = explore(ctx, gi, g, smem_max, &s, ss, best, &timed, &best);
+    /* A library winner: stage 2 for the fastest generated scheme too, where
+     * its parameters might close the gap. */
+    const int gen = best_generated(ss, first);
+    if (st == STOF_OK && best >= 0 && ss->tried[best].c.scheme < LS_GEN && gen >= 0 &&
+        ss->tried[gen].ms <= ss->tried[best].ms * GEN_REACH) {
+        int gbest = gen;
+        st = explore(ctx, gi, g, smem_max, &s, ss, gen, &timed, &gbest);
+        if (st == STOF_OK && ss->tried[gbest].ms <= ss->tried[best].ms * (1 + LIB_MARGIN))
+            best = gbest;
     }
     gscratch_free(ctx, &s);
     /* Out of budget before the first timing: the model's choice, as with tune off. */

@@ -8,6 +8,8 @@
 #include <string.h>
 
 #include "attn/reference.h"
+#include "base/json.h"
+#include "cache/cache_admin.h"
 #include "base/half.h"
 #include "ctx.h"
 #include "gpu/jit.h"
@@ -132,6 +134,39 @@ static double run_and_compare(stof_ctx *ctx, stof_layer_plan *p, const layer_dat
 
 static double tol(stof_dtype t) { return t == STOF_BF16 ? 1.5e-2 : 5e-3; }
 
+/* Checks one layer record: each group timed a generated scheme, and a
+ * library winner beat every generated candidate by LAYER_LIB_MARGIN. */
+static int check_record(const cache_tuning *t, const char *version, void *arg)
+{
+    (void)version;
+    json_value *root = json_parse(t->record, strlen(t->record), NULL);
+    ck_assert_ptr_nonnull(root);
+    const json_value *groups = json_get(root, "groups"), *tried = json_get(root, "tried");
+    ck_assert(groups && groups->type == JSON_ARRAY && groups->n == LG_COUNT);
+    ck_assert(tried && tried->type == JSON_ARRAY);
+    for (size_t g = 0; g < groups->n; g++) {
+        const char *name = json_get(groups->items[g], "group")->str;
+        const char *win = json_get(groups->items[g], "scheme")->str;
+        const double win_ms = json_get(groups->items[g], "ms")->number;
+        int gens = 0;
+        for (size_t i = 0; i < tried->n; i++) {
+            const json_value *e = tried->items[i], *v = json_get(e, "verdict");
+            if (strcmp(json_get(e, "group")->str, name) || !v || strcmp(v->str, "ok") ||
+                strncmp(json_get(e, "scheme")->str, "gen", 3))
+                continue;
+            gens++;
+            if (!strncmp(win, "cublas", 6))
+                ck_assert_msg(json_get(e, "ms")->number > win_ms * (1 + LAYER_LIB_MARGIN),
+                              "%s: %s at %.4f ms won over %s at %.4f", name, win, win_ms,
+                              json_get(e, "scheme")->str, json_get(e, "ms")->number);
+        }
+        ck_assert_msg(gens > 0, "%s: no generated scheme timed (%s won)", name, win);
+    }
+    json_free(root);
+    ++*(int *)arg;
+    return 0;
+}
+
 static stof_ctx *open_ctx(const char *dir)
 {
     char path[1024];
@@ -176,6 +211,10 @@ START_TEST(layer_matches_reference)
     err = run_and_compare(ctx, p, &L, c, ref);
     ck_assert_msg(err <= tol(c->dtype), "case %d, again: relative L2 %.3g", _i, err);
     stof_layer_plan_free(p);
+    int records = 0;
+    ck_assert_int_eq(cache_admin_list_tuning(&ctx->err, ctx->cache, "layer", check_record, &records),
+                     STOF_OK);
+    ck_assert_int_eq(records, 1);
 
     /* A second context plans from the record: no compile, no timing. */
     stof_ctx *again = open_ctx(dir);
