@@ -313,6 +313,48 @@ static jit_module *loaded(stof_ctx *ctx, const char *sig)
     return NULL;
 }
 
+static int key_row(stof_ctx *ctx, const char *sig, char out[65])
+{
+    char id[17];
+    if (!ctx->cache || !jit_source_id(id))
+        return 0;
+    hash_sha256 h;
+    unsigned char d[32];
+    const char *parts[] = {sig, id, ctx->arch, nvrtc_version_string()};
+    hash_init(&h);
+    for (int i = 0; i < 4; i++)
+        hash_update(&h, parts[i], strlen(parts[i]) + 1);
+    hash_final(&h, d);
+    hash_to_hex(d, out);
+    return 1;
+}
+
+int jit_key_row(stof_ctx *ctx, const jit_request *req, char out[65])
+{
+    char *sig = signature(req);
+    int ok = sig && key_row(ctx, sig, out);
+    free(sig);
+    return ok;
+}
+
+/* The key key_row's row names, in out; 0 if none (a failed read is a miss). */
+static int mapped_key(stof_ctx *ctx, const char *row, char out[65])
+{
+    err_record saved = ctx->err;
+    void *data = NULL;
+    size_t n = 0;
+    int found = 0;
+    if (cache_get_derived(&ctx->err, ctx->cache, JIT_KEY_ROW, row, &data, &n, &found) != STOF_OK)
+        ctx->err = saved;
+    int ok = found && n == 64 && strspn(data, "0123456789abcdef") >= 64;
+    if (ok) {
+        memcpy(out, data, 64);
+        out[64] = 0;
+    }
+    free(data);
+    return ok;
+}
+
 static stof_status get(stof_ctx *ctx, const jit_request *req, const char *known, CUfunction *fn,
                        jit_origin *origin, char *key)
 {
@@ -325,11 +367,19 @@ static stof_status get(stof_ctx *ctx, const jit_request *req, const char *known,
     if (m) {
         free(sig);
     } else {
+        char row[65], mapped[65];
+        const int has_row = !known && key_row(ctx, sig, row);
+        const int hit = has_row && mapped_key(ctx, row, mapped);
         cache_kernel k;
-        stof_status st = find_or_compile(ctx, req, known, &k, &o);
+        stof_status st = find_or_compile(ctx, req, hit ? mapped : known, &k, &o);
         if (st != STOF_OK) {
             free(sig);
             return st;
+        }
+        if (has_row && (!hit || strcmp(mapped, k.key) != 0)) {
+            err_record saved = ctx->err;
+            if (cache_put_derived(&ctx->err, ctx->cache, JIT_KEY_ROW, row, k.key, 64) != STOF_OK)
+                ctx->err = saved;
         }
         st = load_module(ctx, sig, &k, req->entry, &m);
         cache_kernel_free(&k);

@@ -77,6 +77,15 @@ stof_status jit_get(stof_ctx *ctx, const jit_request *req, CUfunction *fn, jit_o
  * current id names the kernel that req would render to. */
 int jit_source_id(char out[17]);
 
+/* jit_get's derived row (kind JIT_KEY_ROW) names the kernel a request
+ * renders to, so that a cached kernel loads without rendering (on an H100
+ * host 0.2 of a GEMM's 0.5 ms): its key, written to out, is the digest of
+ * the request with the templates, compile options, arch and NVRTC; its
+ * data, the kernel's key. 0 while the templates come from
+ * STOF_TEMPLATE_DIR, or without a cache. */
+#define JIT_KEY_ROW "kernel key"
+int jit_key_row(stof_ctx *ctx, const jit_request *req, char out[65]);
+
 /* jit_get, first looking for `known` (a key recorded with the current
  * jit_source_id, or NULL) in the cache without rendering req; a miss there
  * renders as jit_get does. */

@@ -4,6 +4,8 @@
  * keys and CUBINs that one-by-one jit_prepare gives, are counted once, are
  * found again as cache hits; a request that breaks its source fails with
  * NVRTC's sentence while the others are stored; one thread works too.
+ * jit_get's derived row exists only for embedded templates (test_gpu_jit
+ * follows it on a GPU).
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -169,6 +171,37 @@ START_TEST(one_thread_and_no_cache)
 }
 END_TEST
 
+/* With the templates read from STOF_TEMPLATE_DIR there is no row naming a
+ * request's kernel: edited templates must never load an old kernel. */
+START_TEST(no_key_row_for_templates_from_a_directory)
+{
+    char *dir = test_tmpdir();
+    req_set s;
+    make_set(&s, -1);
+    char *saved = getenv("STOF_TEMPLATE_DIR") ? strdup(getenv("STOF_TEMPLATE_DIR")) : NULL;
+    char row[65], row2[65];
+    stof_ctx *ctx = open_ctx(dir, "cache.db");
+    ck_assert(jit_key_row(ctx, &s.req[0], row));
+    ck_assert(jit_key_row(ctx, &s.req[1], row2));
+    ck_assert_str_ne(row, row2);
+    stof_close(ctx);
+    setenv("STOF_TEMPLATE_DIR", "templates", 1);
+    ctx = open_ctx(dir, "cache.db");
+    ck_assert(!jit_key_row(ctx, &s.req[0], row));
+    stof_close(ctx);
+    if (saved)
+        setenv("STOF_TEMPLATE_DIR", saved, 1);
+    else
+        unsetenv("STOF_TEMPLATE_DIR");
+    free(saved);
+    ctx = open_ctx(dir, NULL);
+    ck_assert(!jit_key_row(ctx, &s.req[0], row));
+    stof_close(ctx);
+    test_rmtree(dir);
+    free(dir);
+}
+END_TEST
+
 Suite *suite_jit(void)
 {
     Suite *s = suite_create("jit");
@@ -177,6 +210,7 @@ Suite *suite_jit(void)
     tcase_add_test(t, together_matches_one_by_one);
     tcase_add_test(t, a_broken_request_fails_the_rest_are_stored);
     tcase_add_test(t, one_thread_and_no_cache);
+    tcase_add_test(t, no_key_row_for_templates_from_a_directory);
     suite_add_tcase(s, t);
     return s;
 }
