@@ -337,6 +337,17 @@ int jit_key_row(stof_ctx *ctx, const jit_request *req, char out[65])
     return ok;
 }
 
+/* Writes key_row's row for sig: key names its kernel. Best effort. */
+static void put_key_row(stof_ctx *ctx, const char *sig, const char *key)
+{
+    char row[65];
+    if (!key_row(ctx, sig, row))
+        return;
+    err_record saved = ctx->err;
+    if (cache_put_derived(&ctx->err, ctx->cache, JIT_KEY_ROW, row, key, 64) != STOF_OK)
+        ctx->err = saved;
+}
+
 /* The key key_row's row names, in out; 0 if none (a failed read is a miss). */
 static int mapped_key(stof_ctx *ctx, const char *row, char out[65])
 {
@@ -376,11 +387,8 @@ static stof_status get(stof_ctx *ctx, const jit_request *req, const char *known,
             free(sig);
             return st;
         }
-        if (has_row && (!hit || strcmp(mapped, k.key) != 0)) {
-            err_record saved = ctx->err;
-            if (cache_put_derived(&ctx->err, ctx->cache, JIT_KEY_ROW, row, k.key, 64) != STOF_OK)
-                ctx->err = saved;
-        }
+        if (has_row && (!hit || strcmp(mapped, k.key) != 0))
+            put_key_row(ctx, sig, k.key);
         st = load_module(ctx, sig, &k, req->entry, &m);
         cache_kernel_free(&k);
         TRY(st);
@@ -517,6 +525,9 @@ stof_status jit_prepare_all(stof_ctx *ctx, const jit_request *reqs, int n)
             continue;
         }
         kernel_key(it->source, ctx->arch, it->key);
+        /* Loaded from here on, the kernel is not looked up again in this
+         * process: its row now, for the next. */
+        put_key_row(ctx, it->sig, it->key);
         cache_kernel k;
         memset(&k, 0, sizeof k);
         if (cache_lookup(ctx, it->key, &k)) {

@@ -4,8 +4,8 @@
  * keys and CUBINs that one-by-one jit_prepare gives, are counted once, are
  * found again as cache hits; a request that breaks its source fails with
  * NVRTC's sentence while the others are stored; one thread works too.
- * jit_get's derived row exists only for embedded templates (test_gpu_jit
- * follows it on a GPU).
+ * A batch leaves the derived row that names each request's kernel, which
+ * exists only for embedded templates (test_gpu_jit follows it on a GPU).
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -91,6 +91,17 @@ START_TEST(together_matches_one_by_one)
         ck_assert_int_eq(memcmp(a.cubin, b.cubin, a.cubin_size), 0);
         cache_kernel_free(&a);
         cache_kernel_free(&b);
+        /* The batch left the row that names each request's kernel. */
+        char row[65];
+        void *data = NULL;
+        size_t n = 0;
+        int found = 0;
+        ck_assert(jit_key_row(all, &s.req[i], row));
+        ck_assert_int_eq(cache_get_derived(&all->err, all->cache, JIT_KEY_ROW, row, &data, &n, &found),
+                         STOF_OK);
+        ck_assert(found && n == 64);
+        ck_assert_int_eq(memcmp(data, keys[i], 64), 0);
+        free(data);
     }
     /* Again: every one a cache hit, nothing compiled. */
     ck_assert_int_eq(jit_prepare_all(all, s.req, NREQ), STOF_OK);
