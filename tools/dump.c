@@ -1479,13 +1479,13 @@ static int arch_like(const char *a)
 
 static int known_filters(dump *d)
 {
-    static const char *const ops[] = {"layernorm", "mha", "layer", NULL};
+    static const char *const ops[] = {"layernorm", "mha", "layer", "layer-group", NULL};
     const char *op = d->a->op, *arch = d->a->arch;
     int ok = !op;
     for (const char *const *p = ops; op && *p && !ok; p++)
         ok = strcmp(*p, op) == 0;
     if (!ok && !cache_admin_has_op(d->c, op))
-        return usage_error("unknown op \"%s\" (known: layernorm, mha, layer)", op);
+        return usage_error("unknown op \"%s\" (known: layernorm, mha, layer, layer-group)", op);
     if (arch && !arch_like(arch))
         return usage_error("unknown arch \"%s\" (expected sm_NN, e.g. sm_90a)", arch);
     return 0;

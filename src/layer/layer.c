@@ -88,6 +88,13 @@ void layer_shape_string(const stof_layer_desc *d, char *out, size_t n)
              acts[d->activation], d->norm == STOF_POST_LN ? "post" : "pre");
 }
 
+void layer_group_shape(int g, const layer_group *grp, char *out, size_t n)
+{
+    const gemm_epilogue *e = &grp->epi;
+    snprintf(out, n, "%s_m%d_n%d_k%d_bias%d_act%d_res%d_ln%d_sum%d", GROUP_NAMES[g], grp->m, grp->n,
+             grp->k, e->bias, (int)e->act, e->residual, e->ln, e->ln_sum);
+}
+
 /* ---- the model ------------------------------------------------------------- */
 
 /* GEMM rates relative to the measured dense-attention rates: cuBLAS on
@@ -746,8 +753,8 @@ static stof_status kbatch_compile(stof_ctx *ctx, kbatch *b)
  * group, one kernel at a time, the GEMMs cost a cold BERT-base layer plan 4
  * of its 8 seconds, the small passes a few tenths of one). A budget on candidates
  * or time may stop the search short of them, so none are compiled ahead then. */
-static void precompile(stof_ctx *ctx, const layer_group *g, int smem_max, const model_device *md,
-                       const search_state *ss)
+static void precompile(stof_ctx *ctx, const layer_group *g, const int *chosen, int smem_max,
+                       const model_device *md, const search_state *ss)
 {
     if (ss->max_candidates > 0 || ss->deadline > 0)
         return;
@@ -755,6 +762,8 @@ static void precompile(stof_ctx *ctx, const layer_group *g, int smem_max, const 
     if (!b)
         return;
     for (int gi = 0; gi < LG_COUNT; gi++) {
+        if (chosen[gi])
+            continue;
         layer_scheme rank[LS_COUNT];
         double pred[LS_COUNT];
         layer_choice params[MAX_TRIED];
@@ -936,6 +945,31 @@ static int num_of(const json_value *o, const char *key, double *out)
     return 1;
 }
 
+/* Group g's entry of a record (its name, scheme, algo, cfg and ms); 0 if
+ * it is not one. */
+static int group_parse(const json_value *o, int g, layer_choice *c, double *ms)
+{
+    const json_value *sc = json_get(o, "scheme"), *name = json_get(o, "group"),
+                     *cfg = json_get(o, "cfg");
+    double algo = -1;
+    int ok = sc && sc->type == JSON_STRING && name && name->type == JSON_STRING &&
+             !strcmp(name->str, GROUP_NAMES[g]) && num_of(o, "algo", &algo) && num_of(o, "ms", ms) &&
+             cfg && cfg->type == JSON_ARRAY && cfg->n == 7 && algo >= 0 && algo < BLAS_MAX_ALGOS;
+    int s = 0;
+    while (ok && s < LS_COUNT && strcmp(sc->str, SCHEME_NAMES[s]))
+        s++;
+    ok = ok && s < LS_COUNT;
+    int v[7];
+    for (int i = 0; ok && i < 7; i++) {
+        long long x;
+        ok = json_int(cfg->items[i], 0, 4096, &x);
+        v[i] = (int)x;
+    }
+    if (ok)
+        *c = (layer_choice){(layer_scheme)s, (int)algo, {v[0], v[1], v[2], v[3], v[4], v[5], v[6]}};
+    return ok;
+}
+
 int layer_record_parse(const char *text, layer_record *r)
 {
     memset(r, 0, sizeof *r);
@@ -946,27 +980,37 @@ int layer_record_parse(const char *text, layer_record *r)
              num_of(root, "graph", &graph) && num_of(root, "plain_ms", &r->plain_ms) &&
              num_of(root, "graph_ms", &r->graph_ms);
     r->graph = graph != 0;
-    for (int g = 0; ok && g < LG_COUNT; g++) {
-        const json_value *o = groups->items[g], *sc = json_get(o, "scheme"),
-                         *name = json_get(o, "group"), *cfg = json_get(o, "cfg");
-        double algo = -1;
-        ok = sc && sc->type == JSON_STRING && name && name->type == JSON_STRING &&
-             !strcmp(name->str, GROUP_NAMES[g]) && num_of(o, "algo", &algo) &&
-             num_of(o, "ms", &r->ms[g]) && cfg && cfg->type == JSON_ARRAY && cfg->n == 7 &&
-             algo >= 0 && algo < BLAS_MAX_ALGOS;
-        int s = 0;
-        while (ok && s < LS_COUNT && strcmp(sc->str, SCHEME_NAMES[s]))
-            s++;
-        ok = ok && s < LS_COUNT;
-        int v[7];
-        for (int i = 0; ok && i < 7; i++) {
-            long long x;
-            ok = json_int(cfg->items[i], 0, 4096, &x);
-            v[i] = (int)x;
-        }
-        if (ok)
-            r->c[g] = (layer_choice){(layer_scheme)s, (int)algo, {v[0], v[1], v[2], v[3], v[4], v[5], v[6]}};
+    for (int g = 0; ok && g < LG_COUNT; g++)
+        ok = group_parse(groups->items[g], g, &r->c[g], &r->ms[g]);
+    json_free(root);
+    return ok;
+}
+
+char *layer_group_record_format(int g, const layer_choice *c, double ms, const layer_tried *tried,
+                                int n, const char *how)
+{
+    strbuf b = {0};
+    strbuf_printf(&b, "{\"how\":\"%s\",\"group\":\"%s\",", how, GROUP_NAMES[g]);
+    choice_json(&b, c);
+    strbuf_printf(&b, ",\"ms\":%.6f,\"tried\":[", ms);
+    for (int i = 0, k = 0; i < n; i++) {
+        if (tried[i].group != g)
+            continue;
+        strbuf_printf(&b, "%s{", k++ ? "," : "");
+        choice_json(&b, &tried[i].c);
+        strbuf_printf(&b, ",\"predicted_ms\":%.6f", tried[i].predicted_ms);
+        if (tried[i].verdict)
+            strbuf_printf(&b, ",\"ms\":%.6f,\"verdict\":\"%s\"", tried[i].ms, tried[i].verdict);
+        strbuf_puts(&b, "}");
     }
+    strbuf_puts(&b, "]}");
+    return strbuf_take(&b);
+}
+
+int layer_group_record_parse(const char *text, int g, layer_choice *c, double *ms)
+{
+    json_value *root = text ? json_parse(text, strlen(text), NULL) : NULL;
+    int ok = root && root->type == JSON_OBJECT && group_parse(root, g, c, ms);
     json_free(root);
     return ok;
 }
@@ -1300,6 +1344,49 @@ static stof_status check_weights(stof_ctx *ctx, const stof_layer_weights *w)
     return STOF_OK;
 }
 
+/* Group g's choice from its own record (LAYER_GROUP_OP), if there is one
+ * that loads; 1 then. */
+static int group_from_cache(stof_layer_plan *p, int g, layer_choice *c, double *ms)
+{
+    stof_ctx *ctx = p->ctx;
+    if (!ctx->cache)
+        return 0;
+    char shape[160];
+    layer_group_shape(g, &p->g[g], shape, sizeof shape);
+    cache_tuning rec;
+    int found = 0, ok = 0;
+    err_record saved = ctx->err;
+    if (cache_get_tuning(&ctx->err, ctx->cache, LAYER_GROUP_OP, "-", shape,
+                         dtype_name(p->d.dtype), ctx->arch, &rec, &found) == STOF_OK && found) {
+        gexec e;
+        ok = layer_group_record_parse(rec.record, g, c, ms) &&
+             gexec_load(ctx, &p->g[g], c, &e) == STOF_OK;
+        if (ok)
+            gexec_free(ctx, &e);
+        cache_tuning_free(&rec);
+    }
+    ctx->err = saved;
+    return ok;
+}
+
+/* Keeps group g's choice, searched just now, in its own record. */
+static void group_store(stof_layer_plan *p, int g, const layer_tried *tried, int n, const char *how)
+{
+    stof_ctx *ctx = p->ctx;
+    if (!ctx->cache)
+        return;
+    char shape[160];
+    layer_group_shape(g, &p->g[g], shape, sizeof shape);
+    char *record = layer_group_record_format(g, &p->rec.c[g], p->rec.ms[g], tried, n, how);
+    cache_tuning t = {LAYER_GROUP_OP, "-", shape, (char *)dtype_name(p->d.dtype), ctx->arch, record, 0};
+    /* A record that fails to store costs a later search, no more. */
+    err_record saved = ctx->err;
+    if (record)
+        cache_put_tuning(&ctx->err, ctx->cache, &t);
+    ctx->err = saved;
+    free(record);
+}
+
 /* A plan; w NULL: one that only fills the cache and never runs. */
 static stof_status plan_make(stof_ctx *ctx, const stof_layer_desc *desc, const stof_mask *mask,
                              const stof_layer_weights *w, stof_layer_plan **plan)
@@ -1377,10 +1464,21 @@ static stof_status plan_make(stof_ctx *ctx, const stof_layer_desc *desc, const s
             ss->max_candidates = desc->max_candidates;
             ss->deadline = desc->max_seconds > 0 ? t0 + desc->max_seconds : 0;
         }
+        /* Groups another mask's search chose already; then the others. */
+        int chosen[LG_COUNT];
+        for (int g = 0; g < LG_COUNT; g++)
+            chosen[g] = group_from_cache(p, g, &p->rec.c[g], &p->rec.ms[g]);
         if (ss)
-            precompile(ctx, p->g, smem_max, &md, ss);
-        for (int g = 0; st == STOF_OK && g < LG_COUNT; g++)
+            precompile(ctx, p->g, chosen, smem_max, &md, ss);
+        for (int g = 0; st == STOF_OK && g < LG_COUNT; g++) {
+            if (chosen[g])
+                continue;
+            const int from = ss->n;
             st = search_group(ctx, g, &p->g[g], smem_max, &md, ss, &p->rec.c[g], &p->rec.ms[g]);
+            if (st == STOF_OK)
+                group_store(p, g, ss->tried + from, ss->n - from,
+                            level == STOF_TUNE_FULL ? "full" : "fast");
+        }
         if (st == STOF_OK)
             st = load_all(p);
         if (st == STOF_OK)

@@ -79,6 +79,18 @@ int layer_record_parse(const char *text, layer_record *r);
 /* Shape part of the record's key: "b8_s2048_h768_n12_f3072_gelu_post". */
 void layer_shape_string(const stof_layer_desc *d, char *out, size_t n);
 
+/* A group's choice does not depend on the mask, so a search also keeps it
+ * in a record of its own (op "layer-group", mask hash "-", the shape part
+ * from layer_group_shape: "qkv_m16384_n2304_k768_bias1_act0_res0_ln0_sum0"),
+ * which a search for a layer of the same shape and another mask takes
+ * instead of timing the group again. The record: the choice, its ms and
+ * what its search tried (the entries of tried[] of group g). */
+#define LAYER_GROUP_OP "layer-group"
+void layer_group_shape(int g, const layer_group *grp, char *out, size_t n);
+char *layer_group_record_format(int g, const layer_choice *c, double ms, const layer_tried *tried,
+                                int n, const char *how);
+int layer_group_record_parse(const char *text, int g, layer_choice *c, double *ms);
+
 /* For tests: runs choice c of group g on random inputs (fresh output
  * poisoned), checks rows against the CPU in double, and times it; verdict
  * is "ok", "mismatch" or "failed" (then ctx's error says why). */

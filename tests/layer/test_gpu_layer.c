@@ -134,36 +134,48 @@ static double run_and_compare(stof_ctx *ctx, stof_layer_plan *p, const layer_dat
 
 static double tol(stof_dtype t) { return t == STOF_BF16 ? 1.5e-2 : 5e-3; }
 
-/* Checks one layer record: each group timed a generated scheme, and a
- * library winner beat every generated candidate by LAYER_LIB_MARGIN. */
-static int check_record(const cache_tuning *t, const char *version, void *arg)
+/* Checks a group's record (LAYER_GROUP_OP): its search timed a generated
+ * scheme, and a library winner beat every generated candidate by
+ * LAYER_LIB_MARGIN. */
+static int check_group_record(const cache_tuning *t, const char *version, void *arg)
 {
     (void)version;
     json_value *root = json_parse(t->record, strlen(t->record), NULL);
     ck_assert_ptr_nonnull(root);
-    const json_value *groups = json_get(root, "groups"), *tried = json_get(root, "tried");
-    ck_assert(groups && groups->type == JSON_ARRAY && groups->n == LG_COUNT);
+    const json_value *tried = json_get(root, "tried");
     ck_assert(tried && tried->type == JSON_ARRAY);
-    for (size_t g = 0; g < groups->n; g++) {
-        const char *name = json_get(groups->items[g], "group")->str;
-        const char *win = json_get(groups->items[g], "scheme")->str;
-        const double win_ms = json_get(groups->items[g], "ms")->number;
-        int gens = 0;
-        for (size_t i = 0; i < tried->n; i++) {
-            const json_value *e = tried->items[i], *v = json_get(e, "verdict");
-            if (strcmp(json_get(e, "group")->str, name) || !v || strcmp(v->str, "ok") ||
-                strncmp(json_get(e, "scheme")->str, "gen", 3))
-                continue;
-            gens++;
-            if (!strncmp(win, "cublas", 6))
-                ck_assert_msg(json_get(e, "ms")->number > win_ms * (1 + LAYER_LIB_MARGIN),
-                              "%s: %s at %.4f ms won over %s at %.4f", name, win, win_ms,
-                              json_get(e, "scheme")->str, json_get(e, "ms")->number);
-        }
-        ck_assert_msg(gens > 0, "%s: no generated scheme timed (%s won)", name, win);
+    const char *win = json_get(root, "scheme")->str;
+    const double win_ms = json_get(root, "ms")->number;
+    int gens = 0;
+    for (size_t i = 0; i < tried->n; i++) {
+        const json_value *e = tried->items[i], *v = json_get(e, "verdict");
+        if (!v || strcmp(v->str, "ok") || strncmp(json_get(e, "scheme")->str, "gen", 3))
+            continue;
+        gens++;
+        if (!strncmp(win, "cublas", 6))
+            ck_assert_msg(json_get(e, "ms")->number > win_ms * (1 + LAYER_LIB_MARGIN),
+                          "%s: %s at %.4f ms won over %s at %.4f", t->shape, win, win_ms,
+                          json_get(e, "scheme")->str, json_get(e, "ms")->number);
     }
+    ck_assert_msg(gens > 0, "%s: no generated scheme timed (%s won)", t->shape, win);
     json_free(root);
     ++*(int *)arg;
+    return 0;
+}
+
+/* Counts layer records (arg[0]) and those whose search timed no group
+ * (arg[1]: every group came from its own record). */
+static int count_layer_record(const cache_tuning *t, const char *version, void *arg)
+{
+    (void)version;
+    json_value *root = json_parse(t->record, strlen(t->record), NULL);
+    ck_assert_ptr_nonnull(root);
+    const json_value *tried = json_get(root, "tried");
+    ck_assert(tried && tried->type == JSON_ARRAY);
+    int *n = arg;
+    n[0]++;
+    n[1] += tried->n == 0;
+    json_free(root);
     return 0;
 }
 
@@ -211,10 +223,15 @@ START_TEST(layer_matches_reference)
     err = run_and_compare(ctx, p, &L, c, ref);
     ck_assert_msg(err <= tol(c->dtype), "case %d, again: relative L2 %.3g", _i, err);
     stof_layer_plan_free(p);
-    int records = 0;
-    ck_assert_int_eq(cache_admin_list_tuning(&ctx->err, ctx->cache, "layer", check_record, &records),
+    int groups = 0, layers[2] = {0, 0};
+    ck_assert_int_eq(cache_admin_list_tuning(&ctx->err, ctx->cache, LAYER_GROUP_OP,
+                                             check_group_record, &groups),
                      STOF_OK);
-    ck_assert_int_eq(records, 1);
+    ck_assert_int_eq(groups, LG_COUNT);
+    ck_assert_int_eq(
+        cache_admin_list_tuning(&ctx->err, ctx->cache, "layer", count_layer_record, layers), STOF_OK);
+    ck_assert_int_eq(layers[0], 1);
+    ck_assert_int_eq(layers[1], 0);
 
     /* A second context plans from the record: no compile, no timing. */
     stof_ctx *again = open_ctx(dir);
@@ -232,6 +249,34 @@ START_TEST(layer_matches_reference)
     ck_assert_msg(err <= tol(c->dtype), "case %d cached: relative L2 %.3g", _i, err);
     stof_layer_plan_free(p);
     stof_close(again);
+
+    /* Another mask, same shape, a third context: the groups come from their
+     * own records, attention alone is searched, and the layer still
+     * matches its reference. */
+    stof_ctx *other = open_ctx(dir);
+    stof_mask *m2;
+    const char *spec2 = strcmp(c->spec, "causal") ? "causal" : "dense";
+    ck_assert_int_eq(stof_mask_parse(other, spec2, c->seq, c->seq, &m2), STOF_OK);
+    ck_assert_int_eq(ref_layer(other, &L.d, m2, &L.hw, L.host[12], c->lens ? L.lens : NULL, ref),
+                     STOF_OK);
+    st = stof_layer_plan_create(other, &L.d, m2, &L.dw, &p);
+    ck_assert_msg(st == STOF_OK, "plan, %s: %s", spec2, stof_last_error(other));
+    err = run_and_compare(other, p, &L, c, ref);
+    ck_assert_msg(err <= tol(c->dtype), "case %d, %s: relative L2 %.3g", _i, spec2, err);
+    stof_layer_plan_free(p);
+    groups = 0;
+    layers[0] = layers[1] = 0;
+    ck_assert_int_eq(cache_admin_list_tuning(&other->err, other->cache, LAYER_GROUP_OP,
+                                             check_group_record, &groups),
+                     STOF_OK);
+    ck_assert_int_eq(groups, LG_COUNT);
+    ck_assert_int_eq(cache_admin_list_tuning(&other->err, other->cache, "layer", count_layer_record,
+                                             layers),
+                     STOF_OK);
+    ck_assert_int_eq(layers[0], 2);
+    ck_assert_int_eq(layers[1], 1);
+    stof_mask_free(m2);
+    stof_close(other);
 
     free(ref);
     free_data(ctx, &L);
