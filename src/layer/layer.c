@@ -913,6 +913,23 @@ static void choice_json(strbuf *b, const layer_choice *c)
                   c->cfg.wm, c->cfg.wn, c->cfg.stages, c->cfg.wg);
 }
 
+/* "tried":[...]: the n entries, or those of group g alone (g >= 0). */
+static void tried_json(strbuf *b, const layer_tried *tried, int n, int g)
+{
+    strbuf_puts(b, "\"tried\":[");
+    for (int i = 0, k = 0; i < n; i++) {
+        if (g >= 0 && tried[i].group != g)
+            continue;
+        strbuf_printf(b, "%s{\"group\":\"%s\",", k++ ? "," : "", GROUP_NAMES[tried[i].group]);
+        choice_json(b, &tried[i].c);
+        strbuf_printf(b, ",\"predicted_ms\":%.6f", tried[i].predicted_ms);
+        if (tried[i].verdict)
+            strbuf_printf(b, ",\"ms\":%.6f,\"verdict\":\"%s\"", tried[i].ms, tried[i].verdict);
+        strbuf_puts(b, "}");
+    }
+    strbuf_puts(b, "]");
+}
+
 char *layer_record_format(const layer_record *r, const layer_tried *tried, int n, const char *how)
 {
     strbuf b = {0};
@@ -923,16 +940,9 @@ char *layer_record_format(const layer_record *r, const layer_tried *tried, int n
         choice_json(&b, &r->c[g]);
         strbuf_printf(&b, ",\"ms\":%.6f}", r->ms[g]);
     }
-    strbuf_puts(&b, "],\"tried\":[");
-    for (int i = 0; i < n; i++) {
-        strbuf_printf(&b, "%s{\"group\":\"%s\",", i ? "," : "", GROUP_NAMES[tried[i].group]);
-        choice_json(&b, &tried[i].c);
-        strbuf_printf(&b, ",\"predicted_ms\":%.6f", tried[i].predicted_ms);
-        if (tried[i].verdict)
-            strbuf_printf(&b, ",\"ms\":%.6f,\"verdict\":\"%s\"", tried[i].ms, tried[i].verdict);
-        strbuf_puts(&b, "}");
-    }
-    strbuf_puts(&b, "]}");
+    strbuf_puts(&b, "],");
+    tried_json(&b, tried, n, -1);
+    strbuf_puts(&b, "}");
     return strbuf_take(&b);
 }
 
@@ -992,18 +1002,9 @@ char *layer_group_record_format(int g, const layer_choice *c, double ms, const l
     strbuf b = {0};
     strbuf_printf(&b, "{\"how\":\"%s\",\"group\":\"%s\",", how, GROUP_NAMES[g]);
     choice_json(&b, c);
-    strbuf_printf(&b, ",\"ms\":%.6f,\"tried\":[", ms);
-    for (int i = 0, k = 0; i < n; i++) {
-        if (tried[i].group != g)
-            continue;
-        strbuf_printf(&b, "%s{", k++ ? "," : "");
-        choice_json(&b, &tried[i].c);
-        strbuf_printf(&b, ",\"predicted_ms\":%.6f", tried[i].predicted_ms);
-        if (tried[i].verdict)
-            strbuf_printf(&b, ",\"ms\":%.6f,\"verdict\":\"%s\"", tried[i].ms, tried[i].verdict);
-        strbuf_puts(&b, "}");
-    }
-    strbuf_puts(&b, "]}");
+    strbuf_printf(&b, ",\"ms\":%.6f,", ms);
+    tried_json(&b, tried, n, g);
+    strbuf_puts(&b, "}");
     return strbuf_take(&b);
 }
 
@@ -1475,7 +1476,8 @@ static stof_status plan_make(stof_ctx *ctx, const stof_layer_desc *desc, const s
                 continue;
             const int from = ss->n;
             st = search_group(ctx, g, &p->g[g], smem_max, &md, ss, &p->rec.c[g], &p->rec.ms[g]);
-            if (st == STOF_OK)
+            /* Not from a search a budget cut short: other masks take it as found. */
+            if (st == STOF_OK && ss->max_candidates == 0 && ss->deadline == 0)
                 group_store(p, g, ss->tried + from, ss->n - from,
                             level == STOF_TUNE_FULL ? "full" : "fast");
         }

@@ -128,6 +128,38 @@ START_TEST(record_round_trip)
 }
 END_TEST
 
+/* A group's own record: its choice and ms come back, with only its own
+ * tried entries; another group's name, or a damaged record, is refused. */
+START_TEST(group_record_round_trip)
+{
+    const layer_choice c = {LS_GEN, 0, {128, 192, 64, 2, 1, 4, 2}};
+    const layer_choice lt = {LS_LT, 2, {0}};
+    layer_tried tried[3] = {{LG_FFN2, lt, 0.2, 0.13, "ok"},
+                            {LG_QKV, c, 0.1, 0.09, "ok"},
+                            {LG_FFN2, c, 0.3, 0.131, "ok"}};
+    char *text = layer_group_record_format(LG_FFN2, &c, 0.131, tried, 3, "fast");
+    ck_assert_ptr_nonnull(text);
+    layer_choice back;
+    double ms = 0;
+    ck_assert_int_eq(layer_group_record_parse(text, LG_FFN2, &back, &ms), 1);
+    ck_assert_int_eq(back.scheme, c.scheme);
+    ck_assert_mem_eq(&back.cfg, &c.cfg, sizeof c.cfg);
+    ck_assert_double_eq_tol(ms, 0.131, 1e-9);
+    ck_assert_ptr_null(strstr(text, "\"qkv\""));
+    ck_assert_ptr_nonnull(strstr(text, "cublaslt+gen"));
+    ck_assert_int_eq(layer_group_record_parse(text, LG_FFN1, &back, &ms), 0);
+    text[strlen(text) / 2] = 0;
+    ck_assert_int_eq(layer_group_record_parse(text, LG_FFN2, &back, &ms), 0);
+    free(text);
+    ck_assert_int_eq(layer_group_record_parse(NULL, LG_FFN2, &back, &ms), 0);
+    /* The key's shape part names the group, its product and epilogue. */
+    layer_group g = {16384, 768, 3072, STOF_F16, {1, GEMM_ACT_NONE, 1, 1, 0}, 1e-5f};
+    char shape[160];
+    layer_group_shape(LG_FFN2, &g, shape, sizeof shape);
+    ck_assert_str_eq(shape, "ffn2_m16384_n768_k3072_bias1_act0_res1_ln1_sum0");
+}
+END_TEST
+
 START_TEST(bad_descriptions)
 {
     stof_ctx *ctx;
@@ -222,6 +254,7 @@ Suite *suite_layer(void)
     tcase_add_test(t, groups_of_both_norms);
     tcase_add_test(t, model_ranks_schemes);
     tcase_add_test(t, record_round_trip);
+    tcase_add_test(t, group_record_round_trip);
     tcase_add_test(t, bad_descriptions);
     tcase_add_loop_test(t, prepare_fills_the_cache, 0, 2);
     suite_add_tcase(s, t);
