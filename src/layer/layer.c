@@ -1038,6 +1038,7 @@ struct stof_layer_plan {
     CUdeviceptr blas_ws;
     layer_record rec;
     const char *origin;           /* "cache", "search", "model" */
+    int group_record[LG_COUNT];   /* search: the group's choice came from its own record */
     int timed;                    /* candidates timed by the search */
     /* Captured graphs, each with the buffers it was captured on, so that a
      * caller rotating a few buffer sets replays instead of capturing again;
@@ -1466,7 +1467,7 @@ static stof_status plan_make(stof_ctx *ctx, const stof_layer_desc *desc, const s
             ss->deadline = desc->max_seconds > 0 ? t0 + desc->max_seconds : 0;
         }
         /* Groups another mask's search chose already; then the others. */
-        int chosen[LG_COUNT];
+        int *chosen = p->group_record;
         for (int g = 0; g < LG_COUNT; g++)
             chosen[g] = group_from_cache(p, g, &p->rec.c[g], &p->rec.ms[g]);
         if (ss)
@@ -1601,8 +1602,9 @@ stof_status stof_layer_plan_describe(const stof_layer_plan *p, char *buf, size_t
             snprintf(params, sizeof params, "algo=%d", c->algo);
         else if (c->scheme >= LS_GEN)
             gemm_config_str(&c->cfg, params, sizeof params);
-        strbuf_printf(&b, "  %s: %s %s %s_ms=%.4f\n", GROUP_NAMES[g], layer_scheme_name(c->scheme),
-                      params, !strcmp(p->origin, "model") ? "predicted" : "measured", p->rec.ms[g]);
+        strbuf_printf(&b, "  %s: %s %s %s_ms=%.4f%s\n", GROUP_NAMES[g], layer_scheme_name(c->scheme),
+                      params, !strcmp(p->origin, "model") ? "predicted" : "measured", p->rec.ms[g],
+                      p->group_record[g] ? " from=group-record" : "");
         if (g == LG_QKV) {
             char m[512];
             stof_mha_plan_describe(p->mha, m, sizeof m);

@@ -263,6 +263,11 @@ START_TEST(layer_matches_reference)
     ck_assert_msg(st == STOF_OK, "plan, %s: %s", spec2, stof_last_error(other));
     err = run_and_compare(other, p, &L, c, ref);
     ck_assert_msg(err <= tol(c->dtype), "case %d, %s: relative L2 %.3g", _i, spec2, err);
+    ck_assert_int_eq(stof_layer_plan_describe(p, desc, sizeof desc), STOF_OK);
+    int from_record = 0;
+    for (const char *q = desc; (q = strstr(q, "from=group-record")); q++)
+        from_record++;
+    ck_assert_msg(from_record == LG_COUNT, "case %d, %s:\n%s", _i, spec2, desc);
     stof_layer_plan_free(p);
     groups = 0;
     layers[0] = layers[1] = 0;
