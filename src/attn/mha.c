@@ -1209,14 +1209,15 @@ static stof_status plan_new(stof_ctx *ctx, const stof_mha_desc *desc, const stof
     return STOF_OK;
 }
 
-stof_status mha_plan_create(stof_ctx *ctx, const stof_mha_desc *desc, const stof_mask *mask,
-                            const mask_summary *ms, stof_mha_plan **plan)
+stof_status stof_mha_plan_create(stof_ctx *ctx, const stof_mha_desc *desc, const stof_mask *mask,
+                                 stof_mha_plan **plan)
 {
     if (!ctx)
         return STOF_ERR_INVALID_ARG;
     CTX_ARG(ctx, plan, "plan");
     *plan = NULL;
     stof_mha_plan *p;
+    const mask_summary *ms = NULL;
     mask_summary own;
     TRY(plan_new(ctx, desc, mask, &ms, &own, &p));
     stof_status st = STOF_OK;
@@ -1293,11 +1294,7 @@ stof_status mha_plan_create(stof_ctx *ctx, const stof_mha_desc *desc, const stof
     return STOF_OK;
 }
 
-stof_status stof_mha_plan_create(stof_ctx *ctx, const stof_mha_desc *desc, const stof_mask *mask,
-                                 stof_mha_plan **plan)
-{
-    return mha_plan_create(ctx, desc, mask, NULL, plan);
-}
+const char *mha_plan_mask_hash(const stof_mha_plan *p) { return p ? p->mask_hash : ""; }
 
 stof_status mha_plan_forced(stof_ctx *ctx, const stof_mha_desc *desc, const stof_mask *mask,
                             const mha_candidate *c, stof_mha_plan **plan)

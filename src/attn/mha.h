@@ -84,10 +84,8 @@ int mha_record_kernel(const char *record, char key[65]);
  * engine, a device copy) and stored; with no GPU, the arch's defaults. */
 stof_status mha_device_figures(stof_ctx *ctx, model_device *md);
 
-/* stof_mha_plan_create on a mask the caller has summarized (ms; NULL: the
- * plan summarizes it), so that a layer walks its mask once. */
-stof_status mha_plan_create(stof_ctx *ctx, const stof_mha_desc *desc, const stof_mask *mask,
-                            const mask_summary *ms, stof_mha_plan **plan);
+/* The canonical hash of p's mask (64 hex digits; "" for NULL). */
+const char *mha_plan_mask_hash(const stof_mha_plan *p);
 
 /* Below this block efficiency (stof_mask_info at 64 x 64 blocks) the
  * gathered kind competes too; above it, block tiles waste little. */

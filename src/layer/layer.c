@@ -1398,21 +1398,19 @@ static stof_status plan_make(stof_ctx *ctx, const stof_layer_desc *desc, const s
         TRY(check_weights(ctx, w));
     TRY(ctx_need_device(ctx));
     const double t0 = now_s();
-    /* One walk of the mask for attention's plan and the layer's record. */
-    mask_summary ms;
-    TRY(mask_summarize(ctx, mask, &ms));
     stof_layer_plan *p = calloc(1, sizeof *p);
-    if (!p) {
-        mask_summary_free(&ms);
+    if (!p)
         return CTX_FAIL(ctx, STOF_ERR_NO_MEMORY, "out of memory");
-    }
     p->ctx = ctx;
     p->d = *desc;
     if (w)
         p->w = *w;
     layer_groups(desc, p->g);
     stof_mha_desc md_ = mha_desc_of(desc);
-    stof_status st = mha_plan_create(ctx, &md_, mask, &ms, &p->mha);
+    /* Attention's plan walks the mask only where its own cache rows (the
+     * mask's hash by spec, its tiles) do not spare it; the layer's record
+     * is keyed by the same hash. */
+    stof_status st = stof_mha_plan_create(ctx, &md_, mask, &p->mha);
     if (st == STOF_OK && desc->norm == STOF_PRE_LN) {
         stof_ln_desc lnd = {desc->batch * desc->seq, desc->hidden, desc->dtype, p->g[0].eps};
         st = ln_load(ctx, &lnd, 16, 0, 0, 0, &p->ln1);
@@ -1426,8 +1424,7 @@ static stof_status plan_make(stof_ctx *ctx, const stof_layer_desc *desc, const s
     char shape[160], hash[65];
     layer_shape_string(desc, shape, sizeof shape);
     const char *dt = dtype_name(desc->dtype);
-    memcpy(hash, ms.hash, sizeof hash);
-    mask_summary_free(&ms);
+    snprintf(hash, sizeof hash, "%s", mha_plan_mask_hash(p->mha));
 
     /* A record: no model, no timing. */
     int have = 0;
