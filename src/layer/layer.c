@@ -643,8 +643,8 @@ static int scheme_params(stof_ctx *ctx, const layer_group *g, layer_scheme s, in
 /* Loading cuBLAS and cuBLASLt into a process costs 60 to 170 ms on an H100
  * host (libcublasLt's dlopen about 60, then the handles, the first
  * heuristic query and kernel loads), paid by the first plan or run that
- * needs them, where a cached plan on generated kernels alone loads in 3 to
- * 6 ms. So a library scheme wins a group only by more than LIB_MARGIN (about
+ * needs them, where a cached plan on generated kernels alone loads in 2 to
+ * 4 ms. So a library scheme wins a group only by more than LIB_MARGIN (about
  * the spread of one timing between processes) over the generated kernels,
  * whose own parameters stage 2 tries too where they came within GEN_REACH. */
 #define LIB_MARGIN LAYER_LIB_MARGIN
