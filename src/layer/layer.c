@@ -640,7 +640,7 @@ static int scheme_params(stof_ctx *ctx, const layer_group *g, layer_scheme s, in
  * winner's parameters, and a generated scheme's behind a library winner). */
 #define SEARCH_ROOM (LG_COUNT * 2 * MAX_TRIED)
 
-/* Loading cuBLAS and cuBLASLt into a process costs 60 to 170 ms on an H100
+/* Loading cuBLAS and cuBLASLt into a process costs 60 to 210 ms on an H100
  * host (libcublasLt's dlopen about 60, then the handles, the first
  * heuristic query and kernel loads), paid by the first plan or run that
  * needs them, where a cached plan on generated kernels alone loads in 2 to
