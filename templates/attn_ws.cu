@@ -18,7 +18,13 @@
 // columns (SW below) into the swizzled layout wgmma reads (wgmma.cuh), rows
 // past the tensor's end read as zeros; K and V have "full" barriers (bytes
 // landed) and "empty" barriers (one arrival per consumer warp) of their
-// own, so S can start before V lands.
+// own, so S can start before V lands. The producer also reads the metadata
+// for the consumers, who would otherwise wait on those global loads at
+// every item and tile: before it arrives on Q's barrier it writes the item
+// (group, tiles, batch and head, sequence length) to shared memory, and
+// before K's, the tile's first key and bitmap index; a partial tile's
+// bitmap (BLOCK_M rows of its words) comes with K by a bulk copy. The
+// consumers release K's stage once they have masked with it.
 //
 // Consumers: warpgroup c owns rows 64c .. 64c + 63 of the item. Tile j's
 // step issues S_j = Q K_jᵀ and O += P_{j-1} V_{j-1} back to back, then,
@@ -67,6 +73,7 @@ constexpr int DA = ATOMS * AW;               // columns laid out
 constexpr int WPR = (BN + 31) / 32;          // bitmap words per tile row
 constexpr int Q_BYTES = BM * DA * 2, KV_BYTES = BN * DA * 2, O_BYTES = 64 * DA * 2;
 constexpr int P_BYTES = P_SMEM ? 64 * BN * 2 : 0;  // a consumer's P tile
+constexpr int BITS_BYTES = BM * WPR * 4;            // a partial tile's bitmap
 // 65536 registers: the producer keeps few, the consumers share the rest.
 constexpr int PRODUCER_REGS = NC == 2 ? 40 : 32;
 constexpr int CONSUMER_REGS = NC == 2 ? 232 : 160;
@@ -92,12 +99,15 @@ stof_attn(const __grid_constant__ stof_tmap tq, const __grid_constant__ stof_tma
 {
     // The launch gives 1 KiB of slack to align the swizzled tiles. Q, the K
     // stages, the V stages, each consumer's O, each consumer's P (P_SMEM),
-    // then the barriers.
+    // each stage's bitmap, the item (group, tiles, batch << 16 | head,
+    // length), each stage's tile (bitmap or -1, first key), then the
+    // barriers.
     extern __shared__ __align__(1024) unsigned char smem_raw[];
-    const unsigned Qs = (stof_smem_u32(smem_raw) + 1023) & ~1023u;
+    const unsigned base = stof_smem_u32(smem_raw), Qs = (base + 1023) & ~1023u;
     const unsigned Ks = Qs + Q_BYTES, Vs = Ks + STAGES * KV_BYTES, Os = Vs + STAGES * KV_BYTES;
-    const unsigned Ps = Os + NC * O_BYTES;
-    const unsigned q_full = Ps + NC * P_BYTES, q_empty = q_full + 8;
+    const unsigned Ps = Os + NC * O_BYTES, Bs = Ps + NC * P_BYTES;
+    const unsigned Is = Bs + STAGES * BITS_BYTES, Ts = Is + 16;
+    const unsigned q_full = Ts + 8 * STAGES, q_empty = q_full + 8;
     const unsigned k_full = q_empty + 8, k_empty = k_full + 8 * STAGES;
     const unsigned v_full = k_empty + 8 * STAGES, v_empty = v_full + 8 * STAGES;
     const int wg = threadIdx.x / 128, warp = threadIdx.x / 32, lane = threadIdx.x % 32;
@@ -131,35 +141,52 @@ stof_attn(const __grid_constant__ stof_tmap tq, const __grid_constant__ stof_tma
         for (int i = i0, n = 0; i < i1; i++, n++) {
             const int4 w = items[i];
             const int b = w.w >> 16, h = w.w & 0xffff;
+            const int len = seq_lens ? seq_lens[b] : 0x7fffffff;
             if (lane == 0) {
                 if (n > 0)
                     mbar_wait(q_empty, (n - 1) & 1);
+                // The item for the consumers, published by the arrival.
+                asm volatile("st.shared.v4.b32 [%0], {%1, %2, %3, %4};\n" ::"r"(Is), "r"(w.x),
+                             "r"(w.z - w.y), "r"(w.w), "r"(len)
+                             : "memory");
                 mbar_expect(q_full, Q_BYTES);
 #pragma unroll
                 for (int a = 0; a < ATOMS; a++)
                     tma_load4(Qs + a * BM * SW, &tq, q_full, a * AW, w.x * BM, h, b);
             }
             for (int t0 = w.y; t0 < w.z; t0 += 32) {
-                const int key = t0 + lane < w.z ? tile_key[t0 + lane] : 0;
+                const bool in = t0 + lane < w.z;
+                const int key = in ? tile_key[t0 + lane] : 0, tb = in ? tile_bits[t0 + lane] : -1;
                 const int cnt = min(32, w.z - t0);
                 for (int k = 0; k < cnt; k++, it++, at.next()) {
                     const int kf = __shfl_sync(0xffffffffu, key, k);
+                    const int bm = __shfl_sync(0xffffffffu, tb, k);
                     if (lane != 0)
                         continue;
-                    // K, then V, of the tile into stage s once its last use
-                    // (the previous round's) is done.
+                    // K (with the tile's first key, and its bitmap if it is
+                    // partial), then V, into stage s once its last use (the
+                    // previous round's) is done.
                     const int s = at.stage;
-                    auto load = [&](unsigned dst, const stof_tmap *map, unsigned full, unsigned empty) {
-                        if (it >= STAGES)
-                            mbar_wait(empty + 8 * s, at.phase ^ 1);
-                        mbar_expect(full + 8 * s, KV_BYTES);
+                    if (it >= STAGES)
+                        mbar_wait(k_empty + 8 * s, at.phase ^ 1);
+                    asm volatile("st.shared.v2.b32 [%0], {%1, %2};\n" ::"r"(Ts + 8 * s), "r"(bm),
+                                 "r"(kf)
+                                 : "memory");
+                    mbar_expect(k_full + 8 * s, KV_BYTES + (bm >= 0 ? BITS_BYTES : 0));
 #pragma unroll
-                        for (int a = 0; a < ATOMS; a++)
-                            tma_load4(dst + s * KV_BYTES + a * BN * SW, map, full + 8 * s,
-                                      a * AW, kf, h, b);
-                    };
-                    load(Ks, &tk, k_full, k_empty);
-                    load(Vs, &tv, v_full, v_empty);
+                    for (int a = 0; a < ATOMS; a++)
+                        tma_load4(Ks + s * KV_BYTES + a * BN * SW, &tk, k_full + 8 * s, a * AW, kf,
+                                  h, b);
+                    if (bm >= 0)
+                        bulk_load(Bs + s * BITS_BYTES, bits + (long long)bm * BM * WPR, BITS_BYTES,
+                                  k_full + 8 * s);
+                    if (it >= STAGES)
+                        mbar_wait(v_empty + 8 * s, at.phase ^ 1);
+                    mbar_expect(v_full + 8 * s, KV_BYTES);
+#pragma unroll
+                    for (int a = 0; a < ATOMS; a++)
+                        tma_load4(Vs + s * KV_BYTES + a * BN * SW, &tv, v_full + 8 * s, a * AW, kf,
+                                  h, b);
                 }
             }
         }
@@ -223,12 +250,23 @@ stof_attn(const __grid_constant__ stof_tmap tq, const __grid_constant__ stof_tma
             named_sync(BAR_EPI + c, 128);
         }
     };
-    // Masks tile it's scores where needed: a partial tile's bitmap, keys
-    // at or past klim.
-    auto mask = [&](float (&s)[BN / 8][4], int bm, int kfirst, int klim) {
+    // The tile in stage st: its bitmap (-1: full) and first key, as the
+    // producer left them.
+    auto tile_of = [&](int st, int &bm, int &kfirst) {
+        asm volatile("ld.shared.v2.b32 {%0, %1}, [%2];\n"
+                     : "=r"(bm), "=r"(kfirst)
+                     : "r"(Ts + 8 * st)
+                     : "memory");
+    };
+    // Masks the scores of the tile in stage st where needed: a partial
+    // tile's bitmap (in the stage's shared memory), keys at or past klim.
+    auto mask = [&](float (&s)[BN / 8][4], int st, int bm, int kfirst, int klim) {
         const bool edge = kfirst + BN > klim;
         if (bm >= 0 || edge) {
-            const unsigned *w0 = bm < 0 ? nullptr : bits + ((long long)bm * BM + wrow + g) * WPR;
+            const unsigned *w0 = bm < 0 ? nullptr
+                                        : reinterpret_cast<const unsigned *>(
+                                              smem_raw + (Bs - base) + st * BITS_BYTES) +
+                                              (wrow + g) * WPR;
             stof_mask_scores<BN / 8, WPR>(s, w0, w0 ? w0 + 8 * WPR : nullptr, t, edge,
                                           [&](int col) { return kfirst + col < klim; });
         }
@@ -236,16 +274,19 @@ stof_attn(const __grid_constant__ stof_tmap tq, const __grid_constant__ stof_tma
 
     ring_pos cur;  // where the next tile to consume lies, in the producer's order
     for (int i = i0, n = 0; i < i1; i++, n++) {
-        const int4 w = items[i];
-        const int group = w.x, t0 = w.y, ntiles = w.z - w.y, b = w.w >> 16, h = w.w & 0xffff;
-        const int len = seq_lens ? seq_lens[b] : 0x7fffffff;
-        const int qlim = min(lq, len), klim = min(lk, len);
         float o[D / 8][4];
         float m[2] = {-STOF_INF, -STOF_INF}, l[2] = {0.f, 0.f}, alpha[2];
 #pragma unroll
         for (int j = 0; j < D / 8; j++)
             o[j][0] = o[j][1] = o[j][2] = o[j][3] = 0.f;
         mbar_wait(q_full, n & 1);
+        int group, ntiles, bh, len;
+        asm volatile("ld.shared.v4.b32 {%0, %1, %2, %3}, [%4];\n"
+                     : "=r"(group), "=r"(ntiles), "=r"(bh), "=r"(len)
+                     : "r"(Is)
+                     : "memory");
+        const int b = bh >> 16, h = bh & 0xffff;
+        const int qlim = min(lq, len), klim = min(lk, len);
         if (ntiles == 0) {
             release(q_empty);
         } else {
@@ -253,18 +294,18 @@ stof_attn(const __grid_constant__ stof_tmap tq, const __grid_constant__ stof_tma
             unsigned pf[BN / 16][4];
             // Tile 0: S alone.
             ring_pos p = cur;  // tile j's position
-            int st = p.stage;
+            int st = p.stage, bm, kfirst;
             mbar_wait(k_full + 8 * st, p.phase);
+            tile_of(st, bm, kfirst);
             turn_wait();
             issue_s(s, st);
             turn_pass();
-            int bm = tile_bits[t0], kfirst = tile_key[t0];
             wg_wait0();
             wg_hold(s);
-            release(k_empty + 8 * st);
             if (ntiles == 1)
                 release(q_empty);
-            mask(s, bm, kfirst, klim);
+            mask(s, st, bm, kfirst, klim);
+            release(k_empty + 8 * st);
             stof_softmax_p(s, m, l, alpha, scale_log2);
             put_p(s, pf);
             // Tile j: S_j and P_{j-1} V_{j-1}, then S_j's softmax under the latter.
@@ -273,19 +314,18 @@ stof_attn(const __grid_constant__ stof_tmap tq, const __grid_constant__ stof_tma
                 p.next();
                 st = p.stage;
                 mbar_wait(k_full + 8 * st, p.phase);
+                tile_of(st, bm, kfirst);
                 turn_wait();
                 issue_s(s, st);
                 mbar_wait(v_full + 8 * sp, vph);
                 issue_pv(o, pf, sp);
                 turn_pass();
-                bm = tile_bits[t0 + j];
-                kfirst = tile_key[t0 + j];
                 wg_wait1();
                 wg_hold(s);
-                release(k_empty + 8 * st);
                 if (j == ntiles - 1)
                     release(q_empty);
-                mask(s, bm, kfirst, klim);
+                mask(s, st, bm, kfirst, klim);
+                release(k_empty + 8 * st);
                 stof_softmax_p(s, m, l, alpha, scale_log2);
                 wg_wait0();
                 wg_hold(o);

@@ -232,6 +232,16 @@ __device__ __forceinline__ void tma_load4(unsigned dst, const stof_tmap *map, un
                  : "memory");
 }
 
+// bytes (a multiple of 16) from global src (16-byte aligned) to shared dst;
+// bar counts them.
+__device__ __forceinline__ void bulk_load(unsigned dst, const void *src, unsigned bytes, unsigned bar)
+{
+    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes"
+                 " [%0], [%1], %2, [%3];\n" ::"r"(dst),
+                 "l"((unsigned long long)src), "r"(bytes), "r"(bar)
+                 : "memory");
+}
+
 // Shared memory at src to the box of a 4-D map at (x0, x1, x2, x3); the
 // parts of the box outside the tensor are not written. Completes in bulk
 // groups: tma_commit closes one, tma_wait_read waits until every closed
