@@ -27,14 +27,16 @@
 // consumers release K's stage once they have masked with it.
 //
 // Consumers: warpgroup c owns rows 64c .. 64c + 63 of the item. Tile j's
-// step issues S_j = Q K_jᵀ and O += P_{j-1} V_{j-1} back to back, then,
-// while the P V product runs, masks S_j and takes its softmax (P_j in
-// fp32, the factor alpha); once the product is done it rescales O and
-// packs P_j for the next step: in registers, or with P_SMEM in the
-// warpgroup's own shared-memory tile (128-byte swizzled atoms of 64 keys),
-// which frees BLOCK_N / 4 registers a thread so that 192-row items with
-// 128-key tiles fit at head_dim 80 and 96 (the P V product then reads P
-// with a descriptor, as it reads V). The consumers take turns issuing their
+// step issues S_j = Q K_jᵀ and O += P_{j-1} V_{j-1} back to back, masks
+// S_j once it is done and takes its softmax (P_j in fp32, the factor
+// alpha); ptxas puts the P V product's wait before the softmax (forcing the
+// softmax ahead of it measured slower: the other consumers' products cover
+// it). Then it rescales O and packs P_j for the next step: in registers,
+// or with P_SMEM in the warpgroup's own shared-memory tile (128-byte
+// swizzled atoms of 64 keys), which frees BLOCK_N / 4 registers a thread
+// so that 192-row items with 128-key tiles fit at head_dim 80 and 96 (the
+// P V product then reads P with a descriptor, as it reads V). The
+// consumers take turns issuing their
 // products (named barriers, round robin), so that one's softmax runs while
 // another's products keep the tensor cores busy. The epilogue divides by
 // the row sums, writes the warpgroup's 64 rows into its own staging buffer
