@@ -310,7 +310,8 @@ stof_attn(const __grid_constant__ stof_tmap tq, const __grid_constant__ stof_tma
             release(k_empty + 8 * st);
             stof_softmax_p(s, m, l, alpha, scale_log2);
             put_p(s, pf);
-            // Tile j: S_j and P_{j-1} V_{j-1}, then S_j's softmax under the latter.
+            // Tile j: S_j and P_{j-1} V_{j-1}, then S_j's softmax (after the
+            // latter's wait, where ptxas puts it).
             for (int j = 1; j < ntiles; j++) {
                 const int sp = st, vph = p.phase;
                 p.next();
