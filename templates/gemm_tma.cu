@@ -326,8 +326,8 @@ stof_gemm_tma(const __grid_constant__ stof_tmap tx, const __grid_constant__ stof
         for (int kb = 0; kb < KT; kb++, p.next()) {
             const int s = p.stage;
             mbar_wait(bar_full + 8 * s, p.phase);
-            const unsigned a_t = base + s * STAGE_BYTES + a_off,
-                           b_t = base + s * STAGE_BYTES + A_BYTES + b_off;
+            const unsigned long long ad = wg_desc(base + s * STAGE_BYTES + a_off, 16, 1024),
+                                     bd = wg_desc(base + s * STAGE_BYTES + A_BYTES + b_off, 16, 1024);
             wg_fence();
 #pragma unroll
             for (int kk = 0; kk < BK / 16; kk++)
@@ -335,8 +335,8 @@ stof_gemm_tma(const __grid_constant__ stof_tmap tx, const __grid_constant__ stof
                 for (int mi = 0; mi < MI; mi++)
 #pragma unroll
                     for (int b = 0; b < NB; b++)
-                        wg_ss(acc[mi][b], wg_desc(a_t + mi * 64 * 128 + kk * 32, 16, 1024),
-                              wg_desc(b_t + b * WN * 128 + kk * 32, 16, 1024), 1);
+                        wg_ss(acc[mi][b], wg_desc_add(ad, mi * 64 * 128 + kk * 32),
+                              wg_desc_add(bd, b * WN * 128 + kk * 32), 1);
             wg_commit();
             // Without LN, half way: the residual's tile into the staging
             // tile, once the last tile's store has read it.

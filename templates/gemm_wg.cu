@@ -146,14 +146,14 @@ stof_gemm_wg(const elem_t *x, const elem_t *w, const elem_t *bias, const elem_t 
         mbar_wait(bar_full + 8 * s, cons.phase);
         // cp.async wrote through the generic proxy; wgmma reads through the async one.
         asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
-        const unsigned a_t = base + s * STAGE_BYTES + wg * 64 * 128, b_t = base + s * STAGE_BYTES + A_BYTES;
+        const unsigned long long ad = wg_desc(base + s * STAGE_BYTES + wg * 64 * 128, 16, 1024),
+                                 bd = wg_desc(base + s * STAGE_BYTES + A_BYTES, 16, 1024);
         wg_fence();
 #pragma unroll
         for (int kk = 0; kk < BK / 16; kk++)
 #pragma unroll
             for (int b = 0; b < NB; b++)
-                wg_ss(acc[b], wg_desc(a_t + kk * 32, 16, 1024),
-                      wg_desc(b_t + b * WN * 128 + kk * 32, 16, 1024), 1);
+                wg_ss(acc[b], wg_desc_add(ad, kk * 32), wg_desc_add(bd, b * WN * 128 + kk * 32), 1);
         wg_commit();
         // Tile j - 1's products are done: release its stage, which tile
         // j + STAGES - 1 refills.
