@@ -112,11 +112,7 @@ stof_attn(const __grid_constant__ stof_tmap tq, const __grid_constant__ stof_tma
     const unsigned q_full = Ts + 8 * STAGES, q_empty = q_full + 8;
     const unsigned k_full = q_empty + 8, k_empty = k_full + 8 * STAGES;
     const unsigned v_full = k_empty + 8 * STAGES, v_empty = v_full + 8 * STAGES;
-    // The warpgroup as lane 0 has it: ptxas then knows it is the same in every lane and
-    // keeps what derives from it (a consumer's Q and P addresses, its descriptors) in
-    // uniform registers.
-    const int wg = __shfl_sync(0xffffffffu, threadIdx.x / 128, 0);
-    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    const int wg = threadIdx.x / 128, warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     const int i0 = first[blockIdx.x], i1 = first[blockIdx.x + 1];
 
     if (threadIdx.x == 0) {
