@@ -223,7 +223,7 @@ stof_gemm_tma(const __grid_constant__ stof_tmap tx, const __grid_constant__ stof
     const unsigned stage_at = bar_res + 16, xbuf = stage_at + 8 * 16 * EPI_LD * 4;
     // The warpgroup, with 128-row tiles as lane 0 has it: ptxas then knows it is the same in
     // every lane and keeps what derives from it (stages, descriptors) in uniform registers.
-    // On an H100 that made ping-pong 128x128 with the GELU 3-5% faster and the 64-row configs
+    // On an H100 that made ping-pong 128x128 with the GELU 3-4% faster and the 64-row configs
     // (LN's included) 2-3% slower, so those keep the plain index.
     const int wg = BM >= 128 ? __shfl_sync(0xffffffffu, threadIdx.x / 128, 0) : threadIdx.x / 128;
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
