@@ -205,7 +205,8 @@ __device__ __forceinline__ void stof_mask_scores(float (&s)[NB][4], const unsign
 // positive), one FMA per score folds scale and offset, s becomes P (fp32)
 // and alpha[h2] the factor that row's O must be rescaled by. Kernels whose
 // O is still being accumulated by an asynchronous product rescale it later.
-template <int NB>
+// SUM = false leaves l alone, for a kernel whose products take the row sums.
+template <int NB, bool SUM = true>
 __device__ __forceinline__ void stof_softmax_p(float (&s)[NB][4], float (&m)[2], float (&l)[2],
                                                float (&alpha)[2], float scale_log2)
 {
@@ -227,9 +228,11 @@ __device__ __forceinline__ void stof_softmax_p(float (&s)[NB][4], float (&m)[2],
         for (int j = 0; j < NB; j++) {
             s[j][2 * h2] = stof_ex2(fmaf(s[j][2 * h2], scale_log2, -base));
             s[j][2 * h2 + 1] = stof_ex2(fmaf(s[j][2 * h2 + 1], scale_log2, -base));
-            sum += s[j][2 * h2] + s[j][2 * h2 + 1];
+            if constexpr (SUM)
+                sum += s[j][2 * h2] + s[j][2 * h2 + 1];
         }
-        l[h2] = l[h2] * alpha[h2] + sum;
+        if constexpr (SUM)
+            l[h2] = l[h2] * alpha[h2] + sum;
     }
 }
 

@@ -73,12 +73,14 @@ __device__ __forceinline__ unsigned long long wg_desc_add(unsigned long long d, 
     STOF_ACC4(i), STOF_ACC4(i + 1), STOF_ACC4(i + 2), STOF_ACC4(i + 3), STOF_ACC4(i + 4),         \
         STOF_ACC4(i + 5), STOF_ACC4(i + 6), STOF_ACC4(i + 7)
 #define STOF_ACC8 STOF_ACC_8(0)
+#define STOF_ACC9 STOF_ACC8, STOF_ACC4(8)
 #define STOF_ACC10 STOF_ACC8, STOF_ACC4(8), STOF_ACC4(9)
 #define STOF_ACC12 STOF_ACC10, STOF_ACC4(10), STOF_ACC4(11)
 #define STOF_ACC16 STOF_ACC8, STOF_ACC_8(8)
 #define STOF_ACC24 STOF_ACC16, STOF_ACC_8(16)
 #define STOF_ACC32 STOF_ACC24, STOF_ACC_8(24)
 #define STOF_REGS8 "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31"
+#define STOF_REGS9 STOF_REGS8 ", %32, %33, %34, %35"
 #define STOF_REGS10 STOF_REGS8 ", %32, %33, %34, %35, %36, %37, %38, %39"
 #define STOF_REGS12 STOF_REGS10 ", %40, %41, %42, %43, %44, %45, %46, %47"
 #define STOF_REGS16 STOF_REGS8 ", %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63"
@@ -122,6 +124,8 @@ __device__ __forceinline__ unsigned long long wg_desc_add(unsigned long long d, 
 STOF_WG_SS(8, 64, 32, 33, 34)
 STOF_WG_RS(8, 64, 32, 33, 34, 35, 36, 37)
 STOF_WG_SSN(8, 64, 32, 33, 34)
+STOF_WG_RS(9, 72, 36, 37, 38, 39, 40, 41)
+STOF_WG_SSN(9, 72, 36, 37, 38)
 STOF_WG_RS(10, 80, 40, 41, 42, 43, 44, 45)
 STOF_WG_SSN(10, 80, 40, 41, 42)
 STOF_WG_SS(12, 96, 48, 49, 50)
