@@ -1290,11 +1290,21 @@ void layer_plan_force_graph(stof_layer_plan *p, int graph)
     drop_graphs(p);
 }
 
+/* Loads the groups' kernels, and the libraries' workspace (32 MiB) where a
+ * group runs one. */
 static stof_status load_all(stof_layer_plan *p)
 {
-    for (int g = 0; g < LG_COUNT; g++)
+    int lib = 0;
+    for (int g = 0; g < LG_COUNT; g++) {
         TRY(gexec_load(p->ctx, &p->g[g], &p->rec.c[g], &p->ex[g]));
-    return STOF_OK;
+        lib |= p->rec.c[g].scheme == LS_BLAS || p->rec.c[g].scheme == LS_LT;
+    }
+    if (!lib || p->blas_ws)
+        return STOF_OK;
+    TRY(jit_push(p->ctx));
+    stof_status st = CU(p->ctx, MemAlloc(&p->blas_ws, BLAS_WORKSPACE_BYTES));
+    jit_pop(p->ctx);
+    return st;
 }
 
 static stof_tune tune_level(const stof_layer_desc *d)
@@ -1414,12 +1424,6 @@ static stof_status plan_make(stof_ctx *ctx, const stof_layer_desc *desc, const s
     if (st == STOF_OK && desc->norm == STOF_PRE_LN) {
         stof_ln_desc lnd = {desc->batch * desc->seq, desc->hidden, desc->dtype, p->g[0].eps};
         st = ln_load(ctx, &lnd, 16, 0, 0, 0, &p->ln1);
-    }
-    if (st == STOF_OK)
-        st = jit_push(ctx);
-    if (st == STOF_OK) {
-        st = CU(ctx, MemAlloc(&p->blas_ws, BLAS_WORKSPACE_BYTES));
-        jit_pop(ctx);
     }
     char shape[160], hash[65];
     layer_shape_string(desc, shape, sizeof shape);
