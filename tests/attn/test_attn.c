@@ -745,9 +745,11 @@ static void *compile_variants(void *arg)
              * take the row sums (attn_ws.cu's SUM_MMA): 12 bytes, the item
              * loop's counter, reloaded once an item (dense L 4096 still
              * 1.9% faster than with the sums in the softmax). */
-            const int allowed = j->c[i].wg != MHA_WS || j->c[i].bm != 192 ? 0
-                                : j->dim[i] > 64                          ? 56
-                                                                          : 12;
+            const int ws192 = j->c[i].wg == MHA_WS && j->c[i].bm == 192;
+            const int allowed = !ws192             ? 0
+                                : j->dim[i] > 64 ? 56
+                                : j->c[i].bn == 128 && !j->c[i].qs ? 12
+                                                                   : 0;
             j->spills[i] = stores > allowed || strstr(k.log, "ptxas warning") || serial;
             snprintf(j->err[i], sizeof j->err[i], "%s", line ? line : k.log);
             cache_kernel_free(&k);
