@@ -335,14 +335,16 @@ START_TEST(every_config_and_epilogue)
 }
 END_TEST
 
-/* The erf GELU (stof_gelu, shared by every engine's epilogue) on every
- * finite fp16 and every 64th bf16 input, through the elementwise kernel:
- * each output within one unit in the last place of the exact x Phi(x) (a
+/* The GELUs (stof_gelu and stof_gelu_tanh, shared by every engine's
+ * epilogue) on every finite fp16 and every 64th bf16 input, through the
+ * elementwise kernel: each output within one unit in the last place of the
+ * exact x Phi(x), or of 0.5 x (1 + tanh(sqrt(2 / pi) (x + 0.044715 x^3))) (a
  * correctly rounded one is within half), or within 2^-24, fp16's smallest
- * step, where that is more. */
+ * step, where that is more. Loop: bit 0 the dtype, bit 1 the tanh form. */
 START_TEST(gelu_every_input)
 {
-    const stof_dtype t = _i ? STOF_BF16 : STOF_F16;
+    const stof_dtype t = _i & 1 ? STOF_BF16 : STOF_F16;
+    const int tanh_form = _i >> 1;
     char *dir = test_tmpdir(), path[1200];
     ck_assert_ptr_nonnull(dir);
     snprintf(path, sizeof path, "%s/cache.db", dir);
@@ -358,7 +360,7 @@ START_TEST(gelu_every_input)
     while (used < n)  /* the rest: zeros */
         x[used++] = 0;
     ba_kernel k;
-    check_st(ctx, ba_load(ctx, COLS, t, GEMM_ACT_GELU, 0, 0, &k), "ba_load");
+    check_st(ctx, ba_load(ctx, COLS, t, tanh_form ? GEMM_ACT_GELU_TANH : GEMM_ACT_GELU, 0, 0, &k), "ba_load");
     CUdeviceptr dx = dalloc(ctx, x, 2 * n), dy = dalloc(ctx, NULL, 2 * (n + COLS));
     poison(ctx, dy, 2 * (n + COLS));
     check_st(ctx, ba_launch(ctx, &k, ROWS, (void *)dx, NULL, NULL, (void *)dy, NULL), "ba_launch");
@@ -367,16 +369,19 @@ START_TEST(gelu_every_input)
     double worst = 0;
     for (size_t i = 0; i < n; i++) {
         const double v = dtype_load(t, x, i), g = dtype_load(t, y, i);
-        const double want = 0.5 * v * erfc(-v / sqrt(2.0));
+        const double want = tanh_form
+                                ? 0.5 * v * (1.0 + tanh(sqrt(2.0 / M_PI) * (v + 0.044715 * v * v * v)))
+                                : 0.5 * v * erfc(-v / sqrt(2.0));
         int e2;
         frexp(want, &e2);
         const double ulp = fmax(ldexp(1.0, e2 - 1 - mant), ldexp(1.0, -24));
         const double err = fabs(g - want) / ulp;
-        ck_assert_msg(err <= 1.0, "%s gelu(%.9g) = %.9g, want %.9g (%.2f ulp)", dtype_name(t), v, g,
-                      want, err);
+        ck_assert_msg(err <= 1.0, "%s %s(%.9g) = %.9g, want %.9g (%.2f ulp)", dtype_name(t),
+                      tanh_form ? "gelu_tanh" : "gelu", v, g, want, err);
         worst = fmax(worst, err);
     }
-    printf("gpu_gemm: %s gelu on %zu inputs: worst %.2f ulp\n", dtype_name(t), n, worst);
+    printf("gpu_gemm: %s %s on %zu inputs: worst %.2f ulp\n", dtype_name(t),
+           tanh_form ? "gelu_tanh" : "gelu", n, worst);
     dfree(ctx, dx);
     dfree(ctx, dy);
     free(x);
@@ -393,7 +398,7 @@ Suite *suite_gpu_gemm(void)
     TCase *t = tcase_create("kernels");
     tcase_set_timeout(t, 600);
     tcase_add_loop_test(t, every_config_and_epilogue, 0, 2);
-    tcase_add_loop_test(t, gelu_every_input, 0, 2);
+    tcase_add_loop_test(t, gelu_every_input, 0, 4);
     suite_add_tcase(s, t);
     return s;
 }
