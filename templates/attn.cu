@@ -87,6 +87,7 @@ stof_attn(const elem_t *__restrict__ q, const elem_t *__restrict__ k,
           const int *__restrict__ tile_bits, const int *__restrict__ kidx,
           const unsigned *__restrict__ bits, float scale_log2)
 {
+    stof_grid_wait();  // common.cuh: the kernel before this one is done
     extern __shared__ __align__(16) unsigned char smem_raw[];
     elem_t *Qs = reinterpret_cast<elem_t *>(smem_raw);
     elem_t *Ks = Qs + BM * LDS;            // 2 stages

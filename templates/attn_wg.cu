@@ -101,6 +101,7 @@ stof_attn(const elem_t *__restrict__ q, const elem_t *__restrict__ k,
           const int *__restrict__ tile_bits, const int *__restrict__ kidx,
           const unsigned *__restrict__ bits, float scale_log2)
 {
+    stof_grid_wait();  // common.cuh: the kernel before this one is done
     // The launch gives 1 KiB of slack to align the swizzled tiles.
     extern __shared__ __align__(1024) unsigned char smem_raw[];
     const unsigned raw = stof_smem_u32(smem_raw);

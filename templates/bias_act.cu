@@ -24,6 +24,7 @@ extern "C" __global__ void __launch_bounds__(256)
 stof_bias_act(const elem_t *x, const elem_t *__restrict__ bias, const elem_t *residual,
               elem_t *out, long long rows)
 {
+    stof_grid_wait();  // common.cuh: the kernel before this one is done
     const long long n = rows * (COLS / VEC);
     for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < n;
          i += (long long)gridDim.x * blockDim.x) {

@@ -138,6 +138,22 @@ __device__ __forceinline__ void stof_store_tile(unsigned short *out, const unsig
     }
 }
 
+// Programmatic dependent launch (sm_90 on; jit_launch sets the launch's
+// attribute there): a kernel may be launched while the one before it in the
+// stream is finishing, so every kernel calls stof_grid_wait before it reads
+// or writes memory that another kernel reads or writes; past it, that kernel
+// has completed and its writes are visible. Without the attribute it does
+// nothing. No kernel signals its dependents early (griddepcontrol.
+// launch_dependents): on an H100 that made ping-pong GEMMs 7% slower run
+// after run, where the signal at exit made them 1-4.5% faster than plain
+// launches.
+__device__ __forceinline__ void stof_grid_wait()
+{
+#if __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.wait;\n" ::: "memory");
+#endif
+}
+
 __device__ __forceinline__ unsigned stof_smem_u32(const void *p)
 {
     unsigned long long a;

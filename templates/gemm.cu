@@ -110,6 +110,7 @@ extern "C" __global__ void __launch_bounds__(THREADS)
 stof_gemm(const elem_t *x, const elem_t *w, const elem_t *bias, const elem_t *residual,
           const elem_t *gamma, const elem_t *beta, elem_t *out, elem_t *sum_out, int m, float eps)
 {
+    stof_grid_wait();  // common.cuh: the kernel before this one is done
     extern __shared__ __align__(16) unsigned char smem_raw[];
     elem_t *As = reinterpret_cast<elem_t *>(smem_raw);  // STAGES x BM x LDS
     elem_t *Bs = As + STAGES * BM * LDS;                 // STAGES x BN x LDS

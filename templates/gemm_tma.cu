@@ -248,6 +248,7 @@ stof_gemm_tma(const __grid_constant__ stof_tmap tx, const __grid_constant__ stof
     if (LN)  // no CTA arrives on a peer's barriers before they exist
         asm volatile("barrier.cluster.arrive.release.aligned;\n"
                      "barrier.cluster.wait.acquire.aligned;\n" ::: "memory");
+    stof_grid_wait();  // common.cuh: the kernel before this one is done
 
     if (wg == 0) {
         asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n");

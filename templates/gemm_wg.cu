@@ -92,6 +92,7 @@ extern "C" __global__ void __launch_bounds__(THREADS)
 stof_gemm_wg(const elem_t *x, const elem_t *w, const elem_t *bias, const elem_t *residual,
              const elem_t *gamma, const elem_t *beta, elem_t *out, elem_t *sum_out, int m, float eps)
 {
+    stof_grid_wait();  // common.cuh: the kernel before this one is done
     // The launch gives 1 KiB of slack to align the swizzled tiles.
     extern __shared__ __align__(1024) unsigned char smem_raw[];
     const unsigned base = (stof_smem_u32(smem_raw) + 1023) & ~1023u;

@@ -62,6 +62,7 @@ stof_layernorm(const elem_t *x, const elem_t *__restrict__ bias,
                const elem_t *__restrict__ beta, elem_t *out, int rows, float eps,
                elem_t *sum_out)
 {
+    stof_grid_wait();  // common.cuh: the kernel before this one is done
     __shared__ float scratch[RPC * WARPS_PER_ROW];
     const int lane = threadIdx.x % TPR;
     const long long row = (long long)blockIdx.x * RPC + threadIdx.x / TPR;

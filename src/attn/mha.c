@@ -311,8 +311,8 @@ static stof_status launch_ws(stof_ctx *ctx, const stof_mha_desc *d, const mha_la
                 bits = L->tiles + L->lay.bits;
     void *args[] = {&t[0],  &t[1],  &t[2],     &t[3],      &lq,   &lk,        &seq_lens,
                     &items, &first, &tile_key, &tile_bits, &bits, &scale_log2};
-    return CU(ctx, LaunchKernel(L->fn, (unsigned)L->ctas, 1, 1, (unsigned)L->threads, 1, 1,
-                                (unsigned)L->smem, stream, args, NULL));
+    return jit_launch(ctx, L->fn, (unsigned)L->ctas, 1, 1, (unsigned)L->threads, (unsigned)L->smem,
+                      stream, args);
 }
 
 /* Enqueues one run; the context must be current. */
@@ -342,9 +342,8 @@ static stof_status launch(stof_ctx *ctx, const stof_mha_desc *d, const mha_launc
                     &lq, &lk, &seq_lens, &work, &qidx, &tile_key,
                     &tile_bits, &kidx, &bits, &scale_log2};
     /* Grid (heads, batch, groups by rank): see stof_work_item. */
-    return CU(ctx, LaunchKernel(L->fn, (unsigned)d->heads, (unsigned)d->batch,
-                                (unsigned)L->n_groups, (unsigned)L->threads, 1, 1,
-                                (unsigned)L->smem, stream, args, NULL));
+    return jit_launch(ctx, L->fn, (unsigned)d->heads, (unsigned)d->batch, (unsigned)L->n_groups,
+                      (unsigned)L->threads, (unsigned)L->smem, stream, args);
 }
 
 /* Loads c's kernel (looked for under `known` first: jit_get_known) and

@@ -29,6 +29,7 @@ typedef struct drv_api {
     CUresult (*FuncGetAttribute)(int *, CUfunction_attribute, CUfunction);
     CUresult (*LaunchKernel)(CUfunction, unsigned, unsigned, unsigned, unsigned, unsigned,
                              unsigned, unsigned, CUstream, void **, void **);
+    CUresult (*LaunchKernelEx)(const CUlaunchConfig *, CUfunction, void **, void **);
     CUresult (*MemAlloc)(CUdeviceptr *, size_t);
     CUresult (*MemFree)(CUdeviceptr);
     CUresult (*MemAllocHost)(void **, size_t);

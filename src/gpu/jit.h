@@ -116,6 +116,13 @@ void jit_unload_all(stof_ctx *ctx);
 stof_status jit_push(stof_ctx *ctx);
 void jit_pop(stof_ctx *ctx);
 
+/* Launches fn on stream, its context current. On sm_90 and later the launch
+ * is programmatic: the kernel may start while the stream's kernel before it
+ * finishes, which every template waits for before it touches memory
+ * (stof_grid_wait in common.cuh); $STOF_PDL=0 launches plainly. */
+stof_status jit_launch(stof_ctx *ctx, CUfunction fn, unsigned gx, unsigned gy, unsigned gz,
+                       unsigned threads, unsigned smem, CUstream stream, void **args);
+
 /* Checked driver call: records the call, file and line on failure. */
 stof_status jit_cu_check(stof_ctx *ctx, CUresult r, const char *call, const char *file, int line);
 #define CU(ctx, call) jit_cu_check((ctx), (ctx)->dev.api.call, #call, __FILE__, __LINE__)

@@ -57,7 +57,7 @@ stof_status ba_launch(stof_ctx *ctx, const ba_kernel *k, long long rows, const v
     long long want = (vecs + 255) / 256, cap = (long long)ctx->dev.sm_count * 16;
     unsigned grid = (unsigned)(want < cap ? want : cap > 0 ? cap : 1);
     TRY(jit_push(ctx));
-    stof_status st = CU(ctx, LaunchKernel(k->fn, grid ? grid : 1, 1, 1, 256, 1, 1, 0, stream, args, NULL));
+    stof_status st = jit_launch(ctx, k->fn, grid ? grid : 1, 1, 1, 256, 0, stream, args);
     jit_pop(ctx);
     return st;
 }

@@ -549,7 +549,7 @@ static stof_status launch_tma(stof_ctx *ctx, CUfunction fn, const gemm_config *c
     if (st == STOF_OK && !ln && a->residual)
         st = tma_map(ctx, &tr, a->residual, s->dtype, s->m, s->n, wg_rows);
     if (st == STOF_OK)
-        st = CU(ctx, LaunchKernel(fn, grid, 1, 1, 384, 1, 1, smem, stream, args, NULL));
+        st = jit_launch(ctx, fn, grid, 1, 1, 384, smem, stream, args);
     jit_pop(ctx);
     return st;
 }
@@ -587,10 +587,9 @@ stof_status gemm_launch(stof_ctx *ctx, CUfunction fn, const gemm_config *c, cons
     int smem = 0;
     stof_status st = CU(ctx, FuncGetAttribute(&smem, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, fn));
     if (st == STOF_OK)
-        st = CU(ctx, LaunchKernel(fn, (unsigned)((s->n + c->bn - 1) / c->bn),
-                                  (unsigned)((s->m + c->bm - 1) / c->bm), 1,
-                                  (unsigned)gemm_threads(c), 1, 1, (unsigned)smem, stream, args,
-                                  NULL));
+        st = jit_launch(ctx, fn, (unsigned)((s->n + c->bn - 1) / c->bn),
+                        (unsigned)((s->m + c->bm - 1) / c->bm), 1, (unsigned)gemm_threads(c),
+                        (unsigned)smem, stream, args);
     jit_pop(ctx);
     return st;
 }

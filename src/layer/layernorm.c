@@ -134,8 +134,8 @@ stof_status ln_launch(stof_ctx *ctx, const ln_kernel *k, const void *x, const vo
     unsigned grid = (unsigned)((rows + k->c.rows_per_cta - 1) / k->c.rows_per_cta);
     TRY(jit_push(ctx));
     stof_status st =
-        CU(ctx, LaunchKernel(k->fn, grid, 1, 1, (unsigned)(k->c.threads_per_row * k->c.rows_per_cta),
-                             1, 1, 0, stream, args, NULL));
+        jit_launch(ctx, k->fn, grid, 1, 1, (unsigned)(k->c.threads_per_row * k->c.rows_per_cta), 0,
+                   stream, args);
     jit_pop(ctx);
     return st;
 }
