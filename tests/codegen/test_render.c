@@ -275,6 +275,12 @@ START_TEST(test_embedded_templates)
         ck_assert_msg(strcmp(disk, loaded) == 0, "embedded %s differs from %s: rebuild", t->name, path);
         ck_assert_msg(strncmp(loaded, "//", 2) == 0, "%s does not start with its comment", t->name);
         check_documented(t->name, loaded);
+        /* jit_launch launches every kernel as a programmatic dependent on
+         * sm_90: a kernel that does not wait for its predecessor would read
+         * its inputs while they are being written. */
+        const char *kernel = strstr(loaded, "__global__");
+        ck_assert_msg(!kernel || strstr(kernel, "stof_grid_wait();"),
+                      "%s: its kernel never calls stof_grid_wait() (common.cuh)", t->name);
         free(disk);
         free(loaded);
     }
