@@ -176,10 +176,10 @@ def graph_ms(fn, reps=40, replays=7):
 
 def bench(fn, how=None):
     """Milliseconds of one call: the lower of triton's do_bench (median, L2
-    flushed between calls; at small sizes it can time the host's launches,
-    which for Python-side launchers such as FA4's and FlexAttention's moved by
-    up to 2x between runs) and graph_ms (the GPU's time alone) where fn can be
-    captured. Every contender, stof included, gets the same. how, a dict,
+    flushed between calls; at small sizes it can time the host's launches:
+    for Python-side launchers such as FA4's and FlexAttention's, 1.5-2x their
+    time in other runs and up to 9x their GPU time, bench/results 2026-11-26)
+    and graph_ms (the GPU's time alone) where fn can be captured. Every contender, stof included, gets the same. how, a dict,
     receives which one gave the figure."""
     t = triton.testing.do_bench(fn, warmup=25, rep=100, return_mode="median")
     src = "do_bench"
