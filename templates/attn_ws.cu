@@ -62,36 +62,39 @@
 //   P_SMEM     1: P through shared memory, 0: in registers
 //   MMA_TYPE   f16 or bf16 (wgmma.cuh uses it too)
 
-constexpr int D = {{HEAD_DIM}};
-constexpr int BM = {{BLOCK_M}};
-constexpr int BN = {{BLOCK_N}};
-constexpr int STAGES = {{STAGES}};
-constexpr int P_SMEM = {{P_SMEM}};
+// Enumerators, not constexpr variables: gemm.cu says why.
+enum : int {
+    D = {{HEAD_DIM}},
+    BM = {{BLOCK_M}},
+    BN = {{BLOCK_N}},
+    STAGES = {{STAGES}},
+    P_SMEM = {{P_SMEM}},
+    NC = BM / 64,                  // consumer warpgroups
+    THREADS = 128 * (NC + 1),
+    // The head's columns in swizzled atoms of SW bytes a row: 64 columns to an
+    // atom (128-byte swizzle) at head_dim 64 and 128, 32 (64-byte) at 80 and
+    // 96, so that neither is padded to 128. At 80 the last atom's columns
+    // 80-95 are laid out (the loads fill them with zeros) and the products
+    // leave them out: S takes five k16 steps, O is m64n80.
+    SW = D % 64 == 0 ? 128 : 64,
+    AW = SW / 2,                   // columns per atom
+    ATOMS = (D + AW - 1) / AW,
+    DA = ATOMS * AW,               // columns laid out
+    WPR = (BN + 31) / 32,          // bitmap words per tile row
+    Q_BYTES = BM * DA * 2, KV_BYTES = BN * DA * 2, O_BYTES = 64 * DA * 2,
+    P_BYTES = P_SMEM ? 64 * BN * 2 : 0,  // a consumer's P tile
+    BITS_BYTES = BM * WPR * 4,            // a partial tile's bitmap
+    SUM_MMA = D == 64 && !P_SMEM && NC == 3,
+    ONES_BYTES = SUM_MMA ? BN * 128 : 0,   // BN rows of ones, one atom wide
+    NO = D / 8 + SUM_MMA,                  // O's accumulator blocks
+    // 65536 registers: the producer keeps few, the consumers share the rest.
+    PRODUCER_REGS = NC == 2 ? 40 : 32,
+    CONSUMER_REGS = NC == 2 ? 232 : 160,
+    // Named barriers: 1 .. NC for the turns, NC + 1 .. 2 NC for each
+    // consumer's epilogue.
+    BAR_TURN = 1, BAR_EPI = 1 + NC,
+};
 using ring_pos = stof_ring<STAGES>;  // a K and V stage and its round's parity
-constexpr int NC = BM / 64;                  // consumer warpgroups
-constexpr int THREADS = 128 * (NC + 1);
-// The head's columns in swizzled atoms of SW bytes a row: 64 columns to an
-// atom (128-byte swizzle) at head_dim 64 and 128, 32 (64-byte) at 80 and
-// 96, so that neither is padded to 128. At 80 the last atom's columns
-// 80-95 are laid out (the loads fill them with zeros) and the products
-// leave them out: S takes five k16 steps, O is m64n80.
-constexpr int SW = D % 64 == 0 ? 128 : 64;
-constexpr int AW = SW / 2;                   // columns per atom
-constexpr int ATOMS = (D + AW - 1) / AW;
-constexpr int DA = ATOMS * AW;               // columns laid out
-constexpr int WPR = (BN + 31) / 32;          // bitmap words per tile row
-constexpr int Q_BYTES = BM * DA * 2, KV_BYTES = BN * DA * 2, O_BYTES = 64 * DA * 2;
-constexpr int P_BYTES = P_SMEM ? 64 * BN * 2 : 0;  // a consumer's P tile
-constexpr int BITS_BYTES = BM * WPR * 4;            // a partial tile's bitmap
-constexpr bool SUM_MMA = D == 64 && !P_SMEM && NC == 3;
-constexpr int ONES_BYTES = SUM_MMA ? BN * 128 : 0;   // BN rows of ones, one atom wide
-constexpr int NO = D / 8 + SUM_MMA;                  // O's accumulator blocks
-// 65536 registers: the producer keeps few, the consumers share the rest.
-constexpr int PRODUCER_REGS = NC == 2 ? 40 : 32;
-constexpr int CONSUMER_REGS = NC == 2 ? 232 : 160;
-// Named barriers: 1 .. NC for the turns, NC + 1 .. 2 NC for each
-// consumer's epilogue.
-constexpr int BAR_TURN = 1, BAR_EPI = 1 + NC;
 
 static_assert(D == 64 || D == 80 || D == 96 || D == 128, "head_dim 64, 80, 96 or 128");
 static_assert(NC == 2 || NC == 3, "two or three consumer warpgroups");
@@ -150,7 +153,7 @@ stof_attn(const __grid_constant__ stof_tmap tq, const __grid_constant__ stof_tma
     stof_grid_wait();  // common.cuh: the kernel before this one is done
 
     if (wg == 0) {
-        asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(PRODUCER_REGS));
+        asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"((int)PRODUCER_REGS));
         if (warp != 0)
             return;
         if (lane == 0) {
@@ -215,7 +218,7 @@ stof_attn(const __grid_constant__ stof_tmap tq, const __grid_constant__ stof_tma
         return;
     }
 
-    asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(CONSUMER_REGS));
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"((int)CONSUMER_REGS));
     const int c = wg - 1;
     const int g = lane / 4, t = lane % 4;
     const int wrow = c * 64 + (warp % 4) * 16;  // this warp's first row in the item

@@ -76,34 +76,37 @@
 //   RESIDUAL   1: add residual[m, n] after the activation
 //   LN         1: LayerNorm over each row (BLOCK_M 64, COOP 0 or 2, cluster N / BLOCK_N)
 
-constexpr int N = {{N}};
-constexpr int K = {{K}};
-constexpr int BM = {{BLOCK_M}};
-constexpr int BN = {{BLOCK_N}};
-constexpr int STAGES = {{STAGES}};
-constexpr int COOP = {{COOP}};
-constexpr bool HAS_BIAS = {{BIAS}};
-constexpr int ACT = {{ACT}};
-constexpr bool HAS_RESIDUAL = {{RESIDUAL}};
-constexpr bool LN = {{LN}};
+// Enumerators, not constexpr variables: gemm.cu says why.
+enum : int {
+    N = {{N}},
+    K = {{K}},
+    BM = {{BLOCK_M}},
+    BN = {{BLOCK_N}},
+    STAGES = {{STAGES}},
+    COOP = {{COOP}},
+    HAS_BIAS = {{BIAS}},
+    ACT = {{ACT}},
+    HAS_RESIDUAL = {{RESIDUAL}},
+    LN = {{LN}},
 
-constexpr int BK = 64;                      // one 128-byte swizzled row per operand row
-constexpr int THREADS = 384;                // producer, two consumers
-constexpr int CL = LN ? N / BN : 1;         // CTAs per cluster
-constexpr int WG_ROWS = COOP == 1 ? BM / 2 : BM; // rows of a consumer's products
-constexpr int WG_COLS = COOP == 2 ? BN / 2 : BN; // and columns
-constexpr int MI = WG_ROWS / 64;            // m64 products per column block
-constexpr int WN = WG_COLS;                 // columns of one product: m64n64, n128, n192 or n256
-constexpr int NB = WG_COLS / WN;            // column blocks
-constexpr int KT = (K + BK - 1) / BK;       // K steps per tile
-constexpr int NT = (N + BN - 1) / BN;       // column tiles
-constexpr int A_BYTES = BM * 128;
-constexpr int B_BYTES = BN * 128;
-constexpr int W_BOX = COOP == 2 ? BN / 2 : BN; // rows of W per TMA box
-constexpr int PARTS = COOP == 2 ? 2 * CL : CL; // LN: partial statistics per row
-constexpr int STAGE_BYTES = A_BYTES + B_BYTES;
-constexpr int EPI_LD = 36;                  // LN: floats per staged row: 32 and 16 bytes of padding
-constexpr int OUT_BYTES = LN ? 0 : WG_ROWS * WG_COLS * 2; // a consumer's staging tile
+    BK = 64,                      // one 128-byte swizzled row per operand row
+    THREADS = 384,                // producer, two consumers
+    CL = LN ? N / BN : 1,         // CTAs per cluster
+    WG_ROWS = COOP == 1 ? BM / 2 : BM, // rows of a consumer's products
+    WG_COLS = COOP == 2 ? BN / 2 : BN, // and columns
+    MI = WG_ROWS / 64,            // m64 products per column block
+    WN = WG_COLS,                 // columns of one product: m64n64, n128, n192 or n256
+    NB = WG_COLS / WN,            // column blocks
+    KT = (K + BK - 1) / BK,       // K steps per tile
+    NT = (N + BN - 1) / BN,       // column tiles
+    A_BYTES = BM * 128,
+    B_BYTES = BN * 128,
+    W_BOX = COOP == 2 ? BN / 2 : BN, // rows of W per TMA box
+    PARTS = COOP == 2 ? 2 * CL : CL, // LN: partial statistics per row
+    STAGE_BYTES = A_BYTES + B_BYTES,
+    EPI_LD = 36,                  // LN: floats per staged row: 32 and 16 bytes of padding
+    OUT_BYTES = LN ? 0 : WG_ROWS * WG_COLS * 2, // a consumer's staging tile
+};
 
 typedef unsigned short elem_t;
 typedef stof_{{MMA_TYPE}}_tag mma_tag;

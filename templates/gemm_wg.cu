@@ -32,27 +32,30 @@
 //   ACT        after the bias: 0 none, 1 GELU (erf), 2 GELU (tanh), 3 ReLU
 //   RESIDUAL   1: add residual[m, n] after the activation
 
-constexpr int N = {{N}};
-constexpr int K = {{K}};
-constexpr int BM = {{BLOCK_M}};
-constexpr int BN = {{BLOCK_N}};
-constexpr int STAGES = {{STAGES}};
-constexpr bool HAS_BIAS = {{BIAS}};
-constexpr int ACT = {{ACT}};
-constexpr bool HAS_RESIDUAL = {{RESIDUAL}};
+// Enumerators, not constexpr variables: gemm.cu says why.
+enum : int {
+    N = {{N}},
+    K = {{K}},
+    BM = {{BLOCK_M}},
+    BN = {{BLOCK_N}},
+    STAGES = {{STAGES}},
+    HAS_BIAS = {{BIAS}},
+    ACT = {{ACT}},
+    HAS_RESIDUAL = {{RESIDUAL}},
 
-constexpr int BK = 64;                   // one 128-byte swizzled row per operand row
-constexpr int THREADS = BM * 2;          // a warpgroup (128 threads) per 64 rows
-constexpr int WN = BN < 128 ? BN : 128;  // columns of one product
-constexpr int NB = BN / WN;              // products per k16 step
-constexpr int KT = K / BK;               // pipeline steps
-constexpr int A_BYTES = BM * 128;        // a stage's X rows
-constexpr int B_BYTES = BN * 128;        // a stage's W rows
-constexpr int STAGE_BYTES = A_BYTES + B_BYTES;
-constexpr int LDC = BN + 8;              // staged output row, elements: 16 B of padding
-                                         // put a warp's pair stores on distinct banks
-constexpr int CHUNKS = BK / 8;           // 16-byte chunks per row
-constexpr int STEP = THREADS / CHUNKS;   // rows per pass of the CTA
+    BK = 64,                   // one 128-byte swizzled row per operand row
+    THREADS = BM * 2,          // a warpgroup (128 threads) per 64 rows
+    WN = BN < 128 ? BN : 128,  // columns of one product
+    NB = BN / WN,              // products per k16 step
+    KT = K / BK,               // pipeline steps
+    A_BYTES = BM * 128,        // a stage's X rows
+    B_BYTES = BN * 128,        // a stage's W rows
+    STAGE_BYTES = A_BYTES + B_BYTES,
+    LDC = BN + 8,              // staged output row, elements: 16 B of padding
+                               // put a warp's pair stores on distinct banks
+    CHUNKS = BK / 8,           // 16-byte chunks per row
+    STEP = THREADS / CHUNKS,   // rows per pass of the CTA
+};
 
 typedef unsigned short elem_t;
 typedef stof_{{MMA_TYPE}}_tag mma_tag;

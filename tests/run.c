@@ -125,6 +125,21 @@ int test_take(pthread_mutex_t *lock, int *next, int n)
     return i;
 }
 
+int test_ptx_global(const char *ptx, char *line, size_t n)
+{
+    for (const char *l = ptx; l && *l; l = strchr(l, '\n'), l = l ? l + 1 : NULL) {
+        const char *t = l;
+        if (!strncmp(t, ".visible ", 9) || !strncmp(t, ".weak ", 6))
+            t = strchr(t, ' ') + 1;
+        if (strncmp(t, ".global ", 8) && strncmp(t, ".const ", 7))
+            continue;
+        const char *end = strchr(l, '\n');
+        snprintf(line, n, "%.*s", (int)(end ? end - l : (long)strlen(l)), l);
+        return 1;
+    }
+    return 0;
+}
+
 char *test_slurp(const char *path, size_t *n)
 {
     FILE *f = fopen(path, "rb");

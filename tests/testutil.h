@@ -31,6 +31,12 @@ char *test_slurp(const char *path, size_t *n);
 /* test_run of the command built from fmt; fails the test if it cannot run. */
 int test_sh(char **out, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 
+/* The first variable at module scope of a PTX text that lives in global or
+ * constant memory, which the driver allocates and fills whenever it loads
+ * the module (on an H100 that made a load 3 to 7 times slower): its line,
+ * cut to fit line[n], and 1; 0 when there is none. */
+int test_ptx_global(const char *ptx, char *line, size_t n);
+
 /* Path of a built program: $STOF_BUILD/name (STOF_BUILD defaults to build). */
 const char *test_build_path(const char *name);
 

@@ -699,7 +699,7 @@ typedef struct variant_job {
     int dim[512], dtype[512];
     stof_status st[512];
     int spills[512], spill_bytes[512];
-    char err[512][320];
+    char err[512][320], global[512][96];
     int n, next;
     pthread_mutex_t lock;
 } variant_job;
@@ -753,6 +753,7 @@ static void *compile_variants(void *arg)
             j->spills[i] = stores > allowed || strstr(k.log, "ptxas warning") || serial;
             j->spill_bytes[i] = stores;
             snprintf(j->err[i], sizeof j->err[i], "%s", line ? line : k.log);
+            test_ptx_global(k.ptx, j->global[i], sizeof j->global[i]);
             cache_kernel_free(&k);
         } else {
             j->spills[i] = -1;  /* no log to read */
@@ -802,6 +803,8 @@ START_TEST(every_variant_compiles)
                       "%s d%d %s %dx%d stages %d spills or serializes: %s", j.arch,
                       j.dim[i], j.dtype[i] ? "bf16" : "fp16", j.c[i].bm, j.c[i].bn, j.c[i].st,
                       j.err[i]);
+        ck_assert_msg(!j.global[i][0], "%s d%d %s %dx%d: a variable in device memory: %s", j.arch,
+                      j.dim[i], j.dtype[i] ? "bf16" : "fp16", j.c[i].bm, j.c[i].bn, j.global[i]);
     }
     printf("test_attn: %d attention variants compiled for %s on %d threads; registers spill in "
            "%d of the %d wgmma variants, within their allowances (at most %d bytes), and in %d of "

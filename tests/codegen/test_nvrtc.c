@@ -116,6 +116,9 @@ static void check_row(err_record *err, cache *c, const variant *v, const char *a
     ck_assert_str_eq(k.arch, arch);
     ck_assert_str_eq(k.op, "layernorm");
     ck_assert_str_eq(k.entry, "stof_layernorm");
+    char global[96];
+    ck_assert_msg(!test_ptx_global(k.ptx, global, sizeof global), "a variable in device memory: %s",
+                  global);
     /* A CUBIN is an ELF file for the CUDA machine (e_machine 190). */
     ck_assert_uint_gt(k.cubin_size, 64);
     const unsigned char *e = k.cubin;
@@ -291,6 +294,33 @@ START_TEST(test_compile_error_log_head)
 }
 END_TEST
 
+/* NVRTC gives a constexpr variable at namespace scope a place in device
+ * memory, and an enumerator none: why the templates' constants are
+ * enumerators, and what the variant tests (test_ptx_global) look for. */
+START_TEST(test_constants_without_globals)
+{
+    err_record err = {0};
+    nvrtc_output o = {0};
+    char line[96];
+    ck_assert_int_eq(nvrtc_compile(&err, "v.cu",
+                                   "constexpr int WIDTH = 96;\n"
+                                   "extern \"C\" __global__ void k(int *p) { *p = WIDTH; }\n",
+                                   "sm_90a", &o),
+                     STOF_OK);
+    ck_assert_int_eq(test_ptx_global(o.ptx, line, sizeof line), 1);
+    ck_assert_ptr_nonnull(strstr(line, "WIDTH = 96"));
+    nvrtc_output_free(&o);
+    ck_assert_int_eq(nvrtc_compile(&err, "e.cu",
+                                   "enum : int { WIDTH = 96 };\n"
+                                   "extern \"C\" __global__ void k(int *p) { *p = WIDTH; }\n",
+                                   "sm_90a", &o),
+                     STOF_OK);
+    ck_assert_int_eq(test_ptx_global(o.ptx, line, sizeof line), 0);
+    ck_assert_ptr_nonnull(strstr(o.ptx, "96"));
+    nvrtc_output_free(&o);
+}
+END_TEST
+
 START_TEST(test_arch_names)
 {
     err_record err = {0};
@@ -386,6 +416,7 @@ Suite *suite_nvrtc(void)
     tcase_add_loop_test(tc, test_every_layernorm_variant, 0, 2);
     tcase_add_test(tc, test_compile_error_through_prepare);
     tcase_add_test(tc, test_compile_error_log_head);
+    tcase_add_test(tc, test_constants_without_globals);
     tcase_add_test(tc, test_arch_names);
     tcase_add_test(tc, test_lineinfo_on_request);
     suite_add_tcase(s, tc);

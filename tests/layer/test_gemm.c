@@ -359,11 +359,11 @@ START_TEST(template_renders_completely)
                 snprintf(call, sizeof call, "%s(", entries[c[k].wg]);
                 ck_assert_ptr_nonnull(strstr(src, call));
                 ck_assert_str_eq(r.req.entry, entries[c[k].wg]);
-                ck_assert_ptr_nonnull(strstr(src, "constexpr int K = 3072;"));
+                ck_assert_ptr_nonnull(strstr(src, "    K = 3072,"));
                 ck_assert_ptr_nonnull(strstr(src, s.dtype == STOF_BF16 ? ".bf16.bf16" : ".f16.f16"));
                 if (c[k].wg == GEMM_TMA)
-                    ck_assert_ptr_nonnull(strstr(src, EPILOGUES[ei].ln ? "constexpr bool LN = 1;"
-                                                                       : "constexpr bool LN = 0;"));
+                    ck_assert_ptr_nonnull(strstr(src, EPILOGUES[ei].ln ? "    LN = 1,"
+                                                                       : "    LN = 0,"));
                 free(src);
             }
         }
@@ -385,7 +385,7 @@ typedef struct variant_job {
     int epi[MAX_VARIANTS], is_default[MAX_VARIANTS];
     stof_status st[MAX_VARIANTS];
     int regs[MAX_VARIANTS], spills[MAX_VARIANTS];
-    char err[MAX_VARIANTS][320];
+    char err[MAX_VARIANTS][320], global[MAX_VARIANTS][96];
     int n, next;
     pthread_mutex_t lock;
 } variant_job;
@@ -413,6 +413,7 @@ static void *compile_variants(void *arg)
             j->spills[i] = !strstr(k.log, " 0 bytes spill stores") || strstr(k.log, "ptxas warning");
             const char *line = strstr(k.log, "bytes stack frame");
             snprintf(j->err[i], sizeof j->err[i], "%s", line ? line : k.log);
+            test_ptx_global(k.ptx, j->global[i], sizeof j->global[i]);
             cache_kernel_free(&k);
         }
     }
@@ -460,6 +461,8 @@ START_TEST(every_variant_compiles)
                       j.s[i].k, name, j.epi[i], j.err[i]);
         ck_assert_msg(j.spills[i] == 0, "%s n%d k%d %s epilogue %d spills (or has no log): %s",
                       j.arch, j.s[i].n, j.s[i].k, name, j.epi[i], j.err[i]);
+        ck_assert_msg(!j.global[i][0], "%s n%d k%d %s epilogue %d: a variable in device memory: %s",
+                      j.arch, j.s[i].n, j.s[i].k, name, j.epi[i], j.global[i]);
         ck_assert_int_gt(j.regs[i], 0);
         if (j.regs[i] > maxregs)
             maxregs = j.regs[i];
