@@ -259,6 +259,21 @@ static int read_string(parser *p, char **out, size_t *len)
                 break;
             continue;
         }
+        /* A run of plain ASCII goes in at once (no line or column to count
+         * but its length). */
+        size_t run = 0;
+        for (unsigned ch; p->pos + run < p->len && (ch = p->s[p->pos + run]) >= 0x20 && ch < 0x80 &&
+                          ch != '"' && ch != '\\';)
+            run++;
+        if (run) {
+            if (!sbuf_add(&b, p->s + p->pos, run)) {
+                fail(p, "out of memory");
+                break;
+            }
+            p->pos += run;
+            p->col += (int)run;
+            continue;
+        }
         size_t n = utf8_len(p->s + p->pos, p->len - p->pos);
         if (n == 0) {
             fail(p, "invalid UTF-8 (byte 0x%02x)", c);
@@ -311,8 +326,20 @@ static json_value *parse_number(parser *p)
         return fail(p, "number too long (%zu characters)", len);
     memcpy(buf, p->s + p->pos, len);
     buf[len] = 0;
+    /* An integer of up to 15 digits is exact in a double: no strtod. */
+    double d = 0;
+    int integer = len <= 15 + (buf[0] == '-');
+    for (size_t i = buf[0] == '-'; integer && i < len; i++)
+        integer = buf[i] >= '0' && buf[i] <= '9';
     errno = 0;
-    double d = strtod(buf, NULL);
+    if (integer) {
+        long long v = 0;
+        for (size_t i = buf[0] == '-'; i < len; i++)
+            v = v * 10 + (buf[i] - '0');
+        d = buf[0] == '-' ? -(double)v : (double)v;
+    } else {
+        d = strtod(buf, NULL);
+    }
     if (errno == ERANGE && isinf(d))
         return fail(p, "number %s is out of range", buf);
     json_value *v = new_value(p, JSON_NUMBER);
@@ -599,17 +626,34 @@ void json_path_key(char *path, size_t n, const char *key)
                 (key[i] >= '0' && key[i] <= '9') || key[i] == '_' || key[i] == '-';
     if (at >= n)
         return;
-    if (plain)
-        snprintf(path + at, n - at, ".%s", key);
-    else
-        snprintf(path + at, n - at, "[\"%.40s\"]", key);
+    /* As snprintf would write ".key" or ["key"] (40 bytes of it at most),
+     * cut to fit: without its cost, which every member paid. */
+    const size_t klen = plain ? i : strnlen(key, 40);
+    const char *parts[3] = {plain ? "." : "[\"", key, plain ? "" : "\"]"};
+    const size_t lens[3] = {plain ? 1 : 2, klen, plain ? 0 : 2};
+    for (int k = 0; k < 3; k++) {
+        const size_t m = at + lens[k] < n - 1 ? lens[k] : n - 1 - at;
+        memcpy(path + at, parts[k], m);
+        at += m;
+    }
+    path[at] = 0;
 }
 
 void json_path_index(char *path, size_t n, size_t i)
 {
     size_t at = strlen(path);
-    if (at < n)
-        snprintf(path + at, n - at, "[%zu]", i);
+    if (at >= n)
+        return;
+    /* "[i]" as snprintf would write it, cut to fit. */
+    char buf[24], *d = buf + sizeof buf;
+    *--d = ']';
+    do
+        *--d = (char)('0' + i % 10);
+    while (i /= 10);
+    *--d = '[';
+    const size_t len = (size_t)(buf + sizeof buf - d), m = at + len < n - 1 ? len : n - 1 - at;
+    memcpy(path + at, d, m);
+    path[at + m] = 0;
 }
 
 /* ---- writer ---- */
