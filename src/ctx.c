@@ -38,6 +38,10 @@ stof_status stof_open(stof_ctx **out, const stof_options *opts)
         return STOF_ERR_INVALID_ARG;
     }
     drv_open(&ctx->dev, ctx->opt.device);
+    /* Kernels run only where they were compiled for the device itself, so
+     * the device's architecture is theirs: programmatic launches from sm_90. */
+    const char *pdl = getenv("STOF_PDL");
+    ctx->pdl = ctx->dev.ok && ctx->dev.cc_major >= 9 && !(pdl && strcmp(pdl, "0") == 0);
     if (opts && opts->arch) {
         stof_status st = nvrtc_check_arch(&ctx->err, opts->arch);
         if (st != STOF_OK) {

@@ -26,7 +26,6 @@ static const struct { const char *name; size_t off; } SYMS[] = {
     S(ModuleGetFunction, "cuModuleGetFunction"),
     S(FuncSetAttribute, "cuFuncSetAttribute"),
     S(FuncGetAttribute, "cuFuncGetAttribute"),
-    S(LaunchKernel, "cuLaunchKernel"),
     S(LaunchKernelEx, "cuLaunchKernelEx"),
     S(MemAlloc, "cuMemAlloc_v2"),
     S(MemFree, "cuMemFree_v2"),

@@ -32,15 +32,12 @@ stof_status jit_cu_check(stof_ctx *ctx, CUresult r, const char *call, const char
 stof_status jit_launch(stof_ctx *ctx, CUfunction fn, unsigned gx, unsigned gy, unsigned gz,
                        unsigned threads, unsigned smem, CUstream stream, void **args)
 {
-    const char *e = getenv("STOF_PDL");
     CUlaunchAttribute pdl = {.id = CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION,
                              .value.programmaticStreamSerializationAllowed = 1};
     CUlaunchConfig lc = {.gridDimX = gx, .gridDimY = gy, .gridDimZ = gz, .blockDimX = threads,
                          .blockDimY = 1, .blockDimZ = 1, .sharedMemBytes = smem,
                          .hStream = stream, .attrs = &pdl, .numAttrs = 1};
-    /* Kernels run only where they were compiled for the device itself
-     * (runs_here), so the device's architecture is theirs. */
-    if (ctx->dev.cc_major < 9 || (e && strcmp(e, "0") == 0))
+    if (!ctx->pdl)
         lc.numAttrs = 0;
     return CU(ctx, LaunchKernelEx(&lc, fn, args, NULL));
 }

@@ -33,6 +33,8 @@ struct stof_ctx {
     struct model_device *model;  /* the attention model's figures for the device, once
                                     read from the cache or measured (attn/mha.c) */
     struct blas_state *blas;     /* cuBLAS and cuBLASLt, opened on first use */
+    int pdl;                     /* launches are programmatic (jit_launch): sm_90 and later,
+                                    unless $STOF_PDL was 0 at stof_open */
 };
 
 static inline err_record *ctx_err(stof_ctx *ctx) { return ctx ? &ctx->err : NULL; }
@@ -119,7 +121,8 @@ void jit_pop(stof_ctx *ctx);
 /* Launches fn on stream, its context current. On sm_90 and later the launch
  * is programmatic: the kernel may start while the stream's kernel before it
  * finishes, which every template waits for before it touches memory
- * (stof_grid_wait in common.cuh); $STOF_PDL=0 launches plainly. */
+ * (stof_grid_wait in common.cuh); $STOF_PDL=0 at stof_open launches plainly
+ * (ctx->pdl). */
 stof_status jit_launch(stof_ctx *ctx, CUfunction fn, unsigned gx, unsigned gy, unsigned gz,
                        unsigned threads, unsigned smem, CUstream stream, void **args);
 
