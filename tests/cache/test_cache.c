@@ -5,6 +5,7 @@
  * stof working uncached, eviction, tuning records, key prefixes, two
  * processes writing at once, and WAL mode.
  */
+#include <pthread.h>
 #include <sqlite3.h>
 #include <stdlib.h>
 #include <string.h>
@@ -736,6 +737,112 @@ START_TEST(test_tuning)
 }
 END_TEST
 
+/* The lookups keep their statements between calls: they still see what
+ * another connection wrote since, leave no read open behind them (a
+ * checkpoint can reset the whole log), and serve several threads at once. */
+typedef struct lookup_job {
+    cache *c;
+    const char *key, *shape, *record;
+    const cache_kernel *k;
+    int bad;
+} lookup_job;
+
+static void *lookup_loop(void *arg)
+{
+    lookup_job *j = arg;
+    for (int i = 0; i < 300; i++) {
+        err_record err = {0};
+        cache_tuning t;
+        cache_kernel got;
+        void *d = NULL;
+        size_t n = 0;
+        int found = 0, rejected = 0;
+        if (cache_get_tuning(&err, j->c, "mha", "h", j->shape, "fp16", "sm_90a", &t, &found) !=
+                STOF_OK ||
+            !found || strcmp(t.record, j->record) != 0)
+            j->bad++;
+        if (found)
+            cache_tuning_free(&t);
+        if (cache_get_derived(&err, j->c, "tiles", j->key, &d, &n, &found) != STOF_OK || !found ||
+            n != strlen(j->record) || memcmp(d, j->record, n) != 0)
+            j->bad++;
+        free(d);
+        if (cache_get_cubin(&err, j->c, j->key, &got, &found, &rejected) != STOF_OK || !found ||
+            got.cubin_size != j->k->cubin_size ||
+            memcmp(got.cubin, j->k->cubin, got.cubin_size) != 0)
+            j->bad++;
+        cache_kernel_free(&got);
+    }
+    return NULL;
+}
+
+START_TEST(test_lookups_kept_prepared)
+{
+    test_rng r = test_rng_make(0x5e);
+    char *dir = test_tmpdir(), *path = db_path(dir, "cache.db");
+    err_record err = {0};
+    cache *a = NULL, *b = NULL;
+    ck_assert_int_eq(cache_open(&err, path, 0, nvrtc_version_string(), &a), STOF_OK);
+    ck_assert_int_eq(cache_open(&err, path, 0, nvrtc_version_string(), &b), STOF_OK);
+    char *rec1 = random_text(&r, 5000), *rec2 = random_text(&r, 9000);
+    cache_tuning t = {"mha", "h", "s1", "fp16", "sm_90a", rec1, 0}, got;
+    int found = 0;
+    /* Absent through a's statements (the derived table not made yet). */
+    ck_assert_int_eq(cache_get_tuning(&err, a, "mha", "h", "s1", "fp16", "sm_90a", &got, &found),
+                     STOF_OK);
+    ck_assert_int_eq(found, 0);
+    void *d = NULL;
+    size_t n = 0;
+    ck_assert_int_eq(cache_get_derived(&err, a, "tiles", "k", &d, &n, &found), STOF_OK);
+    ck_assert_int_eq(found, 0);
+    /* b writes; a sees each write at once. */
+    for (int round = 0; round < 2; round++) {
+        t.record = round ? rec2 : rec1;
+        ck_assert_int_eq(cache_put_tuning(&err, b, &t), STOF_OK);
+        ck_assert_int_eq(cache_put_derived(&err, b, "tiles", "k", t.record, strlen(t.record)),
+                         STOF_OK);
+        ck_assert_int_eq(
+            cache_get_tuning(&err, a, "mha", "h", "s1", "fp16", "sm_90a", &got, &found), STOF_OK);
+        ck_assert(found && strcmp(got.record, t.record) == 0);
+        cache_tuning_free(&got);
+        ck_assert_int_eq(cache_get_derived(&err, a, "tiles", "k", &d, &n, &found), STOF_OK);
+        ck_assert(found && n == strlen(t.record) && memcmp(d, t.record, n) == 0);
+        free(d);
+    }
+    char key[65];
+    random_hex(&r, key);
+    cache_kernel k;
+    make_kernel(&r, key, 30000, 2000, 60000, &k);
+    ck_assert_int_eq(cache_put_kernel(&err, b, &k), STOF_OK);
+    ck_assert_int_eq(cache_put_derived(&err, b, "tiles", key, rec2, strlen(rec2)), STOF_OK);
+    /* Four threads on a's statements at once. */
+    lookup_job job = {a, key, "s1", rec2, &k, 0};
+    lookup_job jobs[4] = {job, job, job, job};
+    pthread_t th[4];
+    for (int i = 0; i < 4; i++)
+        ck_assert_int_eq(pthread_create(&th[i], NULL, lookup_loop, &jobs[i]), 0);
+    for (int i = 0; i < 4; i++) {
+        pthread_join(th[i], NULL);
+        ck_assert_msg(jobs[i].bad == 0, "thread %d: %d lookups wrong", i, jobs[i].bad);
+    }
+    /* No read left open by a: a checkpoint through b resets the log. */
+    sqlite3_stmt *s = NULL;
+    ck_assert_int_eq(sqlite3_prepare_v2(cache_db(b), "PRAGMA wal_checkpoint(TRUNCATE)", -1, &s, NULL),
+                     SQLITE_OK);
+    ck_assert_int_eq(sqlite3_step(s), SQLITE_ROW);
+    ck_assert_int_eq(sqlite3_column_int(s, 0), 0); /* not blocked */
+    sqlite3_finalize(s);
+    cache_kernel_free(&k);
+    cache_close(a);
+    cache_close(b);
+    free(rec1);
+    free(rec2);
+    test_rmtree(dir);
+    free(path);
+    free(dir);
+}
+END_TEST
+
 START_TEST(test_resolve_key)
 {
     test_rng r = test_rng_make(0x4e);
@@ -996,6 +1103,7 @@ Suite *suite_cache(void)
     tcase_add_test(tc, test_unusable_path);
     tcase_add_test(tc, test_eviction);
     tcase_add_test(tc, test_tuning);
+    tcase_add_test(tc, test_lookups_kept_prepared);
     tcase_add_test(tc, test_resolve_key);
     tcase_add_test(tc, test_list_kernels);
     tcase_add_test(tc, test_two_processes);
