@@ -643,10 +643,16 @@ static int scheme_params(stof_ctx *ctx, const layer_group *g, layer_scheme s, in
 /* Loading cuBLAS and cuBLASLt into a process costs 60 to 210 ms on an H100
  * host (libcublasLt's dlopen about 60, then the handles, the first
  * heuristic query and kernel loads), paid by the first plan or run that
- * needs them, where a cached plan on generated kernels alone loads in 2 to
- * 4 ms. So a library scheme wins a group only by more than LIB_MARGIN (about
- * the spread of one timing between processes) over the generated kernels,
- * whose own parameters stage 2 tries too where they came within GEN_REACH. */
+ * needs them, where a cached plan on generated kernels alone loads in about
+ * 2 ms. So a library scheme wins a group only by more than LIB_MARGIN over
+ * the generated kernels, whose own parameters stage 2 tries too where they
+ * came within GEN_REACH. A small margin let ties go to the library by
+ * chance (H100, layers.json): bert-large's out and ffn2 groups timed cuBLAS
+ * at 0.97-1.03x the generated kernel's time over nine cold plans, one run at
+ * 3% chose cuBLAS for both bert-large cases and one at 5% cuBLASLt for the
+ * L 512 one, and those cached plans took 66-160 ms instead of 2. A tenth
+ * of one GEMM is at most a few microseconds a layer there; 100 ms buys
+ * thousands of layers. */
 #define LIB_MARGIN LAYER_LIB_MARGIN
 #define GEN_REACH 1.15
 

@@ -57,7 +57,7 @@ int layer_rank_schemes(const layer_group *g, int blas, int smem_max, const model
 /* A library scheme (cuBLAS, cuBLASLt) wins a group only where it is faster
  * than every generated candidate timed by more than this fraction (layer.c
  * says why). */
-#define LAYER_LIB_MARGIN 0.03
+#define LAYER_LIB_MARGIN 0.10
 
 /* The record of a search and back. A record names, per group, the chosen
  * scheme and parameters with its time, and what else was tried. */
