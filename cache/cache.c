@@ -812,7 +812,7 @@ stof_status cache_get_derived(err_record *err, cache *c, const char *kind, const
     sqlite3_stmt *s = query_begin(c, Q_DERIVED);
     stof_status st = STOF_OK;
     void *d = NULL;
-    char want[65] = "";
+    char want[80] = "";   /* longer than a sum: a longer text stays unequal */
     if (s) {
         sqlite3_bind_text(s, 1, kind, -1, SQLITE_STATIC);
         sqlite3_bind_text(s, 2, key, -1, SQLITE_STATIC);

@@ -650,9 +650,9 @@ static int scheme_params(stof_ctx *ctx, const layer_group *g, layer_scheme s, in
  * chance (H100, layers.json): bert-large's out and ffn2 groups timed cuBLAS
  * at 0.97-1.03x the generated kernel's time over nine cold plans, one run at
  * 3% chose cuBLAS for both bert-large cases and one at 5% cuBLASLt for the
- * L 512 one, and those cached plans took 66-160 ms instead of 2. A tenth
- * of one GEMM is at most a few microseconds a layer there; 100 ms buys
- * thousands of layers. */
+ * L 512 one, and those cached plans took 66-160 ms instead of 2. Such a
+ * lead saves at most 7 us a layer there (3% of ffn2 at L 2048), which
+ * takes ten thousand layers or more to pay for the library's loading. */
 #define LIB_MARGIN LAYER_LIB_MARGIN
 #define GEN_REACH 1.15
 
