@@ -12,7 +12,8 @@
 // Warpgroups: a producer and NC = BLOCK_M / 64 consumers. The producer
 // gives most of its registers to the consumers (setmaxnreg); one of its
 // warps walks the CTA's items: per item it waits until every consumer is
-// done reading Q, loads Q (BLOCK_M rows), then each listed tile's K and V
+// done reading Q's buffer (one, or two used in turn with LAG below), loads
+// Q (BLOCK_M rows), then each listed tile's K and V
 // (BLOCK_N rows each, keys read 32 tiles at a time across the warp) into a
 // ring of STAGES stages. Each copy is a TMA box of one swizzle atom's
 // columns (SW below) into the swizzled layout wgmma reads (wgmma.cuh), rows
@@ -45,10 +46,21 @@
 // cores are the busier side, 128-row items ran 1.5-4% slower with it, so
 // they keep the sums in the softmax). The consumers take turns issuing their
 // products (named barriers, round robin), so that one's softmax runs while
-// another's products keep the tensor cores busy. The epilogue divides by
-// the row sums, writes the warpgroup's 64 rows into its own staging buffer
-// in the swizzled layout and stores it with TMA (rows past the sequence
-// length come out as zeros, rows past the tensor's end are not written).
+// another's products keep the tensor cores busy. With LAG, warpgroup 1
+// starts with an empty turn and so walks a step behind warpgroup 0: an
+// item's start (S_0 issued and waited for alone, its softmax) and end (the
+// last P V, the epilogue), where a consumer's own products cannot cover its
+// softmax, then overlap the other's products instead of idling with them.
+// The leader starts an item while the other still reads the last one's Q,
+// so Q and the item come in two buffers, used in turn. This pays on short
+// walks (window:256 at head_dim 64: 5% on an H100) and needs a stage more
+// to keep the loads ahead of the lagging consumer's releases: 128-key tiles
+// with 3 or 4 stages only (with 64-key tiles it ran 4-12% slower).
+//
+// The epilogue divides by the row sums, writes the warpgroup's 64 rows into
+// its own staging buffer in the swizzled layout and stores it with TMA (rows
+// past the sequence length come out as zeros, rows past the tensor's end are
+// not written).
 //
 // The launch passes TMA descriptors of Q, K, V and O as 4-D tensors
 // (head_dim, length, heads, batch), boxes of SW / 2 columns by BLOCK_M (Q),
@@ -93,6 +105,10 @@ enum : int {
     // Named barriers: 1 .. NC for the turns, NC + 1 .. 2 NC for each
     // consumer's epilogue.
     BAR_TURN = 1, BAR_EPI = 1 + NC,
+    // Two consumers on 128-key tiles with three or more stages: warpgroup 1
+    // walks a step behind warpgroup 0 (LAG; see the consumers' comment).
+    LAG = NC == 2 && BN == 128 && STAGES >= 3,
+    QB = 1 + LAG,
 };
 using ring_pos = stof_ring<STAGES>;  // a K and V stage and its round's parity
 
@@ -119,18 +135,20 @@ stof_attn(const __grid_constant__ stof_tmap tq, const __grid_constant__ stof_tma
     // key), then the barriers.
     extern __shared__ __align__(1024) unsigned char smem_raw[];
     const unsigned base = stof_smem_u32(smem_raw), Qs = (base + 1023) & ~1023u;
-    const unsigned Ks = Qs + Q_BYTES, Vs = Ks + STAGES * KV_BYTES, Os = Vs + STAGES * KV_BYTES;
+    const unsigned Ks = Qs + QB * Q_BYTES, Vs = Ks + STAGES * KV_BYTES, Os = Vs + STAGES * KV_BYTES;
     const unsigned Ps = Os + NC * O_BYTES, Bs = Ps + NC * P_BYTES;
-    const unsigned Ones = Bs + STAGES * BITS_BYTES, Is = Ones + ONES_BYTES, Ts = Is + 16;
-    const unsigned q_full = Ts + 8 * STAGES, q_empty = q_full + 8;
-    const unsigned k_full = q_empty + 8, k_empty = k_full + 8 * STAGES;
+    const unsigned Ones = Bs + STAGES * BITS_BYTES, Is = Ones + ONES_BYTES, Ts = Is + 16 * QB;
+    const unsigned q_full = Ts + 8 * STAGES, q_empty = q_full + 8 * QB;
+    const unsigned k_full = q_empty + 8 * QB, k_empty = k_full + 8 * STAGES;
     const unsigned v_full = k_empty + 8 * STAGES, v_empty = v_full + 8 * STAGES;
     const int wg = threadIdx.x / 128, warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     const int i0 = first[blockIdx.x], i1 = first[blockIdx.x + 1];
 
     if (threadIdx.x == 0) {
-        mbar_init(q_full, 1);
-        mbar_init(q_empty, NC * 4);
+        for (int q = 0; q < QB; q++) {
+            mbar_init(q_full + 8 * q, 1);
+            mbar_init(q_empty + 8 * q, NC * 4);
+        }
         for (int s = 0; s < STAGES; s++) {
             mbar_init(k_full + 8 * s, 1);
             mbar_init(k_empty + 8 * s, NC * 4);
@@ -167,17 +185,19 @@ stof_attn(const __grid_constant__ stof_tmap tq, const __grid_constant__ stof_tma
             const int4 w = items[i];
             const int b = w.w >> 16, h = w.w & 0xffff;
             const int len = seq_lens ? seq_lens[b] : 0x7fffffff;
+            const int qb = n % QB;  // Q's buffer, used for the (n / QB)th time
             if (lane == 0) {
-                if (n > 0)
-                    mbar_wait(q_empty, (n - 1) & 1);
+                if (n >= QB)
+                    mbar_wait(q_empty + 8 * qb, (n / QB - 1) & 1);
                 // The item for the consumers, published by the arrival.
-                asm volatile("st.shared.v4.b32 [%0], {%1, %2, %3, %4};\n" ::"r"(Is), "r"(w.x),
+                asm volatile("st.shared.v4.b32 [%0], {%1, %2, %3, %4};\n" ::"r"(Is + 16 * qb), "r"(w.x),
                              "r"(w.z - w.y), "r"(w.w), "r"(len)
                              : "memory");
-                mbar_expect(q_full, Q_BYTES);
+                mbar_expect(q_full + 8 * qb, Q_BYTES);
 #pragma unroll
                 for (int a = 0; a < ATOMS; a++)
-                    tma_load4(Qs + a * BM * SW, &tq, q_full, a * AW, w.x * BM, h, b);
+                    tma_load4(Qs + qb * Q_BYTES + a * BM * SW, &tq, q_full + 8 * qb, a * AW,
+                              w.x * BM, h, b);
             }
             for (int t0 = w.y; t0 < w.z; t0 += 32) {
                 const bool in = t0 + lane < w.z;
@@ -222,7 +242,7 @@ stof_attn(const __grid_constant__ stof_tmap tq, const __grid_constant__ stof_tma
     const int c = wg - 1;
     const int g = lane / 4, t = lane % 4;
     const int wrow = c * 64 + (warp % 4) * 16;  // this warp's first row in the item
-    const unsigned q_wg = Qs + c * 64 * SW;     // this warpgroup's rows, in each atom
+    unsigned q_wg = Qs + c * 64 * SW;           // this warpgroup's rows, in each atom
     const unsigned o_wg = Os + c * O_BYTES, p_wg = Ps + c * P_BYTES;
     // One warp of a warpgroup arrives for all four on an "empty" barrier.
     auto release = [&](unsigned bar) {
@@ -236,6 +256,10 @@ stof_attn(const __grid_constant__ stof_tmap tq, const __grid_constant__ stof_tma
     auto turn_pass = [&]() { named_arrive(BAR_TURN + (c + 1) % NC, 256); };
     if (c == NC - 1)
         turn_pass();
+    if (LAG && c > 0) {  // an empty turn: a step behind warpgroup 0
+        turn_wait();
+        turn_pass();
+    }
 
     // S = Q Kᵀ for the tile in stage st; committed, not waited for.
     auto issue_s = [&](float (&s)[BN / 8][4], int st) {
@@ -306,16 +330,25 @@ stof_attn(const __grid_constant__ stof_tmap tq, const __grid_constant__ stof_tma
 #pragma unroll
         for (int j = 0; j < NO; j++)
             o[j][0] = o[j][1] = o[j][2] = o[j][3] = 0.f;
-        mbar_wait(q_full, n & 1);
+        const int qb = n % QB;
+        q_wg = Qs + qb * Q_BYTES + c * 64 * SW;
+        mbar_wait(q_full + 8 * qb, (n / QB) & 1);
         int group, ntiles, bh, len;
         asm volatile("ld.shared.v4.b32 {%0, %1, %2, %3}, [%4];\n"
                      : "=r"(group), "=r"(ntiles), "=r"(bh), "=r"(len)
-                     : "r"(Is)
+                     : "r"(Is + 16 * qb)
                      : "memory");
         const int b = bh >> 16, h = bh & 0xffff;
         const int qlim = min(lq, len), klim = min(lk, len);
         if (ntiles == 0) {
-            release(q_empty);
+            release(q_empty + 8 * qb);
+            // With LAG an item with no tile still takes a turn: the leader's
+            // next turn is what lets the other finish its last item, and it
+            // must not wait for a Q buffer that the other frees only then.
+            if (LAG) {
+                turn_wait();
+                turn_pass();
+            }
         } else {
             float s[BN / 8][4];
             unsigned pf[BN / 16][4];
@@ -330,7 +363,7 @@ stof_attn(const __grid_constant__ stof_tmap tq, const __grid_constant__ stof_tma
             wg_wait0();
             wg_hold(s);
             if (ntiles == 1)
-                release(q_empty);
+                release(q_empty + 8 * qb);
             mask(s, st, bm, kfirst, klim);
             release(k_empty + 8 * st);
             stof_softmax_p<BN / 8, !SUM_MMA>(s, m, l, alpha, scale_log2);
@@ -351,7 +384,7 @@ stof_attn(const __grid_constant__ stof_tmap tq, const __grid_constant__ stof_tma
                 wg_wait1();
                 wg_hold(s);
                 if (j == ntiles - 1)
-                    release(q_empty);
+                    release(q_empty + 8 * qb);
                 mask(s, st, bm, kfirst, klim);
                 release(k_empty + 8 * st);
                 stof_softmax_p<BN / 8, !SUM_MMA>(s, m, l, alpha, scale_log2);
@@ -414,8 +447,13 @@ stof_attn(const __grid_constant__ stof_tmap tq, const __grid_constant__ stof_tma
     }
     // Warpgroup 0 takes the last turn handed to it, so that no arrival is
     // left on a barrier; the staging buffers stay until their stores read them.
-    if (c == 0)
+    if (c == 0) {
         turn_wait();
+        if (LAG) {  // and the other's last turn, a step behind
+            turn_pass();
+            turn_wait();
+        }
+    }
     if (threadIdx.x % 128 == 0)
         tma_wait_read();
 }
