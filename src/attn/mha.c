@@ -84,16 +84,17 @@ void mha_make_request(const mha_candidate *c, int head_dim, stof_dtype dtype, mh
 
 int mha_smem_bytes(const mha_candidate *c, int head_dim)
 {
-    if (c->wg == MHA_WS) /* Q, K and V stages, each consumer's O (and P) in whole swizzle
-                            atoms (80 columns laid out as 96); each stage's bitmap and
-                            tile, the ones (192 rows at head_dim 64, P in registers),
-                            the item; barriers; alignment slack; a second Q and item
-                            where warpgroup 1 lags (LAG in attn_ws.cu) */
-        return (2 * c->bm + 2 * c->st * c->bn) * ((head_dim + 31) / 32 * 32) * 2 +
+    if (c->wg == MHA_WS) { /* Q (two where warpgroup 1 lags: LAG in attn_ws.cu), K and V
+                              stages, each consumer's O (and P) in whole swizzle atoms (80
+                              columns laid out as 96); each stage's bitmap and tile, the
+                              ones (192 rows at head_dim 64, P in registers), the item (one
+                              per Q); barriers; alignment slack */
+        const int qb = c->bm == 128 && c->bn == 128 && c->st >= 3 ? 2 : 1;
+        return ((qb + 1) * c->bm + 2 * c->st * c->bn) * ((head_dim + 31) / 32 * 32) * 2 +
                (c->qs ? c->bm * c->bn * 2 : 0) + c->st * (c->bm * ((c->bn + 31) / 32) * 4 + 8) +
-               (head_dim == 64 && !c->qs && c->bm == 192 ? c->bn * 128 : 0) + 16 +
-               8 * (2 + 4 * c->st) + 1024 +
-               (c->bm == 128 && c->bn == 128 && c->st >= 3 ? c->bm * ((head_dim + 31) / 32 * 32) * 2 + 32 : 0);
+               (head_dim == 64 && !c->qs && c->bm == 192 ? c->bn * 128 : 0) + 16 * qb +
+               8 * (2 * qb + 4 * c->st) + 1024;
+    }
     if (c->wg) /* unpadded swizzled tiles, 1 KiB of alignment slack */
         return (c->bm + 2 * c->st * c->bn) * head_dim * 2 + 16 * c->st + 1024;
     return (c->bm + 4 * c->bn) * (head_dim + 8) * 2 + 2 * c->bn * 4;
