@@ -35,8 +35,8 @@
 // it). Then it rescales O and packs P_j for the next step: in registers,
 // or with P_SMEM in the warpgroup's own shared-memory tile (128-byte
 // swizzled atoms of 64 keys), which frees BLOCK_N / 4 registers a thread
-// so that 192-row items with 128-key tiles fit at head_dim 80 and 96 (the
-// P V product then reads P with a descriptor, as it reads V). With three
+// so that 192-row items with 128- and 144-key tiles fit at head_dim 80 and
+// 96 (the P V product then reads P with a descriptor, as it reads V). With three
 // consumers at head_dim 64 and P in registers (SUM_MMA), the tensor cores
 // take the row sums too: the P V product runs as m64n72, its last 8 columns
 // reading an atom of ones, so O's ninth block holds P's row sums, rescaled
@@ -60,7 +60,10 @@
 // The epilogue divides by the row sums, writes the warpgroup's 64 rows into
 // its own staging buffer in the swizzled layout and stores it with TMA (rows
 // past the sequence length come out as zeros, rows past the tensor's end are
-// not written).
+// not written). With P_SMEM the staging buffer is the warpgroup's P tile,
+// free once the last P V product is done (O_IN_P): the next item's first P
+// waits until the store has read it. The 36 KiB this saves at 192 rows and
+// head_dim 96 are what 144-key tiles need.
 //
 // The launch passes TMA descriptors of Q, K, V and O as 4-D tensors
 // (head_dim, length, heads, batch), boxes of SW / 2 columns by BLOCK_M (Q),
@@ -69,7 +72,7 @@
 // Parameters:
 //   HEAD_DIM   64, 80, 96 or 128
 //   BLOCK_M    query rows per item: 64 per consumer warpgroup, 128 or 192
-//   BLOCK_N    keys per tile: 64, 96, 128 or 192
+//   BLOCK_N    keys per tile: 64, 96, 128, 144 or 192
 //   STAGES     K and V tiles in shared memory, 2 to 4
 //   P_SMEM     1: P through shared memory, 0: in registers
 //   MMA_TYPE   f16 or bf16 (wgmma.cuh uses it too)
@@ -94,7 +97,9 @@ enum : int {
     DA = ATOMS * AW,               // columns laid out
     WPR = (BN + 31) / 32,          // bitmap words per tile row
     Q_BYTES = BM * DA * 2, KV_BYTES = BN * DA * 2, O_BYTES = 64 * DA * 2,
-    P_BYTES = P_SMEM ? 64 * BN * 2 : 0,  // a consumer's P tile
+    PK = (BN + 63) / 64 * 64,             // keys laid out in P's tile: whole atoms
+    P_BYTES = P_SMEM ? 64 * PK * 2 : 0,   // a consumer's P tile
+    O_IN_P = P_SMEM && PK >= DA,          // O staged in P's tile (the epilogue)
     BITS_BYTES = BM * WPR * 4,            // a partial tile's bitmap
     SUM_MMA = D == 64 && !P_SMEM && NC == 3,
     ONES_BYTES = SUM_MMA ? BN * 128 : 0,   // BN rows of ones, one atom wide
@@ -114,8 +119,8 @@ using ring_pos = stof_ring<STAGES>;  // a K and V stage and its round's parity
 
 static_assert(D == 64 || D == 80 || D == 96 || D == 128, "head_dim 64, 80, 96 or 128");
 static_assert(NC == 2 || NC == 3, "two or three consumer warpgroups");
-static_assert(BN == 64 || BN == 96 || BN == 128 || BN == 192,
-              "one m64n64, n96, n128 or n192 product for S");
+static_assert(BN == 64 || BN == 96 || BN == 128 || BN == 144 || BN == 192,
+              "one m64n64, n96, n128, n144 or n192 product for S");
 static_assert(STAGES >= 2 && STAGES <= 4, "2 to 4 stages");
 
 typedef unsigned short elem_t;
@@ -129,14 +134,15 @@ stof_attn(const __grid_constant__ stof_tmap tq, const __grid_constant__ stof_tma
           const unsigned *__restrict__ bits, float scale_log2)
 {
     // The launch gives 1 KiB of slack to align the swizzled tiles. Q, the K
-    // stages, the V stages, each consumer's O, each consumer's P (P_SMEM),
+    // stages, the V stages, each consumer's O (unless O_IN_P), each
+    // consumer's P (P_SMEM),
     // each stage's bitmap, the ones (SUM_MMA), the item (group, tiles,
     // batch << 16 | head, length), each stage's tile (bitmap or -1, first
     // key), then the barriers.
     extern __shared__ __align__(1024) unsigned char smem_raw[];
     const unsigned base = stof_smem_u32(smem_raw), Qs = (base + 1023) & ~1023u;
     const unsigned Ks = Qs + QB * Q_BYTES, Vs = Ks + STAGES * KV_BYTES, Os = Vs + STAGES * KV_BYTES;
-    const unsigned Ps = Os + NC * O_BYTES, Bs = Ps + NC * P_BYTES;
+    const unsigned Ps = Os + (O_IN_P ? 0 : NC * O_BYTES), Bs = Ps + NC * P_BYTES;
     const unsigned Ones = Bs + STAGES * BITS_BYTES, Is = Ones + ONES_BYTES, Ts = Is + 16 * QB;
     const unsigned q_full = Ts + 8 * STAGES, q_empty = q_full + 8 * QB;
     const unsigned k_full = q_empty + 8 * QB, k_empty = k_full + 8 * STAGES;
@@ -243,7 +249,7 @@ stof_attn(const __grid_constant__ stof_tmap tq, const __grid_constant__ stof_tma
     const int g = lane / 4, t = lane % 4;
     const int wrow = c * 64 + (warp % 4) * 16;  // this warp's first row in the item
     unsigned q_wg = Qs + c * 64 * SW;           // this warpgroup's rows, in each atom
-    const unsigned o_wg = Os + c * O_BYTES, p_wg = Ps + c * P_BYTES;
+    const unsigned p_wg = Ps + c * P_BYTES, o_wg = O_IN_P ? p_wg : Os + c * O_BYTES;
     // One warp of a warpgroup arrives for all four on an "empty" barrier.
     auto release = [&](unsigned bar) {
         __syncwarp();
@@ -367,6 +373,11 @@ stof_attn(const __grid_constant__ stof_tmap tq, const __grid_constant__ stof_tma
             mask(s, st, bm, kfirst, klim);
             release(k_empty + 8 * st);
             stof_softmax_p<BN / 8, !SUM_MMA>(s, m, l, alpha, scale_log2);
+            if (O_IN_P && n > 0) {  // the last item's O store has read P's tile
+                if (threadIdx.x % 128 == 0)
+                    tma_wait_read();
+                named_sync(BAR_EPI + c, 128);
+            }
             put_p(s, pf);
             // Tile j: S_j and P_{j-1} V_{j-1}, then S_j's softmax (after the
             // latter's wait, where ptxas puts it).

@@ -77,6 +77,7 @@ __device__ __forceinline__ unsigned long long wg_desc_add(unsigned long long d, 
 #define STOF_ACC10 STOF_ACC8, STOF_ACC4(8), STOF_ACC4(9)
 #define STOF_ACC12 STOF_ACC10, STOF_ACC4(10), STOF_ACC4(11)
 #define STOF_ACC16 STOF_ACC8, STOF_ACC_8(8)
+#define STOF_ACC18 STOF_ACC16, STOF_ACC4(16), STOF_ACC4(17)
 #define STOF_ACC24 STOF_ACC16, STOF_ACC_8(16)
 #define STOF_ACC32 STOF_ACC24, STOF_ACC_8(24)
 #define STOF_REGS8 "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31"
@@ -84,6 +85,7 @@ __device__ __forceinline__ unsigned long long wg_desc_add(unsigned long long d, 
 #define STOF_REGS10 STOF_REGS8 ", %32, %33, %34, %35, %36, %37, %38, %39"
 #define STOF_REGS12 STOF_REGS10 ", %40, %41, %42, %43, %44, %45, %46, %47"
 #define STOF_REGS16 STOF_REGS8 ", %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63"
+#define STOF_REGS18 STOF_REGS16 ", %64, %65, %66, %67, %68, %69, %70, %71"
 #define STOF_REGS24 STOF_REGS16 ", %64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, %80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95"
 #define STOF_REGS32 STOF_REGS24 ", %96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111, %112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127"
 
@@ -134,6 +136,7 @@ STOF_WG_SSN(12, 96, 48, 49, 50)
 STOF_WG_SS(16, 128, 64, 65, 66)
 STOF_WG_RS(16, 128, 64, 65, 66, 67, 68, 69)
 STOF_WG_SSN(16, 128, 64, 65, 66)
+STOF_WG_SS(18, 144, 72, 73, 74)
 STOF_WG_SS(24, 192, 96, 97, 98)
 STOF_WG_SS(32, 256, 128, 129, 130)
 

@@ -85,13 +85,16 @@ void mha_make_request(const mha_candidate *c, int head_dim, stof_dtype dtype, mh
 int mha_smem_bytes(const mha_candidate *c, int head_dim)
 {
     if (c->wg == MHA_WS) { /* Q (two where warpgroup 1 lags: LAG in attn_ws.cu), K and V
-                              stages, each consumer's O (and P) in whole swizzle atoms (80
-                              columns laid out as 96); each stage's bitmap and tile, the
+                              stages, each consumer's O in whole swizzle atoms (80 columns
+                              laid out as 96) unless it is staged in P's tile (O_IN_P), P
+                              in atoms of 64 keys; each stage's bitmap and tile, the
                               ones (192 rows at head_dim 64, P in registers), the item (one
                               per Q); barriers; alignment slack */
         const int qb = c->bm == 128 && c->bn == 128 && c->st >= 3 ? 2 : 1;
-        return ((qb + 1) * c->bm + 2 * c->st * c->bn) * ((head_dim + 31) / 32 * 32) * 2 +
-               (c->qs ? c->bm * c->bn * 2 : 0) + c->st * (c->bm * ((c->bn + 31) / 32) * 4 + 8) +
+        const int da = (head_dim + 31) / 32 * 32, pk = (c->bn + 63) / 64 * 64;
+        const int o_in_p = c->qs && pk >= da;
+        return ((qb + !o_in_p) * c->bm + 2 * c->st * c->bn) * da * 2 +
+               (c->qs ? c->bm * pk * 2 : 0) + c->st * (c->bm * ((c->bn + 31) / 32) * 4 + 8) +
                (head_dim == 64 && !c->qs && c->bm == 192 ? c->bn * 128 : 0) + 16 * qb +
                8 * (2 * qb + 4 * c->st) + 1024;
     }
@@ -120,7 +123,7 @@ int mha_candidates(int head_dim, int smem_max, int wgmma, mha_candidate *out, in
     /* rows, keys, stages, P through shared memory */
     static const int ws_sizes[][4] = {{128, 128, 2, 0}, {192, 128, 2, 0}, {128, 64, 3, 0},
                                       {128, 192, 2, 0}, {192, 64, 3, 0},  {128, 128, 3, 0},
-                                      {192, 128, 2, 1}, {192, 96, 2, 0}};
+                                      {192, 128, 2, 1}, {192, 96, 2, 0},  {192, 144, 2, 1}};
     int n = 0;
     for (int kind = 0; kind < 2; kind++) {
         for (size_t i = 0; i < sizeof sizes / sizeof sizes[0] && n < cap; i++) {
@@ -157,8 +160,11 @@ int mha_candidates(int head_dim, int smem_max, int wgmma, mha_candidate *out, in
             const int fits = c.qs ? live - c.bn / 4 + 32 <= regs && live + 32 > regs
                                   : live + 32 <= regs;
             /* (192 keys beside an O of 80 or 96 columns fit by this count
-             * and spill all the same; 96 keys lost to 128 at head_dim 64.) */
+             * and spill all the same; 96 keys lost to 128 at head_dim 64;
+             * 144 keys, for head_dim 80 and 96, fit in shared memory only
+             * with O staged in P's tile.) */
             if (fits && !(c.bn == 192 && head_dim > 64) && !(c.bn == 96 && head_dim <= 64) &&
+                !(c.bn == 144 && head_dim != 80 && head_dim != 96) &&
                 mha_smem_bytes(&c, head_dim) <= smem_max)
                 out[n++] = c;
         }
@@ -912,12 +918,12 @@ static void free_candidates(cand_state *cs, int n)
 /* Stage 1's sizes for each kind: mma.sync's 64x64, wgmma's 64x64 (small
  * tiles waste least on windows) and 128x64 (dense rows), four stages, and
  * the warp-specialized engine's 128x128, 192x128 and (at head_dim 80 and
- * 96) 192x96, two stages (long rows). */
+ * 96) 192x96 and 192x144, two stages (long rows). */
 static int is_default_size(const mha_candidate *c)
 {
     if (c->wg == MHA_WS)
-        return (c->bm == 128 || c->bm == 192) && (c->bn == 128 || (c->bm == 192 && c->bn == 96)) &&
-               c->st == 2;
+        return (c->bm == 128 || c->bm == 192) &&
+               (c->bn == 128 || (c->bm == 192 && (c->bn == 96 || c->bn == 144))) && c->st == 2;
     if (c->wg)
         return (c->bm == 64 || c->bm == 128) && c->bn == 64 && c->st == 4;
     return c->bm == 64 && c->bn == 64 && c->mt == 1 && !c->qs;
@@ -1117,7 +1123,8 @@ int mha_record_parse(const char *rec, mha_candidate *c, double *ms, double *pred
     c->kind = strcmp(kind, "gather") == 0 ? ATTN_GATHER : ATTN_BLOCK;
     if (c->wg == MHA_WS)
         return c->kind == ATTN_BLOCK && (c->bm == 128 || c->bm == 192) &&
-               (c->bn == 64 || c->bn == 96 || c->bn == 128 || c->bn == 192) && c->mt == 1 &&
+               (c->bn == 64 || c->bn == 96 || c->bn == 128 || c->bn == 144 || c->bn == 192) &&
+               c->mt == 1 &&
                (c->qs == 0 || c->qs == 1) && c->st >= 2 && c->st <= 4;
     if (c->wg == 1)
         return c->bm >= 64 && c->bm <= 192 && c->bm % 64 == 0 && (c->bn == 64 || c->bn == 128) &&

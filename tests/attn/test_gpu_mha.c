@@ -262,9 +262,10 @@ START_TEST(ws_long_rows)
 END_TEST
 
 /* The warp-specialized engine's 192-row items at head_dim 80 and 96 (P
- * through shared memory beside 128-key tiles, in registers beside 96-key
- * ones; and at 64): lengths that are not tile multiples, per-sequence
- * lengths, several items per CTA, both dtypes. */
+ * through shared memory beside 128- and 144-key tiles, O staged in P's
+ * tile; in registers beside 96-key ones; and at 64): lengths that are not
+ * tile multiples, per-sequence lengths, partial tiles of five bitmap words
+ * a row (144 keys), several items per CTA, both dtypes. */
 START_TEST(ws_wide_heads)
 {
     if (!has_wgmma())
@@ -276,6 +277,10 @@ START_TEST(ws_wide_heads)
         {"docs:100,157,120", 3, 2, 377, 377, 96, STOF_BF16, STOF_LAYOUT_BHLD, 0, 1, ATTN_BLOCK, 192, 128, 1, 1, MHA_WS, 2},
         {"causal", 1, 2, 3001, 3001, 96, STOF_BF16, STOF_LAYOUT_BHLD, 0, 0, ATTN_BLOCK, 192, 96, 1, 0, MHA_WS, 2},
         {"window:256+global:64", 4, 8, 1000, 1000, 80, STOF_F16, STOF_LAYOUT_BLHD, 0, 1, ATTN_BLOCK, 192, 96, 1, 0, MHA_WS, 2},
+        {"dense", 3, 4, 3001, 3001, 96, STOF_F16, STOF_LAYOUT_BHLD, 0, 0, ATTN_BLOCK, 192, 144, 1, 1, MHA_WS, 2},
+        {"causal", 4, 8, 1000, 1000, 80, STOF_BF16, STOF_LAYOUT_BLHD, 0, 1, ATTN_BLOCK, 192, 144, 1, 1, MHA_WS, 2},
+        {"window:256+global:64", 4, 8, 1000, 1000, 96, STOF_F16, STOF_LAYOUT_BHLD, 0, 1, ATTN_BLOCK, 192, 144, 1, 1, MHA_WS, 2},
+        {"docs:100,157,120", 3, 2, 377, 377, 80, STOF_BF16, STOF_LAYOUT_BHLD, 0, 1, ATTN_BLOCK, 192, 144, 1, 1, MHA_WS, 2},
     };
     run_case(&cases[_i], 1350 + _i);
 }
@@ -473,7 +478,7 @@ Suite *suite_gpu_mha(void)
     tcase_add_loop_test(t, layouts_lens_packed, 0, 16);
     tcase_add_loop_test(t, ws_long_rows, 0, 8);
     tcase_add_loop_test(t, ws_items_in_turn, 0, 7);
-    tcase_add_loop_test(t, ws_wide_heads, 0, 6);
+    tcase_add_loop_test(t, ws_wide_heads, 0, 10);
     tcase_add_test(t, ws_runs_follow_pointers);
     tcase_add_loop_test(t, planner_choice, 0, 3);
     tcase_add_test(t, device_figures_once);
