@@ -123,7 +123,8 @@ int mha_candidates(int head_dim, int smem_max, int wgmma, mha_candidate *out, in
     /* rows, keys, stages, P through shared memory */
     static const int ws_sizes[][4] = {{128, 128, 2, 0}, {192, 128, 2, 0}, {128, 64, 3, 0},
                                       {128, 192, 2, 0}, {192, 64, 3, 0},  {128, 128, 3, 0},
-                                      {192, 128, 2, 1}, {192, 96, 2, 0},  {192, 144, 2, 1}};
+                                      {192, 128, 2, 1}, {192, 96, 2, 0},  {192, 144, 2, 1},
+                                      {192, 128, 3, 0}, {128, 128, 4, 0}};
     int n = 0;
     for (int kind = 0; kind < 2; kind++) {
         for (size_t i = 0; i < sizeof sizes / sizeof sizes[0] && n < cap; i++) {

@@ -289,7 +289,8 @@ END_TEST
 /* The warp-specialized engine with several items per CTA (its persistent
  * grid has one CTA per SM), so that an item's last P V runs with the next
  * item's first S, items with no tile (Lq > Lk under a window) among them;
- * the lagging consumer on items of one tile, none, and many. */
+ * the lagging consumer on items of one tile, none, and many; three
+ * consumers on a ring of three stages. */
 START_TEST(ws_items_in_turn)
 {
     if (!has_wgmma())
@@ -303,6 +304,8 @@ START_TEST(ws_items_in_turn)
         {"window:64", 4, 8, 1000, 300, 64, STOF_F16, STOF_LAYOUT_BHLD, 0, 1, ATTN_BLOCK, 128, 128, 1, 0, MHA_WS, 3},
         {"causal", 4, 8, 1000, 1000, 64, STOF_BF16, STOF_LAYOUT_BLHD, 0, 1, ATTN_BLOCK, 128, 128, 1, 0, MHA_WS, 4},
         {"dense", 3, 4, 3001, 3001, 96, STOF_F16, STOF_LAYOUT_BHLD, 0, 0, ATTN_BLOCK, 128, 128, 1, 0, MHA_WS, 3},
+        /* three consumers on a ring of three stages */
+        {"causal", 4, 8, 1000, 1000, 64, STOF_BF16, STOF_LAYOUT_BLHD, 0, 1, ATTN_BLOCK, 192, 128, 1, 0, MHA_WS, 3},
     };
     run_case(&cases[_i], 1300 + _i);
 }
@@ -477,7 +480,7 @@ Suite *suite_gpu_mha(void)
     tcase_add_loop_test(t, wgmma_tiles, 0, 3);
     tcase_add_loop_test(t, layouts_lens_packed, 0, 16);
     tcase_add_loop_test(t, ws_long_rows, 0, 8);
-    tcase_add_loop_test(t, ws_items_in_turn, 0, 7);
+    tcase_add_loop_test(t, ws_items_in_turn, 0, 8);
     tcase_add_loop_test(t, ws_wide_heads, 0, 10);
     tcase_add_test(t, ws_runs_follow_pointers);
     tcase_add_loop_test(t, planner_choice, 0, 3);
