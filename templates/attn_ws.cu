@@ -35,27 +35,28 @@
 // it). Then it rescales O and packs P_j for the next step: in registers,
 // or with P_SMEM in the warpgroup's own shared-memory tile (128-byte
 // swizzled atoms of 64 keys), which frees BLOCK_N / 4 registers a thread
-// so that 192-row items with 128- and 144-key tiles fit at head_dim 80 and
-// 96 (the P V product then reads P with a descriptor, as it reads V). With three
-// consumers at head_dim 64 and P in registers (SUM_MMA), the tensor cores
-// take the row sums too: the P V product runs as m64n72, its last 8 columns
-// reading an atom of ones, so O's ninth block holds P's row sums, rescaled
-// with O; the softmax then adds nothing up (64 FADDs fewer a tile and
-// thread, where these consumers are bound by instruction issue: dense and
-// causal L 4096 +1.9% and +1.4% on an H100; with two consumers, whose tensor
-// cores are the busier side, 128-row items ran 1.5-4% slower with it, so
-// they keep the sums in the softmax). The consumers take turns issuing their
-// products (named barriers, round robin), so that one's softmax runs while
-// another's products keep the tensor cores busy. With LAG, warpgroup 1
-// starts with an empty turn and so walks a step behind warpgroup 0: an
-// item's start (S_0 issued and waited for alone, its softmax) and end (the
-// last P V, the epilogue), where a consumer's own products cannot cover its
-// softmax, then overlap the other's products instead of idling with them.
-// The leader starts an item while the other still reads the last one's Q,
-// so Q and the item come in two buffers, used in turn. This pays on short
-// walks (window:256 at head_dim 64: 5% on an H100) and needs a stage more
-// to keep the loads ahead of the lagging consumer's releases: 128-key tiles
-// with 3 or 4 stages only (with 64-key tiles it ran 4-12% slower).
+// so that 192-row items with 128- and 144-key tiles fit at head_dim 80
+// and 96 (the P V product then reads P with a descriptor, as it reads V).
+// With three consumers at head_dim 64 and P in registers (SUM_MMA), the
+// tensor cores take the row sums too: the P V product runs as m64n72, its
+// last 8 columns reading an atom of ones, so O's ninth block holds P's row
+// sums, rescaled with O; the softmax then adds nothing up (64 FADDs fewer a
+// tile and thread, where these consumers are bound by instruction issue:
+// dense and causal L 4096 +1.9% and +1.4% on an H100; with two consumers,
+// whose tensor cores are the busier side, 128-row items ran 1.5-4% slower
+// with it, so they keep the sums in the softmax). The consumers take turns
+// issuing their products (named barriers, round robin), so that one's
+// softmax runs while another's products keep the tensor cores busy. With
+// LAG, warpgroup 1 starts with an empty turn and so walks a step behind
+// warpgroup 0: an item's start (S_0 issued and waited for alone, its
+// softmax) and end (the last P V, the epilogue), where a consumer's own
+// products cannot cover its softmax, then overlap the other's products
+// instead of idling with them. The leader starts an item while the other
+// still reads the last one's Q, so Q and the item come in two buffers, used
+// in turn. This pays on short walks (window:256 at head_dim 64: 5% on an
+// H100) and needs a stage more to keep the loads ahead of the lagging
+// consumer's releases: 128-key tiles with 3 or 4 stages only (with 64-key
+// tiles it ran 4-12% slower).
 //
 // The epilogue divides by the row sums, writes the warpgroup's 64 rows into
 // its own staging buffer in the swizzled layout and stores it with TMA (rows
@@ -135,10 +136,9 @@ stof_attn(const __grid_constant__ stof_tmap tq, const __grid_constant__ stof_tma
 {
     // The launch gives 1 KiB of slack to align the swizzled tiles. Q, the K
     // stages, the V stages, each consumer's O (unless O_IN_P), each
-    // consumer's P (P_SMEM),
-    // each stage's bitmap, the ones (SUM_MMA), the item (group, tiles,
-    // batch << 16 | head, length), each stage's tile (bitmap or -1, first
-    // key), then the barriers.
+    // consumer's P (P_SMEM), each stage's bitmap, the ones (SUM_MMA), the
+    // item (group, tiles, batch << 16 | head, length), each stage's tile
+    // (bitmap or -1, first key), then the barriers.
     extern __shared__ __align__(1024) unsigned char smem_raw[];
     const unsigned base = stof_smem_u32(smem_raw), Qs = (base + 1023) & ~1023u;
     const unsigned Ks = Qs + QB * Q_BYTES, Vs = Ks + STAGES * KV_BYTES, Os = Vs + STAGES * KV_BYTES;
