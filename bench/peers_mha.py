@@ -26,6 +26,7 @@ import json
 import math
 import os
 import sys
+import time
 
 import numpy as np
 import torch
@@ -37,6 +38,7 @@ import triton.testing
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "python"))
 import stof  # noqa: E402
 
+SETTLE = 0.0  # seconds the GPU rests before each contender is timed (--settle)
 SPARSE = {"window", "longformer", "bigbird", "strided", "dilated"}
 PEAK = 790.0  # dense bf16/fp16 tensor-core TFLOP/s of an H100, for the fraction column
 ALL_PEERS = ("sdpa-flash", "sdpa-cudnn", "sdpa-eff", "sdpa-mask", "flex", "flex-fa4", "fa4")
@@ -181,6 +183,9 @@ def bench(fn, how=None):
     time in other runs and up to 9x their GPU time, bench/results 2026-11-26)
     and graph_ms (the GPU's time alone) where fn can be captured. Every contender, stof included, gets the same. how, a dict,
     receives which one gave the figure."""
+    if SETTLE > 0:  # every contender starts from a rested GPU (--settle)
+        torch.cuda.synchronize()
+        time.sleep(SETTLE)
     t = triton.testing.do_bench(fn, warmup=25, rep=100, return_mode="median")
     src = "do_bench"
     try:
@@ -353,7 +358,11 @@ def main():
     ap.add_argument("--seq", action="append", type=int)
     ap.add_argument("--peers", default=",".join(ALL_PEERS))
     ap.add_argument("--tag", default="")
+    ap.add_argument("--settle", type=float, default=0.0,
+                    help="seconds the GPU rests before each contender (stof and every peer) is timed")
     args = ap.parse_args()
+    global SETTLE
+    SETTLE = args.settle
     want = set(args.peers.split(","))
     for knob in ("cache_size_limit", "recompile_limit"):
         if hasattr(torch._dynamo.config, knob):
