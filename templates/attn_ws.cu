@@ -58,6 +58,12 @@
 // consumer's releases: 128-key tiles with 3 or 4 stages only (with 64-key
 // tiles it ran 4-12% slower).
 //
+// With SIT_OUT a consumer whose 64 rows all lie past the tensor's last row
+// (the last query group of a length that leaves it a warpgroup or more
+// short) takes the item's turns and nothing else: no products, no softmax,
+// no store; the producer's warp arrives on each stage's empty barriers for
+// it.
+//
 // The epilogue divides by the row sums, writes the warpgroup's 64 rows into
 // its own staging buffer in the swizzled layout and stores it with TMA (rows
 // past the sequence length come out as zeros, rows past the tensor's end are
@@ -76,6 +82,8 @@
 //   BLOCK_N    keys per tile: 64, 96, 128, 144 or 192
 //   STAGES     K and V tiles in shared memory, 2 to 4
 //   P_SMEM     1: P through shared memory, 0: in registers
+//   SIT_OUT    1: consumers whose rows all lie past lq sit the item out
+//              (the host deals such items as lighter), 0: lq leaves none
 //   MMA_TYPE   f16 or bf16 (wgmma.cuh uses it too)
 
 // Enumerators, not constexpr variables: gemm.cu says why.
@@ -115,6 +123,7 @@ enum : int {
     // walks a step behind warpgroup 0 (LAG; see the consumers' comment).
     LAG = NC == 2 && BN == 128 && STAGES >= 3,
     QB = 1 + LAG,
+    SIT_OUT = {{SIT_OUT}},
 };
 using ring_pos = stof_ring<STAGES>;  // a K and V stage and its round's parity
 
@@ -192,6 +201,10 @@ stof_attn(const __grid_constant__ stof_tmap tq, const __grid_constant__ stof_tma
             const int b = w.w >> 16, h = w.w & 0xffff;
             const int len = seq_lens ? seq_lens[b] : 0x7fffffff;
             const int qb = n % QB;  // Q's buffer, used for the (n / QB)th time
+            // With SIT_OUT, the warps of consumers with no row before lq
+            // arrive on no stage's barrier: this warp does.
+            const unsigned idle =
+                SIT_OUT ? 4 * (NC - max(1, min(NC, (lq - w.x * BM + 63) / 64))) : 0;
             if (lane == 0) {
                 if (n >= QB)
                     mbar_wait(q_empty + 8 * qb, (n / QB - 1) & 1);
@@ -231,6 +244,8 @@ stof_attn(const __grid_constant__ stof_tmap tq, const __grid_constant__ stof_tma
                     if (bm >= 0)
                         bulk_load(Bs + s * BITS_BYTES, bits + (long long)bm * BM * WPR, BITS_BYTES,
                                   k_full + 8 * s);
+                    if (idle)
+                        mbar_arrive_n(k_empty + 8 * s, idle);
                     if (it >= STAGES)
                         mbar_wait(v_empty + 8 * s, at.phase ^ 1);
                     mbar_expect(v_full + 8 * s, KV_BYTES);
@@ -238,6 +253,8 @@ stof_attn(const __grid_constant__ stof_tmap tq, const __grid_constant__ stof_tma
                     for (int a = 0; a < ATOMS; a++)
                         tma_load4(Vs + s * KV_BYTES + a * BN * SW, &tv, v_full + 8 * s, a * AW, kf,
                                   h, b);
+                    if (idle)
+                        mbar_arrive_n(v_empty + 8 * s, idle);
                 }
             }
         }
@@ -346,6 +363,19 @@ stof_attn(const __grid_constant__ stof_tmap tq, const __grid_constant__ stof_tma
                      : "memory");
         const int b = bh >> 16, h = bh & 0xffff;
         const int qlim = min(lq, len), klim = min(lk, len);
+        // SIT_OUT: a consumer whose rows all lie at or past lq (warpgroup 0
+        // never does) takes the item's turns and nothing else.
+        if (SIT_OUT && c > 0 && group * BM + c * 64 >= lq) {
+            release(q_empty + 8 * qb);
+            for (int j = ntiles; j >= 0; j--) {
+                turn_wait();
+                turn_pass();
+            }
+            const int x = cur.stage + ntiles;  // past the item's tiles
+            cur.stage = x % STAGES;
+            cur.phase ^= (x / STAGES) & 1;
+            continue;
+        }
         if (ntiles == 0) {
             release(q_empty + 8 * qb);
             // With LAG an item with no tile still takes a turn: the leader's

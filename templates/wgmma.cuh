@@ -176,6 +176,11 @@ __device__ __forceinline__ void mbar_arrive(unsigned bar)
 {
     asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar) : "memory");
 }
+// n arrivals at once (on behalf of threads that will not arrive).
+__device__ __forceinline__ void mbar_arrive_n(unsigned bar, unsigned n)
+{
+    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(n) : "memory");
+}
 // Arrives on bar once this thread's earlier cp.async copies have landed.
 __device__ __forceinline__ void cp_arrive_noinc(unsigned bar)
 {

@@ -54,15 +54,22 @@ typedef struct attn_tiles_layout {
 attn_tiles_layout attn_tiles_layout_of(const attn_tiles *t);
 void attn_tiles_pack(const attn_tiles *t, const attn_tiles_layout *l, void *dst);
 
+/* An item's time per tile, relative to other items of bm rows: 2 k + 3 for
+ * k working consumers of 64 rows (all bm / 64 of them unless lq > 0 leaves
+ * group's last ones no row; one at least). */
+int attn_tiles_share(int bm, int lq, int group);
+
 /* A persistent grid's work: every (group, batch, head) of bh = batch *
  * heads, as items of 4 ints (group, first tile, end tile, batch << 16 |
  * head), dealt to `ctas` CTAs. Items are taken heaviest group first within
  * runs of `run` heads (heads whose K and V share the L2), each going to the
  * CTA with the least work so far (tiles plus one per item for its Q and
- * epilogue), so that every CTA ends at about the same time. CTA x walks
- * items first[x] .. first[x + 1] - 1 of `items` (n_groups * bh of them;
- * first has ctas + 1 entries). Returns 0 when out of memory. */
-int attn_tiles_schedule(const attn_tiles *t, int batch, int heads, int run, int ctas,
+ * epilogue), so that every CTA ends at about the same time. With lq > 0 the
+ * kernel's consumers of 64 rows that all lie at or past lq sit an item out,
+ * and the item weighs less (attn_tiles_share). CTA x walks items
+ * first[x] .. first[x + 1] - 1 of `items` (n_groups * bh of them; first has
+ * ctas + 1 entries). Returns 0 when out of memory. */
+int attn_tiles_schedule(const attn_tiles *t, int batch, int heads, int run, int ctas, int lq,
                         int32_t *items, int32_t *first);
 
 #endif

@@ -33,7 +33,14 @@ typedef struct mha_request {
     render_var vars[11];
     jit_request req;
 } mha_request;
-void mha_make_request(const mha_candidate *c, int head_dim, stof_dtype dtype, mha_request *r);
+void mha_make_request(const mha_candidate *c, int head_dim, int seq_q, stof_dtype dtype,
+                      mha_request *r);
+
+/* Whether c's kernel lets the consumer warpgroups whose 64 rows all lie past
+ * seq_q sit the item out (SIT_OUT in attn_ws.cu): 192-row items where seq_q
+ * leaves the last query group short of a tenth of all the consumers' work
+ * or more. */
+int mha_sit_out(const mha_candidate *c, int seq_q);
 
 /* Dynamic shared memory of a candidate's kernel, in bytes, and its threads. */
 int mha_smem_bytes(const mha_candidate *c, int head_dim);

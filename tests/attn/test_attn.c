@@ -205,25 +205,28 @@ END_TEST
 /* Gathering compacts a scattered mask: fewer tiles than blocks. */
 /* The persistent grid's deal: every (group, batch, head) exactly once,
  * each CTA's items in the order dealt, the runs of heads kept, and no CTA
- * with more work than the least loaded one plus one item. */
+ * with more work than the least loaded one plus one item; with lq, an item
+ * whose last consumers sit out (192-row groups at 1000 rows) weighs as its
+ * working consumers. */
 START_TEST(schedule_deals_every_item_once)
 {
     stof_ctx *ctx = open_ctx(NULL);
     static const char *const specs[] = {"causal", "window:256+global:64", "dense", "docs:300,700"};
-    for (int s = 0; s < 4; s++) {
+    for (int v = 0; v < 12; v++) {
+        const int s = v % 4, bm = v < 4 ? 128 : 192, lq = v < 8 ? 0 : 1000;
         stof_mask *m;
         ck_assert_int_eq(stof_mask_parse(ctx, specs[s], 1000, 1000, &m), STOF_OK);
         attn_tiles t;
-        ck_assert_int_eq(tiles_of(ctx, m, ATTN_BLOCK, 128, 128, &t), STOF_OK);
+        ck_assert_int_eq(tiles_of(ctx, m, ATTN_BLOCK, bm, 128, &t), STOF_OK);
         const int B = 3, H = 5, bh = B * H, n = t.n_groups * bh, ctas = s == 2 ? n + 7 : 13;
-        const int real = ctas < n ? ctas : n;
+        const int real = ctas < n ? ctas : n, nc = bm / 64;
         int32_t *items = malloc(16 * (size_t)n), *first = malloc(4 * (size_t)(real + 1));
         ck_assert(items && first);
-        ck_assert(attn_tiles_schedule(&t, B, H, 4, real, items, first));
+        ck_assert(attn_tiles_schedule(&t, B, H, 4, real, lq, items, first));
         ck_assert_int_eq(first[0], 0);
         ck_assert_int_eq(first[real], n);
         unsigned char *seen = calloc((size_t)n, 1);
-        long long lo = 1LL << 60, hi = 0, heaviest = 0;
+        long long lo = 1LL << 60, hi = 0, heaviest = 0, light = 0;
         for (int c = 0; c < real; c++) {
             ck_assert_int_le(first[c], first[c + 1]);
             long long load = 0;
@@ -239,16 +242,22 @@ START_TEST(schedule_deals_every_item_once)
                 seen[id] = 1;
                 ck_assert_int_ge(x / 4, last_run); /* runs of 4 heads, in order */
                 last_run = x / 4;
-                load += w[2] - w[1] + 1;
-                heaviest = w[2] - w[1] + 1 > heaviest ? w[2] - w[1] + 1 : heaviest;
+                /* 1000 rows: the last 192-row group has 40, one consumer's */
+                const int working = lq && (w[0] + 1) * bm > lq ? (lq - w[0] * bm + 63) / 64 : nc;
+                ck_assert_int_eq(attn_tiles_share(bm, lq, w[0]), 2 * working + 3);
+                const long long wt = (long long)(w[2] - w[1] + 1) * (2 * working + 3);
+                light += working < nc;
+                load += wt;
+                heaviest = wt > heaviest ? wt : heaviest;
             }
             lo = load < lo ? load : lo;
             hi = load > hi ? load : hi;
         }
         for (int i = 0; i < n; i++)
             ck_assert_msg(seen[i], "%s: item %d not dealt", specs[s], i);
-        ck_assert_msg(hi - lo <= heaviest, "%s: loads %lld .. %lld, heaviest item %lld", specs[s],
-                      lo, hi, heaviest);
+        ck_assert_msg(hi - lo <= heaviest, "%s bm %d lq %d: loads %lld .. %lld, heaviest item %lld",
+                      specs[s], bm, lq, lo, hi, heaviest);
+        ck_assert_int_eq(light, lq ? bh : 0);
         free(seen);
         free(items);
         free(first);
@@ -703,7 +712,7 @@ END_TEST
 typedef struct variant_job {
     const char *arch;
     mha_candidate c[512];
-    int dim[512], dtype[512];
+    int dim[512], dtype[512], seq[512];
     stof_status st[512];
     int spills[512], spill_bytes[512];
     char err[512][320], global[512][96];
@@ -725,7 +734,7 @@ static void *compile_variants(void *arg)
     for (int i; (i = test_take(&j->lock, &j->next, j->n)) >= 0;) {
         mha_request r;
         char key[65];
-        mha_make_request(&j->c[i], j->dim[i], j->dtype[i] ? STOF_BF16 : STOF_F16, &r);
+        mha_make_request(&j->c[i], j->dim[i], j->seq[i], j->dtype[i] ? STOF_BF16 : STOF_F16, &r);
         j->st[i] = jit_prepare(ctx, &r.req, key, NULL);
         snprintf(j->err[i], sizeof j->err[i], "%s", stof_last_error(ctx));
         cache_kernel k;
@@ -751,12 +760,14 @@ static void *compile_variants(void *arg)
              * spill at head_dim 64 but the 192 x 128 tile whose products
              * take the row sums (attn_ws.cu's SUM_MMA): 12 bytes, the item
              * loop's counter, reloaded once an item (dense L 4096 still
-             * 1.9% faster than with the sums in the softmax). */
+             * 1.9% faster than with the sums in the softmax), 32 where
+             * consumers sit out (dense L 1024 9% faster than without). */
             const int ws192 = j->c[i].wg == MHA_WS && j->c[i].bm == 192;
             const int allowed = !ws192             ? 0
                                 : j->dim[i] > 64 ? 16
-                                : j->c[i].bn == 128 && !j->c[i].qs ? 12
-                                                                   : 0;
+                                : j->c[i].bn == 128 && !j->c[i].qs
+                                    ? (mha_sit_out(&j->c[i], j->seq[i]) ? 32 : 12)
+                                    : 0;
             j->spills[i] = stores > allowed || strstr(k.log, "ptxas warning") || serial;
             j->spill_bytes[i] = stores;
             snprintf(j->err[i], sizeof j->err[i], "%s", line ? line : k.log);
@@ -782,20 +793,28 @@ START_TEST(every_variant_compiles)
     for (int d = 0; d < 5; d++) {
         mha_candidate c[64];
         int n = mha_candidates(dims[d], 227 * 1024, _i == 0, c, 64);
-        for (int i = 0; i < n; i++)
-            for (int dt = 0; dt < 2; dt++) {
+        /* 192-row warp-specialized items: with and without consumers
+         * sitting out (1000 rows leave the last group 40 rows) */
+        for (int i = 0; i < n; i++) {
+            const int sits = c[i].wg == MHA_WS && c[i].bm == 192;
+            for (int v = 0; v < (sits ? 4 : 2); v++) {
                 ck_assert_int_lt(j.n, 512);
                 j.c[j.n] = c[i];
                 j.dim[j.n] = dims[d];
-                j.dtype[j.n++] = dt;
+                j.seq[j.n] = v < 2 ? 1536 : 1000;
+                ck_assert_int_eq(mha_sit_out(&c[i], j.seq[j.n]), v >= 2);
+                ck_assert(!mha_sit_out(&c[i], 4096) && !mha_sit_out(&c[i], 1064));
+                j.dtype[j.n++] = v % 2;
             }
+        }
     }
     int nthreads = test_on_threads(compile_variants, &j), mma_spills = 0, wg = 0;
     int wg_allowed = 0, wg_most = 0;  /* wgmma variants that spill within their allowance */
     pthread_mutex_destroy(&j.lock);
     for (int i = 0; i < j.n; i++) {
-        ck_assert_msg(j.st[i] == STOF_OK, "%s d%d %s %dx%d mt%d qs%d: %s", j.arch, j.dim[i],
-                      j.dtype[i] ? "bf16" : "fp16", j.c[i].bm, j.c[i].bn, j.c[i].mt, j.c[i].qs, j.err[i]);
+        ck_assert_msg(j.st[i] == STOF_OK, "%s d%d %s %dx%d mt%d qs%d seq %d: %s", j.arch, j.dim[i],
+                      j.dtype[i] ? "bf16" : "fp16", j.c[i].bm, j.c[i].bn, j.c[i].mt, j.c[i].qs,
+                      j.seq[i], j.err[i]);
         /* Spilled registers or serialized products cost a wgmma kernel half
          * its speed or more; the mma.sync engine's spills are counted and
          * shown. */
@@ -807,9 +826,9 @@ START_TEST(every_variant_compiles)
             wg_most = j.spill_bytes[i] > wg_most ? j.spill_bytes[i] : wg_most;
         }
         ck_assert_msg(!(j.spills[i] && j.c[i].wg),
-                      "%s d%d %s %dx%d stages %d spills or serializes: %s", j.arch,
+                      "%s d%d %s %dx%d stages %d seq %d spills or serializes: %s", j.arch,
                       j.dim[i], j.dtype[i] ? "bf16" : "fp16", j.c[i].bm, j.c[i].bn, j.c[i].st,
-                      j.err[i]);
+                      j.seq[i], j.err[i]);
         ck_assert_msg(!j.global[i][0], "%s d%d %s %dx%d: a variable in device memory: %s", j.arch,
                       j.dim[i], j.dtype[i] ? "bf16" : "fp16", j.c[i].bm, j.c[i].bn, j.global[i]);
     }
