@@ -893,14 +893,20 @@ static int by_prediction(const void *a, const void *b)
     return x->predicted_ms < y->predicted_ms ? -1 : x->predicted_ms > y->predicted_ms;
 }
 
+/* Shared memory a block may opt in to: the device's, or an H100's where
+ * there is no device (compiling offline for sm_90a). */
+static int device_smem(const stof_ctx *ctx)
+{
+    return ctx->dev.ok ? ctx->dev.smem_optin : 227 * 1024;
+}
+
 /* Builds every candidate's tiles and ranks them by the model. Gathered
  * tiles are skipped where block tiles already waste little. */
 static stof_status rank_candidates(stof_ctx *ctx, const stof_mha_desc *d, const mask_summary *ms,
                                    int measure, cand_state *cs, int *n)
 {
     mha_candidate c[MHA_MAX_CANDIDATES];
-    int smem_max = ctx->dev.ok ? ctx->dev.smem_optin : 227 * 1024;
-    int nc = mha_candidates(d->head_dim, smem_max, strcmp(ctx->arch, "sm_90a") == 0, c,
+    int nc = mha_candidates(d->head_dim, device_smem(ctx), strcmp(ctx->arch, "sm_90a") == 0, c,
                             MHA_MAX_CANDIDATES);
     int want_gather = ms->info.block_efficiency < MHA_GATHER_BELOW;
     model_device md;
@@ -1343,6 +1349,12 @@ stof_status mha_plan_forced(stof_ctx *ctx, const stof_mha_desc *desc, const stof
                         "wgmma attention kernels need sm_90a and head_dim 64 or 128 (80 and 96 on "
                         "the warp-specialized engine; this context compiles for %s, head_dim %d)",
                         ctx->arch, desc ? desc->head_dim : 0);
+    const int smem_max = device_smem(ctx);
+    if (desc && mha_smem_bytes(c, desc->head_dim) > smem_max)
+        return CTX_FAIL(ctx, STOF_ERR_UNSUPPORTED,
+                        "this attention kernel needs %d bytes of shared memory at head_dim %d; "
+                        "the device gives a block %d",
+                        mha_smem_bytes(c, desc->head_dim), desc->head_dim, smem_max);
     stof_mha_plan *p;
     const mask_summary *ms = NULL;
     mask_summary own;

@@ -468,6 +468,14 @@ START_TEST(wgmma_needs_sm90a)
     d.head_dim = 96;
     ck_assert_int_eq(mha_plan_forced(ctx, &d, m, &c, &p), STOF_ERR_UNSUPPORTED);
     ck_assert_ptr_nonnull(strstr(stof_last_error(ctx), "head_dim 96"));
+    /* A tile that does not fit the block's shared memory, named as such
+     * rather than left for the driver to refuse at launch. */
+    mha_candidate big = {ATTN_BLOCK, 128, 192, 1, 0, MHA_WS, 4};
+    d.head_dim = 128;
+    ck_assert_int_gt(mha_smem_bytes(&big, 128), 227 * 1024);
+    ck_assert_int_eq(mha_plan_forced(ctx, &d, m, &big, &p), STOF_ERR_UNSUPPORTED);
+    ck_assert_ptr_null(p);
+    ck_assert_ptr_nonnull(strstr(stof_last_error(ctx), "shared memory"));
     stof_mask_free(m);
     stof_close(ctx);
 }
