@@ -9,6 +9,10 @@
  * ENGINE:BM:BN:STAGES[:QS] times that block-kind candidate instead of the
  * planner's choice (engine 0 mma.sync, 1 wgmma, 2 warp-specialized; QS 1:
  * P through shared memory on the last), for comparing kernel variants.
+ * --normal draws the inputs from a standard normal distribution (as
+ * torch.randn does in peers_mha.py) instead of uniformly from [-1, 1]: the
+ * same work, but at long lengths the board's power limit sets the clock,
+ * and the power drawn depends on the values.
  */
 #include <math.h>
 #include <stdio.h>
@@ -52,6 +56,27 @@ static const char *json_safe(const char *s)
         buf[j++] = (*s == '"' || *s == '\\' || *s == '\n') ? '\'' : *s;
     buf[j] = 0;
     return buf;
+}
+
+static int normal_inputs; /* --normal */
+
+/* Standard normal numbers (Box-Muller over splitmix64), as 16-bit floats. */
+static void fill_normal(uint16_t *p, size_t n, stof_dtype t, uint64_t seed)
+{
+    for (size_t i = 0; i < n; i += 2) {
+        uint64_t z[2];
+        for (int j = 0; j < 2; j++) {
+            uint64_t x = (seed += 0x9E3779B97F4A7C15ull);
+            x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
+            x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
+            z[j] = x ^ (x >> 31);
+        }
+        double u1 = ((z[0] >> 11) + 1) * 0x1.0p-53, u2 = (z[1] >> 11) * 0x1.0p-53;
+        double r = sqrt(-2.0 * log(u1));
+        float x[2] = {(float)(r * cos(2 * M_PI * u2)), (float)(r * sin(2 * M_PI * u2))};
+        for (int j = 0; j < 2 && i + j < n; j++)
+            p[i + j] = t == STOF_BF16 ? bf16_from_float(x[j]) : half_from_float(x[j]);
+    }
 }
 
 static void run_case(const char *cache, const mha_candidate *force, const char *name, int B,
@@ -107,7 +132,10 @@ static void run_case(const char *cache, const mha_candidate *force, const char *
         CUdeviceptr *dst[3] = {&q[s], &k[s], &v[s]};
         for (int w = 0; w < 3; w++) {
             /* Seeds 1, 2, 3 for set 0, as peers_mha.py draws them. */
-            mha_fill_random(host, n, dt, (uint64_t)(s * 3 + w + 1));
+            if (normal_inputs)
+                fill_normal(host, n, dt, (uint64_t)(s * 3 + w + 1));
+            else
+                mha_fill_random(host, n, dt, (uint64_t)(s * 3 + w + 1));
             CHECK(CU(ctx, MemAlloc(dst[w], bytes)));
             CHECK(CU(ctx, MemcpyHtoD(*dst[w], host, bytes)));
         }
@@ -199,8 +227,11 @@ int main(int argc, char **argv)
                           &force.st, &force.qs) >= 4) {
             forced = 1;
             i++;
+        } else if (strcmp(argv[i], "--normal") == 0) {
+            normal_inputs = 1;
         } else {
-            fprintf(stderr, "usage: bench_mha [--cache PATH] [--force ENGINE:BM:BN:STAGES[:QS]] < cases\n"
+            fprintf(stderr, "usage: bench_mha [--cache PATH] [--force ENGINE:BM:BN:STAGES[:QS]] "
+                            "[--normal] < cases\n"
                             "  each case line: NAME BATCH HEADS SEQ HEAD_DIM fp16|bf16 SPEC\n");
             return 2;
         }
