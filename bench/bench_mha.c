@@ -10,9 +10,10 @@
  * planner's choice (engine 0 mma.sync, 1 wgmma, 2 warp-specialized; QS 1:
  * P through shared memory on the last), for comparing kernel variants.
  * --normal draws the inputs from a standard normal distribution (as
- * torch.randn does in peers_mha.py) instead of uniformly from [-1, 1]: the
- * same work, but at long lengths the board's power limit sets the clock,
- * and the power drawn depends on the values.
+ * torch.randn does in peers_mha.py) instead of uniformly from [-1, 1], to
+ * see whether the values move the time where the board's power limit sets
+ * the clock (on an H100 they did not, by 1%:
+ * bench/results/attn-s47-H100-20261127.txt).
  */
 #include <math.h>
 #include <stdio.h>

@@ -446,8 +446,8 @@ START_TEST(candidates_fit_the_device)
 }
 END_TEST
 
-/* A forced wgmma plan where there is no warpgroup MMA fails cleanly, before
- * any device work. */
+/* A forced wgmma plan where there is no warpgroup MMA, or whose tile does
+ * not fit in shared memory, fails cleanly, before any device work. */
 START_TEST(wgmma_needs_sm90a)
 {
     stof_ctx *ctx = open_ctx("sm_80");
