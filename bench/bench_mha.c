@@ -6,9 +6,10 @@
  * in a fresh context with its NVRTC and timing counters), and the mean |out|
  * of input set 0 so the peers' script can check it computed the same thing.
  * bench/peers_mha.py drives it and times the PyTorch peers. --force
- * ENGINE:BM:BN:STAGES[:QS] times that block-kind candidate instead of the
- * planner's choice (engine 0 mma.sync, 1 wgmma, 2 warp-specialized; QS 1:
- * P through shared memory on the last), for comparing kernel variants.
+ * [gather:]ENGINE:BM:BN:STAGES[:QS] times that candidate (block kind, or
+ * gathered with the prefix) instead of the planner's choice (engine 0
+ * mma.sync, 1 wgmma, 2 warp-specialized; QS 1: P through shared memory on
+ * the last), for comparing kernel variants.
  * --normal draws the inputs from a standard normal distribution (as
  * torch.randn does in peers_mha.py) instead of uniformly from [-1, 1], to
  * see whether the values move the time where the board's power limit sets
@@ -224,14 +225,16 @@ int main(int argc, char **argv)
         if (strcmp(argv[i], "--cache") == 0 && i + 1 < argc) {
             cache = argv[++i];
         } else if (strcmp(argv[i], "--force") == 0 && i + 1 < argc &&
-                   sscanf(argv[i + 1], "%d:%d:%d:%d:%d", &force.wg, &force.bm, &force.bn,
-                          &force.st, &force.qs) >= 4) {
+                   sscanf(argv[i + 1] + (strncmp(argv[i + 1], "gather:", 7) == 0 ? 7 : 0),
+                          "%d:%d:%d:%d:%d", &force.wg, &force.bm, &force.bn, &force.st,
+                          &force.qs) >= 4) {
+            force.kind = strncmp(argv[i + 1], "gather:", 7) == 0 ? ATTN_GATHER : ATTN_BLOCK;
             forced = 1;
             i++;
         } else if (strcmp(argv[i], "--normal") == 0) {
             normal_inputs = 1;
         } else {
-            fprintf(stderr, "usage: bench_mha [--cache PATH] [--force ENGINE:BM:BN:STAGES[:QS]] "
+            fprintf(stderr, "usage: bench_mha [--cache PATH] [--force [gather:]ENGINE:BM:BN:STAGES[:QS]] "
                             "[--normal] < cases\n"
                             "  each case line: NAME BATCH HEADS SEQ HEAD_DIM fp16|bf16 SPEC\n");
             return 2;

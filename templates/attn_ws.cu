@@ -76,6 +76,17 @@
 // (head_dim, length, heads, batch), boxes of SW / 2 columns by BLOCK_M (Q),
 // BLOCK_N (K, V) and 64 (O) rows, swizzled over SW bytes.
 //
+// With GATHER the item's rows and each tile's keys are gathered (the
+// gathered kind of attn_tiles: a group's rows are listed in qidx, a tile's
+// keys in kidx, -1 for padding), which a TMA box cannot read: all four
+// producer warps copy Q, K and V row by row with cp.async into the same
+// swizzled layout (zeros for padding and rows past the end) and arrive on
+// the "full" barriers as their copies land; the consumers fence those
+// generic-proxy writes before wgmma reads them, and store O's rows to
+// their places from registers. The rest of the walk is the block kind's.
+// (A TMA box of one row per row, issued from one warp, ran 4x slower than
+// these copies on an H100: the copy engine's pace is per request.)
+//
 // Parameters:
 //   HEAD_DIM   64, 80, 96 or 128
 //   BLOCK_M    query rows per item: 64 per consumer warpgroup, 128 or 192
@@ -84,6 +95,7 @@
 //   P_SMEM     1: P through shared memory, 0: in registers
 //   SIT_OUT    1: consumers whose rows all lie past lq sit the item out
 //              (the host deals such items as lighter), 0: lq leaves none
+//   GATHER     1: gathered rows and keys (head_dim 64 or 128, BLOCK_M 128, SIT_OUT 0)
 //   MMA_TYPE   f16 or bf16 (wgmma.cuh uses it too)
 
 // Enumerators, not constexpr variables: gemm.cu says why.
@@ -114,8 +126,10 @@ enum : int {
     ONES_BYTES = SUM_MMA ? BN * 128 : 0,   // BN rows of ones, one atom wide
     NO = D / 8 + SUM_MMA,                  // O's accumulator blocks
     // 65536 registers: the producer keeps few, the consumers share the rest.
-    PRODUCER_REGS = NC == 2 ? 40 : 32,
-    CONSUMER_REGS = NC == 2 ? 232 : 160,
+    // Gathering rows takes the producer more: its row indices (with 56
+    // and 72, head_dim 128 spilled).
+    PRODUCER_REGS = NC == 2 ? ({{GATHER}} ? (D == 128 ? 88 : 72) : 40) : 32,
+    CONSUMER_REGS = NC == 2 ? ({{GATHER}} ? (D == 128 ? 208 : 216) : 232) : 160,
     // Named barriers: 1 .. NC for the turns, NC + 1 .. 2 NC for each
     // consumer's epilogue.
     BAR_TURN = 1, BAR_EPI = 1 + NC,
@@ -124,6 +138,13 @@ enum : int {
     LAG = NC == 2 && BN == 128 && STAGES >= 3,
     QB = 1 + LAG,
     SIT_OUT = {{SIT_OUT}},
+    GATHER = {{GATHER}},
+    // GATHER: a "full" barrier's phase takes the producer's 128 threads
+    // (as their copies land) and thread 0's arrival (with the tile's
+    // metadata, and its bitmap's bytes); a TMA load's, one.
+    FULL_COUNT = GATHER ? 129 : 1,
+    CPR = DA / 8,                  // GATHER: 16-byte chunks per row
+    PSTEP = 128 / CPR,             // GATHER: rows the producer copies at once
 };
 using ring_pos = stof_ring<STAGES>;  // a K and V stage and its round's parity
 
@@ -132,16 +153,53 @@ static_assert(NC == 2 || NC == 3, "two or three consumer warpgroups");
 static_assert(BN == 64 || BN == 96 || BN == 128 || BN == 144 || BN == 192,
               "one m64n64, n96, n128, n144 or n192 product for S");
 static_assert(STAGES >= 2 && STAGES <= 4, "2 to 4 stages");
+static_assert(!GATHER || (D % 64 == 0 && NC == 2 && !SIT_OUT),
+              "gathered rows: head_dim 64 or 128, two consumers, no sitting out");
 
 typedef unsigned short elem_t;
 typedef stof_{{MMA_TYPE}}_tag mma_tag;
+
+// GATHER: R rows into a tile of R rows at dst (swizzled atoms of 64
+// columns, as TMA lays them out): producer thread x copies 16-byte chunk
+// x % CPR of rows x / CPR + k PSTEP, row r being row ix[k] of base (-1:
+// zeros). PSTEP is a multiple of 8, so a thread's chunk keeps its swizzled
+// place in every row it copies.
+template <int R>
+__device__ __forceinline__ void gather_rows(unsigned dst, const elem_t *base, long long stride,
+                                            const int (&ix)[R / PSTEP])
+{
+    const int pc = threadIdx.x % CPR, pr = threadIdx.x / CPR;
+    const unsigned d0 = dst + (pc / 8) * R * 128 + pr * 128 + (((pc % 8) ^ (pr % 8)) << 4);
+#pragma unroll
+    for (int k = 0; k < R / PSTEP; k++)
+        stof_cp16(d0 + k * PSTEP * 128, base + (ix[k] >= 0 ? (long long)ix[k] * stride : 0) + pc * 8,
+                  ix[k] >= 0 ? 16 : 0);
+}
+// The indices of this thread's rows of a tile listed at idx, -1 where a
+// row is padding or at or past lim.
+template <int R>
+__device__ __forceinline__ void gather_index(int (&ix)[R / PSTEP], const int *idx, int lim)
+{
+    const int pr = threadIdx.x / CPR;
+#pragma unroll
+    for (int k = 0; k < R / PSTEP; k++) {
+        const int i = idx[pr + k * PSTEP];
+        ix[k] = i < lim ? i : -1;
+    }
+}
 
 extern "C" __global__ void __launch_bounds__(THREADS, 1)
 stof_attn(const __grid_constant__ stof_tmap tq, const __grid_constant__ stof_tmap tk,
           const __grid_constant__ stof_tmap tv, const __grid_constant__ stof_tmap to,
           int lq, int lk, const int *__restrict__ seq_lens, const int4 *__restrict__ items,
           const int *__restrict__ first, const int *__restrict__ tile_key, const int *__restrict__ tile_bits,
-          const unsigned *__restrict__ bits, float scale_log2)
+          const unsigned *__restrict__ bits, float scale_log2,
+          const elem_t *__restrict__ gq, const elem_t *__restrict__ gk,
+          const elem_t *__restrict__ gv, elem_t *__restrict__ gout,
+          long long q_sb, long long q_sh, long long q_sl, long long k_sb, long long k_sh,
+          long long k_sl, long long v_sb, long long v_sh, long long v_sl, long long o_sb,
+          long long o_sh, long long o_sl, const int *__restrict__ qidx,
+          const int *__restrict__ kidx)
 {
     // The launch gives 1 KiB of slack to align the swizzled tiles. Q, the K
     // stages, the V stages, each consumer's O (unless O_IN_P), each
@@ -161,13 +219,13 @@ stof_attn(const __grid_constant__ stof_tmap tq, const __grid_constant__ stof_tma
 
     if (threadIdx.x == 0) {
         for (int q = 0; q < QB; q++) {
-            mbar_init(q_full + 8 * q, 1);
+            mbar_init(q_full + 8 * q, FULL_COUNT);
             mbar_init(q_empty + 8 * q, NC * 4);
         }
         for (int s = 0; s < STAGES; s++) {
-            mbar_init(k_full + 8 * s, 1);
+            mbar_init(k_full + 8 * s, FULL_COUNT);
             mbar_init(k_empty + 8 * s, NC * 4);
-            mbar_init(v_full + 8 * s, 1);
+            mbar_init(v_full + 8 * s, FULL_COUNT);
             mbar_init(v_empty + 8 * s, NC * 4);
         }
         // The copy engine sees the initialized barriers.
@@ -187,6 +245,69 @@ stof_attn(const __grid_constant__ stof_tmap tq, const __grid_constant__ stof_tma
 
     if (wg == 0) {
         asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"((int)PRODUCER_REGS));
+        if constexpr (GATHER) {
+            // All four warps walk the items and tiles, each thread copying
+            // its share of a tile's rows (gather_rows) and arriving on the
+            // tile's barrier as its copies land; a warp's lane 0 waits for
+            // the buffer, thread 0 publishes the item and each tile and
+            // loads the bitmaps. A tile's indices are read before its stage
+            // is free.
+            ring_pos at;
+            const bool lead = threadIdx.x == 0;
+            auto wait_free = [&](unsigned bar, int parity) {
+                if (lane == 0)
+                    mbar_wait(bar, parity);
+                __syncwarp();
+            };
+            for (int i = i0, n = 0, it = 0; i < i1; i++, n++) {
+                const int4 w = items[i];
+                const int b = w.w >> 16, h = w.w & 0xffff;
+                const int qb = n % QB;
+                int qx[BM / PSTEP];
+                gather_index<BM>(qx, qidx + (long long)w.x * BM, lq);
+                if (n >= QB)
+                    wait_free(q_empty + 8 * qb, (n / QB - 1) & 1);
+                gather_rows<BM>(Qs + qb * Q_BYTES, gq + b * q_sb + h * q_sh, q_sl, qx);
+                cp_arrive_noinc(q_full + 8 * qb);
+                if (lead) {
+                    const int len = seq_lens ? seq_lens[b] : 0x7fffffff;
+                    asm volatile("st.shared.v4.b32 [%0], {%1, %2, %3, %4};\n" ::"r"(Is + 16 * qb),
+                                 "r"(w.x), "r"(w.z - w.y), "r"(w.w), "r"(len)
+                                 : "memory");
+                    mbar_arrive(q_full + 8 * qb);
+                }
+                const elem_t *kb = gk + b * k_sb + h * k_sh, *vb = gv + b * v_sb + h * v_sh;
+                for (int j = w.y; j < w.z; j++, it++, at.next()) {
+                    const int kf = tile_key[j], bm = tile_bits[j], s = at.stage;
+                    int kx[BN / PSTEP];
+                    gather_index<BN>(kx, kidx + (long long)kf * BN, lk);
+                    if (it >= STAGES)
+                        wait_free(k_empty + 8 * s, at.phase ^ 1);
+                    gather_rows<BN>(Ks + s * KV_BYTES, kb, k_sl, kx);
+                    cp_arrive_noinc(k_full + 8 * s);
+                    if (lead) {
+                        asm volatile("st.shared.v2.b32 [%0], {%1, %2};\n" ::"r"(Ts + 8 * s), "r"(bm),
+                                     "r"(kf)
+                                     : "memory");
+                        if (bm >= 0) {
+                            mbar_expect(k_full + 8 * s, BITS_BYTES);
+                            bulk_load(Bs + s * BITS_BYTES, bits + (long long)bm * BM * WPR,
+                                      BITS_BYTES, k_full + 8 * s);
+                        } else {
+                            mbar_arrive(k_full + 8 * s);
+                        }
+                    }
+                    if (it >= STAGES)
+                        wait_free(v_empty + 8 * s, at.phase ^ 1);
+                    gather_rows<BN>(Vs + s * KV_BYTES, vb, v_sl, kx);
+                    cp_arrive_noinc(v_full + 8 * s);
+                    if (lead)
+                        mbar_arrive(v_full + 8 * s);
+                }
+            }
+            stof_cp_wait<0>();  // nothing in flight when the warps leave
+            return;
+        }
         if (warp != 0)
             return;
         if (lane == 0) {
@@ -324,8 +445,15 @@ stof_attn(const __grid_constant__ stof_tmap tq, const __grid_constant__ stof_tma
             named_sync(BAR_EPI + c, 128);
         }
     };
-    // The tile in stage st: its bitmap (-1: full) and first key, as the
-    // producer left them.
+    // Waits for a "full" barrier; with GATHER, makes the producer's
+    // generic-proxy copies visible to wgmma's async proxy.
+    auto landed = [&](unsigned bar, int parity) {
+        mbar_wait(bar, parity);
+        if constexpr (GATHER)
+            asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+    };
+    // The tile in stage st: its bitmap (-1: full) and first key (GATHER:
+    // its place in kidx, in tiles), as the producer left them.
     auto tile_of = [&](int st, int &bm, int &kfirst) {
         asm volatile("ld.shared.v2.b32 {%0, %1}, [%2];\n"
                      : "=r"(bm), "=r"(kfirst)
@@ -334,15 +462,24 @@ stof_attn(const __grid_constant__ stof_tmap tq, const __grid_constant__ stof_tma
     };
     // Masks the scores of the tile in stage st where needed: a partial
     // tile's bitmap (in the stage's shared memory), keys at or past klim.
+    // GATHER: padding keys are in no bitmap and full tiles have none, so
+    // only a shortened sequence needs the tile's keys read.
     auto mask = [&](float (&s)[BN / 8][4], int st, int bm, int kfirst, int klim) {
-        const bool edge = kfirst + BN > klim;
+        const bool edge = GATHER ? klim < lk : kfirst + BN > klim;
         if (bm >= 0 || edge) {
             const unsigned *w0 = bm < 0 ? nullptr
                                         : reinterpret_cast<const unsigned *>(
                                               smem_raw + (Bs - base) + st * BITS_BYTES) +
                                               (wrow + g) * WPR;
-            stof_mask_scores<BN / 8, WPR>(s, w0, w0 ? w0 + 8 * WPR : nullptr, t, edge,
-                                          [&](int col) { return kfirst + col < klim; });
+            const int *kix = kidx + (long long)kfirst * BN;
+            stof_mask_scores<BN / 8, WPR>(s, w0, w0 ? w0 + 8 * WPR : nullptr, t, edge, [&](int col) {
+                if constexpr (GATHER) {
+                    const int x = kix[col];
+                    return x >= 0 && x < klim;
+                } else {
+                    return kfirst + col < klim;
+                }
+            });
         }
     };
 
@@ -355,7 +492,7 @@ stof_attn(const __grid_constant__ stof_tmap tq, const __grid_constant__ stof_tma
             o[j][0] = o[j][1] = o[j][2] = o[j][3] = 0.f;
         const int qb = n % QB;
         q_wg = Qs + qb * Q_BYTES + c * 64 * SW;
-        mbar_wait(q_full + 8 * qb, (n / QB) & 1);
+        landed(q_full + 8 * qb, (n / QB) & 1);
         int group, ntiles, bh, len;
         asm volatile("ld.shared.v4.b32 {%0, %1, %2, %3}, [%4];\n"
                      : "=r"(group), "=r"(ntiles), "=r"(bh), "=r"(len)
@@ -391,7 +528,7 @@ stof_attn(const __grid_constant__ stof_tmap tq, const __grid_constant__ stof_tma
             // Tile 0: S alone.
             ring_pos p = cur;  // tile j's position
             int st = p.stage, bm, kfirst;
-            mbar_wait(k_full + 8 * st, p.phase);
+            landed(k_full + 8 * st, p.phase);
             tile_of(st, bm, kfirst);
             turn_wait();
             issue_s(s, st);
@@ -403,7 +540,7 @@ stof_attn(const __grid_constant__ stof_tmap tq, const __grid_constant__ stof_tma
             mask(s, st, bm, kfirst, klim);
             release(k_empty + 8 * st);
             stof_softmax_p<BN / 8, !SUM_MMA>(s, m, l, alpha, scale_log2);
-            if (O_IN_P && n > 0) {  // the last item's O store has read P's tile
+            if (O_IN_P && !GATHER && n > 0) {  // the last item's O store has read P's tile
                 if (threadIdx.x % 128 == 0)
                     tma_wait_read();
                 named_sync(BAR_EPI + c, 128);
@@ -415,11 +552,11 @@ stof_attn(const __grid_constant__ stof_tmap tq, const __grid_constant__ stof_tma
                 const int sp = st, vph = p.phase;
                 p.next();
                 st = p.stage;
-                mbar_wait(k_full + 8 * st, p.phase);
+                landed(k_full + 8 * st, p.phase);
                 tile_of(st, bm, kfirst);
                 turn_wait();
                 issue_s(s, st);
-                mbar_wait(v_full + 8 * sp, vph);
+                landed(v_full + 8 * sp, vph);
                 issue_pv(o, pf, sp);
                 turn_pass();
                 wg_wait1();
@@ -436,7 +573,7 @@ stof_attn(const __grid_constant__ stof_tmap tq, const __grid_constant__ stof_tma
                 put_p(s, pf);
             }
             // The last tile's P V.
-            mbar_wait(v_full + 8 * st, p.phase);
+            landed(v_full + 8 * st, p.phase);
             turn_wait();
             issue_pv(o, pf, st);
             turn_pass();
@@ -447,6 +584,26 @@ stof_attn(const __grid_constant__ stof_tmap tq, const __grid_constant__ stof_tma
             cur = p;
         }
 
+        // GATHER: each row of O / l to its place (rows at or past the
+        // sequence length as zeros, padding rows nowhere), from registers.
+        if constexpr (GATHER) {
+#pragma unroll
+            for (int h2 = 0; h2 < 2; h2++) {
+                float sum = l[h2];  // two consumers: the softmax keeps the sums
+                sum += __shfl_xor_sync(0xffffffffu, sum, 1);
+                sum += __shfl_xor_sync(0xffffffffu, sum, 2);
+                const int qi = qidx[(long long)group * BM + c * 64 + (warp % 4) * 16 + g + 8 * h2];
+                if (qi < 0 || qi >= lq)
+                    continue;
+                const float inv = sum > 0.f && qi < qlim ? 1.f / sum : 0.f;
+                elem_t *orow = gout + b * o_sb + h * o_sh + qi * o_sl;
+#pragma unroll
+                for (int j = 0; j < D / 8; j++)
+                    *reinterpret_cast<unsigned *>(orow + 8 * j + 2 * t) =
+                        mma_tag::pack2(o[j][2 * h2] * inv, o[j][2 * h2 + 1] * inv);
+            }
+            continue;
+        }
         // Epilogue: O / l into this warpgroup's staging buffer once its last
         // store has read it, then one TMA store per swizzle atom. Thread
         // (g, t) holds columns 8j + 2t, 8j + 2t + 1 of rows r and r + 8.

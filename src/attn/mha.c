@@ -19,6 +19,7 @@
 typedef struct mha_launch {
     CUfunction fn;
     int wg, bm, bn, threads, smem, n_groups;
+    int gather;              /* MHA_WS: gathered rows and keys (no TMA descriptors) */
     CUdeviceptr tiles;       /* attn_tiles_pack's arrays, then (wg MHA_WS) the items */
     attn_tiles_layout lay;
     size_t items;            /* MHA_WS: byte offset of the work items in tiles, then
@@ -66,9 +67,10 @@ void mha_make_request(const mha_candidate *c, int head_dim, int seq_q, stof_dtyp
     r->vars[n++] = (render_var){"MMA_TYPE", dtype == STOF_BF16 ? "bf16" : "f16"};
     r->req = (jit_request){"mha", files[c->wg], "stof_attn", r->vars, n,
                            c->wg ? "wgmma.cuh" : NULL};
-    if (c->wg == MHA_WS) { /* block kind only: no gathered rows or keys */
+    if (c->wg == MHA_WS) {
         r->vars[n++] = (render_var){"P_SMEM", c->qs ? "1" : "0"};
         r->vars[n++] = (render_var){"SIT_OUT", mha_sit_out(c, seq_q) ? "1" : "0"};
+        r->vars[n++] = (render_var){"GATHER", c->kind == ATTN_GATHER ? "1" : "0"};
         r->req.nvars = n;
         return;
     }
@@ -91,7 +93,7 @@ int mha_sit_out(const mha_candidate *c, int seq_q)
      * 9% faster sitting out, at L 4096 (two of 66) 5% slower (the kernel
      * spills more, the deal evens out less). Two consumers (128 rows) never
      * do: the lagging one's turns were not measured with it. */
-    if (c->wg != MHA_WS || c->bm != 192)
+    if (c->wg != MHA_WS || c->kind != ATTN_BLOCK || c->bm != 192)
         return 0;
     const int groups = (seq_q + c->bm - 1) / c->bm, rest = seq_q % c->bm;
     const int idle = rest ? (c->bm - rest) / 64 : 0;
@@ -166,13 +168,18 @@ int mha_candidates(int head_dim, int smem_max, int wgmma, mha_candidate *out, in
          * head_dim 80 and 96 in swizzled atoms of 32 columns (attn_ws.cu;
          * at 80 the TMA loads fill the last atom's columns 80-95 with zeros,
          * the products and stores leave them out); P through shared memory
-         * only where it does not fit in registers. */
-        const size_t nws = wgmma && head_dim % 16 == 0 && head_dim >= 64 && kind == ATTN_BLOCK
+         * only where it does not fit in registers. Gathered rows and keys
+         * (copied by the producer's threads): head_dim 64 and 128, two
+         * consumers, P in registers, 64- and 128-key tiles. */
+        const size_t nws = wgmma && head_dim % 16 == 0 && head_dim >= 64 &&
+                                   (kind == ATTN_BLOCK || head_dim % 64 == 0)
                                ? sizeof ws_sizes / sizeof ws_sizes[0] : 0;
         for (size_t i = 0; i < nws && n < cap; i++) {
-            mha_candidate c = {ATTN_BLOCK, ws_sizes[i][0], ws_sizes[i][1], 1, ws_sizes[i][3],
+            mha_candidate c = {(attn_kind)kind, ws_sizes[i][0], ws_sizes[i][1], 1, ws_sizes[i][3],
                                MHA_WS, ws_sizes[i][2]};
-            const int regs = c.bm == 128 ? 232 : 160;
+            if (kind == ATTN_GATHER && (c.bm != 128 || c.qs || c.bn > 128))
+                continue;
+            const int regs = c.bm == 128 ? (kind == ATTN_GATHER ? 208 : 232) : 160;
             const int live = c.bn / 2 + c.bn / 4 + head_dim / 2; /* S, P, O */
             const int fits = c.qs ? live - c.bn / 4 + 32 <= regs && live + 32 > regs
                                   : live + 32 <= regs;
@@ -310,7 +317,8 @@ static stof_status tensor_map(stof_ctx *ctx, CUtensorMap *map, CUdeviceptr p, co
 }
 
 /* The warp-specialized engine's launch: descriptors for this run's
- * pointers, the persistent grid load_candidate dealt the work to. */
+ * pointers (none where it gathers rows: it reads the pointers and strides
+ * then), the persistent grid load_candidate dealt the work to. */
 static stof_status launch_ws(stof_ctx *ctx, const stof_mha_desc *d, const mha_launch *L,
                              const mha_strides *s, CUdeviceptr q, CUdeviceptr k, CUdeviceptr v,
                              CUdeviceptr out, CUdeviceptr seq_lens, float scale_log2,
@@ -320,7 +328,8 @@ static stof_status launch_ws(stof_ctx *ctx, const stof_mha_desc *d, const mha_la
     const int rows[4] = {d->seq_q, d->seq_k, d->seq_k, d->seq_q},
               box[4] = {L->bm, L->bn, L->bn, 64};
     CUtensorMap t[4];
-    for (int i = 0; i < 4; i++) {
+    memset(t, 0, sizeof t);
+    for (int i = 0; i < 4 && !L->gather; i++) {
         if (cache && cache->at[i] == at[i]) {
             memcpy(&t[i], cache->map[i], sizeof t[i]);
             continue;
@@ -334,9 +343,16 @@ static stof_status launch_ws(stof_ctx *ctx, const stof_mha_desc *d, const mha_la
     int lq = d->seq_q, lk = d->seq_k;
     CUdeviceptr items = L->tiles + L->items, first = items + 16 * (size_t)L->n_items,
                 tile_key = L->tiles + L->lay.tile_key, tile_bits = L->tiles + L->lay.tile_bits,
-                bits = L->tiles + L->lay.bits;
-    void *args[] = {&t[0],  &t[1],  &t[2],     &t[3],      &lq,   &lk,        &seq_lens,
-                    &items, &first, &tile_key, &tile_bits, &bits, &scale_log2};
+                bits = L->tiles + L->lay.bits, qidx = L->tiles + L->lay.qidx,
+                kidx = L->tiles + L->lay.kidx;
+    long long st[4][3];
+    memcpy(st, s->s, sizeof st);
+    void *args[] = {&t[0],     &t[1],     &t[2],     &t[3],     &lq,        &lk,
+                    &seq_lens, &items,    &first,    &tile_key, &tile_bits, &bits,
+                    &scale_log2, &q,      &k,        &v,        &out,       &st[0][0],
+                    &st[0][1], &st[0][2], &st[1][0], &st[1][1], &st[1][2],  &st[2][0],
+                    &st[2][1], &st[2][2], &st[3][0], &st[3][1], &st[3][2],  &qidx,
+                    &kidx};
     return jit_launch(ctx, L->fn, (unsigned)L->ctas, 1, 1, (unsigned)L->threads, (unsigned)L->smem,
                       stream, args);
 }
@@ -382,6 +398,7 @@ static stof_status load_candidate(stof_ctx *ctx, const stof_mha_desc *d, const m
     mha_make_request(c, d->head_dim, d->seq_q, d->dtype, &r);
     TRY(jit_get_known(ctx, &r.req, known, &L->fn, L->key));
     L->wg = c->wg;
+    L->gather = c->wg == MHA_WS && c->kind == ATTN_GATHER;
     L->bm = c->bm;
     L->bn = c->bn;
     L->threads = mha_threads(c);
@@ -1146,7 +1163,8 @@ int mha_record_parse(const char *rec, mha_candidate *c, double *ms, double *pred
         return 0;
     c->kind = strcmp(kind, "gather") == 0 ? ATTN_GATHER : ATTN_BLOCK;
     if (c->wg == MHA_WS)
-        return c->kind == ATTN_BLOCK && (c->bm == 128 || c->bm == 192) &&
+        return (c->kind == ATTN_BLOCK || (c->bm == 128 && c->qs == 0 && c->bn <= 128)) &&
+               (c->bm == 128 || c->bm == 192) &&
                (c->bn == 64 || c->bn == 96 || c->bn == 128 || c->bn == 144 || c->bn == 192) &&
                c->mt == 1 &&
                (c->qs == 0 || c->qs == 1) && c->st >= 2 && c->st <= 4;
@@ -1340,9 +1358,12 @@ stof_status mha_plan_forced(stof_ctx *ctx, const stof_mha_desc *desc, const stof
         return STOF_ERR_INVALID_ARG;
     CTX_ARG(ctx, plan && c, "plan");
     *plan = NULL;
-    if (c->wg == MHA_WS && c->kind != ATTN_BLOCK)
+    if (c->wg == MHA_WS && c->kind != ATTN_BLOCK &&
+        (c->bm != 128 || c->bn > 128 || c->qs || (desc && desc->head_dim % 64 != 0)))
         return CTX_FAIL(ctx, STOF_ERR_UNSUPPORTED,
-                        "the warp-specialized attention engine walks block tiles only");
+                        "the warp-specialized attention engine gathers rows and keys only in "
+                        "groups of 128 rows, tiles of 64 or 128 keys, P in registers, at "
+                        "head_dim 64 or 128");
     if (c->wg && (strcmp(ctx->arch, "sm_90a") != 0 ||
                   (desc && (c->wg == MHA_WS ? desc->head_dim < 64 : desc->head_dim % 64 != 0))))
         return CTX_FAIL(ctx, STOF_ERR_UNSUPPORTED,

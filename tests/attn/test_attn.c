@@ -401,8 +401,10 @@ START_TEST(candidates_fit_the_device)
         for (int j = 0; j < nwg; j++) {
             wg += c[j].wg;
             p_smem += c[j].qs && c[j].wg == MHA_WS;
-            if (c[j].wg == MHA_WS) { /* block kind, two or three consumers and a producer */
-                ck_assert_int_eq(c[j].kind, ATTN_BLOCK);
+            if (c[j].wg == MHA_WS) { /* two or three consumers and a producer; gathered
+                                        rows: two, head_dim 64 or 128, P in registers */
+                ck_assert(c[j].kind == ATTN_BLOCK ||
+                          (c[j].bm == 128 && c[j].bn <= 128 && !c[j].qs && dims[i] % 64 == 0));
                 ck_assert(c[j].bm == 128 || c[j].bm == 192);
                 ck_assert(c[j].bn == 64 || c[j].bn == 128 || c[j].bn == 192 ||
                           (c[j].bn == 96 && dims[i] > 64) || c[j].bn == 144);
@@ -476,6 +478,29 @@ START_TEST(wgmma_needs_sm90a)
     ck_assert_int_eq(mha_plan_forced(ctx, &d, m, &big, &p), STOF_ERR_UNSUPPORTED);
     ck_assert_ptr_null(p);
     ck_assert_ptr_nonnull(strstr(stof_last_error(ctx), "shared memory"));
+    /* Gathered rows on the warp-specialized engine: 128-row groups at
+     * head_dim 64 and 128 only, said before any device work. */
+    mha_candidate g192 = {ATTN_GATHER, 192, 128, 1, 0, MHA_WS, 2};
+    ck_assert_int_eq(mha_plan_forced(ctx, &d, m, &g192, &p), STOF_ERR_UNSUPPORTED);
+    ck_assert_ptr_null(p);
+    ck_assert_ptr_nonnull(strstr(stof_last_error(ctx), "groups of 128 rows"));
+    mha_candidate g128 = {ATTN_GATHER, 128, 128, 1, 0, MHA_WS, 2};
+    d.head_dim = 96;
+    ck_assert_int_eq(mha_plan_forced(ctx, &d, m, &g128, &p), STOF_ERR_UNSUPPORTED);
+    ck_assert_ptr_nonnull(strstr(stof_last_error(ctx), "head_dim 64 or 128"));
+    /* ... and they are candidates there, beside the block kind's. */
+    mha_candidate cs[64];
+    int n = mha_candidates(64, 227 * 1024, 1, cs, 64), gathered = 0;
+    for (int i = 0; i < n; i++)
+        if (cs[i].wg == MHA_WS && cs[i].kind == ATTN_GATHER) {
+            ck_assert_int_eq(cs[i].bm, 128);
+            ck_assert_int_eq(cs[i].qs, 0);
+            gathered++;
+        }
+    ck_assert_int_ge(gathered, 3);
+    n = mha_candidates(96, 227 * 1024, 1, cs, 64);
+    for (int i = 0; i < n; i++)
+        ck_assert(!(cs[i].wg == MHA_WS && cs[i].kind == ATTN_GATHER));
     stof_mask_free(m);
     stof_close(ctx);
 }

@@ -174,6 +174,9 @@ START_TEST(every_mask_both_kinds)
     mcase ws = {SPECS[_i], 2, 3, 377, 377, 64, STOF_F16, STOF_LAYOUT_BHLD, 0, 0, ATTN_BLOCK,
                 128, 128, 1, 0, MHA_WS, 2};
     run_case(&ws, 180 + _i);
+    mcase wsg = {SPECS[_i], 2, 3, 377, 377, 64, STOF_F16, STOF_LAYOUT_BHLD, 0, 0, ATTN_GATHER,
+                 128, 128, 1, 0, MHA_WS, 3};
+    run_case(&wsg, 200 + _i);
 }
 END_TEST
 
@@ -308,6 +311,26 @@ START_TEST(ws_items_in_turn)
         {"causal", 4, 8, 1000, 1000, 64, STOF_BF16, STOF_LAYOUT_BLHD, 0, 1, ATTN_BLOCK, 192, 128, 1, 0, MHA_WS, 3},
     };
     run_case(&cases[_i], 1300 + _i);
+}
+END_TEST
+
+/* The warp-specialized engine on gathered rows and keys: lengths that are
+ * not tile multiples, per-sequence lengths, both layouts and packed QKV,
+ * batch 1, head_dim 64 and 128, both dtypes, 64- and 128-key tiles, every
+ * stage count (the lagging consumer at 3 and 4), several items per CTA. */
+START_TEST(ws_gathers_rows)
+{
+    if (!has_wgmma())
+        return;
+    mcase cases[] = {
+        {"dilated:256:2", 1, 2, 3001, 3001, 64, STOF_F16, STOF_LAYOUT_BHLD, 0, 0, ATTN_GATHER, 128, 128, 1, 0, MHA_WS, 2},
+        {"window:256+strided:8", 4, 8, 1000, 1000, 64, STOF_BF16, STOF_LAYOUT_BLHD, 0, 1, ATTN_GATHER, 128, 128, 1, 0, MHA_WS, 3},
+        {"dilated:128:3+global:8", 3, 4, 1000, 1000, 128, STOF_BF16, STOF_LAYOUT_BHLD, 0, 1, ATTN_GATHER, 128, 64, 1, 0, MHA_WS, 4},
+        {"window:64+strided:8", 2, 4, 300, 300, 64, STOF_F16, STOF_LAYOUT_BLHD, 1, 1, ATTN_GATHER, 128, 64, 1, 0, MHA_WS, 3},
+        {"strided:8", 2, 2, 200, 333, 128, STOF_F16, STOF_LAYOUT_BHLD, 0, 0, ATTN_GATHER, 128, 128, 1, 0, MHA_WS, 2},
+        {"random:2:32:7", 2, 2, 333, 200, 64, STOF_BF16, STOF_LAYOUT_BLHD, 0, 1, ATTN_GATHER, 128, 128, 1, 0, MHA_WS, 4},
+    };
+    run_case(&cases[_i], 1400 + _i);
 }
 END_TEST
 
@@ -482,6 +505,7 @@ Suite *suite_gpu_mha(void)
     tcase_add_loop_test(t, ws_long_rows, 0, 8);
     tcase_add_loop_test(t, ws_items_in_turn, 0, 8);
     tcase_add_loop_test(t, ws_wide_heads, 0, 10);
+    tcase_add_loop_test(t, ws_gathers_rows, 0, 6);
     tcase_add_test(t, ws_runs_follow_pointers);
     tcase_add_loop_test(t, planner_choice, 0, 3);
     tcase_add_test(t, device_figures_once);
