@@ -234,8 +234,8 @@ int main(int argc, char **argv)
         } else if (strcmp(argv[i], "--normal") == 0) {
             normal_inputs = 1;
         } else {
-            fprintf(stderr, "usage: bench_mha [--cache PATH] [--force [gather:]ENGINE:BM:BN:STAGES[:QS]] "
-                            "[--normal] < cases\n"
+            fprintf(stderr, "usage: bench_mha [--cache PATH] "
+                            "[--force [gather:]ENGINE:BM:BN:STAGES[:QS]] [--normal] < cases\n"
                             "  each case line: NAME BATCH HEADS SEQ HEAD_DIM fp16|bf16 SPEC\n");
             return 2;
         }
