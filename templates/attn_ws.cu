@@ -87,6 +87,17 @@
 // (A TMA box of one row per row, issued from one warp, ran 4x slower than
 // these copies on an H100: the copy engine's pace is per request.)
 //
+// With PERIOD > 1 the gathered rows and keys are residue classes read by
+// TMA instead: where every group lists rows q0, q0 + PERIOD, q0 + 2 PERIOD
+// ... and every tile keys k0, k0 + PERIOD, ... (a dilated mask whose
+// lengths PERIOD divides), the descriptors view each tensor as (head_dim,
+// length / PERIOD, PERIOD, heads, batch), and a group's rows, a tile's keys
+// and O's rows are boxes of that view at (q0 / PERIOD, q0 % PERIOD). The
+// host gives each item's first row (q0) in place of its group and each
+// tile's first key (k0) in place of its key list; the walk is the block
+// kind's, row r of an item being q0 + PERIOD r and key c of a tile k0 +
+// PERIOD c.
+//
 // Parameters:
 //   HEAD_DIM   64, 80, 96 or 128
 //   BLOCK_M    query rows per item: 64 per consumer warpgroup, 128 or 192
@@ -96,6 +107,7 @@
 //   SIT_OUT    1: consumers whose rows all lie past lq sit the item out
 //              (the host deals such items as lighter), 0: lq leaves none
 //   GATHER     1: gathered rows and keys (head_dim 64 or 128, BLOCK_M 128, SIT_OUT 0)
+//   PERIOD     rows and keys a residue class apart (GATHER 0, SIT_OUT 0), 1: consecutive
 //   MMA_TYPE   f16 or bf16 (wgmma.cuh uses it too)
 
 // Enumerators, not constexpr variables: gemm.cu says why.
@@ -139,6 +151,7 @@ enum : int {
     QB = 1 + LAG,
     SIT_OUT = {{SIT_OUT}},
     GATHER = {{GATHER}},
+    PERIOD = {{PERIOD}},
     // GATHER: a "full" barrier's phase takes the producer's 128 threads
     // (as their copies land) and thread 0's arrival (with the tile's
     // metadata, and its bitmap's bytes); a TMA load's, one.
@@ -155,6 +168,8 @@ static_assert(BN == 64 || BN == 96 || BN == 128 || BN == 144 || BN == 192,
 static_assert(STAGES >= 2 && STAGES <= 4, "2 to 4 stages");
 static_assert(!GATHER || (D % 64 == 0 && NC == 2 && !SIT_OUT),
               "gathered rows: head_dim 64 or 128, two consumers, no sitting out");
+static_assert(PERIOD >= 1 && (PERIOD == 1 || (!GATHER && !SIT_OUT)),
+              "rows a period apart: read by TMA, no sitting out");
 
 typedef unsigned short elem_t;
 typedef stof_{{MMA_TYPE}}_tag mma_tag;
@@ -186,6 +201,25 @@ __device__ __forceinline__ void gather_index(int (&ix)[R / PSTEP], const int *id
         const int i = idx[pr + k * PSTEP];
         ix[k] = i < lim ? i : -1;
     }
+}
+
+// TMA boxes of rows from `row` on at column x: with PERIOD > 1 every
+// PERIOD-th row, through the view (length / PERIOD, PERIOD).
+__device__ __forceinline__ void load_rows(unsigned dst, const stof_tmap *map, unsigned bar, int x,
+                                          int row, int h, int b)
+{
+    if constexpr (PERIOD > 1)
+        tma_load5(dst, map, bar, x, row / PERIOD, row % PERIOD, h, b);
+    else
+        tma_load4(dst, map, bar, x, row, h, b);
+}
+__device__ __forceinline__ void store_rows(const stof_tmap *map, unsigned src, int x, int row, int h,
+                                           int b)
+{
+    if constexpr (PERIOD > 1)
+        tma_store5(map, src, x, row / PERIOD, row % PERIOD, h, b);
+    else
+        tma_store4(map, src, x, row, h, b);
 }
 
 extern "C" __global__ void __launch_bounds__(THREADS, 1)
@@ -336,8 +370,8 @@ stof_attn(const __grid_constant__ stof_tmap tq, const __grid_constant__ stof_tma
                 mbar_expect(q_full + 8 * qb, Q_BYTES);
 #pragma unroll
                 for (int a = 0; a < ATOMS; a++)
-                    tma_load4(Qs + qb * Q_BYTES + a * BM * SW, &tq, q_full + 8 * qb, a * AW,
-                              w.x * BM, h, b);
+                    load_rows(Qs + qb * Q_BYTES + a * BM * SW, &tq, q_full + 8 * qb, a * AW,
+                              PERIOD > 1 ? w.x : w.x * BM, h, b);
             }
             for (int t0 = w.y; t0 < w.z; t0 += 32) {
                 const bool in = t0 + lane < w.z;
@@ -360,7 +394,7 @@ stof_attn(const __grid_constant__ stof_tmap tq, const __grid_constant__ stof_tma
                     mbar_expect(k_full + 8 * s, KV_BYTES + (bm >= 0 ? BITS_BYTES : 0));
 #pragma unroll
                     for (int a = 0; a < ATOMS; a++)
-                        tma_load4(Ks + s * KV_BYTES + a * BN * SW, &tk, k_full + 8 * s, a * AW, kf,
+                        load_rows(Ks + s * KV_BYTES + a * BN * SW, &tk, k_full + 8 * s, a * AW, kf,
                                   h, b);
                     if (bm >= 0)
                         bulk_load(Bs + s * BITS_BYTES, bits + (long long)bm * BM * WPR, BITS_BYTES,
@@ -372,7 +406,7 @@ stof_attn(const __grid_constant__ stof_tmap tq, const __grid_constant__ stof_tma
                     mbar_expect(v_full + 8 * s, KV_BYTES);
 #pragma unroll
                     for (int a = 0; a < ATOMS; a++)
-                        tma_load4(Vs + s * KV_BYTES + a * BN * SW, &tv, v_full + 8 * s, a * AW, kf,
+                        load_rows(Vs + s * KV_BYTES + a * BN * SW, &tv, v_full + 8 * s, a * AW, kf,
                                   h, b);
                     if (idle)
                         mbar_arrive_n(v_empty + 8 * s, idle);
@@ -465,7 +499,7 @@ stof_attn(const __grid_constant__ stof_tmap tq, const __grid_constant__ stof_tma
     // GATHER: padding keys are in no bitmap and full tiles have none, so
     // only a shortened sequence needs the tile's keys read.
     auto mask = [&](float (&s)[BN / 8][4], int st, int bm, int kfirst, int klim) {
-        const bool edge = GATHER ? klim < lk : kfirst + BN > klim;
+        const bool edge = GATHER ? klim < lk : kfirst + PERIOD * (BN - 1) >= klim;
         if (bm >= 0 || edge) {
             const unsigned *w0 = bm < 0 ? nullptr
                                         : reinterpret_cast<const unsigned *>(
@@ -477,7 +511,7 @@ stof_attn(const __grid_constant__ stof_tmap tq, const __grid_constant__ stof_tma
                     const int x = kix[col];
                     return x >= 0 && x < klim;
                 } else {
-                    return kfirst + col < klim;
+                    return kfirst + PERIOD * col < klim;
                 }
             });
         }
@@ -500,6 +534,7 @@ stof_attn(const __grid_constant__ stof_tmap tq, const __grid_constant__ stof_tma
                      : "memory");
         const int b = bh >> 16, h = bh & 0xffff;
         const int qlim = min(lq, len), klim = min(lk, len);
+        const int row0 = PERIOD > 1 ? group : group * BM;  // the item's first row
         // SIT_OUT: a consumer whose rows all lie at or past lq (warpgroup 0
         // never does) takes the item's turns and nothing else.
         if (SIT_OUT && c > 0 && group * BM + c * 64 >= lq) {
@@ -620,7 +655,7 @@ stof_attn(const __grid_constant__ stof_tmap tq, const __grid_constant__ stof_tma
                 sum += __shfl_xor_sync(0xffffffffu, sum, 2);
             }
             const int r = (warp % 4) * 16 + g + 8 * h2;
-            const float inv = sum > 0.f && group * BM + c * 64 + r < qlim ? 1.f / sum : 0.f;
+            const float inv = sum > 0.f && row0 + PERIOD * (c * 64 + r) < qlim ? 1.f / sum : 0.f;
 #pragma unroll
             for (int j = 0; j < D / 8; j++) {
                 // 16-byte chunk j of the row: chunk j % CPA of atom j / CPA,
@@ -639,7 +674,7 @@ stof_attn(const __grid_constant__ stof_tmap tq, const __grid_constant__ stof_tma
         if (threadIdx.x % 128 == 0) {
 #pragma unroll
             for (int a = 0; a < ATOMS; a++)
-                tma_store4(&to, o_wg + a * 64 * SW, a * AW, group * BM + c * 64, h, b);
+                store_rows(&to, o_wg + a * 64 * SW, a * AW, row0 + PERIOD * c * 64, h, b);
             tma_commit();
         }
     }

@@ -261,6 +261,16 @@ __device__ __forceinline__ void tma_load4(unsigned dst, const stof_tmap *map, un
                  : "memory");
 }
 
+// The same for a 5-D map at (x0, x1, x2, x3, x4).
+__device__ __forceinline__ void tma_load5(unsigned dst, const stof_tmap *map, unsigned bar, int x0,
+                                          int x1, int x2, int x3, int x4)
+{
+    asm volatile("cp.async.bulk.tensor.5d.shared::cluster.global.tile.mbarrier::complete_tx::bytes"
+                 " [%0], [%1, {%3, %4, %5, %6, %7}], [%2];\n" ::"r"(dst),
+                 "l"((unsigned long long)map), "r"(bar), "r"(x0), "r"(x1), "r"(x2), "r"(x3), "r"(x4)
+                 : "memory");
+}
+
 // bytes (a multiple of 16) from global src (16-byte aligned) to shared dst;
 // bar counts them.
 __device__ __forceinline__ void bulk_load(unsigned dst, const void *src, unsigned bytes, unsigned bar)
@@ -280,6 +290,15 @@ __device__ __forceinline__ void tma_store4(const stof_tmap *map, unsigned src, i
 {
     asm volatile("cp.async.bulk.tensor.4d.global.shared::cta.bulk_group [%0, {%2, %3, %4, %5}], [%1];\n"
                  ::"l"((unsigned long long)map), "r"(src), "r"(x0), "r"(x1), "r"(x2), "r"(x3)
+                 : "memory");
+}
+// The same for a 5-D map at (x0, x1, x2, x3, x4).
+__device__ __forceinline__ void tma_store5(const stof_tmap *map, unsigned src, int x0, int x1,
+                                           int x2, int x3, int x4)
+{
+    asm volatile("cp.async.bulk.tensor.5d.global.shared::cta.bulk_group"
+                 " [%0, {%2, %3, %4, %5, %6}], [%1];\n"
+                 ::"l"((unsigned long long)map), "r"(src), "r"(x0), "r"(x1), "r"(x2), "r"(x3), "r"(x4)
                  : "memory");
 }
 // The same from shared memory at src to the box of a 2-D map at (x0, x1).

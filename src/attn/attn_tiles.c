@@ -255,6 +255,58 @@ stof_status attn_tiles_build(stof_ctx *ctx, const mask_summary *ms, attn_kind ki
     return st;
 }
 
+/* Whether x[0 .. n) is x[0], x[0] + per, x[0] + 2 per, ... up to a tail
+ * of -1 (at least one element listed); *pad: where the tail starts (n
+ * without one). */
+static int arithmetic(const int32_t *x, int n, int per, int *pad)
+{
+    int i = 0;
+    while (i < n && x[i] >= 0 && x[i] == x[0] + per * i)
+        i++;
+    *pad = i;
+    while (i < n && x[i] < 0)
+        i++;
+    return i == n && *pad > 0;
+}
+
+int attn_tiles_view_period(const attn_tiles *t, int lq, int lk)
+{
+    const int per = t->period;
+    if (t->kind != ATTN_GATHER || per < 2 || lq % per || lk % per)
+        return 1;
+    /* A group's padding rows past its residue's last row, so that a box
+     * of the view reads zeros for them and its store writes none. */
+    for (int g = 0; g < t->n_groups; g++) {
+        const int32_t *q = t->qidx + (size_t)g * t->bm;
+        int pad;
+        if (!arithmetic(q, t->bm, per, &pad) || (pad < t->bm && q[0] / per + pad < lq / per))
+            return 1;
+    }
+    /* A list with padding keys belongs to partial tiles only: their
+     * bitmaps leave the padding out, whatever the view reads there. */
+    unsigned char *padded = calloc((size_t)(t->n_kidx_tiles > 0 ? t->n_kidx_tiles : 1), 1);
+    if (!padded)
+        return 1;
+    int ok = 1;
+    for (long long i = 0; ok && i < t->n_kidx_tiles; i++) {
+        int pad;
+        ok = arithmetic(t->kidx + (size_t)i * t->bn, t->bn, per, &pad);
+        padded[i] = pad < t->bn;
+    }
+    for (long long j = 0; ok && j < t->n_tiles; j++)
+        ok = !padded[t->tile_key[j]] || t->tile_bits[j] >= 0;
+    free(padded);
+    return ok ? per : 1;
+}
+
+void attn_tiles_view(const attn_tiles *t, int32_t *items, long long n_items, int32_t *tile_key)
+{
+    for (long long i = 0; i < n_items; i++)
+        items[4 * i] = t->qidx[(size_t)items[4 * i] * t->bm];
+    for (long long j = 0; j < t->n_tiles; j++)
+        tile_key[j] = t->kidx[(size_t)tile_key[j] * t->bn];
+}
+
 /* ---- the tiles as one buffer ---------------------------------------------- */
 
 #define TILES_MAGIC "stoftil1"

@@ -72,4 +72,16 @@ int attn_tiles_share(int bm, int lq, int group);
 int attn_tiles_schedule(const attn_tiles *t, int batch, int heads, int run, int ctas, int lq,
                         int32_t *items, int32_t *first);
 
+/* The period of a residue-class view of gathered tiles: where every group
+ * lists rows q0, q0 + p, q0 + 2p, ... and every key list keys k0, k0 + p,
+ * ... (padding at the end only: rows past their residue's last, keys in
+ * partial tiles), and p divides lq and lk, a kernel can read them as boxes
+ * of the tensors viewed as (length / p, p) (templates/attn_ws.cu's
+ * PERIOD). 1 otherwise, and for block tiles. */
+int attn_tiles_view_period(const attn_tiles *t, int lq, int lk);
+/* For such a kernel: each item's group (items as attn_tiles_schedule
+ * writes them) becomes its first row q0, and each tile's key list (tile_key,
+ * as attn_tiles_pack writes it) its first key k0. */
+void attn_tiles_view(const attn_tiles *t, int32_t *items, long long n_items, int32_t *tile_key);
+
 #endif

@@ -20,6 +20,8 @@ typedef struct mha_launch {
     CUfunction fn;
     int wg, bm, bn, threads, smem, n_groups;
     int gather;              /* MHA_WS: gathered rows and keys (no TMA descriptors) */
+    int period;              /* MHA_WS: > 1, gathered rows and keys read through TMA
+                                descriptors of a residue-class view (PERIOD) */
     CUdeviceptr tiles;       /* attn_tiles_pack's arrays, then (wg MHA_WS) the items */
     attn_tiles_layout lay;
     size_t items;            /* MHA_WS: byte offset of the work items in tiles, then
@@ -52,7 +54,7 @@ struct stof_mha_plan {
 
 /* ---- candidates and requests ------------------------------------------- */
 
-void mha_make_request(const mha_candidate *c, int head_dim, int seq_q, stof_dtype dtype,
+void mha_make_request(const mha_candidate *c, int head_dim, int seq_q, stof_dtype dtype, int period,
                       mha_request *r)
 {
     const int nums[4] = {head_dim, c->bm, c->bn, c->wg ? c->st : c->mt};
@@ -70,7 +72,10 @@ void mha_make_request(const mha_candidate *c, int head_dim, int seq_q, stof_dtyp
     if (c->wg == MHA_WS) {
         r->vars[n++] = (render_var){"P_SMEM", c->qs ? "1" : "0"};
         r->vars[n++] = (render_var){"SIT_OUT", mha_sit_out(c, seq_q) ? "1" : "0"};
-        r->vars[n++] = (render_var){"GATHER", c->kind == ATTN_GATHER ? "1" : "0"};
+        const int view = c->kind == ATTN_GATHER && period > 1;
+        snprintf(r->text[4], sizeof r->text[4], "%d", view ? period : 1);
+        r->vars[n++] = (render_var){"GATHER", c->kind == ATTN_GATHER && !view ? "1" : "0"};
+        r->vars[n++] = (render_var){"PERIOD", r->text[4]};
         r->req.nvars = n;
         return;
     }
@@ -84,6 +89,11 @@ void mha_make_request(const mha_candidate *c, int head_dim, int seq_q, stof_dtyp
         r->vars[n++] = (render_var){"Q_IN_SMEM", c->qs ? "1" : "0"};
     }
     r->req.nvars = n;
+}
+
+int mha_view_period(const mha_candidate *c, const attn_tiles *t, int seq_q, int seq_k)
+{
+    return c->wg == MHA_WS && c->kind == ATTN_GATHER ? attn_tiles_view_period(t, seq_q, seq_k) : 1;
 }
 
 int mha_sit_out(const mha_candidate *c, int seq_q)
@@ -299,19 +309,28 @@ static mha_strides strides_of(const stof_mha_desc *d)
  * 128, 32 columns 64-byte swizzled at 80 and 96; rows and columns past the
  * end read as zeros and are not written. */
 static stof_status tensor_map(stof_ctx *ctx, CUtensorMap *map, CUdeviceptr p, const stof_mha_desc *d,
-                              int rows, const long long (*stride)[3], int box_rows)
+                              int rows, const long long (*stride)[3], int box_rows, int period)
 {
-    const int sw = d->head_dim % 64 == 0 ? 128 : 64;
-    const cuuint64_t dims[4] = {(cuuint64_t)d->head_dim, (cuuint64_t)rows, (cuuint64_t)d->heads,
-                                (cuuint64_t)d->batch};
-    const cuuint64_t strides[3] = {(cuuint64_t)(*stride)[2] * 2, (cuuint64_t)(*stride)[1] * 2,
-                                   (cuuint64_t)(*stride)[0] * 2};
-    const cuuint32_t box[4] = {(cuuint32_t)sw / 2, (cuuint32_t)box_rows, 1, 1},
-                     elem_strides[4] = {1, 1, 1, 1};
+    /* With a period, rows as (row / period, row % period): five dimensions. */
+    const int sw = d->head_dim % 64 == 0 ? 128 : 64, v = period > 1;
+    const long long sl = (*stride)[2] * 2;
+    const cuuint64_t dims[5] = {(cuuint64_t)d->head_dim, (cuuint64_t)(rows / period),
+                                (cuuint64_t)period, (cuuint64_t)d->heads, (cuuint64_t)d->batch};
+    const cuuint64_t strides[4] = {(cuuint64_t)(sl * period), (cuuint64_t)sl,
+                                   (cuuint64_t)(*stride)[1] * 2, (cuuint64_t)(*stride)[0] * 2};
+    cuuint64_t dv[5], sv[4];
+    for (int i = 0, j = 0; i < 5; i++)
+        if (v || i != 2)
+            dv[j++] = dims[i];
+    for (int i = 0, j = 0; i < 4; i++)
+        if (v || i != 1)
+            sv[j++] = strides[i];
+    const cuuint32_t box[5] = {(cuuint32_t)sw / 2, (cuuint32_t)box_rows, 1, 1, 1},
+                     elem_strides[5] = {1, 1, 1, 1, 1};
     return CU(ctx, TensorMapEncodeTiled(
                        map, d->dtype == STOF_BF16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16
                                                   : CU_TENSOR_MAP_DATA_TYPE_FLOAT16,
-                       4, (void *)p, dims, strides, box, elem_strides, CU_TENSOR_MAP_INTERLEAVE_NONE,
+                       4 + v, (void *)p, dv, sv, box, elem_strides, CU_TENSOR_MAP_INTERLEAVE_NONE,
                        sw == 128 ? CU_TENSOR_MAP_SWIZZLE_128B : CU_TENSOR_MAP_SWIZZLE_64B,
                        CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE));
 }
@@ -334,7 +353,7 @@ static stof_status launch_ws(stof_ctx *ctx, const stof_mha_desc *d, const mha_la
             memcpy(&t[i], cache->map[i], sizeof t[i]);
             continue;
         }
-        TRY(tensor_map(ctx, &t[i], at[i], d, rows[i], &s->s[i], box[i]));
+        TRY(tensor_map(ctx, &t[i], at[i], d, rows[i], &s->s[i], box[i], L->period));
         if (cache) {
             memcpy(cache->map[i], &t[i], sizeof t[i]);
             cache->at[i] = at[i];
@@ -395,10 +414,11 @@ static stof_status load_candidate(stof_ctx *ctx, const stof_mha_desc *d, const m
 {
     memset(L, 0, sizeof *L);
     mha_request r;
-    mha_make_request(c, d->head_dim, d->seq_q, d->dtype, &r);
+    L->period = mha_view_period(c, t, d->seq_q, d->seq_k);
+    mha_make_request(c, d->head_dim, d->seq_q, d->dtype, L->period, &r);
     TRY(jit_get_known(ctx, &r.req, known, &L->fn, L->key));
     L->wg = c->wg;
-    L->gather = c->wg == MHA_WS && c->kind == ATTN_GATHER;
+    L->gather = c->wg == MHA_WS && c->kind == ATTN_GATHER && L->period == 1;
     L->bm = c->bm;
     L->bn = c->bn;
     L->threads = mha_threads(c);
@@ -431,6 +451,8 @@ static stof_status load_candidate(stof_ctx *ctx, const stof_mha_desc *d, const m
         free(host);
         return CTX_FAIL(ctx, STOF_ERR_NO_MEMORY, "out of memory scheduling attention work");
     }
+    if (L->period > 1)
+        attn_tiles_view(t, items, n_items, (int32_t *)((char *)host + L->lay.tile_key));
     stof_status st = jit_push(ctx);
     if (st == STOF_OK) {
         st = CU(ctx, FuncSetAttribute(L->fn, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, L->smem));
@@ -1024,7 +1046,9 @@ static stof_status compile_candidates(stof_ctx *ctx, const stof_mha_desc *d, con
         st = CTX_FAIL(ctx, STOF_ERR_NO_MEMORY, "out of memory listing attention kernels");
     } else {
         for (int i = 0; i < m; i++) {
-            mha_make_request(&cs[idx[i]].c, d->head_dim, d->seq_q, d->dtype, &r[i]);
+            const cand_state *c = &cs[idx[i]];
+            mha_make_request(&c->c, d->head_dim, d->seq_q, d->dtype,
+                             mha_view_period(&c->c, &c->tiles, d->seq_q, d->seq_k), &r[i]);
             reqs[i] = r[i].req;
         }
         st = jit_prepare_all(ctx, reqs, m);
@@ -1423,12 +1447,18 @@ stof_status stof_mha_plan_describe(const stof_mha_plan *p, char *buf, size_t n)
 {
     if (!p || !buf || n == 0)
         return STOF_ERR_INVALID_ARG;
+    /* How the warp-specialized engine reads rows: TMA boxes, boxes of a
+     * residue-class view (tma/period), or the producer's copies. */
+    char rows[32] = "";
+    if (p->c.wg == MHA_WS)
+        snprintf(rows, sizeof rows, p->L.period > 1 ? " rows=tma/%d" : p->L.gather ? " rows=copies" : " rows=tma",
+                 p->L.period);
     snprintf(buf, n,
-             "kernel=%s engine=%s block_m=%d block_n=%d m_tiles=%d q_in=%s stages=%d p_in=%s "
+             "kernel=%s engine=%s%s block_m=%d block_n=%d m_tiles=%d q_in=%s stages=%d p_in=%s "
              "head_dim=%d "
              "%s groups=%d regs=%d local=%d smem=%d chosen_by=%s predicted_ms=%.4f "
              "measured_ms=%.4f candidates_timed=%d mask=%.16s",
-             kind_name(p->c.kind), engine_name(&p->c), p->c.bm, p->c.bn, p->c.mt,
+             kind_name(p->c.kind), engine_name(&p->c), rows, p->c.bm, p->c.bn, p->c.mt,
              p->c.wg || p->c.qs ? "smem" : "regs", p->c.wg ? p->c.st : 2,
              p->c.wg == MHA_WS && p->c.qs ? "smem" : "regs", p->d.head_dim,
              dtype_name(p->d.dtype),

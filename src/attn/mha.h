@@ -20,8 +20,9 @@ typedef struct mha_candidate {
                             registers: Q on mma.sync, P (of P V) on the warp-specialized
                             engine */
     int wg;              /* engine: 0 mma.sync (templates/attn.cu); on sm_90a, 1 warpgroup
-                            MMA (attn_wg.cu), 2 warp-specialized, TMA-fed (attn_ws.cu,
-                            block kind only); with 1 and 2, mt 1; with 1, qs 0 */
+                            MMA (attn_wg.cu), 2 warp-specialized, TMA-fed (attn_ws.cu;
+                            its gathered kind: 128-row groups, head_dim 64 and 128);
+                            with 1 and 2, mt 1; with 1, qs 0 */
     int st;              /* wgmma: K and V stages in shared memory, 2 to 4; else 0 */
 } mha_candidate;
 
@@ -29,12 +30,18 @@ typedef struct mha_candidate {
 
 /* The kernel request for a candidate; the strings live in *buf. */
 typedef struct mha_request {
-    char text[4][16];
+    char text[5][16];
     render_var vars[11];
     jit_request req;
 } mha_request;
-void mha_make_request(const mha_candidate *c, int head_dim, int seq_q, stof_dtype dtype,
+/* period: mha_view_period's for the candidate's tiles (1 elsewhere). */
+void mha_make_request(const mha_candidate *c, int head_dim, int seq_q, stof_dtype dtype, int period,
                       mha_request *r);
+
+/* The period of the residue-class view (attn_tiles_view_period) that c's
+ * kernel reads t's gathered rows and keys through: the warp-specialized
+ * engine's gathered kind only; 1 for every other candidate. */
+int mha_view_period(const mha_candidate *c, const attn_tiles *t, int seq_q, int seq_k);
 
 /* Whether c's kernel lets the consumer warpgroups whose 64 rows all lie past
  * seq_q sit the item out (SIT_OUT in attn_ws.cu): 192-row items where seq_q

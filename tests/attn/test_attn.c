@@ -307,6 +307,72 @@ START_TEST(gather_compacts_scattered_masks)
 }
 END_TEST
 
+/* Gathered tiles read as residue classes (attn_tiles_view_period): where
+ * every group's rows and every tile's keys step by the mask's period and the
+ * period divides both lengths; the rewrite gives each item its first row
+ * and each tile its first key. */
+START_TEST(gather_view_by_period)
+{
+    stof_ctx *ctx = open_ctx("sm_90a");
+    static const struct {
+        const char *spec;
+        int lq, lk, bn, want;
+    } cases[] = {
+        {"dilated:256:2", 2048, 2048, 128, 2},
+        {"dilated:64:4", 512, 1024, 64, 4},
+        {"dilated:64:2", 1000, 1000, 128, 1},  /* group 3 holds rows of both residues */
+        {"dilated:64:3", 1536, 1536, 128, 3},
+        {"dilated:64:3", 1155, 1155, 128, 1},  /* 385 rows a residue: groups span two */
+        {"dilated:64:3", 1152, 1153, 128, 1},  /* 3 does not divide lk */
+        {"dilated:64:2+global:8", 1024, 1024, 64, 1},  /* both residues' global keys */
+        {"window:64+strided:8", 1024, 1024, 64, 1},    /* period 1 */
+    };
+    for (int i = 0; i < (int)(sizeof cases / sizeof cases[0]); i++) {
+        stof_mask *m;
+        ck_assert_int_eq(stof_mask_parse(ctx, cases[i].spec, cases[i].lq, cases[i].lk, &m), STOF_OK);
+        attn_tiles g, b;
+        ck_assert_int_eq(tiles_of(ctx, m, ATTN_GATHER, 128, cases[i].bn, &g), STOF_OK);
+        ck_assert_msg(attn_tiles_view_period(&g, cases[i].lq, cases[i].lk) == cases[i].want,
+                      "%s %dx%d: period %d", cases[i].spec, cases[i].lq, cases[i].lk,
+                      attn_tiles_view_period(&g, cases[i].lq, cases[i].lk));
+        ck_assert_int_eq(tiles_of(ctx, m, ATTN_BLOCK, 128, cases[i].bn, &b), STOF_OK);
+        ck_assert_int_eq(attn_tiles_view_period(&b, cases[i].lq, cases[i].lk), 1);
+        mha_candidate ws = {ATTN_GATHER, 128, cases[i].bn, 1, 0, MHA_WS, 3},
+                      wg = {ATTN_GATHER, 128, 64, 1, 0, 1, 3};
+        ck_assert_int_eq(mha_view_period(&ws, &g, cases[i].lq, cases[i].lk), cases[i].want);
+        ck_assert_int_eq(mha_view_period(&wg, &g, cases[i].lq, cases[i].lk), 1);
+        if (cases[i].want > 1) {
+            /* Every row and key of the view is the one the lists name. */
+            const int p = cases[i].want;
+            int32_t *items = malloc(4 * sizeof *items * (size_t)g.n_groups);
+            int32_t *keys = malloc(sizeof *keys * (size_t)g.n_tiles);
+            ck_assert(items && keys);
+            for (int x = 0; x < g.n_groups; x++)
+                items[4 * x] = x;
+            memcpy(keys, g.tile_key, sizeof *keys * (size_t)g.n_tiles);
+            attn_tiles_view(&g, items, g.n_groups, keys);
+            for (int x = 0; x < g.n_groups; x++)
+                for (int r = 0; r < g.bm; r++) {
+                    int q = g.qidx[(size_t)x * g.bm + r];
+                    ck_assert(q < 0 ? items[4 * x] + p * r >= cases[i].lq
+                                    : q == items[4 * x] + p * r);
+                }
+            for (long long j = 0; j < g.n_tiles; j++)
+                for (int c = 0; c < g.bn; c++) {
+                    int k = g.kidx[(size_t)g.tile_key[j] * g.bn + c];
+                    ck_assert(k < 0 ? g.tile_bits[j] >= 0 : k == keys[j] + p * c);
+                }
+            free(items);
+            free(keys);
+        }
+        attn_tiles_free(&g);
+        attn_tiles_free(&b);
+        stof_mask_free(m);
+    }
+    stof_close(ctx);
+}
+END_TEST
+
 /* The device's figures as a cache record: they come back as written, the
  * model follows the measured rate of the engine it is asked about, and
  * records that are not valid figures are refused. */
@@ -745,7 +811,7 @@ END_TEST
 typedef struct variant_job {
     const char *arch;
     mha_candidate c[512];
-    int dim[512], dtype[512], seq[512];
+    int dim[512], dtype[512], seq[512], period[512];
     stof_status st[512];
     int spills[512], spill_bytes[512];
     char err[512][320], global[512][96];
@@ -767,7 +833,8 @@ static void *compile_variants(void *arg)
     for (int i; (i = test_take(&j->lock, &j->next, j->n)) >= 0;) {
         mha_request r;
         char key[65];
-        mha_make_request(&j->c[i], j->dim[i], j->seq[i], j->dtype[i] ? STOF_BF16 : STOF_F16, &r);
+        mha_make_request(&j->c[i], j->dim[i], j->seq[i], j->dtype[i] ? STOF_BF16 : STOF_F16,
+                         j->period[i] ? j->period[i] : 1, &r);
         j->st[i] = jit_prepare(ctx, &r.req, key, NULL);
         snprintf(j->err[i], sizeof j->err[i], "%s", stof_last_error(ctx));
         cache_kernel k;
@@ -827,16 +894,19 @@ START_TEST(every_variant_compiles)
         mha_candidate c[64];
         int n = mha_candidates(dims[d], 227 * 1024, _i == 0, c, 64);
         /* 192-row warp-specialized items: with and without consumers
-         * sitting out (1000 rows leave the last group 40 rows) */
+         * sitting out (1000 rows leave the last group 40 rows); gathered
+         * rows: copied, and read through views of periods 2 and 3 */
         for (int i = 0; i < n; i++) {
             const int sits = c[i].wg == MHA_WS && c[i].bm == 192;
+            const int views = c[i].wg == MHA_WS && c[i].kind == ATTN_GATHER;
             ck_assert(!mha_sit_out(&c[i], 4096) && !mha_sit_out(&c[i], 1064));
-            for (int v = 0; v < (sits ? 4 : 2); v++) {
+            for (int v = 0; v < (sits || views ? 4 : 2); v++) {
                 ck_assert_int_lt(j.n, 512);
                 j.c[j.n] = c[i];
                 j.dim[j.n] = dims[d];
-                j.seq[j.n] = v < 2 ? 1536 : 1000;
-                ck_assert_int_eq(mha_sit_out(&c[i], j.seq[j.n]), v >= 2);
+                j.seq[j.n] = v < 2 || views ? 1536 : 1000;
+                j.period[j.n] = views && v >= 2 ? v : 1;
+                ck_assert_int_eq(mha_sit_out(&c[i], j.seq[j.n]), sits && v >= 2);
                 j.dtype[j.n++] = v % 2;
             }
         }
@@ -880,6 +950,7 @@ Suite *suite_attn(void)
     tcase_add_loop_test(t, tiles_expand_to_the_mask, 0, (int)(sizeof SPECS / sizeof SPECS[0]));
     tcase_add_test(t, memo_keeps_hash_and_tiles);
     tcase_add_test(t, gather_compacts_scattered_masks);
+    tcase_add_test(t, gather_view_by_period);
     tcase_add_test(t, schedule_deals_every_item_once);
     tcase_add_test(t, model_scales_with_work);
     tcase_add_test(t, model_device_record);

@@ -63,6 +63,9 @@ static void random_fill(test_rng *r, stof_dtype t, void *p, size_t n)
  * its last plan made. */
 static const char *case_cache;
 static long long case_walks;
+/* How run_case's plan must read gathered rows on the ws engine (0: not
+ * checked): 1 copied, p > 1 through a view of period p (describe's rows=). */
+static int case_view;
 
 static double run_case(const mcase *c, uint64_t salt)
 {
@@ -142,6 +145,11 @@ static double run_case(const mcase *c, uint64_t salt)
            c->packed ? " packed" : "", c->lens ? " lens" : "", err, desc);
     double tol = c->dtype == STOF_BF16 ? 1.5e-2 : 5e-3;
     ck_assert_msg(err <= tol, "%s: relative L2 error %.3g above %.3g (%s)", c->spec, err, tol, desc);
+    if (case_view) {
+        char want[32];
+        snprintf(want, sizeof want, case_view > 1 ? " rows=tma/%d " : " rows=copies ", case_view);
+        ck_assert_msg(strstr(desc, want), "%s: %s expected (%s)", c->spec, want, desc);
+    }
     stof_mha_plan_free(plan);
     stof_mask_free(m);
     free(q); free(k); free(v); free(out); free(packed); free(ref);
@@ -329,8 +337,18 @@ START_TEST(ws_gathers_rows)
         {"window:64+strided:8", 2, 4, 300, 300, 64, STOF_F16, STOF_LAYOUT_BLHD, 1, 1, ATTN_GATHER, 128, 64, 1, 0, MHA_WS, 3},
         {"strided:8", 2, 2, 200, 333, 128, STOF_F16, STOF_LAYOUT_BHLD, 0, 0, ATTN_GATHER, 128, 128, 1, 0, MHA_WS, 2},
         {"random:2:32:7", 2, 2, 333, 200, 64, STOF_BF16, STOF_LAYOUT_BLHD, 0, 1, ATTN_GATHER, 128, 128, 1, 0, MHA_WS, 4},
+        /* Residue classes through the view: lengths the period divides into
+         * whole groups, per-sequence lengths, Lq != Lk, packed QKV. */
+        {"dilated:256:2", 2, 3, 1024, 1024, 64, STOF_F16, STOF_LAYOUT_BHLD, 0, 0, ATTN_GATHER, 128, 128, 1, 0, MHA_WS, 3},
+        {"dilated:128:4", 2, 2, 2048, 2048, 128, STOF_BF16, STOF_LAYOUT_BLHD, 0, 1, ATTN_GATHER, 128, 128, 1, 0, MHA_WS, 2},
+        {"dilated:64:2", 3, 2, 512, 1024, 64, STOF_BF16, STOF_LAYOUT_BHLD, 0, 1, ATTN_GATHER, 128, 64, 1, 0, MHA_WS, 4},
+        {"dilated:96:3", 2, 4, 768, 768, 64, STOF_F16, STOF_LAYOUT_BLHD, 1, 1, ATTN_GATHER, 128, 128, 1, 0, MHA_WS, 2},
+        {"dilated:200:2", 1, 2, 256, 256, 128, STOF_F16, STOF_LAYOUT_BHLD, 0, 0, ATTN_GATHER, 128, 64, 1, 0, MHA_WS, 3},
     };
+    static const int views[] = {1, 1, 1, 1, 1, 1, 2, 4, 2, 3, 2};
+    case_view = views[_i];
     run_case(&cases[_i], 1400 + _i);
+    case_view = 0;
 }
 END_TEST
 
@@ -505,7 +523,7 @@ Suite *suite_gpu_mha(void)
     tcase_add_loop_test(t, ws_long_rows, 0, 8);
     tcase_add_loop_test(t, ws_items_in_turn, 0, 8);
     tcase_add_loop_test(t, ws_wide_heads, 0, 10);
-    tcase_add_loop_test(t, ws_gathers_rows, 0, 6);
+    tcase_add_loop_test(t, ws_gathers_rows, 0, 11);
     tcase_add_test(t, ws_runs_follow_pointers);
     tcase_add_loop_test(t, planner_choice, 0, 3);
     tcase_add_test(t, device_figures_once);
