@@ -112,8 +112,13 @@ static stof_status build_gather(stof_ctx *ctx, const mask_summary *ms, attn_tile
     const int lq = ms->lq, lk = ms->lk;
     const int bm = t->bm, bn = t->bn, wpr = t->wpr, words = bm * wpr;
     t->period = ms->period;
-    t->n_groups = (lq + bm - 1) / bm;
-    int32_t *rows = malloc(sizeof(int32_t) * (size_t)lq);
+    /* Groups never mix residues: each residue's rows start a group, so that
+     * a group's keys are its residue's alone and its rows step by the
+     * period (attn_tiles_view_period); a residue's last group is padded. */
+    t->n_groups = 0;
+    for (int r = 0; r < t->period && r < lq; r++)
+        t->n_groups += ((lq - r + t->period - 1) / t->period + bm - 1) / bm;
+    int32_t *rows = malloc(sizeof(int32_t) * (size_t)t->n_groups * (size_t)bm);
     int32_t *stamp = malloc(sizeof(int32_t) * (size_t)lk);
     int32_t *pos = malloc(sizeof(int32_t) * (size_t)lk);
     int32_t *keys = malloc(sizeof(int32_t) * (size_t)lk);
@@ -138,16 +143,21 @@ static stof_status build_gather(stof_ctx *ctx, const mask_summary *ms, attn_tile
         goto done;
     have_iter = 1;
     int n = 0;
-    for (int r = 0; r < t->period; r++)
+    for (int r = 0; r < t->period && r < lq; r++) {
         for (int q = r; q < lq; q += t->period)
             rows[n++] = q;
+        while (n % bm)
+            rows[n++] = -1;
+    }
     for (int k = 0; k < lk; k++)
         stamp[k] = -1;
     t->tile_ptr[0] = 0;
     for (int g = 0; g < t->n_groups; g++) {
-        int nrows = lq - g * bm < bm ? lq - g * bm : bm, nkeys = 0;
+        int nrows = 0, nkeys = 0;
+        while (nrows < bm && rows[g * bm + nrows] >= 0)
+            nrows++;
         for (int r = 0; r < bm; r++)
-            t->qidx[(size_t)g * bm + r] = r < nrows ? rows[g * bm + r] : -1;
+            t->qidx[(size_t)g * bm + r] = rows[g * bm + r];
         /* The union of the group's keys, in increasing order. */
         for (int r = 0; r < nrows; r++) {
             const mask_range *rg;

@@ -320,9 +320,10 @@ START_TEST(gather_view_by_period)
     } cases[] = {
         {"dilated:256:2", 2048, 2048, 128, 2},
         {"dilated:64:4", 512, 1024, 64, 4},
-        {"dilated:64:2", 1000, 1000, 128, 1},  /* group 3 holds rows of both residues */
+        {"dilated:64:2", 1000, 1000, 128, 2},  /* a residue's last group padded */
         {"dilated:64:3", 1536, 1536, 128, 3},
-        {"dilated:64:3", 1155, 1155, 128, 1},  /* 385 rows a residue: groups span two */
+        {"dilated:64:3", 1155, 1155, 128, 3},
+        {"dilated:64:3", 1153, 1152, 128, 1},  /* 3 does not divide lq */
         {"dilated:64:3", 1152, 1153, 128, 1},  /* 3 does not divide lk */
         {"dilated:64:2+global:8", 1024, 1024, 64, 1},  /* both residues' global keys */
         {"window:64+strided:8", 1024, 1024, 64, 1},    /* period 1 */

@@ -344,8 +344,11 @@ START_TEST(ws_gathers_rows)
         {"dilated:64:2", 3, 2, 512, 1024, 64, STOF_BF16, STOF_LAYOUT_BHLD, 0, 1, ATTN_GATHER, 128, 64, 1, 0, MHA_WS, 4},
         {"dilated:96:3", 2, 4, 768, 768, 64, STOF_F16, STOF_LAYOUT_BLHD, 1, 1, ATTN_GATHER, 128, 128, 1, 0, MHA_WS, 2},
         {"dilated:200:2", 1, 2, 256, 256, 128, STOF_F16, STOF_LAYOUT_BHLD, 0, 0, ATTN_GATHER, 128, 64, 1, 0, MHA_WS, 3},
+        /* each residue's last group padded: 500 and 385 rows a residue */
+        {"dilated:256:2", 2, 2, 1000, 1000, 64, STOF_F16, STOF_LAYOUT_BHLD, 0, 1, ATTN_GATHER, 128, 128, 1, 0, MHA_WS, 3},
+        {"dilated:96:3", 1, 3, 1155, 1155, 128, STOF_BF16, STOF_LAYOUT_BLHD, 0, 0, ATTN_GATHER, 128, 64, 1, 0, MHA_WS, 2},
     };
-    static const int views[] = {1, 1, 1, 1, 1, 1, 2, 4, 2, 3, 2};
+    static const int views[] = {1, 1, 1, 1, 1, 1, 2, 4, 2, 3, 2, 2, 3};
     case_view = views[_i];
     run_case(&cases[_i], 1400 + _i);
     case_view = 0;
@@ -523,7 +526,7 @@ Suite *suite_gpu_mha(void)
     tcase_add_loop_test(t, ws_long_rows, 0, 8);
     tcase_add_loop_test(t, ws_items_in_turn, 0, 8);
     tcase_add_loop_test(t, ws_wide_heads, 0, 10);
-    tcase_add_loop_test(t, ws_gathers_rows, 0, 11);
+    tcase_add_loop_test(t, ws_gathers_rows, 0, 13);
     tcase_add_test(t, ws_runs_follow_pointers);
     tcase_add_loop_test(t, planner_choice, 0, 3);
     tcase_add_test(t, device_figures_once);
