@@ -298,7 +298,8 @@ __device__ __forceinline__ void tma_store5(const stof_tmap *map, unsigned src, i
 {
     asm volatile("cp.async.bulk.tensor.5d.global.shared::cta.bulk_group"
                  " [%0, {%2, %3, %4, %5, %6}], [%1];\n"
-                 ::"l"((unsigned long long)map), "r"(src), "r"(x0), "r"(x1), "r"(x2), "r"(x3), "r"(x4)
+                 ::"l"((unsigned long long)map), "r"(src), "r"(x0), "r"(x1), "r"(x2), "r"(x3),
+                   "r"(x4)
                  : "memory");
 }
 // The same from shared memory at src to the box of a 2-D map at (x0, x1).

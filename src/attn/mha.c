@@ -54,8 +54,8 @@ struct stof_mha_plan {
 
 /* ---- candidates and requests ------------------------------------------- */
 
-void mha_make_request(const mha_candidate *c, int head_dim, int seq_q, stof_dtype dtype, int period,
-                      mha_request *r)
+void mha_make_request(const mha_candidate *c, int head_dim, int seq_q, stof_dtype dtype,
+                      int period, mha_request *r)
 {
     const int nums[4] = {head_dim, c->bm, c->bn, c->wg ? c->st : c->mt};
     static const char *const names[2][4] = {{"HEAD_DIM", "BLOCK_M", "BLOCK_N", "M_TILES"},
@@ -303,7 +303,8 @@ static mha_strides strides_of(const stof_mha_desc *d)
 
 
 /* A TMA descriptor of one of q, k, v, out as the 4-D tensor (head_dim,
- * rows, heads, batch) with the given element strides (row, head, batch),
+ * rows, heads, batch), or with period > 1 the 5-D (head_dim, rows / period,
+ * period, heads, batch), with the given element strides (row, head, batch),
  * read or written in boxes of one swizzle atom's columns x box_rows, as
  * attn_ws.cu lays them out: 64 columns 128-byte swizzled at head_dim 64 and
  * 128, 32 columns 64-byte swizzled at 80 and 96; rows and columns past the
@@ -1450,9 +1451,10 @@ stof_status stof_mha_plan_describe(const stof_mha_plan *p, char *buf, size_t n)
     /* How the warp-specialized engine reads rows: TMA boxes, boxes of a
      * residue-class view (tma/period), or the producer's copies. */
     char rows[32] = "";
-    if (p->c.wg == MHA_WS)
-        snprintf(rows, sizeof rows, p->L.period > 1 ? " rows=tma/%d" : p->L.gather ? " rows=copies" : " rows=tma",
-                 p->L.period);
+    if (p->c.wg == MHA_WS && p->L.period > 1)
+        snprintf(rows, sizeof rows, " rows=tma/%d", p->L.period);
+    else if (p->c.wg == MHA_WS)
+        snprintf(rows, sizeof rows, " rows=%s", p->L.gather ? "copies" : "tma");
     snprintf(buf, n,
              "kernel=%s engine=%s%s block_m=%d block_n=%d m_tiles=%d q_in=%s stages=%d p_in=%s "
              "head_dim=%d "

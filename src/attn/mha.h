@@ -35,8 +35,8 @@ typedef struct mha_request {
     jit_request req;
 } mha_request;
 /* period: mha_view_period's for the candidate's tiles (1 elsewhere). */
-void mha_make_request(const mha_candidate *c, int head_dim, int seq_q, stof_dtype dtype, int period,
-                      mha_request *r);
+void mha_make_request(const mha_candidate *c, int head_dim, int seq_q, stof_dtype dtype,
+                      int period, mha_request *r);
 
 /* The period of the residue-class view (attn_tiles_view_period) that c's
  * kernel reads t's gathered rows and keys through: the warp-specialized
