@@ -448,8 +448,51 @@ static json_value *parse_array(parser *p)
     return NULL;
 }
 
+/* The member names of one object, for the duplicate check: an open-addressed
+ * table of indices into v->keys (0 = empty), at most half full, so that an
+ * object of n members is checked in O(n) rather than O(n^2). */
+typedef struct keyset {
+    size_t *slot;
+    size_t cap; /* a power of two, or 0 */
+} keyset;
+
+static size_t key_hash(const char *k)
+{
+    size_t h = 1469598103934665603ull; /* FNV-1a */
+    for (; *k; k++)
+        h = (h ^ (unsigned char)*k) * 1099511628211ull;
+    return h;
+}
+
+/* The slot of key in ks: the one holding it, or the empty one it would take. */
+static size_t *keyset_find(const keyset *ks, char *const *keys, const char *key)
+{
+    size_t i = key_hash(key) & (ks->cap - 1);
+    while (ks->slot[i] && strcmp(keys[ks->slot[i] - 1], key) != 0)
+        i = (i + 1) & (ks->cap - 1);
+    return &ks->slot[i];
+}
+
+/* Room for n + 1 names; 0 on out of memory. */
+static int keyset_reserve(keyset *ks, char *const *keys, size_t n)
+{
+    if (2 * (n + 1) <= ks->cap)
+        return 1;
+    keyset grown = {NULL, ks->cap ? ks->cap * 2 : 16};
+    while (2 * (n + 1) > grown.cap)
+        grown.cap *= 2;
+    grown.slot = calloc(grown.cap, sizeof *grown.slot);
+    if (!grown.slot)
+        return 0;
+    for (size_t i = 0; i < n; i++)
+        *keyset_find(&grown, keys, keys[i]) = i + 1;
+    free(ks->slot);
+    *ks = grown;
+    return 1;
+}
+
 /* Reads `"key" :` into v's next slot; 0 on a fault. */
-static int member_key(parser *p, json_value *v, size_t *cap)
+static int member_key(parser *p, json_value *v, size_t *cap, keyset *ks)
 {
     char buf[32];
     if (peek(p) != '"') {
@@ -458,22 +501,26 @@ static int member_key(parser *p, json_value *v, size_t *cap)
     }
     if (!grow(p, v, cap))
         return 0;
+    if (!keyset_reserve(ks, v->keys, v->n)) {
+        fail(p, "out of memory");
+        return 0;
+    }
     char *key;
     size_t klen;
     int line = p->line, col = p->col;
     if (!read_string(p, &key, &klen))
         return 0;
-    for (size_t i = 0; i < v->n; i++) {
-        if (strcmp(v->keys[i], key) == 0) {
-            p->line = line;
-            p->col = col;
-            fail(p, "duplicate member name \"%.60s\"", key);
-            free(key);
-            return 0;
-        }
+    size_t *slot = keyset_find(ks, v->keys, key);
+    if (*slot) {
+        p->line = line;
+        p->col = col;
+        fail(p, "duplicate member name \"%.60s\"", key);
+        free(key);
+        return 0;
     }
     json_path_key(p->path, sizeof p->path, key);
     v->keys[v->n] = key;
+    *slot = v->n + 1;
     skip_ws(p);
     if (peek(p) != ':') {
         fail(p, "expected ':' after the member name, found %s", here(p, buf));
@@ -490,6 +537,7 @@ static json_value *parse_object(parser *p)
     if (!v)
         return NULL;
     size_t cap = 0, base = strlen(p->path);
+    keyset ks = {NULL, 0};
     advance(p, 1);
     skip_ws(p);
     if (peek(p) == '}') {
@@ -497,7 +545,7 @@ static json_value *parse_object(parser *p)
         return v;
     }
     for (;;) {
-        if (!member_key(p, v, &cap))
+        if (!member_key(p, v, &cap, &ks))
             break;
         json_value *item = parse_value(p);
         if (!item) {
@@ -507,12 +555,15 @@ static json_value *parse_object(parser *p)
         p->path[base] = 0;
         v->items[v->n++] = item;
         int more = next_or_end(p, '}', "an object member");
-        if (more == 0)
+        if (more == 0) {
+            free(ks.slot);
             return v;
+        }
         if (more < 0)
             break;
         skip_ws(p);
     }
+    free(ks.slot);
     json_free(v);
     return NULL;
 }
