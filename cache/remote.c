@@ -14,6 +14,7 @@
 #include "cache/hmac.h"
 
 #define DEFAULT_TIMEOUT_MS 200
+#define DEFAULT_MAX_VALUE_BYTES (64LL << 20) /* 40x the largest kernel value seen (1.6 MB) */
 #define RETRY_S 10.0          /* a tier that failed rests this long before a new try */
 #define MIN_KEY_BYTES 16
 #define MAX_KEY_BYTES 4096
@@ -58,6 +59,10 @@ int remote_config_resolve(const stof_options *o, int shared, remote_config *out)
     out->timeout_ms = o && o->remote_timeout_ms > 0
                           ? o->remote_timeout_ms
                           : env_int("STOF_REMOTE_CACHE_TIMEOUT_MS", DEFAULT_TIMEOUT_MS);
+    const char *cap = env_str("STOF_REMOTE_CACHE_MAX_BYTES");
+    char *end;
+    long long v = cap ? strtoll(cap, &end, 10) : 0;
+    out->max_value_bytes = cap && !*end && v > 0 ? v : DEFAULT_MAX_VALUE_BYTES;
     out->shared = shared;
     return 1;
 }
@@ -282,6 +287,7 @@ static char *field_str(const field *f)
 /* ---- the connection ---- */
 
 #include <hiredis/hiredis.h>
+#include <poll.h>
 #include <pthread.h>
 #include <signal.h>
 
@@ -291,6 +297,8 @@ struct remote {
     unsigned char key[MAX_KEY_BYTES];
     size_t key_len;
     struct timeval tv;
+    long long max_value;    /* longer values are refused unread */
+    int timed_out;          /* the last exchange ran past its deadline */
     redisContext *c;
     double rest_until;      /* monotonic seconds: no try before */
     int dead;               /* refused for good (AUTH, SELECT) */
@@ -391,7 +399,7 @@ static int reply_ok(remote *r, redisReply *y, const char *what)
     char msg[300];
     if (!y) {
         const char *e = r->c && r->c->errstr[0] ? r->c->errstr : "no answer";
-        if (strstr(e, "temporarily unavailable") || strstr(e, "timed out"))
+        if (r->timed_out || strstr(e, "temporarily unavailable") || strstr(e, "timed out"))
             snprintf(msg, sizeof msg, "%s: no answer within %ld ms", what,
                      (long)(r->tv.tv_sec * 1000 + r->tv.tv_usec / 1000));
         else
@@ -413,6 +421,54 @@ static int reply_ok(remote *r, redisReply *y, const char *what)
         return 0;
     }
     return 1;
+}
+
+/* Waits until r's socket is ready for events, or the deadline (monotonic
+ * seconds) passes; 0 then, with r->timed_out set. */
+static int wait_fd(remote *r, short events, double deadline)
+{
+    for (;;) {
+        double left = deadline - mono_now();
+        if (left <= 0) {
+            r->timed_out = 1;
+            return 0;
+        }
+        struct pollfd p = {.fd = r->c->fd, .events = events};
+        int n = poll(&p, 1, (int)(left * 1000.0) + 1);
+        if (n > 0)
+            return 1;
+        if (n < 0 && errno != EINTR)
+            return 0;
+    }
+}
+
+/* One command and its whole reply within the timeout, counted from now: the
+ * socket's own timeout bounds each read, and a value that trickles in read
+ * by read would outlast it many times. NULL when the deadline passed
+ * (r->timed_out) or the connection broke (r->c->errstr says how). */
+static redisReply *exchange(remote *r, const char *fmt, ...)
+{
+    r->timed_out = 0;
+    double deadline = mono_now() + (double)r->tv.tv_sec + (double)r->tv.tv_usec * 1e-6;
+    va_list ap;
+    va_start(ap, fmt);
+    int rc = redisvAppendCommand(r->c, fmt, ap);
+    va_end(ap);
+    if (rc != REDIS_OK)
+        return NULL;
+    int done = 0;
+    while (!done)
+        if (!wait_fd(r, POLLOUT, deadline) || redisBufferWrite(r->c, &done) != REDIS_OK)
+            return NULL;
+    for (;;) {
+        void *reply = NULL;
+        if (redisGetReplyFromReader(r->c, &reply) != REDIS_OK)
+            return NULL;
+        if (reply)
+            return reply;
+        if (!wait_fd(r, POLLIN, deadline) || redisBufferRead(r->c) != REDIS_OK)
+            return NULL;
+    }
 }
 
 /* A connection, made now if there is none and the tier is not resting. */
@@ -437,8 +493,8 @@ static int ready(remote *r)
     redisSetTimeout(r->c, r->tv);
     redisReply *y = NULL;
     if (r->pass[0]) {
-        y = r->user[0] ? redisCommand(r->c, "AUTH %s %s", r->user, r->pass)
-                       : redisCommand(r->c, "AUTH %s", r->pass);
+        y = r->user[0] ? exchange(r, "AUTH %s %s", r->user, r->pass)
+                       : exchange(r, "AUTH %s", r->pass);
         if (y && y->type == REDIS_REPLY_ERROR) {
             refused(r, "AUTH was refused", y->str);
             freeReplyObject(y);
@@ -447,9 +503,22 @@ static int ready(remote *r)
         if (!reply_ok(r, y, "AUTH"))
             goto done;
         freeReplyObject(y);
+    } else {
+        /* A server that wants a password refuses every command: say so now,
+         * at open, rather than turn the tier off at the first GET. */
+        y = exchange(r, "PING");
+        if (y && y->type == REDIS_REPLY_ERROR && is_auth_error(y->str)) {
+            refused(r, "the server wants a password (give it as redis://:PASSWORD@HOST, or "
+                       "USER:PASSWORD@)", y->str);
+            freeReplyObject(y);
+            goto done;
+        }
+        if (!reply_ok(r, y, "PING"))
+            goto done;
+        freeReplyObject(y);
     }
     if (r->db) {
-        y = redisCommand(r->c, "SELECT %d", r->db);
+        y = exchange(r, "SELECT %d", r->db);
         if (y && y->type == REDIS_REPLY_ERROR) {
             char what[64];
             snprintf(what, sizeof what, "SELECT %d was refused", r->db);
@@ -645,6 +714,7 @@ void remote_open(const remote_config *cfg, remote **out, char *why, size_t n)
     int ms = cfg->timeout_ms > 0 ? cfg->timeout_ms : DEFAULT_TIMEOUT_MS;
     r->tv.tv_sec = ms / 1000;
     r->tv.tv_usec = (ms % 1000) * 1000;
+    r->max_value = cfg->max_value_bytes > 0 ? cfg->max_value_bytes : DEFAULT_MAX_VALUE_BYTES;
     /* Reach the server now: a wrong password is better said at open. */
     ready(r);
     const char *said = remote_take_note(r);
@@ -688,7 +758,12 @@ const char *remote_take_note(remote *r)
 
 /* ---- exchanges ---- */
 
-/* GET rkey: 1 and *reply (to free) when a value is there. */
+static void refuse(remote *r, const char *rkey, const char *why);
+
+/* The value at rkey, at most the cap: 1 and *reply (to free) when a value is
+ * there. Only cap + 1 bytes are asked for (GETRANGE), so that an oversized
+ * value costs no more than that to see; it is refused, and the caller's
+ * recompile replaces it. A missing key reads as "" there, as no value does. */
 static int get(remote *r, const char *rkey, redisReply **reply)
 {
     *reply = NULL;
@@ -696,14 +771,21 @@ static int get(remote *r, const char *rkey, redisReply **reply)
         return 0;
     pipe_guard g;
     guard_on(&g);
-    redisReply *y = redisCommand(r->c, "GET %b", rkey, strlen(rkey));
+    redisReply *y = exchange(r, "GETRANGE %b 0 %lld", rkey, strlen(rkey), r->max_value);
     guard_off(&g);
     if (!reply_ok(r, y, "GET"))
         return 0;
     r->outage_said = 0;
-    if (y->type != REDIS_REPLY_STRING) {
+    if (y->type != REDIS_REPLY_STRING || y->len == 0) {
         freeReplyObject(y);
         r->n.misses++;
+        return 0;
+    }
+    if ((long long)y->len > r->max_value) {
+        freeReplyObject(y);
+        char why[96];
+        snprintf(why, sizeof why, "oversized: longer than the cap of %lld bytes", r->max_value);
+        refuse(r, rkey, why);
         return 0;
     }
     *reply = y;
@@ -716,7 +798,7 @@ static int set(remote *r, const char *rkey, const unsigned char *v, size_t n)
         return 0;
     pipe_guard g;
     guard_on(&g);
-    redisReply *y = redisCommand(r->c, "SET %b %b", rkey, strlen(rkey), v, n);
+    redisReply *y = exchange(r, "SET %b %b", rkey, strlen(rkey), v, n);
     guard_off(&g);
     if (!reply_ok(r, y, "SET"))
         return 0;

@@ -7,8 +7,11 @@
  * Redis key it is stored at and everything in it; a value whose signature,
  * format, key, arch or versions do not check out is refused (counted, said
  * once) and never used, and the caller's recompile overwrites it. Redis
- * being down, slow or refusing costs one short timeout: the tier then rests
- * for a while (RETRY_S) and every call goes on with the local tier alone.
+ * being down, slow or refusing costs one short timeout, which bounds each
+ * exchange as a whole (the command out and its reply in), not each read: the
+ * tier then rests for a while (RETRY_S) and every call goes on with the
+ * local tier alone. A value longer than the cap is refused before it is read
+ * (only cap + 1 bytes are asked for) and replaced like any refused value.
  * Nothing here fails a caller.
  */
 #ifndef STOF_REMOTE_H
@@ -25,14 +28,16 @@ typedef struct remote_config {
     const char *url;        /* redis://[[USER]:PASSWORD@]HOST[:PORT][/DB] */
     const char *key;        /* the signing key's bytes, or NULL ... */
     const char *key_file;   /* ... a file holding them (one trailing newline dropped) */
-    int timeout_ms;         /* connect and command timeout */
+    int timeout_ms;         /* connect timeout, and each exchange's deadline */
+    long long max_value_bytes; /* longer values are refused unread; 0: 64 MiB */
     int shared;             /* a group-readable key file is accepted */
     const char *nvrtc_version; /* the process's compiler ("13.0"), which keys and values
                                   carry: the opener knows it, the resolve leaves it NULL */
 } remote_config;
 
 /* Options first, then $STOF_REMOTE_CACHE, $STOF_REMOTE_CACHE_KEY,
- * $STOF_REMOTE_CACHE_KEY_FILE and $STOF_REMOTE_CACHE_TIMEOUT_MS. Returns 0
+ * $STOF_REMOTE_CACHE_KEY_FILE, $STOF_REMOTE_CACHE_TIMEOUT_MS and
+ * $STOF_REMOTE_CACHE_MAX_BYTES. Returns 0
  * when no remote tier is asked for (none named, or "off"). */
 int remote_config_resolve(const stof_options *o, int shared, remote_config *out);
 

@@ -515,15 +515,18 @@ static void worker_main(const options *o, const preflight *p, int w, int nworker
                        .arch = p->compile_only ? p->arch : o->arch, .remote_cache = o->remote_url};
     stof_ctx *ctx = NULL;
     stof_status open_st = stof_open(&ctx, &so);
+    /* Counts since the context's birth, so that what stof_open did (a remote
+     * tier refusing to connect) is in the first case's share. */
+    stof_stats seen = {0};
     for (int i = w; i < o->w.n && !g_worker_stop; i += nworkers) {
         send_msg(fd, "S %d\n", i);
-        stof_stats a = {0}, b = {0};
+        stof_stats a = seen, b = seen;
         double t0 = now();
         stof_status st = open_st;
         if (st == STOF_OK) {
-            stof_get_stats(ctx, &a);
             st = run_case(ctx, &o->w.cases[i], o->tune, p->compile_only);
             stof_get_stats(ctx, &b);
+            seen = b;
         }
         report_case(fd, ctx, i, st, &a, &b, now() - t0);
     }

@@ -908,6 +908,122 @@ START_TEST(test_untrusted_local_cache)
 }
 END_TEST
 
+/* A value past the cap is refused before it is read (only cap + 1 bytes are
+ * asked for), counted, and replaced by the recompiled one. */
+START_TEST(test_oversized_value)
+{
+    if (skipped("test_oversized_value"))
+        return;
+    server s;
+    start_server(&s, NULL);
+    use_remote(&s, NULL);
+    char *a = path_in(s.dir, "a/cache.db"), *b = path_in(s.dir, "b/cache.db"),
+         *file = path_in(s.dir, "big.bin"), *out;
+    int rc = warm(&out, a, LN2);
+    ck_assert_msg(rc == 0, "rc %d:\n%s", rc, out);
+    free(out);
+    char key[65], rkey[512], q[700];
+    first_key(a, 0, key);
+    remote_kernel_key(key, "sm_90a", nvrtc_version_string(), rkey, sizeof rkey);
+    snprintf(q, sizeof q, "strlen '%s'", rkey);
+    long long len = cli_int(&s, q);
+    ck_assert_int_gt(len, 1000);
+    /* The cap just above the sound values; the planted one twice that. */
+    size_t big = (size_t)len * 4;
+    unsigned char *v = malloc(big);
+    ck_assert_ptr_nonnull(v);
+    memset(v, 'x', big);
+    inject(&s, rkey, v, big, file);
+    free(v);
+    char cap[32];
+    snprintf(cap, sizeof cap, "%lld", len * 2);
+    setenv("STOF_REMOTE_CACHE_MAX_BYTES", cap, 1);
+    rc = warm(&out, b, LN2);
+    unsetenv("STOF_REMOTE_CACHE_MAX_BYTES");
+    ck_assert_msg(rc == 0, "rc %d:\n%s", rc, out);
+    ck_assert_int_eq(SUMMARY(out, " compiled"), 1);
+    ck_assert_int_eq(REMOTE(out, " refused"), 1);
+    ck_assert_int_eq(REMOTE(out, " written"), 1);
+    free(out);
+    ck_assert_int_lt(cli_int(&s, q), len * 2);   /* replaced by a sound value */
+    free(a);
+    free(b);
+    free(file);
+    stop_server(&s);
+}
+END_TEST
+
+/* The timeout bounds an exchange as a whole: a value that arrives read by
+ * read, each well within the timeout, still fails the exchange when the
+ * whole takes longer (here 96 MB against 5 ms, on loopback). */
+START_TEST(test_exchange_deadline)
+{
+    if (skipped("test_exchange_deadline"))
+        return;
+    server s;
+    start_server(&s, NULL);
+    use_remote(&s, NULL);
+    char *a = path_in(s.dir, "a/cache.db"), *b = path_in(s.dir, "b/cache.db"),
+         *file = path_in(s.dir, "big.bin"), *out;
+    int rc = warm(&out, a, LN2);
+    ck_assert_msg(rc == 0, "rc %d:\n%s", rc, out);
+    free(out);
+    char key[65], rkey[512];
+    first_key(a, 0, key);
+    remote_kernel_key(key, "sm_90a", nvrtc_version_string(), rkey, sizeof rkey);
+    size_t big = (size_t)96 << 20;
+    unsigned char *v = malloc(big);
+    ck_assert_ptr_nonnull(v);
+    memset(v, 'y', big);
+    inject(&s, rkey, v, big, file);
+    free(v);
+    setenv("STOF_REMOTE_CACHE_MAX_BYTES", "200000000", 1);
+    setenv("STOF_REMOTE_CACHE_TIMEOUT_MS", "5", 1);
+    double t0 = now_s();
+    rc = warm(&out, b, LN2);
+    double secs = now_s() - t0;
+    unsetenv("STOF_REMOTE_CACHE_MAX_BYTES");
+    unsetenv("STOF_REMOTE_CACHE_TIMEOUT_MS");
+    ck_assert_msg(rc == 0, "rc %d:\n%s", rc, out);
+    ck_assert_int_eq(SUMMARY(out, " compiled") + REMOTE(out, " hit"), 2);
+    ck_assert_int_ge(REMOTE(out, " failed"), 1);
+    ck_assert_msg(secs < 20.0, "%.1f s:\n%s", secs, out);
+    free(out);
+    free(a);
+    free(b);
+    free(file);
+    stop_server(&s);
+}
+END_TEST
+
+/* A server that wants a password nobody gave is said at open (the tier is
+ * then off); one that is not there at open counts as a failed exchange. */
+START_TEST(test_refused_at_open)
+{
+    if (skipped("test_refused_at_open"))
+        return;
+    server s;
+    start_server(&s, "s3cret-fleet-pass");
+    char *a = path_in(s.dir, "a/cache.db"), *b = path_in(s.dir, "b/cache.db"), *out;
+    use_remote(&s, NULL);
+    int rc = warm(&out, a, LN2);
+    ck_assert_msg(rc == 0, "rc %d:\n%s", rc, out);
+    ck_assert_msg(strstr(out, "wants a password") && strstr(out, "NOAUTH"), "%s", out);
+    ck_assert_int_eq(REMOTE(out, " written"), 0);
+    free(out);
+    kill_server(&s);
+    rc = warm(&out, b, LN2);
+    ck_assert_msg(rc == 0, "rc %d:\n%s", rc, out);
+    ck_assert_int_eq(SUMMARY(out, " compiled"), 2);
+    ck_assert_int_ge(REMOTE(out, " failed"), 1);
+    ck_assert_msg(strstr(out, "cannot connect"), "%s", out);
+    free(out);
+    free(a);
+    free(b);
+    stop_server(&s);
+}
+END_TEST
+
 Suite *suite_remote(void)
 {
     Suite *s = suite_create("remote");
@@ -922,6 +1038,9 @@ Suite *suite_remote(void)
     tcase_add_test(tc, test_wrong_password);
     tcase_add_test(tc, test_tuning_records);
     tcase_add_test(tc, test_bad_configuration);
+    tcase_add_test(tc, test_oversized_value);
+    tcase_add_test(tc, test_exchange_deadline);
+    tcase_add_test(tc, test_refused_at_open);
     suite_add_tcase(s, tc);
     TCase *trust = tcase_create("trust");
     tcase_add_test(trust, test_untrusted_local_cache);
