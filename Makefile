@@ -155,7 +155,12 @@ test-python: build/libstof.so $(TOOLS) $(PY_NATIVE)
 	@if command -v python3 >/dev/null; then STOF_LIB=build/libstof.so python3 python/tests/run.py; \
 	 else echo "python tests left out: no python3"; fi
 
-sanitize: build/asan/stof-tests $(TOOLS:build/%=build/asan/%)
+# test_render runs $STOF_BUILD/embed.
+build/asan/embed: codegen/embed.c
+	@mkdir -p $(@D)
+	$(CC) $(CPPFLAGS) $(CFLAGS) $(WARN) $(SAN) -o $@ $<
+
+sanitize: build/asan/stof-tests build/asan/embed $(TOOLS:build/%=build/asan/%)
 	STOF_BUILD=build/asan ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=halt_on_error=1 build/asan/stof-tests
 
 fuzz:

@@ -26,9 +26,7 @@ class Mask:
 
     __slots__ = ("_handle", "_ctx", "lq", "lk", "spec", "_hash", "_free", "__weakref__")
 
-    def __init__(self, spec="dense", lq=None, lk=None):
-        if lq is None:
-            raise L.InvalidArgumentError("Mask(spec, lq, lk): lq is required")
+    def __init__(self, spec, lq, lk=None):
         if lk is None:
             lk = lq
         if not isinstance(spec, str):

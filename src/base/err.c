@@ -2,6 +2,19 @@
 
 #include <stdarg.h>
 #include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* $STOF_DEBUG set (and not "0"): sentences end with the source location. */
+static int debug_locations(void)
+{
+    static int state = -1; /* read once; a race here only reads it twice */
+    if (state < 0) {
+        const char *e = getenv("STOF_DEBUG");
+        state = e && *e && strcmp(e, "0") != 0;
+    }
+    return state;
+}
 
 stof_status err_fail(err_record *err, stof_status st, const char *file, int line,
                      const char *fmt, ...)
@@ -12,7 +25,7 @@ stof_status err_fail(err_record *err, stof_status st, const char *file, int line
     va_start(ap, fmt);
     int n = vsnprintf(err->msg, sizeof err->msg, fmt, ap);
     va_end(ap);
-    if (n >= 0 && (size_t)n < sizeof err->msg - 1)
+    if (debug_locations() && n >= 0 && (size_t)n < sizeof err->msg - 1)
         snprintf(err->msg + n, sizeof err->msg - (size_t)n, " [%s:%d]", file, line);
     return st;
 }

@@ -1,6 +1,7 @@
 /*
  * err — the error record every module reports into, on the bottom floor:
- * the sentence of the last failure, with the file and line it came from.
+ * the sentence of the last failure, and with $STOF_DEBUG set, the file and
+ * line it came from.
  * It knows no context: a context holds one, and a tool or a test that uses
  * the cache or the compiler without a context may hold its own. Also the
  * status and dtype names (stof_status_str, stof_version are public).
@@ -14,8 +15,8 @@ typedef struct err_record {
     char msg[2048];
 } err_record;
 
-/* Writes the sentence (and " [file:line]") into err, which may be NULL,
- * and returns st. */
+/* Writes the sentence (and " [file:line]" under $STOF_DEBUG) into err, which
+ * may be NULL, and returns st. */
 stof_status err_fail(err_record *err, stof_status st, const char *file, int line,
                      const char *fmt, ...) __attribute__((format(printf, 5, 6)));
 

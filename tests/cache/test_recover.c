@@ -163,10 +163,12 @@ static rows read_rows(const char *path, const char *table)
             char tag[64];
             snprintf(tag, sizeof tag, "|%s:%d:%d|", name, sqlite3_column_type(s, i), n);
             hash_update(&a, tag, strlen(tag));
-            hash_update(&a, p, (size_t)n);
+            if (n > 0)   /* an empty blob's pointer is NULL */
+                hash_update(&a, p, (size_t)n);
             if (strcmp(name, "hits") != 0 && strcmp(name, "last_used") != 0) {
                 hash_update(&b, tag, strlen(tag));
-                hash_update(&b, p, (size_t)n);
+                if (n > 0)
+                    hash_update(&b, p, (size_t)n);
             }
         }
         unsigned char d[32];
