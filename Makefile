@@ -22,7 +22,6 @@ ifneq ($(filter /%,$(HIREDIS)),)
 CPPFLAGS += -DSTOF_HAVE_HIREDIS
 LIBS     := $(HIREDIS) $(LIBS)
 SO_HIDE   = -Wl,--exclude-libs,libhiredis.a
-PC_HIREDIS = -lhiredis
 endif
 # Check and subunit are linked statically: the GPU machine has neither.
 CHECK_LIBS = -Wl,-Bstatic -lcheck -lsubunit -Wl,-Bdynamic -lrt
@@ -64,13 +63,22 @@ build/embed: codegen/embed.c
 	@mkdir -p $(@D)
 	$(CC) $(CPPFLAGS) $(CFLAGS) $(WARN) -o $@ $<
 
-build/obj/%.o: %.c
+# What the objects were built with: when it changes (a library found or lost,
+# another CUDA, other flags), build/config.stamp changes and every object is
+# rebuilt; otherwise it keeps its time and nothing is.
+CONFIG_LINE = $(CC) | $(CPPFLAGS) | $(CFLAGS) | $(WARN) | $(LIBS)
+build/config.stamp: FORCE
+	@mkdir -p $(@D)
+	@printf '%s\n' '$(CONFIG_LINE)' | cmp -s - $@ || printf '%s\n' '$(CONFIG_LINE)' > $@
+FORCE:
+
+build/obj/%.o: %.c build/config.stamp
 	@mkdir -p $(@D)
 	$(CC) $(CPPFLAGS) $(CFLAGS) $(WARN) -fPIC -MMD -MP -c -o $@ $<
 build/obj/gen/templates.o: build/gen/templates.c
 	@mkdir -p $(@D)
 	$(CC) $(CPPFLAGS) $(CFLAGS) -fPIC -c -o $@ $<
-build/asan/%.o: %.c
+build/asan/%.o: %.c build/config.stamp
 	@mkdir -p $(@D)
 	$(CC) $(CPPFLAGS) $(CFLAGS) $(WARN) $(SAN) -MMD -MP -c -o $@ $<
 build/asan/gen/templates.o: build/gen/templates.c
@@ -87,8 +95,14 @@ build/floors.ok: tools/floors.sh $(FLOOR_SRC) $(LIB_OBJ)
 	@touch $@
 floors: build/floors.ok
 
+# libstof.a carries hiredis's objects (appended, never replacing a member of
+# the same name), so that a static link needs no hiredis of its own.
 build/libstof.a: $(LIB_OBJ)
 	rm -f $@ && ar rcs $@ $^
+ifneq ($(filter /%,$(HIREDIS)),)
+	rm -rf build/hiredis-obj && mkdir -p build/hiredis-obj && cd build/hiredis-obj && \
+	  ar x $(HIREDIS) && ar qc ../libstof.a *.o && ranlib ../libstof.a
+endif
 build/libstof.so: $(LIB_OBJ)
 	$(CC) -shared -Wl,-soname,libstof.so.0 $(SO_HIDE) -o $@ $^ $(LIBS)
 
@@ -179,7 +193,13 @@ install: all
 	ln -sf libstof.so.0 $(DESTDIR)$(PREFIX)/lib/libstof.so
 	install -m 644 src/stof.h $(DESTDIR)$(PREFIX)/include/
 	install -m 755 build/stof-dump build/stof-warm $(DESTDIR)$(PREFIX)/bin/
-	sed -e 's|@PREFIX@|$(PREFIX)|g' -e 's|@CUDA@|$(CUDA)|g' -e 's|@HIREDIS@|$(PC_HIREDIS)|g' stof.pc.in > $(DESTDIR)$(PREFIX)/lib/pkgconfig/stof.pc
+	for pc in stof stof-static; do \
+	  sed -e 's|@PREFIX@|$(PREFIX)|g' -e 's|@CUDA@|$(CUDA)|g' $$pc.pc.in \
+	    > $(DESTDIR)$(PREFIX)/lib/pkgconfig/$$pc.pc; done
+	@# Programs find libstof.so.0 through the rpath stof.pc gives them; ldconfig
+	@# also lists it where the loader looks by default.
+	@if [ -z "$(DESTDIR)" ] && [ "$$(id -u)" = 0 ] && command -v ldconfig >/dev/null; then \
+	  ldconfig $(PREFIX)/lib 2>/dev/null || true; fi
 
 clean:
 	rm -rf build
