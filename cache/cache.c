@@ -2,12 +2,14 @@
 
 #include <errno.h>
 #include <pthread.h>
+#include <signal.h>
 #include <stdio.h>
 #include <sqlite3.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "base/hash.h"
 #include "cache/remote.h"
@@ -44,6 +46,9 @@ struct cache {
     char nvrtc_version[32];   /* the caller's compiler: rows of another are stale */
     remote *remote;           /* the second tier, or NULL */
     char arch[32];            /* what the second tier's kernels are compiled for */
+    long long write_failures; /* puts that stored nothing */
+    char damage[1536];        /* why the cache is off: the file is malformed; "" while sound */
+    char host[256];           /* this host's name, in the claims it makes */
 };
 
 static const char *SCHEMA =
@@ -63,9 +68,44 @@ static const char *SCHEMA =
 #define BUSY_TIMEOUT_MS 30000
 #define CACHE_MMAP_BYTES "2147418112"   /* 0x7fff0000: SQLite's own default cap on Linux */
 
-#define SQL_FAIL(err, c, what)                                                           \
-    ERR_FAIL((err), STOF_ERR_CACHE, "cache %s: %s: %s", (c)->path, (what),                \
-             sqlite3_errmsg((c)->db))
+/* After a statement failed: a file SQLite finds malformed stays so, and
+ * from then on the cache is off (cache.h). */
+static void note_damage(cache *c, const char *what)
+{
+    int code = sqlite3_errcode(c->db) & 0xff;
+    if (c->damage[0] || (code != SQLITE_CORRUPT && code != SQLITE_NOTADB))
+        return;
+    snprintf(c->damage, sizeof c->damage, "cache %s: the cache file is damaged (%s, %.60s)",
+             c->path, sqlite3_errmsg(c->db), what);
+}
+
+static stof_status sql_fail(err_record *err, cache *c, const char *what, const char *file,
+                            int line)
+{
+    note_damage(c, what);
+    return err_fail(err, STOF_ERR_CACHE, file, line, "cache %s: %s: %s", c->path, what,
+                    sqlite3_errmsg(c->db));
+}
+
+#define SQL_FAIL(err, c, what) sql_fail((err), (c), (what), __FILE__, __LINE__)
+
+/* A put on a cache found damaged: nothing is asked of SQLite again. */
+#define DAMAGED_FAIL(err, c) ERR_FAIL((err), STOF_ERR_CACHE, "%s", (c)->damage)
+
+/* A lookup's result: one that found the file damaged is a miss, the cache
+ * being off from then on. */
+static stof_status read_result(cache *c, stof_status st)
+{
+    return st == STOF_ERR_CACHE && c->damage[0] ? STOF_OK : st;
+}
+
+/* A put's result, counted when it stored nothing. */
+static stof_status counted(cache *c, stof_status st)
+{
+    if (st != STOF_OK)
+        c->write_failures++;
+    return st;
+}
 
 static long long now_s(void) { return (long long)time(NULL); }
 
@@ -76,6 +116,7 @@ static sqlite3_stmt *query_begin(cache *c, int q)
     pthread_mutex_lock(&c->query_lock);
     if (!c->query[q] && sqlite3_prepare_v3(c->db, QUERIES[q], -1, SQLITE_PREPARE_PERSISTENT,
                                            &c->query[q], NULL) != SQLITE_OK) {
+        note_damage(c, "preparing a lookup");
         sqlite3_finalize(c->query[q]);
         c->query[q] = NULL;
     }
@@ -97,6 +138,7 @@ static stof_status exec(err_record *err, cache *c, const char *sql)
 {
     char *msg = NULL;
     if (sqlite3_exec(c->db, sql, NULL, NULL, &msg) != SQLITE_OK) {
+        note_damage(c, sql);
         stof_status st = ERR_FAIL(err, STOF_ERR_CACHE, "cache %s: %.60s...: %s", c->path, sql,
                                   msg ? msg : sqlite3_errmsg(c->db));
         sqlite3_free(msg);
@@ -156,7 +198,8 @@ static int foreign_tables(sqlite3 *db)
     sqlite3_stmt *s;
     if (sqlite3_prepare_v2(db,
                            "SELECT count(*) FROM sqlite_master WHERE name NOT IN"
-                           " ('kernels', 'kernels_lru', 'tuning', 'remote_stats', 'derived')"
+                            " ('kernels', 'kernels_lru', 'tuning', 'remote_stats', 'derived',"
+                           " 'claims')"
                            " AND name NOT LIKE 'sqlite_%'",
                            -1, &s, NULL) != SQLITE_OK)
         return -1;
@@ -200,6 +243,8 @@ stof_status cache_open(err_record *err, const char *path, long long max_bytes,
     pthread_mutex_init(&c->query_lock, NULL);
     snprintf(c->path, sizeof c->path, "%s", path);
     snprintf(c->nvrtc_version, sizeof c->nvrtc_version, "%s", nvrtc_version);
+    if (gethostname(c->host, sizeof c->host - 1) != 0)
+        snprintf(c->host, sizeof c->host, "?");
     c->max_bytes = max_bytes > 0 ? max_bytes : 2LL << 30;
     stof_status st = STOF_OK;
     int v = 0;
@@ -271,7 +316,7 @@ static void save_remote_counts(cache *c)
 {
     cache_remote_counts n;
     remote_counts_get(c->remote, &n);
-    if (n.hits + n.misses + n.refused + n.written + n.errors == 0)
+    if (n.hits + n.misses + n.refused + n.written + n.errors == 0 || c->damage[0])
         return;
     if (sqlite3_exec(c->db,
                      "BEGIN IMMEDIATE; CREATE TABLE IF NOT EXISTS remote_stats ("
@@ -305,7 +350,8 @@ static void flush_uses(cache *c)
     pthread_mutex_lock(&c->lock);
     int n = c->n_pending;
     c->n_pending = 0;
-    if (n == 0 || sqlite3_exec(c->db, "BEGIN IMMEDIATE", NULL, NULL, NULL) != SQLITE_OK) {
+    if (n == 0 || c->damage[0] ||
+        sqlite3_exec(c->db, "BEGIN IMMEDIATE", NULL, NULL, NULL) != SQLITE_OK) {
         pthread_mutex_unlock(&c->lock);
         return;
     }
@@ -461,6 +507,8 @@ stof_status cache_get_kernel(err_record *err, cache *c, const char *key, cache_k
     *found = 0;
     *rejected = 0;
     memset(out, 0, sizeof *out);
+    if (c->damage[0])
+        return STOF_OK;
     sqlite3_stmt *s = NULL;
     if (sqlite3_prepare_v2(c->db, "SELECT " KERNEL_COLS ", cubin, ptx FROM kernels WHERE key=?", -1,
                            &s, NULL) != SQLITE_OK)
@@ -493,7 +541,8 @@ stof_status cache_get_kernel(err_record *err, cache *c, const char *key, cache_k
         st = SQL_FAIL(err, c, "looking up a kernel");
     }
     sqlite3_finalize(s);
-    if (!*found && st == STOF_OK && c->remote && c->arch[0]) {
+    st = read_result(c, st);
+    if (!*found && st == STOF_OK && c->remote && c->arch[0] && !c->damage[0]) {
         if (remote_get_kernel(c->remote, key, c->arch, out)) {
             /* Kept here, so the next process on this host finds it locally.
              * A failure to keep it leaves the kernel usable. */
@@ -525,12 +574,17 @@ stof_status cache_get_cubin(err_record *err, cache *c, const char *key, cache_ke
     void *want = NULL;
     size_t wn = 0;
     int have = 0;
+    if (c->damage[0])
+        return STOF_OK;
     TRY(cache_get_derived(err, c, CACHE_CUBIN_SUM, key, &want, &wn, &have));
     stof_status st = STOF_OK;
     sqlite3_stmt *s = have && wn == 64 ? query_begin(c, Q_CUBIN) : NULL;
     if (s) {
         sqlite3_bind_text(s, 1, key, -1, SQLITE_STATIC);
-        if (sqlite3_step(s) == SQLITE_ROW) {
+        int rc = sqlite3_step(s);
+        if (rc != SQLITE_ROW && rc != SQLITE_DONE)
+            note_damage(c, "reading a kernel's binary");
+        if (rc == SQLITE_ROW) {
             const unsigned char *nv = sqlite3_column_text(s, 1), *sv = sqlite3_column_text(s, 2);
             if (nv && sv &&
                 cache_versions_current((const char *)nv, (const char *)sv, c->nvrtc_version)) {
@@ -619,11 +673,13 @@ static stof_status evict(err_record *err, cache *c, const char *keep)
 
 static stof_status put_local(err_record *err, cache *c, cache_kernel *k)
 {
+    if (c->damage[0])
+        return counted(c, DAMAGED_FAIL(err, c));
     flush_uses(c); /* eviction goes by last use */
     cache_checksum(k->cubin, k->cubin_size, k->ptx, k->ptx_size, k->checksum);
     stof_status st = exec(err, c, "BEGIN IMMEDIATE");
     if (st != STOF_OK)
-        return st;
+        return counted(c, st);
     sqlite3_stmt *s = NULL;
     if (sqlite3_prepare_v2(c->db,
                            "INSERT OR REPLACE INTO kernels (key, op, name, entry, arch, nvrtc_version,"
@@ -657,13 +713,13 @@ static stof_status put_local(err_record *err, cache *c, cache_kernel *k)
     if (st == STOF_OK)
         st = evict(err, c, k->key);
 done:
-    return end_write(err, c, st);
+    return counted(c, end_write(err, c, st));
 }
 
 stof_status cache_put_kernel(err_record *err, cache *c, cache_kernel *k)
 {
     stof_status st = put_local(err, c, k);
-    if (c->remote) {
+    if (c->remote && !c->damage[0]) {
         if (!k->created)
             k->created = now_s();
         remote_put_kernel(c->remote, k);
@@ -674,9 +730,11 @@ stof_status cache_put_kernel(err_record *err, cache *c, cache_kernel *k)
 
 static stof_status put_tuning_local(err_record *err, cache *c, const cache_tuning *t)
 {
+    if (c->damage[0])
+        return counted(c, DAMAGED_FAIL(err, c));
     stof_status st = exec(err, c, "BEGIN IMMEDIATE");
     if (st != STOF_OK)
-        return st;
+        return counted(c, st);
     sqlite3_stmt *s = NULL;
     if (sqlite3_prepare_v2(c->db,
                            "INSERT OR REPLACE INTO tuning (op, mask_hash, shape, dtype, arch,"
@@ -693,13 +751,13 @@ static stof_status put_tuning_local(err_record *err, cache *c, const cache_tunin
             st = SQL_FAIL(err, c, "storing a tuning record");
         sqlite3_finalize(s);
     }
-    return end_write(err, c, st);
+    return counted(c, end_write(err, c, st));
 }
 
 stof_status cache_put_tuning(err_record *err, cache *c, const cache_tuning *t)
 {
     stof_status st = put_tuning_local(err, c, t);
-    if (c->remote) {
+    if (c->remote && !c->damage[0]) {
         cache_tuning stamped = *t;
         if (!stamped.created)
             stamped.created = now_s();
@@ -714,6 +772,8 @@ stof_status cache_get_tuning(err_record *err, cache *c, const char *op, const ch
 {
     *found = 0;
     memset(out, 0, sizeof *out);
+    if (c->damage[0])
+        return STOF_OK;
     sqlite3_stmt *s = query_begin(c, Q_TUNING);
     if (!s) {
         stof_status st = SQL_FAIL(err, c, "looking up a tuning record");
@@ -743,7 +803,8 @@ stof_status cache_get_tuning(err_record *err, cache *c, const char *op, const ch
         st = SQL_FAIL(err, c, "looking up a tuning record");
     }
     query_end(c, s);
-    if (!*found && st == STOF_OK && c->remote) {
+    st = read_result(c, st);
+    if (!*found && st == STOF_OK && c->remote && !c->damage[0]) {
         if (remote_get_tuning(c->remote, op, mask_hash, shape, dtype, arch, out)) {
             char saved[sizeof err->msg];
             snprintf(saved, sizeof saved, "%s", err ? err->msg : "");
@@ -798,8 +859,12 @@ stof_status cache_put_derived(err_record *err, cache *c, const char *kind, const
     if (n > (size_t)1 << 30)
         return ERR_FAIL(err, STOF_ERR_INVALID_ARG, "cache %s: a derived row of %zu bytes", c->path,
                         n);
-    TRY(exec(err, c, "BEGIN IMMEDIATE"));
-    return end_write(err, c, derived_insert(err, c, kind, key, data, n));
+    if (c->damage[0])
+        return counted(c, DAMAGED_FAIL(err, c));
+    stof_status st = exec(err, c, "BEGIN IMMEDIATE");
+    if (st == STOF_OK)
+        st = end_write(err, c, derived_insert(err, c, kind, key, data, n));
+    return counted(c, st);
 }
 
 stof_status cache_get_derived(err_record *err, cache *c, const char *kind, const char *key,
@@ -808,6 +873,8 @@ stof_status cache_get_derived(err_record *err, cache *c, const char *kind, const
     *data = NULL;
     *n = 0;
     *found = 0;
+    if (c->damage[0])
+        return STOF_OK;
     /* No table yet (no put so far) reads as absent. */
     sqlite3_stmt *s = query_begin(c, Q_DERIVED);
     stof_status st = STOF_OK;
@@ -840,7 +907,153 @@ stof_status cache_get_derived(err_record *err, cache *c, const char *kind, const
     }
     if (!*found)
         *n = 0;
+    return read_result(c, st);
+}
+
+long long cache_write_failures(const cache *c) { return c ? c->write_failures : 0; }
+
+const char *cache_damage(const cache *c) { return c && c->damage[0] ? c->damage : NULL; }
+
+/* ---- claims ---- */
+
+/* Made by the first claim, as the derived rows' table is by the first put:
+ * a file without it holds no claims, and older stofs never look at it. */
+#define CLAIMS_TABLE                                                                        \
+    "CREATE TABLE IF NOT EXISTS claims (key TEXT PRIMARY KEY, pid INTEGER NOT NULL,"        \
+    " host TEXT NOT NULL, expires INTEGER NOT NULL)"
+
+/* Wall-clock milliseconds: leases are compared between processes. */
+static long long now_ms(void)
+{
+    struct timespec t;
+    clock_gettime(CLOCK_REALTIME, &t);
+    return (long long)t.tv_sec * 1000 + t.tv_nsec / 1000000;
+}
+
+/* 1 while process pid of this host has not ended. A zombie has: a worker
+ * killed under stof-warm stays one until the parent reaps it at the end. */
+static int process_alive(long long pid)
+{
+    if (pid <= 0 || (kill((pid_t)pid, 0) != 0 && errno == ESRCH))
+        return 0;
+    char path[64], buf[512];
+    snprintf(path, sizeof path, "/proc/%lld/stat", pid);
+    FILE *f = fopen(path, "r");
+    if (!f)
+        return 1;
+    size_t n = fread(buf, 1, sizeof buf - 1, f);
+    fclose(f);
+    buf[n] = 0;
+    const char *paren = strrchr(buf, ')');
+    return !(paren && paren[1] == ' ' && paren[2] == 'Z');
+}
+
+/* 1 when the claim (pid, host, expires) stops another process from taking
+ * it: unexpired, and not this process's (another context of it, or one left
+ * over), and on this host by a process that still runs. */
+static int claim_stands(const cache *c, long long pid, const char *host, long long expires)
+{
+    if (expires <= now_ms())
+        return 0;
+    if (strcmp(host, c->host) != 0)
+        return 1;  /* another host's: only its lease can be judged */
+    return pid != (long long)getpid() && process_alive(pid);
+}
+
+/* What the file says of key: STORED, HELD, or OURS for "free to take". A
+ * failed read says OURS. */
+static cache_claim_state claim_look(cache *c, const char *key)
+{
+    sqlite3_stmt *s = NULL;
+    int rc = SQLITE_ERROR;
+    if (sqlite3_prepare_v2(c->db, "SELECT 1 FROM kernels WHERE key=?", -1, &s, NULL) == SQLITE_OK) {
+        sqlite3_bind_text(s, 1, key, -1, SQLITE_STATIC);
+        if ((rc = sqlite3_step(s)) != SQLITE_ROW && rc != SQLITE_DONE)
+            note_damage(c, "looking for a claimed kernel");
+    }
+    sqlite3_finalize(s);
+    if (rc == SQLITE_ROW)
+        return CACHE_CLAIM_STORED;
+    int held = 0;
+    s = NULL;
+    /* No table yet: no claims. */
+    if (sqlite3_prepare_v2(c->db, "SELECT pid, host, expires FROM claims WHERE key=?", -1, &s,
+                           NULL) == SQLITE_OK) {
+        sqlite3_bind_text(s, 1, key, -1, SQLITE_STATIC);
+        if (sqlite3_step(s) == SQLITE_ROW) {
+            const unsigned char *host = sqlite3_column_text(s, 1);
+            held = claim_stands(c, sqlite3_column_int64(s, 0), host ? (const char *)host : "",
+                                sqlite3_column_int64(s, 2));
+        }
+    }
+    sqlite3_finalize(s);
+    return held ? CACHE_CLAIM_HELD : CACHE_CLAIM_OURS;
+}
+
+/* Looks again under the write lock and, if key is free, claims it. */
+static cache_claim_state claim_take(cache *c, const char *key, int lease_ms)
+{
+    if (sqlite3_exec(c->db, "BEGIN IMMEDIATE; " CLAIMS_TABLE, NULL, NULL, NULL) != SQLITE_OK) {
+        note_damage(c, "claiming a kernel");
+        sqlite3_exec(c->db, "ROLLBACK", NULL, NULL, NULL);
+        return CACHE_CLAIM_OURS;
+    }
+    cache_claim_state st = claim_look(c, key);
+    sqlite3_stmt *s = NULL;
+    int ok = st != CACHE_CLAIM_OURS;
+    if (!ok && sqlite3_prepare_v2(c->db,
+                                  "INSERT OR REPLACE INTO claims (key, pid, host, expires)"
+                                  " VALUES (?, ?, ?, ?)",
+                                  -1, &s, NULL) == SQLITE_OK) {
+        sqlite3_bind_text(s, 1, key, -1, SQLITE_STATIC);
+        sqlite3_bind_int64(s, 2, (long long)getpid());
+        sqlite3_bind_text(s, 3, c->host, -1, SQLITE_STATIC);
+        sqlite3_bind_int64(s, 4, now_ms() + lease_ms);
+        ok = sqlite3_step(s) == SQLITE_DONE;
+    }
+    sqlite3_finalize(s);
+    if (!ok || sqlite3_exec(c->db, "COMMIT", NULL, NULL, NULL) != SQLITE_OK)
+        sqlite3_exec(c->db, "ROLLBACK", NULL, NULL, NULL);
     return st;
+}
+
+cache_claim_state cache_claim(cache *c, const char *key, int lease_ms, int wait)
+{
+    if (c->damage[0])
+        return CACHE_CLAIM_OURS;
+    const long long until = now_ms() + lease_ms;
+    long pause_ms = 10;
+    for (;;) {
+        /* A read first: waiters poll without taking the write lock. */
+        cache_claim_state st = claim_look(c, key);
+        if (st == CACHE_CLAIM_OURS && !c->damage[0])
+            st = claim_take(c, key, lease_ms);
+        if (st != CACHE_CLAIM_HELD || c->damage[0])
+            return st == CACHE_CLAIM_HELD ? CACHE_CLAIM_OURS : st;
+        if (!wait)
+            return st;
+        if (now_ms() >= until)
+            return CACHE_CLAIM_OURS;
+        nanosleep(&(struct timespec){0, pause_ms * 1000 * 1000}, NULL);
+        if (pause_ms < 100)
+            pause_ms *= 2;
+    }
+}
+
+void cache_release(cache *c, const char *key)
+{
+    if (!c || c->damage[0])
+        return;
+    sqlite3_stmt *s = NULL;
+    if (sqlite3_prepare_v2(c->db, "DELETE FROM claims WHERE key=? AND pid=? AND host=?", -1, &s,
+                           NULL) == SQLITE_OK) {
+        sqlite3_bind_text(s, 1, key, -1, SQLITE_STATIC);
+        sqlite3_bind_int64(s, 2, (long long)getpid());
+        sqlite3_bind_text(s, 3, c->host, -1, SQLITE_STATIC);
+        if (sqlite3_step(s) != SQLITE_DONE)
+            note_damage(c, "releasing a claim");
+    }
+    sqlite3_finalize(s);
 }
 
 stof_status cache_list_kernels(err_record *err, cache *c, const char *op, const char *arch,

@@ -9,6 +9,12 @@
  * A cache may have a second tier behind it (remote.h): a local miss asks it
  * before reporting absent, and what it finds is kept here; what is put here
  * is put there too. The local file stays the source of truth.
+ *
+ * A put that does not store is counted (cache_write_failures). A file that
+ * SQLite finds malformed after opening (SQLITE_CORRUPT, SQLITE_NOTADB) turns
+ * the cache off for good, as if it had failed to open: lookups miss and
+ * puts fail, without asking SQLite again (cache_damage says why). Claims
+ * let the processes sharing a file compile each kernel once.
  */
 #ifndef STOF_CACHE_H
 #define STOF_CACHE_H
@@ -83,6 +89,36 @@ stof_status cache_list_kernels(err_record *err, cache *c, const char *op, const 
 
 /* The one key starting with prefix; STOF_ERR_INVALID_ARG if none or several. */
 stof_status cache_resolve_key(err_record *err, cache *c, const char *prefix, char key[65]);
+
+/* Puts (kernels, tuning records, derived rows) that stored nothing since
+ * the open: a full disk, a failed commit, a damaged file. Use counts and
+ * claims are bookkeeping and are not counted. */
+long long cache_write_failures(const cache *c);
+
+/* The sentence saying why the cache is off, once a statement found the file
+ * damaged; NULL while it is sound. */
+const char *cache_damage(const cache *c);
+
+/* ---- claims: one compile of a kernel among the processes sharing a file ----
+ * A claim is a row (key, pid, host, expiry) that says "this process is
+ * compiling key": a process that misses asks for one and compiles only if
+ * it gets it; one that finds another's waits for the kernel instead. A
+ * claim stands until released, until its lease lapses, or (on its own host)
+ * until its process is gone. Any failure of the claim's own SQL reads as
+ * "compile it": a claim never costs more than a compile. */
+typedef enum cache_claim_state {
+    CACHE_CLAIM_OURS,    /* compile it here (the claim is ours, or none could be made) */
+    CACHE_CLAIM_HELD,    /* another live process is compiling it (only when not waiting) */
+    CACHE_CLAIM_STORED   /* its row is in the cache now: look it up */
+} cache_claim_state;
+
+/* Claims key for lease_ms. With wait, polls while another process holds it,
+ * up to lease_ms in all, and then answers OURS (unclaimed) so the caller
+ * compiles after all; never HELD. */
+cache_claim_state cache_claim(cache *c, const char *key, int lease_ms, int wait);
+/* Drops this process's claim on key (after storing the kernel, or failing
+ * to compile it); nothing when it holds none. c may be NULL. */
+void cache_release(cache *c, const char *key);
 
 /* For cache_admin (the tools' maintenance: stats, check, prune, export,
  * import): the open database and the path it was opened from. */

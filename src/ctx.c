@@ -118,13 +118,15 @@ stof_status stof_get_stats(const stof_ctx *ctx, stof_stats *out)
     if (!ctx || !out)
         return STOF_ERR_INVALID_ARG;
     *out = ctx->stats;
+    /* The cache's counts; those of a cache closed as damaged are in ctx->stats. */
     cache_remote_counts n;
     cache_remote_counts_of(ctx->cache, &n);
-    out->remote_hits = n.hits;
-    out->remote_misses = n.misses;
-    out->remote_rejects = n.refused;
-    out->remote_writes = n.written;
-    out->remote_errors = n.errors;
+    out->remote_hits += n.hits;
+    out->remote_misses += n.misses;
+    out->remote_rejects += n.refused;
+    out->remote_writes += n.written;
+    out->remote_errors += n.errors;
+    out->cache_write_failures += cache_write_failures(ctx->cache);
     return STOF_OK;
 }
 

@@ -84,6 +84,11 @@ typedef struct stof_stats {
     long long remote_rejects;   /* there but refused: unsigned, damaged, stale, foreign */
     long long remote_writes;    /* values stored in Redis */
     long long remote_errors;    /* exchanges that failed: down, slow, refusing */
+    /* Writes to the local cache that stored nothing (kernels, tuning records
+     * and the rows derived from masks): a full disk, a failed commit, a file
+     * found damaged. The work is done and used, but the next process will do
+     * it again; stof_last_error() has the reason of a failed kernel store. */
+    long long cache_write_failures;
 } stof_stats;
 
 const char *stof_version(void);                 /* "0.1.0" */
@@ -91,7 +96,10 @@ const char *stof_status_str(stof_status s);     /* "STOF_ERR_INVALID_ARG" */
 
 /* Opens a context. Succeeds on a machine with no driver or GPU: GPU calls
  * then return STOF_ERR_NO_DEVICE. An unusable cache leaves the context
- * working uncached; stof_last_error() says why. opts may be NULL. */
+ * working uncached; stof_last_error() says why. So does a cache file that
+ * SQLite finds damaged later: the context goes on uncached from that call
+ * (stof_cache_path() turns ""), and stof_last_error() says so once, with
+ * the stof-dump command that saves what is intact. opts may be NULL. */
 stof_status stof_open(stof_ctx **ctx, const stof_options *opts);
 void stof_close(stof_ctx *ctx);
 

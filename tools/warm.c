@@ -15,8 +15,10 @@
  * compiling and stores what it compiles there too; --remote then pushes the
  * whole warmed cache into it, from the parent, after the workers are done.
  *
- * Exit status: 0 all done, 1 some cases failed (or the push did not finish),
- * 2 bad arguments, workload or cache, 130 interrupted.
+ * Exit status: 0 all done, 1 some cases failed (or the push did not finish;
+ * a case whose work the cache did not store has failed), 2 bad arguments,
+ * workload or cache (a cache found damaged during the run too: the workers
+ * stop), 130 interrupted.
  */
 #include <errno.h>
 #include <math.h>
@@ -102,6 +104,7 @@ typedef struct run_state {
     long long compiles;
     double nvrtc_ms;
     long long remote[5];
+    char *cache_lost;            /* why a worker's cache went off (damaged), or NULL */
 } run_state;
 
 static volatile sig_atomic_t g_interrupts;
@@ -494,9 +497,15 @@ static void report_case(int fd, stof_ctx *ctx, int i, stof_status st, const stof
                         const stof_stats *b, double secs)
 {
     char why[MSG_MAX - 200] = "";
+    long long unstored = b->cache_write_failures - a->cache_write_failures;
     if (st != STOF_OK) {
         char raw[sizeof why];
-        snprintf(raw, sizeof raw, "%s: %s", stof_status_str(st), stof_last_error(ctx));
+        if (st == STOF_ERR_CACHE && unstored > 0)
+            snprintf(raw, sizeof raw, "%s: %lld cache write%s failed (the work is done but not "
+                     "kept): %s", stof_status_str(st), unstored, unstored == 1 ? "" : "s",
+                     stof_last_error(ctx));
+        else
+            snprintf(raw, sizeof raw, "%s: %s", stof_status_str(st), stof_last_error(ctx));
         one_line(raw, why, sizeof why);
     }
     send_msg(fd, "D %d %d %lld %.3f %lld %.3f %lld %lld %lld %lld %lld %s\n", i, (int)st,
@@ -518,6 +527,7 @@ static void worker_main(const options *o, const preflight *p, int w, int nworker
     /* Counts since the context's birth, so that what stof_open did (a remote
      * tier refusing to connect) is in the first case's share. */
     stof_stats seen = {0};
+    const int cached = open_st == STOF_OK && stof_cache_path(ctx)[0];
     for (int i = w; i < o->w.n && !g_worker_stop; i += nworkers) {
         send_msg(fd, "S %d\n", i);
         stof_stats a = seen, b = seen;
@@ -528,7 +538,18 @@ static void worker_main(const options *o, const preflight *p, int w, int nworker
             stof_get_stats(ctx, &b);
             seen = b;
         }
+        /* The work is done but not kept: the case has failed. A cache that
+         * went off was found damaged, and stops the run. */
+        const int lost = cached && !stof_cache_path(ctx)[0];
+        if (st == STOF_OK && (lost || b.cache_write_failures > a.cache_write_failures))
+            st = STOF_ERR_CACHE;
         report_case(fd, ctx, i, st, &a, &b, now() - t0);
+        if (lost) {
+            char why[MSG_MAX - 200];
+            one_line(stof_last_error(ctx), why, sizeof why);
+            send_msg(fd, "K %s\n", why);
+            break;
+        }
     }
     stof_close(ctx);
     close(fd);
@@ -626,11 +647,21 @@ static char *restore_lines(const char *s)
     return d;
 }
 
+static void signal_workers(run_state *r, int sig);
+
 static void handle_msg(run_state *r, char *line)
 {
     int i, status, used = 0;
     long long compiles, timings;
     double ms, secs;
+    if (strncmp(line, "K ", 2) == 0) {
+        /* The cache is damaged: the other workers finish their cases. */
+        if (!r->cache_lost) {
+            r->cache_lost = restore_lines(line + 2);
+            signal_workers(r, SIGINT);
+        }
+        return;
+    }
     if (sscanf(line, "S %d", &i) == 1 && i >= 0 && i < r->total) {
         r->cs[i].out = OUT_RUNNING;
         r->current = i;
@@ -769,6 +800,13 @@ static int spawn_workers(run_state *r, const preflight *p, int fd[2])
 
 /* ---- the summary ---- */
 
+/* What stof-dump recover does, after the command that a cache SQLite finds
+ * damaged is given (the library's sentence names it too). */
+static const char RECOVER_HOW[] =
+    "  copies every entry whose checksum holds into NEW.db and lists what was lost;\n"
+    "  then put NEW.db in the cache's place (removing the old file's -wal and -shm) and warm "
+    "again\n";
+
 static void count(const run_state *r, int n[7])
 {
     memset(n, 0, 7 * sizeof *n);
@@ -814,6 +852,11 @@ static int summary(const run_state *r, const preflight *p)
                r->remote[1] == 1 ? "" : "es", r->remote[2], r->remote[3], r->remote[4],
                r->remote[4] == 1 ? "" : "s");
     print_failures(r);
+    if (r->cache_lost) {
+        fflush(stdout);
+        fprintf(stderr, "stof-warm: stopped: %s\n%s", r->cache_lost, RECOVER_HOW);
+        return EXIT_USAGE;
+    }
     if (g_interrupts) {
         printf("  interrupted: %d case%s not run; run the same command again to resume "
                "(finished cases are cache hits)\n", n[OUT_NOT_RUN], n[OUT_NOT_RUN] == 1 ? "" : "s");
@@ -867,6 +910,7 @@ static int warm(const options *o, const preflight *p)
     for (int i = 0; i < r.total; i++)
         free(r.cs[i].reason);
     free(r.cs);
+    free(r.cache_lost);
     return rc;
 }
 
@@ -937,11 +981,8 @@ int main(int argc, char **argv)
     if (probe == CACHE_PROBE_BAD || probe == CACHE_PROBE_DAMAGED) {
         fprintf(stderr, "stof-warm: %s\n", why);
         if (probe == CACHE_PROBE_DAMAGED)
-            fprintf(stderr, "stof-warm: to save what is intact: stof-dump --cache '%s' recover NEW.db\n"
-                            "  copies every entry whose checksum holds into NEW.db and lists what was "
-                            "lost;\n  then put NEW.db in the cache's place (removing the old file's "
-                            "-wal and -shm) and warm again\n",
-                    o.cache_path);
+            fprintf(stderr, "stof-warm: to save what is intact: stof-dump --cache '%s' recover "
+                            "NEW.db\n%s", o.cache_path, RECOVER_HOW);
         rc = EXIT_USAGE;
     }
     static preflight p;

@@ -113,7 +113,7 @@ class Stats(Structure):
                 ("timing_runs", c_longlong), ("graph_captures", c_longlong),
                 ("remote_hits", c_longlong), ("remote_misses", c_longlong),
                 ("remote_rejects", c_longlong), ("remote_writes", c_longlong),
-                ("remote_errors", c_longlong)]
+                ("remote_errors", c_longlong), ("cache_write_failures", c_longlong)]
 
 
 class MaskInfo(Structure):

@@ -57,7 +57,8 @@ class Warm(unittest.TestCase):
         self.assertEqual(set(s), {"nvrtc_compiles", "nvrtc_ms", "cache_hits", "cache_misses",
                                   "cache_rejects", "module_loads", "timing_runs",
                                   "graph_captures", "remote_hits", "remote_misses",
-                                  "remote_rejects", "remote_writes", "remote_errors"})
+                                  "remote_rejects", "remote_writes", "remote_errors",
+                                  "cache_write_failures"})
         for name in ("stof-warm", "stof-dump"):
             self.assertTrue(os.access(stof.tool_path(name), os.X_OK))
 

@@ -21,6 +21,7 @@ static void *get_row(stof_ctx *ctx, const char *kind, const char *key, size_t *n
     int found = 0;
     if (cache_get_derived(&ctx->err, ctx->cache, kind, key, &data, n, &found) != STOF_OK)
         ctx->err = saved;
+    jit_cache_check(ctx);
     return found ? data : NULL;
 }
 
@@ -29,6 +30,7 @@ static void put_row(stof_ctx *ctx, const char *kind, const char *key, const void
     err_record saved = ctx->err;
     if (cache_put_derived(&ctx->err, ctx->cache, kind, key, data, n) != STOF_OK)
         ctx->err = saved;
+    jit_cache_check(ctx);
 }
 
 int memo_mask_hash(stof_ctx *ctx, const stof_mask *m, char hash[65])

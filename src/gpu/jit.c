@@ -176,6 +176,29 @@ static stof_status take_compiled(stof_ctx *ctx, const jit_request *req, const ch
     return STOF_OK;
 }
 
+void jit_cache_check(stof_ctx *ctx)
+{
+    const char *why = ctx->cache ? cache_damage(ctx->cache) : NULL;
+    if (!why)
+        return;
+    /* Its counts live on in the context's. */
+    cache_remote_counts n;
+    cache_remote_counts_of(ctx->cache, &n);
+    ctx->stats.remote_hits += n.hits;
+    ctx->stats.remote_misses += n.misses;
+    ctx->stats.remote_rejects += n.refused;
+    ctx->stats.remote_writes += n.written;
+    ctx->stats.remote_errors += n.errors;
+    ctx->stats.cache_write_failures += cache_write_failures(ctx->cache);
+    snprintf(ctx->cache_note, sizeof ctx->cache_note,
+             "running uncached: %.1500s; to save what is intact: stof-dump --cache '%.200s' "
+             "recover NEW.db",
+             why, ctx->cache_path);
+    snprintf(ctx->err.msg, sizeof ctx->err.msg, "%.2000s", ctx->cache_note);
+    cache_close(ctx->cache);
+    ctx->cache = NULL;
+}
+
 /* Stores a compiled kernel; a failed store leaves the kernel usable, and
  * the reason stays readable only if nothing else fails later. */
 static void store(stof_ctx *ctx, cache_kernel *k)
@@ -185,24 +208,52 @@ static void store(stof_ctx *ctx, cache_kernel *k)
     err_record saved = ctx->err;
     if (cache_put_kernel(&ctx->err, ctx->cache, k) == STOF_OK)
         ctx->err = saved;
+    jit_cache_check(ctx);
 }
 
-/* Looks key's binary up in the cache, counting the hit or miss; 1 when
- * found. */
-static int cache_lookup(stof_ctx *ctx, const char *key, cache_kernel *k)
+/* How long a claim to compile a kernel stands (cache_claim): longer than a
+ * batch of compiles takes, as a waiter compiles itself when it lapses. A
+ * claimant that died is seen at once on its own host. */
+#define JIT_CLAIM_LEASE_MS (5 * 60 * 1000)
+
+/* Looks key's binary up in the cache and, on a miss, claims its compile,
+ * so that processes sharing the cache compile it once. Returns 1 when
+ * found (a hit, perhaps compiled meanwhile by the process waited for), 0
+ * when it is to be compiled here (a miss: release_claim after storing), -1
+ * when another process is compiling it and wait is 0 (nothing counted). */
+static int lookup_or_claim(stof_ctx *ctx, const char *key, cache_kernel *k, int wait)
 {
     if (!ctx->cache)
         return 0;
-    int found = 0, rejected = 0;
-    stof_status st = cache_get_cubin(&ctx->err, ctx->cache, key, k, &found, &rejected);
+    int found = 0, rejected = 0, got = 0;
     /* A cache that fails to read is skipped, never fatal. */
-    if (st == STOF_OK && found) {
-        ctx->stats.cache_hits++;
-        return 1;
+    if (cache_get_cubin(&ctx->err, ctx->cache, key, k, &found, &rejected) == STOF_OK && found) {
+        got = 1;
+    } else {
+        cache_claim_state cs = cache_claim(ctx->cache, key, JIT_CLAIM_LEASE_MS, wait);
+        if (cs == CACHE_CLAIM_HELD)
+            return -1;
+        /* Stored meanwhile; a damaged row is compiled again, unclaimed. */
+        int again = 0;
+        if (cs == CACHE_CLAIM_STORED &&
+            cache_get_cubin(&ctx->err, ctx->cache, key, k, &found, &again) == STOF_OK && found)
+            got = 1;
+        rejected |= again;
     }
-    ctx->stats.cache_misses++;
-    ctx->stats.cache_rejects += rejected;
-    return 0;
+    if (got) {
+        ctx->stats.cache_hits++;
+    } else {
+        ctx->stats.cache_misses++;
+        ctx->stats.cache_rejects += rejected;
+    }
+    jit_cache_check(ctx);
+    return got;
+}
+
+/* Drops this process's claim on key's compile, if the cache is still there. */
+static void release_claim(stof_ctx *ctx, const char *key)
+{
+    cache_release(ctx->cache, key);
 }
 
 int jit_source_id(char out[17])
@@ -249,11 +300,12 @@ static stof_status find_or_compile(stof_ctx *ctx, const jit_request *req, const 
         }
         ctx->err = saved;
         cache_kernel_free(k);
+        jit_cache_check(ctx);
     }
     TRY(full_source(ctx, req, &source));
     char key[65];
     kernel_key(source, ctx->arch, key);
-    if (cache_lookup(ctx, key, k)) {
+    if (lookup_or_claim(ctx, key, k, 1)) {
         *origin = JIT_FROM_CACHE;
         free(source);
         return STOF_OK;
@@ -261,14 +313,18 @@ static stof_status find_or_compile(stof_ctx *ctx, const jit_request *req, const 
     nvrtc_output o;
     stof_status st = nvrtc_compile(&ctx->err, req->tmpl, source, ctx->arch, &o);
     if (st != STOF_OK) {
+        release_claim(ctx, key);
         nvrtc_output_free(&o);
         free(source);
         return st;
     }
-    TRY(take_compiled(ctx, req, key, source, &o, k));
-    *origin = JIT_COMPILED;
-    store(ctx, k);
-    return STOF_OK;
+    st = take_compiled(ctx, req, key, source, &o, k);
+    if (st == STOF_OK) {
+        *origin = JIT_COMPILED;
+        store(ctx, k);
+    }
+    release_claim(ctx, key);
+    return st;
 }
 
 stof_status jit_prepare(stof_ctx *ctx, const jit_request *req, char *key, jit_origin *origin)
@@ -359,6 +415,7 @@ static void put_key_row(stof_ctx *ctx, const char *sig, const char *key)
     err_record saved = ctx->err;
     if (cache_put_derived(&ctx->err, ctx->cache, JIT_KEY_ROW, row, key, 64) != STOF_OK)
         ctx->err = saved;
+    jit_cache_check(ctx);
 }
 
 /* The key key_row's row names, in out; 0 if none (a failed read is a miss). */
@@ -370,6 +427,7 @@ static int mapped_key(stof_ctx *ctx, const char *row, char out[65])
     int found = 0;
     if (cache_get_derived(&ctx->err, ctx->cache, JIT_KEY_ROW, row, &data, &n, &found) != STOF_OK)
         ctx->err = saved;
+    jit_cache_check(ctx);
     int ok = found && n == 64 && strspn(data, "0123456789abcdef") >= 64;
     if (ok) {
         memcpy(out, data, 64);
@@ -435,7 +493,7 @@ typedef struct prep_item {
     const jit_request *req;
     char *sig, *source;
     char key[65];
-    int compile;
+    int waiting;             /* another process was compiling it */
     stof_status st;
     nvrtc_output out;
     err_record err;
@@ -490,6 +548,69 @@ static void compile_all(stof_ctx *ctx, prep_item *items, const int *todo, int n)
     pthread_mutex_destroy(&p.lock);
 }
 
+/* A batch's first failure, kept while the rest of the batch goes on. */
+typedef struct prep_first {
+    stof_status st;
+    err_record err;
+} prep_first;
+
+static void prep_fail(prep_first *f, const err_record *err, stof_status st)
+{
+    if (f->st == STOF_OK) {
+        f->st = st;
+        f->err = *err;
+    }
+}
+
+/* An item the cache had (k): loaded where ctx runs it. */
+static void take_cached(stof_ctx *ctx, prep_item *it, cache_kernel *k, int load, prep_first *f)
+{
+    char *sig = it->sig;
+    it->sig = NULL;
+    jit_module *m;
+    stof_status st;
+    if (load && (st = load_module(ctx, sig, k, it->req->entry, &m)) != STOF_OK)
+        prep_fail(f, &ctx->err, st);
+    else if (!load)
+        free(sig);
+    cache_kernel_free(k);
+}
+
+/* Compiles the items listed in todo, then serially, in the callers' order,
+ * counts, stores (releasing their claims) and loads them. */
+static void compile_store(stof_ctx *ctx, prep_item *items, const int *todo, int ntodo, int load,
+                          prep_first *f)
+{
+    compile_all(ctx, items, todo, ntodo);
+    for (int t = 0; t < ntodo; t++) {
+        prep_item *it = &items[todo[t]];
+        if (it->st != STOF_OK) {
+            release_claim(ctx, it->key);
+            prep_fail(f, &it->err, it->st);
+            continue;
+        }
+        cache_kernel k;
+        char *source = it->source;
+        it->source = NULL;
+        stof_status st = take_compiled(ctx, it->req, it->key, source, &it->out, &k);
+        if (st != STOF_OK) {
+            release_claim(ctx, it->key);
+            prep_fail(f, &ctx->err, st);
+            continue;
+        }
+        store(ctx, &k);
+        release_claim(ctx, it->key);
+        if (load) {
+            jit_module *m;
+            char *sig = it->sig;
+            it->sig = NULL;
+            if ((st = load_module(ctx, sig, &k, it->req->entry, &m)) != STOF_OK)
+                prep_fail(f, &ctx->err, st);
+        }
+        cache_kernel_free(&k);
+    }
+}
+
 stof_status jit_prepare_all(stof_ctx *ctx, const jit_request *reqs, int n)
 {
     if (n <= 0)
@@ -506,23 +627,16 @@ stof_status jit_prepare_all(stof_ctx *ctx, const jit_request *reqs, int n)
         return CTX_FAIL(ctx, STOF_ERR_NO_MEMORY, "out of memory preparing %d kernels", n);
     }
     const int load = runs_here(ctx);
-    stof_status first = STOF_OK;
-    err_record first_err = {{0}};
-#define PREP_FAIL(st_)                  \
-    do {                                \
-        if (first == STOF_OK) {         \
-            first = (st_);              \
-            first_err = ctx->err;       \
-        }                               \
-    } while (0)
+    prep_first first = {STOF_OK, {{0}}};
 
-    /* Serially: render, key, and find what is loaded or cached already. */
+    /* Serially: render, key, and find what is loaded or cached already;
+     * claim the rest, and leave those another process is compiling. */
     int ntodo = 0;
     for (int i = 0; i < n; i++) {
         prep_item *it = &items[i];
         it->req = &reqs[i];
         if (!(it->sig = signature(it->req))) {
-            PREP_FAIL(CTX_FAIL(ctx, STOF_ERR_NO_MEMORY, "out of memory"));
+            prep_fail(&first, &ctx->err, CTX_FAIL(ctx, STOF_ERR_NO_MEMORY, "out of memory"));
             continue;
         }
         if (loaded(ctx, it->sig))
@@ -534,7 +648,7 @@ stof_status jit_prepare_all(stof_ctx *ctx, const jit_request *reqs, int n)
             continue;
         stof_status st = full_source(ctx, it->req, &it->source);
         if (st != STOF_OK) {
-            PREP_FAIL(st);
+            prep_fail(&first, &ctx->err, st);
             continue;
         }
         kernel_key(it->source, ctx->arch, it->key);
@@ -543,52 +657,33 @@ stof_status jit_prepare_all(stof_ctx *ctx, const jit_request *reqs, int n)
         put_key_row(ctx, it->sig, it->key);
         cache_kernel k;
         memset(&k, 0, sizeof k);
-        if (cache_lookup(ctx, it->key, &k)) {
-            jit_module *m;
-            char *sig = it->sig;
-            it->sig = NULL;
-            if (load && (st = load_module(ctx, sig, &k, it->req->entry, &m)) != STOF_OK)
-                PREP_FAIL(st);
-            else if (!load)
-                free(sig);
-            cache_kernel_free(&k);
-            continue;
-        }
-        it->compile = 1;
-        todo[ntodo++] = i;
+        int got = lookup_or_claim(ctx, it->key, &k, 0);
+        if (got > 0)
+            take_cached(ctx, it, &k, load, &first);
+        else if (got < 0)
+            it->waiting = 1;
+        else
+            todo[ntodo++] = i;
     }
+    compile_store(ctx, items, todo, ntodo, load, &first);
 
-    compile_all(ctx, items, todo, ntodo);
-
-    /* Serially again, in the callers' order: count, store and load. */
-    for (int t = 0; t < ntodo; t++) {
-        prep_item *it = &items[todo[t]];
-        if (it->st != STOF_OK) {
-            if (first == STOF_OK) {
-                first = it->st;
-                first_err = it->err;
-            }
-            continue;
-        }
+    /* Then those another process was compiling, waited for now that this
+     * one holds no claim (two batches waiting on each other's would stall
+     * till the leases lapsed): its kernel, or, its claim lapsed, a compile. */
+    ntodo = 0;
+    for (int i = 0; i < n; i++) {
+        prep_item *it = &items[i];
         cache_kernel k;
-        char *source = it->source;
-        it->source = NULL;
-        stof_status st = take_compiled(ctx, it->req, it->key, source, &it->out, &k);
-        if (st != STOF_OK) {
-            PREP_FAIL(st);
+        memset(&k, 0, sizeof k);
+        if (!it->waiting)
             continue;
-        }
-        store(ctx, &k);
-        if (load) {
-            jit_module *m;
-            char *sig = it->sig;
-            it->sig = NULL;
-            if ((st = load_module(ctx, sig, &k, it->req->entry, &m)) != STOF_OK)
-                PREP_FAIL(st);
-        }
-        cache_kernel_free(&k);
+        if (lookup_or_claim(ctx, it->key, &k, 1) > 0)
+            take_cached(ctx, it, &k, load, &first);
+        else
+            todo[ntodo++] = i;
     }
-#undef PREP_FAIL
+    compile_store(ctx, items, todo, ntodo, load, &first);
+
     for (int i = 0; i < n; i++) {
         free(items[i].sig);
         free(items[i].source);
@@ -596,9 +691,9 @@ stof_status jit_prepare_all(stof_ctx *ctx, const jit_request *reqs, int n)
     }
     free(items);
     free(todo);
-    if (first != STOF_OK)
-        ctx->err = first_err;
-    return first;
+    if (first.st != STOF_OK)
+        ctx->err = first.err;
+    return first.st;
 }
 
 void jit_unload_all(stof_ctx *ctx)

@@ -1,7 +1,9 @@
 /*
  * jit — the path from template to launchable kernel: render (with the
  * common prelude), key, look up in memory, then in the SQLite cache, else
- * compile with NVRTC and store; load with the driver. Also the driver
+ * claim the compile (processes sharing the cache compile a kernel once;
+ * one that finds another's claim waits for its kernel), compile with NVRTC
+ * and store; load with the driver. Also the driver
  * helpers every op uses to launch: context push/pop and checked calls, and
  * the record behind stof_ctx that jit and every floor above it read.
  */
@@ -54,6 +56,12 @@ static inline err_record *ctx_err(stof_ctx *ctx) { return ctx ? &ctx->err : NULL
 /* Fails with STOF_ERR_NO_DEVICE unless the context drives a GPU. */
 stof_status ctx_need_device(stof_ctx *ctx);
 
+/* After a cache call: once the cache has found its file damaged
+ * (cache_damage), the context goes on uncached, as one whose cache was
+ * damaged at stof_open: the cache is closed (its counts kept in ctx->stats),
+ * and ctx->cache_note and ctx->err say why and how to recover, once. */
+void jit_cache_check(stof_ctx *ctx);
+
 typedef struct jit_request {
     const char *op;          /* what the kernel is for: "layernorm" */
     const char *tmpl;        /* template file: "layernorm.cu" */
@@ -99,12 +107,14 @@ stof_status jit_get_known(stof_ctx *ctx, const jit_request *req, const char *kno
 stof_status jit_prepare(stof_ctx *ctx, const jit_request *req, char *key, jit_origin *origin);
 
 /* Compiles n requests at once: each is rendered and keyed in turn, those
- * loaded or cached already are skipped, the rest are compiled by NVRTC on
- * jit_compile_threads(n) threads, then each is stored in the cache and, where
- * ctx drives its GPU, loaded, so that a later jit_get finds it with no
- * compile even uncached. Every request is tried; the first failure is
- * returned with its sentence in ctx->err (one met while rendering or looking
- * up comes before any compile's; compiles fail in request order). */
+ * loaded or cached already are skipped, the rest are claimed and compiled by
+ * NVRTC on jit_compile_threads(n) threads, then each is stored in the cache
+ * and, where ctx drives its GPU, loaded, so that a later jit_get finds it
+ * with no compile even uncached. Those another process was compiling are
+ * waited for afterwards (and compiled here if its claim lapses). Every
+ * request is tried; the first failure is returned with its sentence in
+ * ctx->err (one met while rendering or looking up comes before any
+ * compile's; compiles fail in request order, the waited-for ones last). */
 stof_status jit_prepare_all(stof_ctx *ctx, const jit_request *reqs, int n);
 
 /* How many threads compile n kernels: the online cores, or

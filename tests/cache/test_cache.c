@@ -3,7 +3,9 @@
  * exact round trips, damaged and stale rows (edited through SQLite itself)
  * rejected and then recompiled by jit, unusable files and paths leaving
  * stof working uncached, eviction, tuning records, key prefixes, two
- * processes writing at once, and WAL mode.
+ * processes writing at once, and WAL mode. A full file (capped by PRAGMA
+ * max_page_count) counts its failed writes; one damaged after opening (page
+ * 2 overwritten) turns the cache off and the library uncached, said once.
  */
 #include <pthread.h>
 #include <sqlite3.h>
@@ -616,6 +618,140 @@ START_TEST(test_unusable_path)
 }
 END_TEST
 
+/* Caps the connection's file at the pages it has now, so that any write
+ * that needs a page more fails as a full disk would (SQLITE_FULL). */
+static void cap_pages(cache *c)
+{
+    sqlite3_stmt *s = NULL;
+    ck_assert_int_eq(sqlite3_prepare_v2(cache_db(c), "PRAGMA page_count", -1, &s, NULL), SQLITE_OK);
+    ck_assert_int_eq(sqlite3_step(s), SQLITE_ROW);
+    long long pages = sqlite3_column_int64(s, 0);
+    sqlite3_finalize(s);
+    char q[64];
+    snprintf(q, sizeof q, "PRAGMA max_page_count=%lld", pages);
+    ck_assert_int_eq(sqlite3_exec(cache_db(c), q, NULL, NULL, NULL), SQLITE_OK);
+}
+
+START_TEST(test_full_cache_counted)
+{
+    char *dir = test_tmpdir(), *path = db_path(dir, "cache.db");
+    test_rng r = test_rng_make(0xf1);
+    err_record err = {0};
+    cache *c = NULL;
+    ck_assert_int_eq(cache_open(&err, path, 0, nvrtc_version_string(), &c), STOF_OK);
+    cap_pages(c);
+    char key[65];
+    random_hex(&r, key);
+    cache_kernel k;
+    make_kernel(&r, key, 60000, 20000, 8000, &k);
+    ck_assert_int_eq(cache_put_kernel(&err, c, &k), STOF_ERR_CACHE);
+    ck_assert_msg(strstr(err.msg, "full"), "%s", err.msg);
+    ck_assert_int_eq(cache_write_failures(c), 1);
+    ck_assert_int_eq(cache_put_derived(&err, c, "x", key, k.cubin, k.cubin_size), STOF_ERR_CACHE);
+    ck_assert_int_eq(cache_write_failures(c), 2);
+    ck_assert_ptr_null(cache_damage(c));   /* full is not damaged */
+    ck_assert(!present(&err, c, key));
+    cache_kernel_free(&k);
+    cache_close(c);
+
+    /* Through the library: the kernels compile and are used, but the
+     * stores are counted as failed, and the last one's reason is kept. */
+    setenv("STOF_NO_GPU", "1", 1);
+    stof_ctx *ctx = NULL;
+    ck_assert_int_eq(stof_open(&ctx, &(stof_options){.cache_path = path, .arch = "sm_90a"}),
+                     STOF_OK);
+    cap_pages(ctx->cache);
+    for (int i = 0; i < 2; i++) {
+        stof_ln_desc d = {.rows = 1, .hidden = 128 * (i + 1), .dtype = STOF_F16};
+        ck_assert_int_eq(stof_bias_residual_layernorm_prepare(ctx, &d), STOF_OK);
+    }
+    stof_stats st;
+    ck_assert_int_eq(stof_get_stats(ctx, &st), STOF_OK);
+    ck_assert_int_eq(st.nvrtc_compiles, 2);
+    ck_assert_int_ge(st.cache_write_failures, 2);
+    ck_assert_msg(strstr(stof_last_error(ctx), "full"), "%s", stof_last_error(ctx));
+    ck_assert_str_eq(stof_cache_path(ctx), path);   /* still the cache: a disk may empty */
+    stof_close(ctx);
+    ck_assert_int_eq(sql_int(path, "SELECT count(*) FROM kernels"), 0);
+    test_rmtree(dir);
+    free(path);
+    free(dir);
+}
+END_TEST
+
+/* Overwrites page 2 of the file at path (the kernels table's root in a
+ * stof cache) with garbage, as a bad disk or a stray writer would. */
+static void spoil_page_two(const char *path)
+{
+    long long page = sql_int(path, "PRAGMA page_size");
+    ck_assert_int_eq(sql_int(path, "SELECT rootpage FROM sqlite_master WHERE name='kernels'"), 2);
+    unsigned char junk[65536];
+    test_rng r = test_rng_make(0x9a);
+    for (long long i = 0; i < page; i++)
+        junk[i] = (unsigned char)test_rng_next(&r);
+    FILE *f = fopen(path, "r+b");
+    ck_assert_ptr_nonnull(f);
+    ck_assert_int_eq(fseek(f, (long)page, SEEK_SET), 0);
+    ck_assert_uint_eq(fwrite(junk, 1, (size_t)page, f), (size_t)page);
+    fclose(f);
+}
+
+START_TEST(test_damaged_after_open)
+{
+    char *dir = test_tmpdir(), *path = db_path(dir, "cache.db");
+    prepare_once(path);
+    char key[65];
+    only_key(path, key);
+    spoil_page_two(path);
+
+    /* The module: opens (page 1 is sound), then the first lookup that reads
+     * the kernels' table finds the damage; from then on lookups miss and
+     * puts fail, without asking SQLite. */
+    err_record err = {0};
+    cache *c = NULL;
+    ck_assert_int_eq(cache_open(&err, path, 0, nvrtc_version_string(), &c), STOF_OK);
+    test_rng r = test_rng_make(0xda);
+    cache_kernel k;
+    int found = 1, rejected = 1;
+    ck_assert_int_eq(cache_get_kernel(&err, c, key, &k, &found, &rejected), STOF_OK);
+    ck_assert_int_eq(found + rejected, 0);
+    ck_assert_ptr_nonnull(cache_damage(c));
+    ck_assert_msg(strstr(cache_damage(c), "damaged") && strstr(cache_damage(c), path), "%s",
+                  cache_damage(c));
+    make_kernel(&r, key, 100, 100, 100, &k);
+    ck_assert_int_eq(cache_put_kernel(&err, c, &k), STOF_ERR_CACHE);
+    ck_assert_ptr_nonnull(strstr(err.msg, cache_damage(c)));
+    ck_assert_int_eq(cache_write_failures(c), 1);
+    ck_assert_int_eq(cache_claim(c, key, 1000, 1), CACHE_CLAIM_OURS);
+    cache_kernel_free(&k);
+    cache_close(c);
+
+    /* The library: goes on uncached, says why once, and names the way out. */
+    setenv("STOF_NO_GPU", "1", 1);
+    stof_ctx *ctx = NULL;
+    ck_assert_int_eq(stof_open(&ctx, &(stof_options){.cache_path = path, .arch = "sm_90a"}),
+                     STOF_OK);
+    ck_assert_str_eq(stof_cache_path(ctx), path);
+    stof_ln_desc d = {.rows = 1, .hidden = 256, .dtype = STOF_F16};
+    ck_assert_int_eq(stof_bias_residual_layernorm_prepare(ctx, &d), STOF_OK);
+    ck_assert_str_eq(stof_cache_path(ctx), "");
+    char said[2048];
+    snprintf(said, sizeof said, "%s", stof_last_error(ctx));
+    ck_assert_msg(strstr(said, "uncached") && strstr(said, "damaged") && strstr(said, "recover"),
+                  "%s", said);
+    d.hidden = 512;
+    ck_assert_int_eq(stof_bias_residual_layernorm_prepare(ctx, &d), STOF_OK);
+    ck_assert_str_eq(stof_last_error(ctx), said);
+    stof_stats st;
+    ck_assert_int_eq(stof_get_stats(ctx, &st), STOF_OK);
+    ck_assert_int_eq(st.nvrtc_compiles, 2);
+    stof_close(ctx);
+    test_rmtree(dir);
+    free(path);
+    free(dir);
+}
+END_TEST
+
 START_TEST(test_eviction)
 {
     test_rng r = test_rng_make(0xe7);
@@ -1101,6 +1237,8 @@ Suite *suite_cache(void)
     tcase_add_test(tc, test_not_sqlite);
     tcase_add_test(tc, test_foreign_sqlite);
     tcase_add_test(tc, test_unusable_path);
+    tcase_add_test(tc, test_full_cache_counted);
+    tcase_add_test(tc, test_damaged_after_open);
     tcase_add_test(tc, test_eviction);
     tcase_add_test(tc, test_tuning);
     tcase_add_test(tc, test_lookups_kept_prepared);

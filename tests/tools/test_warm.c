@@ -5,7 +5,9 @@
  * counts, resuming (a second run is all cache hits), several jobs sharing
  * the cases with nothing done twice or lost, an interrupt (exit 130, work
  * kept, resumed), terminal progress, and every kind of bad input refused
- * with exit status 2 and nothing created or changed.
+ * with exit status 2 and nothing created or changed. A cache that cannot
+ * grow fails the cases it does not keep (exit 1); one found damaged during
+ * the run stops it as a damaged one is refused at open (exit 2).
  */
 #include <sqlite3.h>
 #include <stdarg.h>
@@ -451,6 +453,78 @@ START_TEST(test_bad_caches)
 }
 END_TEST
 
+static long long file_size(const char *path)
+{
+    struct stat st;
+    ck_assert_int_eq(stat(path, &st), 0);
+    return (long long)st.st_size;
+}
+
+/* A cache that cannot grow (the file size limit of the process, a real
+ * EFBIG from write(2) with SIGXFSZ ignored): the kernels compile but are
+ * not kept, so their cases fail and the run exits 1. */
+START_TEST(test_unstored_cases_fail)
+{
+    fixture f;
+    setup(&f);
+    char *out;
+    int rc = test_sh(&out, "%s --cache '%s' --arch sm_90a --compile-only --quiet"
+                     " --ln rows=8,hidden=32", test_build_path("stof-warm"), f.cache);
+    ck_assert_msg(rc == 0, "rc %d:\n%s", rc, out);
+    free(out);
+    /* The file as it is and 8 kB more (ulimit -f counts 512-byte blocks). */
+    long long blocks = file_size(f.cache) / 512 + 16;
+    char *args = ln_args(4);
+    rc = test_sh(&out, "trap '' XFSZ; ulimit -f %lld && exec %s --cache '%s' --arch sm_90a"
+                 " --compile-only %s", blocks, test_build_path("stof-warm"), f.cache, args);
+    ck_assert_msg(rc == 1, "rc %d:\n%s", rc, out);
+    int failed = count_of(out, " failed"), compiled = count_of(out, " compiled");
+    ck_assert_int_ge(failed, 1);
+    ck_assert_int_eq(failed + compiled, 4);
+    ck_assert_msg(strstr(out, "cache write") && strstr(out, "not kept"), "%s", out);
+    ck_assert_ptr_nonnull(strstr(out, "NVRTC: 4 kernels"));
+    /* Every case whose kernel is not in the cache was reported failed. */
+    int stored = kernels_in(f.cache, "layernorm") - 1;
+    ck_assert_int_ge(failed, 4 - stored);
+    free(out);
+    free(args);
+    teardown(&f);
+}
+END_TEST
+
+/* Garbage on page 2 (the kernels' table) of a cache that opens: the first
+ * lookup finds it, the workers stop, and the run refuses as it would at
+ * open, naming stof-dump recover, with exit status 2. */
+START_TEST(test_damaged_during_run)
+{
+    fixture f;
+    setup(&f);
+    char *args = ln_args(4), *out;
+    int rc = test_sh(&out, "%s --cache '%s' --arch sm_90a --compile-only --quiet %s",
+                     test_build_path("stof-warm"), f.cache, args);
+    ck_assert_msg(rc == 0, "rc %d:\n%s", rc, out);
+    free(out);
+    FILE *fp = fopen(f.cache, "r+b");
+    ck_assert_ptr_nonnull(fp);
+    char junk[4096];
+    memset(junk, 0xa5, sizeof junk);
+    ck_assert_int_eq(fseek(fp, 4096, SEEK_SET), 0);
+    ck_assert_uint_eq(fwrite(junk, 1, sizeof junk, fp), sizeof junk);
+    fclose(fp);
+    rc = test_sh(&out, "%s --cache '%s' --arch sm_90a --compile-only --jobs 2 %s",
+                 test_build_path("stof-warm"), f.cache, args);
+    ck_assert_msg(rc == 2, "rc %d:\n%s", rc, out);
+    ck_assert_int_ge(count_of(out, " failed"), 1);
+    ck_assert_int_eq(count_of(out, " cache hit"), 0);
+    ck_assert_msg(strstr(out, "stopped") && strstr(out, "damaged") &&
+                  strstr(out, "recover NEW.db") && strstr(out, "put NEW.db in the cache's place"),
+                  "%s", out);
+    free(out);
+    free(args);
+    teardown(&f);
+}
+END_TEST
+
 START_TEST(test_help)
 {
     char *out;
@@ -473,6 +547,8 @@ Suite *suite_warm(void)
     tcase_add_test(tc, test_no_gpu_needs_arch);
     tcase_add_loop_test(tc, test_bad_input, 0, (int)(sizeof BAD_RUNS / sizeof BAD_RUNS[0]));
     tcase_add_test(tc, test_bad_caches);
+    tcase_add_test(tc, test_unstored_cases_fail);
+    tcase_add_test(tc, test_damaged_during_run);
     tcase_add_test(tc, test_help);
     suite_add_tcase(s, tc);
     return s;
