@@ -618,12 +618,6 @@ static stof_status io_alloc(stof_ctx *ctx, const stof_mha_desc *d, search_io *io
     return st;
 }
 
-static int cmp_double(const void *a, const void *b)
-{
-    double x = *(const double *)a, y = *(const double *)b;
-    return x < y ? -1 : x > y;
-}
-
 typedef struct timed_launch {
     const stof_mha_desc *d;
     const mha_launch *L;
@@ -817,46 +811,6 @@ static stof_status measure_engine(stof_ctx *ctx, int wg, double *tflops)
     return st;
 }
 
-/* Device memory bandwidth, read + write, of a 256 MiB device-to-device copy
- * (median of 5 after a warm-up), in GB/s. */
-static stof_status measure_bandwidth(stof_ctx *ctx, double *gbs)
-{
-    const size_t bytes = (size_t)256 << 20;
-    CUdeviceptr a = 0, b = 0;
-    CUevent e0 = NULL, e1 = NULL;
-    double t[5];
-    TRY(jit_push(ctx));
-    stof_status st = CU(ctx, MemAlloc(&a, bytes));
-    if (st == STOF_OK)
-        st = CU(ctx, MemAlloc(&b, bytes));
-    if (st == STOF_OK)
-        st = CU(ctx, EventCreate(&e0, CU_EVENT_DEFAULT));
-    if (st == STOF_OK)
-        st = CU(ctx, EventCreate(&e1, CU_EVENT_DEFAULT));
-    for (int rep = -1; st == STOF_OK && rep < 5; rep++) {
-        float ms = 0;
-        st = CU(ctx, EventRecord(e0, NULL));
-        if (st == STOF_OK)
-            st = CU(ctx, MemcpyDtoDAsync(b, a, bytes, NULL));
-        if (st == STOF_OK)
-            st = timing_elapsed(ctx, e0, e1, &ms);
-        if (rep >= 0)
-            t[rep] = ms;
-    }
-    if (e0) ctx->dev.api.EventDestroy(e0);
-    if (e1) ctx->dev.api.EventDestroy(e1);
-    if (a) ctx->dev.api.MemFree(a);
-    if (b) ctx->dev.api.MemFree(b);
-    jit_pop(ctx);
-    if (st != STOF_OK)
-        return st;
-    qsort(t, 5, sizeof t[0], cmp_double);
-    if (!(t[2] > 0))
-        return CTX_FAIL(ctx, STOF_ERR_INTERNAL, "timing a device copy gave %g ms", t[2]);
-    *gbs = 2.0 * (double)bytes / (t[2] * 1e-3) / 1e9;
-    return STOF_OK;
-}
-
 /* Keeps the figures on the context (out of memory, a later plan looks
  * them up again). */
 static void keep_figures(stof_ctx *ctx, const model_device *md)
@@ -915,7 +869,7 @@ static stof_status device_figures(stof_ctx *ctx, model_device *md, int measure)
         TRY(measure_engine(ctx, 1, &md->wgmma_tflops));
     if (strcmp(ctx->arch, "sm_90a") == 0)
         TRY(measure_engine(ctx, MHA_WS, &md->ws_tflops));
-    TRY(measure_bandwidth(ctx, &md->mem_gbs));
+    TRY(timing_bandwidth(ctx, &md->mem_gbs));
     md->measured = 1;
     keep_figures(ctx, md);
     char *record = model_device_format(md, ctx->dev.name);
