@@ -70,3 +70,41 @@ stof_status timing_median(stof_ctx *ctx, timing_run_fn run, void *arg, double *m
     }
     return st;
 }
+
+stof_status timing_bandwidth(stof_ctx *ctx, double *gbs)
+{
+    const size_t bytes = (size_t)256 << 20;
+    CUdeviceptr a = 0, b = 0;
+    CUevent e0 = NULL, e1 = NULL;
+    double t[5];
+    TRY(jit_push(ctx));
+    stof_status st = CU(ctx, MemAlloc(&a, bytes));
+    if (st == STOF_OK)
+        st = CU(ctx, MemAlloc(&b, bytes));
+    if (st == STOF_OK)
+        st = CU(ctx, EventCreate(&e0, CU_EVENT_DEFAULT));
+    if (st == STOF_OK)
+        st = CU(ctx, EventCreate(&e1, CU_EVENT_DEFAULT));
+    for (int rep = -1; st == STOF_OK && rep < 5; rep++) {
+        float ms = 0;
+        st = CU(ctx, EventRecord(e0, NULL));
+        if (st == STOF_OK)
+            st = CU(ctx, MemcpyDtoDAsync(b, a, bytes, NULL));
+        if (st == STOF_OK)
+            st = timing_elapsed(ctx, e0, e1, &ms);
+        if (rep >= 0)
+            t[rep] = ms;
+    }
+    if (e0) ctx->dev.api.EventDestroy(e0);
+    if (e1) ctx->dev.api.EventDestroy(e1);
+    if (a) ctx->dev.api.MemFree(a);
+    if (b) ctx->dev.api.MemFree(b);
+    jit_pop(ctx);
+    if (st != STOF_OK)
+        return st;
+    qsort(t, 5, sizeof t[0], cmp_double);
+    if (!(t[2] > 0))
+        return CTX_FAIL(ctx, STOF_ERR_INTERNAL, "timing a device copy gave %g ms", t[2]);
+    *gbs = 2.0 * (double)bytes / (t[2] * 1e-3) / 1e9;
+    return STOF_OK;
+}
