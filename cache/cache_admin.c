@@ -10,6 +10,7 @@
 #include <unistd.h>
 
 #include "cache/remote.h"
+#include "cache/trust.h"
 
 static long long now_s(void) { return (long long)time(NULL); }
 
@@ -183,11 +184,26 @@ static stof_status import_tuning(err_record *err, cache *c, sqlite3 *src, const 
 
 stof_status cache_admin_import(err_record *err, cache *c, const char *file, cache_import_result *r)
 {
+    return cache_admin_import_flags(err, c, file, 0, r);
+}
+
+stof_status cache_admin_import_flags(err_record *err, cache *c, const char *file, unsigned flags,
+                                     cache_import_result *r)
+{
     memset(r, 0, sizeof *r);
     char why[1200];
     cache_probe_result p = cache_admin_probe(file, why, sizeof why);
     if (p != CACHE_PROBE_OK)
         return ERR_FAIL(err, STOF_ERR_INVALID_ARG, "cannot import: %s", why);
+    /* Imported kernels are loaded from c as its own: a file the library
+     * would not load from must not pass them on. */
+    if (!(flags & CACHE_SOURCE_VOUCHED) && !cache_trusted(file, cache_shared_from_env(), why,
+                                                           sizeof why))
+        return ERR_FAIL(err, STOF_ERR_INVALID_ARG,
+                        "cannot import %s: %s; the library would not load kernels from it, so "
+                        "import does not copy them into a cache it loads, unless the caller "
+                        "vouches for the source",
+                        file, why);
     char a[PATH_MAX], b[PATH_MAX];
     if (realpath(file, a) && realpath(cache_file(c), b) && strcmp(a, b) == 0)
         return ERR_FAIL(err, STOF_ERR_INVALID_ARG, "cannot import %s into itself", file);

@@ -17,6 +17,7 @@
 #include "cache/cache_prune.h"
 #include "cache/cache_rows.h"
 #include "cache/cache_stats.h"
+#include "cache/trust.h"
 
 /* ---- moving a cache ---- */
 
@@ -35,8 +36,16 @@ typedef struct cache_import_result {
 } cache_import_result;
 
 /* Merges the rows of the stof cache in `file` into c in one transaction,
- * verifying every kernel's checksum. */
+ * verifying every kernel's checksum. `file` must be one the library would
+ * load from (trust.h, with $STOF_CACHE_SHARED): c's kernels are loaded as
+ * its own, so kernels others could have written must not be laundered
+ * into it. STOF_ERR_INVALID_ARG, with the reason, for an untrusted file. */
 stof_status cache_admin_import(err_record *err, cache *c, const char *file, cache_import_result *r);
+
+/* cache_admin_import, with flags: CACHE_SOURCE_VOUCHED (trust.h) skips the
+ * trust check of `file`; 0 is cache_admin_import. */
+stof_status cache_admin_import_flags(err_record *err, cache *c, const char *file, unsigned flags,
+                                     cache_import_result *r);
 
 /* ---- the second tier ---- */
 

@@ -6,8 +6,10 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include "cache/cache_rows.h"
+#include "cache/trust.h"
 
 static const char *KERNEL_PROBE =
     "SELECT key, op, name, entry, arch, nvrtc_version, stof_version, options, params, source,"
@@ -83,22 +85,22 @@ cache_probe_result cache_admin_probe(const char *path, char *why, size_t n)
         snprintf(why, n, "%s: %s", path, strerror(errno));
         return errno == ENOENT ? CACHE_PROBE_ABSENT : CACHE_PROBE_BAD;
     }
-    if (!S_ISREG(st.st_mode)) {
-        snprintf(why, n, "%s: not a regular file", path);
-        return CACHE_PROBE_BAD;
-    }
+    if (!cache_regular(path, why, n))
+        return CACHE_PROBE_BAD;   /* a FIFO would stall the reads below forever */
     if (st.st_size == 0) {
         snprintf(why, n, "%s: an empty file, not yet a stof cache", path);
         return CACHE_PROBE_ABSENT;
     }
     char head[16] = {0};
-    FILE *f = fopen(path, "rb");
-    size_t got = f ? fread(head, 1, sizeof head, f) : 0;
-    if (f)
-        fclose(f);
-    if (!f || got != sizeof head || memcmp(head, "SQLite format 3", 16) != 0) {
+    int fd = cache_open_regular(path, why, n);
+    if (fd < 0)
+        return CACHE_PROBE_BAD;
+    ssize_t got = read(fd, head, sizeof head);
+    int e = errno;
+    close(fd);
+    if (got != (ssize_t)sizeof head || memcmp(head, "SQLite format 3", 16) != 0) {
         snprintf(why, n, "%s: %s", path,
-                 f ? "not a SQLite database, so not a stof cache" : strerror(errno));
+                 got >= 0 ? "not a SQLite database, so not a stof cache" : strerror(e));
         return CACHE_PROBE_BAD;
     }
     sqlite3 *db = NULL;

@@ -1,13 +1,14 @@
 #include "cache/cache_recover.h"
 
 #include <errno.h>
-#include <fcntl.h>
 #include <sqlite3.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
 #include <unistd.h>
+
+#include "cache/trust.h"
 
 /* ---- writing the new cache ---- */
 
@@ -62,25 +63,27 @@ static int write_tuning(const cache_tuning *t, const char *ver, void *arg)
     return 1;
 }
 
-/* The whole file at path into *buf (NULL and 0 when absent). */
-static int read_all(const char *path, unsigned char **buf, size_t *n)
+/* The whole file at path into *buf (NULL and 0 when absent); -1 with why
+ * when it cannot be read or is not a regular file (a FIFO is refused, not
+ * waited on). */
+static int read_all(const char *path, unsigned char **buf, size_t *n, char *why, size_t why_n)
 {
     *buf = NULL;
     *n = 0;
-    int fd = open(path, O_RDONLY);
+    int fd = cache_open_regular(path, why, why_n);
     if (fd < 0)
         return errno == ENOENT ? 0 : -1;
     struct stat st;
-    if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+    if (fstat(fd, &st) != 0) {
+        snprintf(why, why_n, "cannot read %s: %s", path, strerror(errno));
         close(fd);
-        errno = EINVAL;
         return -1;
     }
     size_t cap = (size_t)st.st_size, got = 0;
     unsigned char *b = malloc(cap + 1);
     if (!b) {
+        snprintf(why, why_n, "cannot read %s: %s", path, strerror(ENOMEM));
         close(fd);
-        errno = ENOMEM;
         return -1;
     }
     for (;;) {
@@ -110,6 +113,12 @@ static void remove_db(const char *path)
 stof_status cache_recover(err_record *err, const char *src, const char *dst,
                           const char *nvrtc_version, cache_salvage *out)
 {
+    return cache_recover_flags(err, src, dst, nvrtc_version, 0, out);
+}
+
+stof_status cache_recover_flags(err_record *err, const char *src, const char *dst,
+                                const char *nvrtc_version, unsigned flags, cache_salvage *out)
+{
     memset(out, 0, sizeof *out);
     struct stat st;
     if (stat(dst, &st) == 0)
@@ -117,13 +126,22 @@ stof_status cache_recover(err_record *err, const char *src, const char *dst,
                         dst);
     unsigned char *db = NULL, *wal = NULL;
     size_t n = 0, wal_n = 0;
-    char walpath[4200], why[512];
+    char walpath[4200], why[1200];
+    /* The kernels copied out will be loaded from the new file, which is
+     * trusted: a file the library would refuse must not pass through. */
+    if (!(flags & CACHE_SOURCE_VOUCHED) &&
+        !cache_trusted(src, cache_shared_from_env(), why, sizeof why))
+        return ERR_FAIL(err, STOF_ERR_INVALID_ARG,
+                        "cannot recover %s: %s; the library would not load kernels from it, so "
+                        "recover does not copy them into a file it would load, unless the "
+                        "caller vouches for the source",
+                        src, why);
     snprintf(walpath, sizeof walpath, "%s-wal", src);
-    if (read_all(src, &db, &n) != 0)
-        return ERR_FAIL(err, STOF_ERR_INVALID_ARG, "cannot read %s: %s", src, strerror(errno));
+    if (read_all(src, &db, &n, why, sizeof why) != 0)
+        return ERR_FAIL(err, STOF_ERR_INVALID_ARG, "%s", why);
     if (!db)
         return ERR_FAIL(err, STOF_ERR_INVALID_ARG, "cannot read %s: %s", src, strerror(ENOENT));
-    if (read_all(walpath, &wal, &wal_n) != 0)
+    if (read_all(walpath, &wal, &wal_n, why, sizeof why) != 0)
         wal = NULL;   /* an unreadable WAL only costs what it held */
     /* A first pass checks the header before anything is created. */
     cache_salvage probe;

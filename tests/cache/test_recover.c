@@ -21,6 +21,7 @@
 #include "base/hash.h"
 #include "base/json.h"
 #include "cache/cache.h"
+#include "cache/cache_recover.h"
 #include "codegen/nvrtc_drv.h"
 #include "ctx.h"
 #include "testutil.h"
@@ -819,6 +820,46 @@ START_TEST(test_unreadable_record_is_lost)
 }
 END_TEST
 
+/* A source the library would refuse (writable by everyone) is not copied
+ * into a new file it would load, unless the caller vouches for it. */
+START_TEST(test_untrusted_source)
+{
+    unsetenv("STOF_CACHE_SHARED");
+    test_rng r = test_rng_make(0x7a57);
+    char *dir = test_tmpdir(), *cache = path_in(dir, "cache.db"), *got = path_in(dir, "got.db");
+    handle h = open_cache(cache);
+    char key[65];
+    for (int i = 0; i < 4; i++)
+        fake_kernel(&h, &r, i, key);
+    close_cache(&h);
+    ck_assert_int_eq(chmod(cache, 0666), 0);
+    err_record err = {0};
+    cache_salvage s;
+    ck_assert_int_eq(cache_recover(&err, cache, got, nvrtc_version_string(), &s),
+                     STOF_ERR_INVALID_ARG);
+    ck_assert_msg(strstr(err.msg, "writable by every user") && strstr(err.msg, "vouches"), "%s",
+                  err.msg);
+    ck_assert(!exists(got));
+    char *out;
+    ck_assert_int_eq(dump(&out, cache, "recover '%s'", got), 2);
+    ck_assert_msg(strstr(out, "writable by every user"), "%s", out);
+    ck_assert(!exists(got));
+    free(out);
+    ck_assert_int_eq(cache_recover_flags(&err, cache, got, nvrtc_version_string(),
+                                         CACHE_SOURCE_VOUCHED, &s),
+                     STOF_OK);
+    ck_assert_int_eq(s.kernels, 4);
+    cache_salvage_free(&s);
+    rows gk = read_rows(got, "kernels");
+    ck_assert_int_eq(gk.n, 4);
+    rows_free(&gk);
+    test_rmtree(dir);
+    free(dir);
+    free(cache);
+    free(got);
+}
+END_TEST
+
 Suite *suite_recover(void)
 {
     Suite *s = suite_create("recover");
@@ -829,6 +870,7 @@ Suite *suite_recover(void)
     tcase_add_test(tc, test_wal);
     tcase_add_test(tc, test_tools_name_recover);
     tcase_add_test(tc, test_unreadable_record_is_lost);
+    tcase_add_test(tc, test_untrusted_source);
     suite_add_tcase(s, tc);
     return s;
 }
