@@ -7,7 +7,7 @@
 #include <string.h>
 
 #include "base/json.h"
-
+#include "cache/cache_btree.h"
 
 /*
  * The SQLite file format, as far as a salvage needs it (sqlite.org/fileformat2.html):
@@ -58,6 +58,9 @@ typedef struct scan {
     name_list kept, kept_stale, named, tuning_kept, tuning_named;
     lost_entry *lost;
     int n_lost, cap_lost;
+    int64_t *rowids;                  /* of kernel rows read, and of keys the key index names */
+    int n_rowids, cap_rowids;
+    int64_t max_rowid;                /* the highest any index or row gives */
 } scan;
 
 static uint32_t be16(const unsigned char *p) { return (uint32_t)p[0] << 8 | p[1]; }
@@ -304,33 +307,7 @@ static void read_freelist(scan *s, uint32_t trunk)
 
 /* ---- records ---- */
 
-/* A varint at p (at most avail bytes): its length, or 0 when it does not fit. */
-static int varint(const unsigned char *p, size_t avail, uint64_t *v)
-{
-    uint64_t x = 0;
-    for (int i = 0; i < 9; i++) {
-        if ((size_t)i >= avail)
-            return 0;
-        if (i == 8) {
-            *v = x << 8 | p[i];
-            return 9;
-        }
-        x = x << 7 | (p[i] & 0x7f);
-        if (!(p[i] & 0x80)) {
-            *v = x;
-            return i + 1;
-        }
-    }
-    return 0;
-}
-
 #define MAX_COLS 32
-
-static uint64_t serial_size(uint64_t t)
-{
-    static const unsigned char sizes[12] = {0, 1, 2, 3, 4, 6, 8, 8, 0, 0, 0, 0};
-    return t >= 12 ? (t - 12) / 2 : sizes[t];
-}
 
 static int is_text(uint64_t t) { return t >= 13 && t % 2; }
 static int is_blob(uint64_t t) { return t >= 12 && t % 2 == 0; }
@@ -349,7 +326,7 @@ typedef struct record {
 static int read_header(const unsigned char *p, size_t avail, record *r)
 {
     uint64_t h;
-    int k = varint(p, avail, &h);
+    int k = cache_btree_varint(p, avail, &h);
     if (!k || h < (uint64_t)k || h > avail)
         return 0;
     size_t at = (size_t)k;
@@ -357,12 +334,12 @@ static int read_header(const unsigned char *p, size_t avail, record *r)
     r->n = 0;
     while (at < h) {
         uint64_t t;
-        int m = varint(p + at, (size_t)h - at, &t);
+        int m = cache_btree_varint(p + at, (size_t)h - at, &t);
         if (!m || r->n == MAX_COLS || t == 10 || t == 11 || t > (1ull << 40))
             return 0;
         r->type[r->n] = t;
         r->at[r->n++] = body;
-        body += serial_size(t);
+        body += cache_btree_serial_size(t);
         at += (size_t)m;
     }
     r->total = body;
@@ -373,7 +350,7 @@ static int64_t get_int(const unsigned char *p, uint64_t t)
 {
     if (t == 8 || t == 9)
         return (int64_t)(t - 8);
-    int n = (int)serial_size(t);
+    int n = (int)cache_btree_serial_size(t);
     uint64_t x = p[0] & 0x80 ? ~0ull : 0;
     for (int i = 0; i < n; i++)
         x = x << 8 | p[i];
@@ -395,7 +372,7 @@ static double get_real(const unsigned char *p, uint64_t t)
 /* Column i as a new NUL-terminated string; *len its bytes. */
 static char *get_bytes(scan *s, const unsigned char *p, const record *r, int i, size_t *len)
 {
-    size_t n = (size_t)serial_size(r->type[i]);
+    size_t n = (size_t)cache_btree_serial_size(r->type[i]);
     char *d = malloc(n + 1);
     if (!d) {
         s->oom = 1;
@@ -416,7 +393,7 @@ static void peek_text(const unsigned char *p, size_t avail, const record *r, int
     out[0] = 0;
     if (i >= r->n || !is_text(r->type[i]))
         return;
-    uint64_t len = serial_size(r->type[i]);
+    uint64_t len = cache_btree_serial_size(r->type[i]);
     if (r->at[i] + len > avail)
         return;
     size_t k = len < n - 1 ? (size_t)len : n - 1;
@@ -550,7 +527,7 @@ static void kernel_row(scan *s, const unsigned char *local, size_t nlocal, uint6
             *txt[i] = get_bytes(s, p, r, i + 1, NULL);
         k.cubin = get_bytes(s, p, r, 11, &k.cubin_size);
         k.ptx = get_bytes(s, p, r, 12, &k.ptx_size);
-        uint64_t cl = serial_size(r->type[13]);
+        uint64_t cl = cache_btree_serial_size(r->type[13]);
         if (cl == 64)
             memcpy(k.checksum, p + r->at[13], 64);
         k.compile_ms = get_real(p + r->at[14], r->type[14]);
@@ -600,7 +577,7 @@ static char *tuning_id(scan *s, const unsigned char *p, const record *r)
 {
     size_t n = 1;
     for (int i = 0; i < 6; i++)
-        n += (size_t)serial_size(r->type[i]) + 24;
+        n += (size_t)cache_btree_serial_size(r->type[i]) + 24;
     char *id = malloc(n);
     if (!id) {
         s->oom = 1;
@@ -609,7 +586,8 @@ static char *tuning_id(scan *s, const unsigned char *p, const record *r)
     size_t at = 0;
     for (int i = 0; i < 6; i++) {
         /* A value ends at a NUL, as it does when the row is written again. */
-        size_t len = strnlen((const char *)p + r->at[i], (size_t)serial_size(r->type[i]));
+        size_t len = strnlen((const char *)p + r->at[i],
+                             (size_t)cache_btree_serial_size(r->type[i]));
         at += (size_t)snprintf(id + at, n - at, "%zu:", len);
         memcpy(id + at, p + r->at[i], len);
         at += len;
@@ -646,7 +624,7 @@ static void tuning_row(scan *s, const unsigned char *local, size_t nlocal, uint6
     if (r->total != P || !assemble(s, local, nlocal, P, first, &p, &missing)) {
         /* Without its key columns, a cut tuning row cannot be named here;
          * the tuning index may still name it. */
-        int named = r->at[5] + serial_size(r->type[5]) <= nlocal;
+        int named = r->at[5] + cache_btree_serial_size(r->type[5]) <= nlocal;
         char *id = named && !s->oom ? tuning_id(s, local, r) : NULL;
         if (id) {
             char label[300], why[64];
@@ -732,11 +710,11 @@ static void scan_cell(scan *s, const unsigned char *pg, int type, size_t off)
     size_t end = s->usable, at = off + (type == 2 ? 4 : 0);
     uint64_t P, rowid;
     int k;
-    if (at >= end || !(k = varint(pg + at, end - at, &P)))
+    if (at >= end || !(k = cache_btree_varint(pg + at, end - at, &P)))
         return;
     at += (size_t)k;
     if (type == 13) {
-        if (!(k = varint(pg + at, end - at, &rowid)))
+        if (!(k = cache_btree_varint(pg + at, end - at, &rowid)))
             return;
         at += (size_t)k;
     }
@@ -748,9 +726,24 @@ static void scan_cell(scan *s, const unsigned char *pg, int type, size_t off)
     record r;
     if (!read_header(pg + at, (size_t)local, &r))
         return;
+    /* Rowids tell how many rows the kernels' missing pages held (settle):
+     * a kernel row's own, the key index's (key, rowid), the LRU index's. */
+    int kernel = r.n == 18 && r.type[0] == 13 + 2 * 64 && type == 13;
+    int entry = type != 13 && r.n == 2 && is_int(r.type[1]) &&
+                r.at[1] + cache_btree_serial_size(r.type[1]) <= local;
+    if (entry)
+        rowid = (uint64_t)get_int(pg + at + r.at[1], r.type[1]);
+    if ((kernel || entry) && (int64_t)rowid > s->max_rowid)
+        s->max_rowid = (int64_t)rowid;
+    if (kernel || (entry && r.type[0] == 13 + 2 * 64)) {
+        if (grow((void **)&s->rowids, &s->cap_rowids, s->n_rowids + 1, sizeof *s->rowids))
+            s->rowids[s->n_rowids++] = (int64_t)rowid;
+        else
+            s->oom = 1;
+    }
     if (type != 13)
         index_entry(s, pg + at, (size_t)local, P, first, &r);
-    else if (r.n == 18 && r.type[0] == 13 + 2 * 64)
+    else if (kernel)
         kernel_row(s, pg + at, (size_t)local, P, first, &r);
     else if (tuning_types(&r, 8))
         tuning_row(s, pg + at, (size_t)local, P, first, &r);
@@ -858,8 +851,43 @@ static int cmp_lost(const void *a, const void *b)
     return c ? c : y->cut - x->cut;
 }
 
+/* The kernels table's pages for cache_btree: NULL where missing, and a
+ * page of zeros (no b-tree page) where free, whose rows were deleted. */
+static const unsigned char *tree_page(void *arg, long long pgno)
+{
+    static const unsigned char none[128];
+    scan *s = arg;
+    const unsigned char *p = page(s, pgno);
+    return p && pgno <= UINT32_MAX && is_free(s, (uint32_t)pgno) ? none : p;
+}
+
+/* Rows on missing pages of the kernels table that no surviving index
+ * names (kernels_cut, and one line for them all). */
+static void count_missing(scan *s)
+{
+    cache_salvage *o = s->out;
+    int pages;
+    long long lost = cache_btree_missing(tree_page, s, s->usable, "kernels",
+                                         s->file_pages + (long long)s->n_wal, s->rowids,
+                                         (size_t)s->n_rowids, s->max_rowid, &pages);
+    if (lost < 0 || (lost && !grow((void **)&o->lost, &o->cap_lost, o->n_lost + 1,
+                                    sizeof *o->lost)))
+        s->oom = 1;
+    if (lost <= 0 || s->oom)
+        return;
+    o->kernels_missing = lost;
+    o->kernels_cut += lost;
+    cache_lost *l = &o->lost[o->n_lost++];
+    l->key[0] = 0;
+    snprintf(l->what, sizeof l->what,
+             "%lld kernel%s on %d missing page%s of the kernels table, named by no surviving "
+             "index (counted by their rowids)", lost, lost == 1 ? "" : "s", pages,
+             pages == 1 ? "" : "s");
+}
+
 /* What was lost: rows found cut or damaged and not kept in another copy,
- * then what the indexes name that was not found at all. */
+ * then what the indexes name that was not found at all, then the rows
+ * of the kernels table's missing pages. */
 static void settle(scan *s)
 {
     cache_salvage *o = s->out;
@@ -927,6 +955,8 @@ static void settle(scan *s)
         o->tuning_unseen++;
     }
     names_free(&lost_ids);
+    if (!s->oom)
+        count_missing(s);
 }
 
 int cache_salvage_scan(const unsigned char *db, size_t n, const unsigned char *wal, size_t wal_n,
@@ -958,6 +988,7 @@ int cache_salvage_scan(const unsigned char *db, size_t n, const unsigned char *w
     for (int i = 0; i < s.n_lost; i++)
         free(s.lost[i].id);
     free(s.lost);
+    free(s.rowids);
     return rc;
 }
 

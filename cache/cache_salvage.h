@@ -42,7 +42,13 @@ typedef struct cache_salvage {
     long long stale_kernels;     /* of those, another stof's or NVRTC's (kept all the same) */
     long long tuning;            /* distinct tuning rows kept: whole */
     long long kernels_damaged;   /* whole rows whose checksum fails */
-    long long kernels_cut;       /* rows whose bytes run into missing pages */
+    long long kernels_cut;       /* rows whose bytes run into missing pages, or lie on them
+                                    (kernels_missing) */
+    long long kernels_missing;   /* of those, rows wholly on missing pages of the kernels
+                                    table that no index names, counted by the rowids the
+                                    table's surviving interior pages give those pages (a
+                                    kernel replaced there leaves a rowid unused, counted all
+                                    the same) */
     long long tuning_cut;
     long long kernels_unseen;    /* named by the key index, their row not found */
     long long tuning_unseen;
