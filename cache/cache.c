@@ -13,6 +13,7 @@
 
 #include "base/hash.h"
 #include "cache/remote.h"
+#include "cache/trust.h"
 
 /* A kernel's uses not yet written to its row. */
 typedef struct pending_use {
@@ -233,6 +234,9 @@ stof_status cache_open(err_record *err, const char *path, long long max_bytes,
     *out = NULL;
     if (!path || !*path)
         return ERR_FAIL(err, STOF_ERR_INVALID_ARG, "empty cache path");
+    char why[1200];
+    if (!cache_regular(path, why, sizeof why))
+        return ERR_FAIL(err, STOF_ERR_CACHE, "cannot open the cache: %s", why);
     if (make_parent(path) != 0)
         return ERR_FAIL(err, STOF_ERR_CACHE, "cache %s: cannot create its folder: %s", path,
                         strerror(errno));

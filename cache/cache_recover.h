@@ -1,71 +1,28 @@
 /*
- * cache_recover — salvage of a damaged cache file (stof-dump recover). It
- * reads the file's pages itself, never through SQLite's b-trees, so that a
- * truncated file, a lost interior page or a torn overflow chain costs only
- * the rows whose own bytes are gone: every table leaf page still present
- * (in the file, or as a committed frame of its WAL) is read cell by cell,
- * each row put together from its overflow chain and kept when it is whole
- * and, for a kernel, its checksum holds. Pages on the freelist are skipped,
- * so deleted rows stay deleted. The keys the indexes still list say what
- * was lost. The rows are written into a new cache file.
+ * cache_recover — `stof-dump recover`: reads a damaged cache file (and its
+ * WAL) without SQLite, salvages its whole rows (cache_salvage.h) and writes
+ * them into a new cache file.
  */
 #ifndef STOF_CACHE_RECOVER_H
 #define STOF_CACHE_RECOVER_H
 
-#include <stddef.h>
 #include "cache/cache.h"
-
-typedef struct cache_lost {
-    char key[65];        /* the kernel's key; "" for a tuning row */
-    char what[400];      /* what the row was and why it is lost */
-} cache_lost;
-
-/* Where whole rows go as the scan finds them. A key may come more than
- * once (an older copy on a page that was not freed): keep the most
- * recently used kernel and the newest tuning row. A nonzero return stops
- * the scan (a write failed). */
-typedef struct cache_salvage_sink {
-    int (*kernel)(const cache_kernel *k, void *arg);
-    int (*tuning)(const cache_tuning *t, const char *stof_version, void *arg);
-    void *arg;
-} cache_salvage_sink;
-
-/* What a scan found. */
-typedef struct cache_salvage {
-    int page_size;
-    long long pages_expected;    /* the database's size by its header (or its WAL) */
-    long long pages_present;     /* of those, pages the file or the WAL still has whole */
-    long long wal_frames;        /* committed WAL frames read */
-    long long free_pages;        /* on the freelist: never read for rows */
-    long long kernels;           /* distinct kernels kept: whole, checksum holds */
-    long long stale_kernels;     /* of those, another stof's or NVRTC's (kept all the same) */
-    long long tuning;            /* distinct tuning rows kept: whole */
-    long long kernels_damaged;   /* whole rows whose checksum fails */
-    long long kernels_cut;       /* rows whose bytes run into missing pages */
-    long long tuning_cut;
-    long long kernels_unseen;    /* named by the key index, their row not found */
-    long long tuning_unseen;
-    cache_lost *lost;            /* one per kernel key (or tuning row) lost */
-    int n_lost, cap_lost;
-} cache_salvage;
-
-/* Scans a database image (db, n bytes: the main file as it is, perhaps
- * truncated) and its WAL (NULL when none), handing whole rows to sink
- * (which may be NULL); rows not of NVRTC nvrtc_version count as stale.
- * Returns 0 and fills *out, or -1 with the reason in
- * why: not a stof cache this stof can read (no SQLite header, an unknown
- * page size or text encoding, a newer schema), out of memory, or the sink
- * stopped it. Free *out with cache_salvage_free either way. */
-int cache_salvage_scan(const unsigned char *db, size_t n, const unsigned char *wal, size_t wal_n,
-                       const char *nvrtc_version,
-                       const cache_salvage_sink *sink, cache_salvage *out, char *why,
-                       size_t why_n);
-void cache_salvage_free(cache_salvage *s);
+#include "cache/cache_salvage.h"
+#include "cache/trust.h"
 
 /* Reads the file at src (and src-wal), scans it and writes what it kept
  * into a new cache at dst, which must not exist (nothing is created when
- * the scan fails; a failed write removes dst). The source is only read. */
+ * the scan fails; a failed write removes dst). The source is only read,
+ * and only when it is a regular file that the library would load from
+ * (trust.h, with $STOF_CACHE_SHARED): the new file is one it will load,
+ * so kernels others could have written must not be laundered into it.
+ * STOF_ERR_INVALID_ARG, with the reason, for an untrusted source. */
 stof_status cache_recover(err_record *err, const char *src, const char *dst,
                           const char *nvrtc_version, cache_salvage *out);
+
+/* cache_recover, with flags: CACHE_SOURCE_VOUCHED (trust.h) skips the
+ * trust check of src; 0 is cache_recover. */
+stof_status cache_recover_flags(err_record *err, const char *src, const char *dst,
+                                const char *nvrtc_version, unsigned flags, cache_salvage *out);
 
 #endif

@@ -10,8 +10,10 @@
 #include <string.h>
 #include <sys/stat.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "cache/hmac.h"
+#include "cache/trust.h"
 
 #define DEFAULT_TIMEOUT_MS 200
 #define DEFAULT_MAX_VALUE_BYTES (64LL << 20) /* 40x the largest kernel value seen (1.6 MB) */
@@ -641,11 +643,19 @@ static int parse_url(remote *r, const char *url, char *why, size_t n)
 static int read_key_file(remote *r, const char *path, int shared, char *why, size_t n)
 {
     struct stat st;
-    FILE *f = fopen(path, "rb");
+    char what[PATH_MAX + 64];
+    /* Not a plain fopen: a FIFO there would hold stof_open forever. */
+    int fd = cache_open_regular(path, what, sizeof what);
+    FILE *f = fd >= 0 ? fdopen(fd, "rb") : NULL;
     if (!f || fstat(fileno(f), &st) != 0) {
-        snprintf(why, n, "cannot read the key file %s: %s", path, strerror(errno));
+        if (fd < 0 && errno == EINVAL)   /* a FIFO, a device or a folder: `what` says which */
+            snprintf(why, n, "the key file %.700s", what);
+        else
+            snprintf(why, n, "cannot read the key file %s: %s", path, strerror(errno));
         if (f)
             fclose(f);
+        else if (fd >= 0)
+            close(fd);
         return 0;
     }
     if (st.st_mode & (shared ? S_IRWXO : (S_IRWXG | S_IRWXO))) {

@@ -2,7 +2,7 @@
  * fuzz_cache — the cache readers on hostile files. An input is a database
  * image, or "STOFWAL1", a 4-byte little-endian length n, n bytes of
  * database and then its WAL. Each input goes through:
- *   - the salvage scan (cache_recover.c) on the bytes: every row it hands
+ *   - the salvage scan (cache_salvage.c) on the bytes: every row it hands
  *     over is a sound kernel (its checksum holds) or a whole tuning row,
  *     and its counts agree;
  *   - the file on disk: the probe, then, for what opens, the cache as the
@@ -20,6 +20,7 @@
 #include "cache/cache.h"
 #include "cache/cache_admin.h"
 #include "cache/cache_recover.h"
+#include "cache/cache_salvage.h"
 #include "codegen/nvrtc_drv.h"
 #include "fuzz.h"
 
