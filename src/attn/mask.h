@@ -4,9 +4,12 @@
  * GPU kernels read (block-sparse rows and per-row key ranges), the summary
  * a plan reads, and the block map behind the pictures (drawn by
  * attn/mask_picture). Everything is built on one row iterator that yields
- * the sorted, merged allowed ranges of a query row (mask_range, with the
- * spec's terms and the random term's generator, is mask_spec's), so a spec
- * mask is never expanded to Lq x Lk.
+ * the sorted, merged allowed ranges of a query row, so a spec mask is never
+ * expanded to Lq x Lk.
+ *
+ * attn/mask_spec.h, included here, holds what a spec means: mask_range, the
+ * terms, and the random term's generator (mask_random_blocks, documented
+ * there).
  */
 #ifndef STOF_MASK_H
 #define STOF_MASK_H
