@@ -1,54 +1,21 @@
 #include "attn/mask.h"
 
 #include <limits.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "attn/mask_picture.h"
 #include "base/hash.h"
-#include "base/strbuf.h"
 #include "gpu/jit.h"
-
-enum mask_kind {
-    MASK_DENSE,
-    MASK_CAUSAL,
-    MASK_WINDOW,
-    MASK_CAUSAL_WINDOW,
-    MASK_DILATED,
-    MASK_GLOBAL,
-    MASK_STRIDED,
-    MASK_RANDOM,
-    MASK_DOCS
-};
-
-typedef struct mask_term {
-    enum mask_kind kind;
-    int and_prev;         /* joined to the previous term by '&' */
-    int64_t a, b;         /* W, D, G, S; for random R and B */
-    uint64_t seed;
-    int rand_slot;        /* random terms: index of the iterator's state */
-    int n_docs;
-    int32_t *doc_start;   /* n_docs + 1 prefix sums */
-} mask_term;
 
 struct stof_mask {
     int lq, lk;
-    char *spec;
-    int n_terms, n_random;
-    mask_term *terms;
+    char *spec;           /* the normal form of the spec, or "dense-matrix" */
+    mask_spec terms;      /* spec-built masks; all zero for matrix-built ones */
     int64_t *row_ptr;     /* matrix-built masks: lq + 1 */
     mask_range *ranges;
 };
-
-struct mask_rand_state {
-    int64_t qb;           /* query block whose choice is held, -1 none */
-    int n;
-    int32_t *chosen;
-    unsigned char *seen;
-};
-
-#define MASK_GOLDEN 0x9E3779B97F4A7C15ull
 
 /* ---- small helpers --------------------------------------------------------- */
 
@@ -79,174 +46,6 @@ static int grow(void **p, long long *cap, long long need, size_t sz)
     return 0;
 }
 
-/* ---- the random term's generator (documented in mask.h) -------------------- */
-
-static uint64_t rand_next(uint64_t *state)
-{
-    uint64_t z = (*state += MASK_GOLDEN);
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    return z ^ (z >> 31);
-}
-
-/* Uniform in [0, m) without modulo bias: the same draws on every platform. */
-static uint64_t rand_below(uint64_t *state, uint64_t m)
-{
-    uint64_t limit = UINT64_MAX - (UINT64_MAX % m + 1) % m;
-    uint64_t z;
-    do
-        z = rand_next(state);
-    while (z > limit);
-    return z % m;
-}
-
-void mask_random_blocks(uint64_t seed, int64_t qblock, int nkb, int r, int32_t *chosen,
-                        unsigned char *seen)
-{
-    uint64_t state = seed ^ ((uint64_t)(qblock + 1) * MASK_GOLDEN);
-    int n = 0;
-    for (int64_t j = (int64_t)nkb - r; j < nkb; j++) {
-        int64_t t = (int64_t)rand_below(&state, (uint64_t)j + 1);
-        if (seen[t])
-            t = j;
-        seen[t] = 1;
-        chosen[n++] = (int32_t)t;
-    }
-    for (int i = 0; i < n; i++)
-        seen[chosen[i]] = 0;
-    qsort(chosen, (size_t)n, sizeof *chosen, cmp_i32);
-}
-
-/* ---- range lists ------------------------------------------------------------ */
-
-/* Appends [lo, hi) clipped to [0, lk), merging with the last range if they
- * touch. Inputs come in increasing lo. */
-static int push_range(mask_range *out, int n, int64_t lo, int64_t hi, int lk)
-{
-    lo = imax64(lo, 0);
-    hi = imin64(hi, lk);
-    if (lo >= hi)
-        return n;
-    if (n > 0 && out[n - 1].hi >= lo) {
-        if (hi > out[n - 1].hi)
-            out[n - 1].hi = (int32_t)hi;
-        return n;
-    }
-    out[n].lo = (int32_t)lo;
-    out[n].hi = (int32_t)hi;
-    return n + 1;
-}
-
-static int range_union(const mask_range *a, int na, const mask_range *b, int nb,
-                       mask_range *out, int lk)
-{
-    int i = 0, j = 0, n = 0;
-    while (i < na || j < nb) {
-        const mask_range *r = (j >= nb || (i < na && a[i].lo <= b[j].lo)) ? &a[i++] : &b[j++];
-        n = push_range(out, n, r->lo, r->hi, lk);
-    }
-    return n;
-}
-
-static int range_intersect(const mask_range *a, int na, const mask_range *b, int nb,
-                           mask_range *out)
-{
-    int i = 0, j = 0, n = 0;
-    while (i < na && j < nb) {
-        int32_t lo = a[i].lo > b[j].lo ? a[i].lo : b[j].lo;
-        int32_t hi = a[i].hi < b[j].hi ? a[i].hi : b[j].hi;
-        if (lo < hi)
-            out[n++] = (mask_range){lo, hi};
-        if (a[i].hi < b[j].hi)
-            i++;
-        else
-            j++;
-    }
-    return n;
-}
-
-/* ---- evaluating one term on one row ------------------------------------------ */
-
-static int term_dilated(const mask_term *t, int64_t q, int lk, mask_range *out)
-{
-    int64_t d = t->b, reach = (t->a / 2) * d;
-    int64_t lo = q - reach, hi = imin64(q + reach, (int64_t)lk - 1);
-    if (lo < 0)
-        lo = q % d;
-    if (d == 1)
-        return push_range(out, 0, lo, hi + 1, lk);
-    int n = 0;
-    for (int64_t k = lo; k <= hi; k += d)
-        out[n++] = (mask_range){(int32_t)k, (int32_t)k + 1};
-    return n;
-}
-
-static int term_strided(const mask_term *t, int lk, mask_range *out)
-{
-    if (t->a == 1)
-        return push_range(out, 0, 0, lk, lk);
-    int n = 0;
-    for (int64_t k = t->a - 1; k < lk; k += t->a)
-        out[n++] = (mask_range){(int32_t)k, (int32_t)k + 1};
-    return n;
-}
-
-static int term_random(const mask_term *t, struct mask_rand_state *rs, int64_t q, int lk,
-                       mask_range *out)
-{
-    int64_t bsz = t->b, qb = q / bsz;
-    if (rs->qb != qb) {
-        int nkb = (int)(((int64_t)lk + bsz - 1) / bsz);
-        mask_random_blocks(t->seed, qb, nkb, (int)t->a, rs->chosen, rs->seen);
-        rs->qb = qb;
-        rs->n = (int)t->a;
-    }
-    int n = 0;
-    for (int i = 0; i < rs->n; i++)
-        n = push_range(out, n, rs->chosen[i] * bsz, (rs->chosen[i] + 1) * bsz, lk);
-    return n;
-}
-
-static int term_docs(const mask_term *t, int64_t q, int lk, mask_range *out)
-{
-    int lo = 0, hi = t->n_docs - 1;
-    while (lo < hi) {
-        int mid = (lo + hi + 1) / 2;
-        if (t->doc_start[mid] <= q)
-            lo = mid;
-        else
-            hi = mid - 1;
-    }
-    return push_range(out, 0, t->doc_start[lo], t->doc_start[lo + 1], lk);
-}
-
-static int term_row(const stof_mask *m, mask_iter *it, const mask_term *t, int64_t q,
-                    mask_range *out)
-{
-    int lk = m->lk;
-    switch (t->kind) {
-    case MASK_DENSE:
-        return push_range(out, 0, 0, lk, lk);
-    case MASK_CAUSAL:
-        return push_range(out, 0, 0, q + ((int64_t)lk - m->lq) + 1, lk);
-    case MASK_WINDOW:
-        return push_range(out, 0, q - t->a / 2, q + t->a / 2 + 1, lk);
-    case MASK_CAUSAL_WINDOW:
-        return push_range(out, 0, q - t->a + 1, q + 1, lk);
-    case MASK_DILATED:
-        return term_dilated(t, q, lk, out);
-    case MASK_GLOBAL:
-        return push_range(out, 0, 0, q < t->a ? lk : t->a, lk);
-    case MASK_STRIDED:
-        return term_strided(t, lk, out);
-    case MASK_RANDOM:
-        return term_random(t, &it->rand[t->rand_slot], q, lk, out);
-    case MASK_DOCS:
-        return term_docs(t, q, lk, out);
-    }
-    return 0;
-}
-
 /* ---- the row iterator ------------------------------------------------------- */
 
 stof_status mask_iter_init(mask_iter *it, const stof_mask *m)
@@ -255,53 +54,15 @@ stof_status mask_iter_init(mask_iter *it, const stof_mask *m)
     it->m = m;
     if (m->ranges)
         return STOF_OK;
-    /* Merged ranges in [0, lk) never number more than ceil(lk / 2). */
-    it->cap = m->lk / 2 + 2;
-    for (int i = 0; i < 4; i++)
-        if (!(it->buf[i] = malloc((size_t)it->cap * sizeof(mask_range))))
-            goto fail;
-    if (m->n_random && !(it->rand = calloc((size_t)m->n_random, sizeof *it->rand)))
-        goto fail;
-    for (int i = 0; i < m->n_terms; i++) {
-        const mask_term *t = &m->terms[i];
-        if (t->kind != MASK_RANDOM)
-            continue;
-        struct mask_rand_state *rs = &it->rand[t->rand_slot];
-        size_t nkb = (size_t)(((int64_t)m->lk + t->b - 1) / t->b);
-        rs->qb = -1;
-        rs->chosen = malloc((size_t)t->a * sizeof *rs->chosen);
-        rs->seen = calloc(nkb, 1);
-        if (!rs->chosen || !rs->seen)
-            goto fail;
-    }
-    return STOF_OK;
-fail:
-    mask_iter_free(it);
-    return STOF_ERR_NO_MEMORY;
+    return mask_spec_rows_init(&it->rows, &m->terms);
 }
 
 void mask_iter_free(mask_iter *it)
 {
-    for (int i = 0; i < 4; i++)
-        free(it->buf[i]);
-    if (it->rand)
-        for (int i = 0; i < it->m->n_random; i++) {
-            free(it->rand[i].chosen);
-            free(it->rand[i].seen);
-        }
-    free(it->rand);
+    mask_spec_rows_free(&it->rows);
     memset(it, 0, sizeof *it);
 }
 
-static void swap_buf(mask_range **a, mask_range **b)
-{
-    mask_range *t = *a;
-    *a = *b;
-    *b = t;
-}
-
-/* Sum of products: each '&' chain is intersected term by term, then the
- * chains are united. Buffers are swapped, not copied. */
 int mask_row_ranges(mask_iter *it, int q, const mask_range **out)
 {
     const stof_mask *m = it->m;
@@ -309,319 +70,10 @@ int mask_row_ranges(mask_iter *it, int q, const mask_range **out)
         *out = m->ranges + m->row_ptr[q];
         return (int)(m->row_ptr[q + 1] - m->row_ptr[q]);
     }
-    mask_range **acc = &it->buf[0], **prod = &it->buf[1], **term = &it->buf[2],
-               **tmp = &it->buf[3];
-    int nacc = 0;
-    for (int i = 0; i < m->n_terms;) {
-        int nprod = term_row(m, it, &m->terms[i], q, *prod);
-        for (i++; i < m->n_terms && m->terms[i].and_prev; i++) {
-            if (nprod == 0)
-                continue;
-            int nt = term_row(m, it, &m->terms[i], q, *term);
-            nprod = range_intersect(*prod, nprod, *term, nt, *tmp);
-            swap_buf(prod, tmp);
-        }
-        nacc = range_union(*acc, nacc, *prod, nprod, *tmp, m->lk);
-        swap_buf(acc, tmp);
-    }
-    *out = *acc;
-    return nacc;
+    return mask_spec_row(&it->rows, &m->terms, q, out);
 }
 
-/* ---- parsing ------------------------------------------------------------------ */
-
-typedef struct mask_parser {
-    stof_ctx *ctx;
-    const char *s;
-    size_t pos;
-    int lq, lk;
-    mask_term *terms;
-    long long n_terms, cap_terms;
-    char *norm;
-    long long norm_len, norm_cap;
-    int n_random;
-    size_t term_at;       /* where the term being parsed starts */
-} mask_parser;
-
-/* Writes s[0..len) as a C string literal, escaping what is not printable and
- * cutting long text, so a hostile spec cannot flood the error buffer. */
-static void quote(char *dst, size_t cap, const char *s, size_t len, size_t max)
-{
-    size_t o = 0;
-    dst[o++] = '"';
-    for (size_t i = 0; i < len && o + 8 < cap; i++) {
-        unsigned char c = (unsigned char)s[i];
-        if (i == max) {
-            o += (size_t)snprintf(dst + o, cap - o, "...");
-            break;
-        }
-        if (c == '"' || c == '\\')
-            o += (size_t)snprintf(dst + o, cap - o, "\\%c", c);
-        else if (c < 32 || c > 126)
-            o += (size_t)snprintf(dst + o, cap - o, "\\x%02x", c);
-        else
-            dst[o++] = (char)c;
-    }
-    dst[o++] = '"';
-    dst[o] = 0;
-}
-
-/* "mask spec "S": <what> "<part>" at column N" */
-static stof_status parse_fail(mask_parser *p, size_t at, size_t len, const char *fmt, ...)
-{
-    char what[256], qspec[600], qpart[300];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(what, sizeof what, fmt, ap);
-    va_end(ap);
-    quote(qspec, sizeof qspec, p->s, strlen(p->s), 120);
-    quote(qpart, sizeof qpart, p->s + at, len, 48);
-    return CTX_FAIL(p->ctx, STOF_ERR_INVALID_ARG, "mask spec %s: %s %s at column %zu", qspec,
-                    what, qpart, at + 1);
-}
-
-static int is_ws(char c) { return c == ' ' || c == '\t'; }
-static int is_op_or_end(char c) { return c == '+' || c == '&' || c == 0; }
-
-static void skip_ws(mask_parser *p)
-{
-    while (is_ws(p->s[p->pos]))
-        p->pos++;
-}
-
-/* Length of the token at pos: up to a delimiter of the grammar. */
-static size_t token_len(const mask_parser *p, size_t at, const char *delims)
-{
-    size_t n = 0;
-    while (p->s[at + n] && !strchr(delims, p->s[at + n]))
-        n++;
-    return n;
-}
-
-static int append_norm(mask_parser *p, const char *fmt, ...)
-{
-    char buf[64];
-    va_list ap;
-    va_start(ap, fmt);
-    int n = vsnprintf(buf, sizeof buf, fmt, ap);
-    va_end(ap);
-    if (grow((void **)&p->norm, &p->norm_cap, p->norm_len + n + 1, 1))
-        return -1;
-    memcpy(p->norm + p->norm_len, buf, (size_t)n + 1);
-    p->norm_len += n;
-    return 0;
-}
-
-static stof_status no_memory(mask_parser *p)
-{
-    return CTX_FAIL(p->ctx, STOF_ERR_NO_MEMORY, "out of memory parsing a mask spec");
-}
-
-/* A missing argument quotes the term as far as it goes. */
-static stof_status missing_arg(mask_parser *p, const char *what)
-{
-    return parse_fail(p, p->term_at, p->pos - p->term_at, "missing %s in", what);
-}
-
-/* An unsigned decimal number ending at a delimiter, at most max. `what`
- * names it for the message when it is missing. */
-static stof_status parse_number(mask_parser *p, uint64_t max, const char *what, uint64_t *val,
-                                size_t *at)
-{
-    *at = p->pos;
-    size_t n = token_len(p, p->pos, ":,+& \t");
-    if (n == 0)
-        return missing_arg(p, what);
-    uint64_t v = 0;
-    for (size_t i = 0; i < n; i++) {
-        char c = p->s[p->pos + i];
-        if (c < '0' || c > '9')
-            return parse_fail(p, p->pos, n, "bad number");
-    }
-    for (size_t i = 0; i < n; i++) {
-        unsigned d = (unsigned)(p->s[p->pos + i] - '0');
-        if (v > (max - d) / 10)
-            return parse_fail(p, p->pos, n, "number too large (over %llu)",
-                              (unsigned long long)max);
-        v = v * 10 + d;
-    }
-    p->pos += n;
-    *val = v;
-    return STOF_OK;
-}
-
-/* ':' then a number. */
-static stof_status parse_arg(mask_parser *p, const char *what, uint64_t max, uint64_t *val,
-                             size_t *at)
-{
-    if (p->s[p->pos] != ':')
-        return missing_arg(p, what);
-    p->pos++;
-    return parse_number(p, max, what, val, at);
-}
-
-static stof_status parse_docs(mask_parser *p, mask_term *t)
-{
-    size_t at = p->pos + 1, first = at;
-    uint64_t v;
-    int64_t sum = 0;
-    long long cap = 0, n = 0;
-    stof_status st = parse_arg(p, "document length", INT_MAX, &v, &at);
-    while (st == STOF_OK) {
-        if (v == 0) {
-            st = parse_fail(p, at, p->pos - at, "document length must be > 0, got");
-            break;
-        }
-        sum += (int64_t)v;
-        if (sum > p->lq) {
-            st = parse_fail(p, first, p->pos - first,
-                            "document lengths must sum to Lq = %d, these pass it:", p->lq);
-            break;
-        }
-        if (grow((void **)&t->doc_start, &cap, n + 2, sizeof(int32_t))) {
-            st = no_memory(p);
-            break;
-        }
-        t->doc_start[n] = (int32_t)(sum - (int64_t)v);
-        t->doc_start[++n] = (int32_t)sum;
-        if (append_norm(p, "%c%llu", n == 1 ? ':' : ',', (unsigned long long)v)) {
-            st = no_memory(p);
-            break;
-        }
-        if (p->s[p->pos] != ',')
-            break;
-        p->pos++;
-        st = parse_number(p, INT_MAX, "document length", &v, &at);
-    }
-    t->n_docs = (int)n;
-    if (st == STOF_OK && sum != p->lq)
-        st = parse_fail(p, first, p->pos - first,
-                        "document lengths must sum to Lq = %d, got %lld from", p->lq,
-                        (long long)sum);
-    return st;
-}
-
-typedef struct mask_term_kind {
-    const char *name;
-    enum mask_kind kind;
-    int n_args;
-    const char *args[3];
-} mask_term_kind;
-
-static const mask_term_kind term_kinds[] = {
-    {"dense", MASK_DENSE, 0, {0}},
-    {"causal", MASK_CAUSAL, 0, {0}},
-    {"window", MASK_WINDOW, 1, {"width W"}},
-    {"causal_window", MASK_CAUSAL_WINDOW, 1, {"width W"}},
-    {"dilated", MASK_DILATED, 2, {"width W", "dilation D"}},
-    {"global", MASK_GLOBAL, 1, {"count G"}},
-    {"strided", MASK_STRIDED, 1, {"stride S"}},
-    {"random", MASK_RANDOM, 3, {"block count R", "block size B", "seed"}},
-    {"docs", MASK_DOCS, -1, {0}},
-};
-
-/* Range checks that need every argument of a term. */
-static stof_status check_term(mask_parser *p, const mask_term *t, const uint64_t *v,
-                              const size_t *at)
-{
-    size_t n0 = token_len(p, at[0], ":,+& \t"), n1 = at[1] ? token_len(p, at[1], ":+& \t") : 0;
-    switch (t->kind) {
-    case MASK_WINDOW:
-    case MASK_DILATED:
-        if (v[0] == 0 || v[0] % 2)
-            return parse_fail(p, at[0], n0, "window width must be even and > 0, got");
-        if (t->kind == MASK_DILATED && v[1] == 0)
-            return parse_fail(p, at[1], n1, "dilation must be > 0, got");
-        return STOF_OK;
-    case MASK_CAUSAL_WINDOW:
-        return v[0] ? STOF_OK : parse_fail(p, at[0], n0, "window width must be > 0, got");
-    case MASK_GLOBAL: {
-        int lmax = p->lq > p->lk ? p->lq : p->lk;
-        if (v[0] == 0 || v[0] > (uint64_t)lmax)
-            return parse_fail(p, at[0], n0, "global count must be in 1..max(Lq, Lk) = %d, got",
-                              lmax);
-        return STOF_OK;
-    }
-    case MASK_STRIDED:
-        return v[0] ? STOF_OK : parse_fail(p, at[0], n0, "stride must be > 0, got");
-    case MASK_RANDOM: {
-        if (v[1] == 0)
-            return parse_fail(p, at[1], n1, "block size must be > 0, got");
-        uint64_t nkb = ((uint64_t)p->lk + v[1] - 1) / v[1];
-        if (v[0] == 0 || v[0] > nkb)
-            return parse_fail(p, at[0], n0,
-                              "random block count must be in 1..ceil(Lk / B) = %llu, got",
-                              (unsigned long long)nkb);
-        return STOF_OK;
-    }
-    default:
-        return STOF_OK;
-    }
-}
-
-static stof_status parse_args(mask_parser *p, const mask_term_kind *k, mask_term *t)
-{
-    uint64_t v[3] = {0};
-    size_t at[3] = {0};
-    for (int i = 0; i < k->n_args; i++) {
-        uint64_t max = (k->kind == MASK_RANDOM && i == 2) ? UINT64_MAX : INT_MAX;
-        TRY(parse_arg(p, k->args[i], max, &v[i], &at[i]));
-        if (append_norm(p, ":%llu", (unsigned long long)v[i]))
-            return no_memory(p);
-    }
-    TRY(check_term(p, t, v, at));
-    t->a = (int64_t)v[0];
-    t->b = (int64_t)v[1];
-    t->seed = v[2];
-    return STOF_OK;
-}
-
-static stof_status parse_term(mask_parser *p, int and_prev)
-{
-    skip_ws(p);
-    size_t at = p->term_at = p->pos;
-    if (is_op_or_end(p->s[at]))
-        return parse_fail(p, at, p->s[at] ? 1 : 0, "expected a term, got");
-    size_t n = token_len(p, at, ":+& \t");
-    if (n == 0)
-        return parse_fail(p, at, token_len(p, at, "+&"), "expected a term name, got");
-    const mask_term_kind *k = NULL;
-    for (size_t i = 0; i < sizeof term_kinds / sizeof term_kinds[0]; i++)
-        if (strlen(term_kinds[i].name) == n && !memcmp(term_kinds[i].name, p->s + at, n))
-            k = &term_kinds[i];
-    if (!k)
-        return parse_fail(p, at, n, "unknown term");
-    if (grow((void **)&p->terms, &p->cap_terms, p->n_terms + 1, sizeof *p->terms))
-        return no_memory(p);
-    mask_term *t = &p->terms[p->n_terms++];
-    memset(t, 0, sizeof *t);
-    t->kind = k->kind;
-    t->and_prev = and_prev;
-    p->pos += n;
-    if (append_norm(p, "%s%s", p->n_terms == 1 ? "" : and_prev ? "&" : "+", k->name))
-        return no_memory(p);
-    if (k->kind == MASK_DOCS) {
-        if (p->lq != p->lk)
-            return parse_fail(p, at, n, "docs needs Lq = Lk (here %d and %d):", p->lq, p->lk);
-        TRY(parse_docs(p, t));
-    } else {
-        TRY(parse_args(p, k, t));
-    }
-    if (k->kind == MASK_RANDOM)
-        t->rand_slot = p->n_random++;
-    skip_ws(p);
-    if (!is_op_or_end(p->s[p->pos]))
-        return parse_fail(p, p->pos, token_len(p, p->pos, "+&"),
-                          "unexpected text after a term:");
-    return STOF_OK;
-}
-
-static void free_terms(mask_term *terms, long long n)
-{
-    for (long long i = 0; i < n; i++)
-        free(terms[i].doc_start);
-    free(terms);
-}
+/* ---- making masks ------------------------------------------------------------- */
 
 static stof_status check_dims(stof_ctx *ctx, int lq, int lk)
 {
@@ -640,32 +92,22 @@ stof_status stof_mask_parse(stof_ctx *ctx, const char *spec, int lq, int lk, sto
     CTX_ARG(ctx, out, "out");
     CTX_ARG(ctx, spec, "spec");
     TRY(check_dims(ctx, lq, lk));
-    mask_parser p = {.ctx = ctx, .s = spec, .lq = lq, .lk = lk};
-    stof_status st = parse_term(&p, 0);
-    while (st == STOF_OK && p.s[p.pos]) {
-        int and_op = p.s[p.pos] == '&';
-        p.pos++;
-        st = parse_term(&p, and_op);
-    }
-    stof_mask *m = NULL;
-    if (st == STOF_OK && !(m = calloc(1, sizeof *m)))
-        st = no_memory(&p);
-    if (st != STOF_OK) {
-        free_terms(p.terms, p.n_terms);
-        free(p.norm);
-        return st;
+    mask_spec terms;
+    char *norm;
+    TRY(mask_spec_parse(ctx, spec, lq, lk, &terms, &norm));
+    stof_mask *m = calloc(1, sizeof *m);
+    if (!m) {
+        mask_spec_free(&terms);
+        free(norm);
+        return CTX_FAIL(ctx, STOF_ERR_NO_MEMORY, "out of memory parsing a mask spec");
     }
     m->lq = lq;
     m->lk = lk;
-    m->spec = p.norm;
-    m->terms = p.terms;
-    m->n_terms = (int)p.n_terms;
-    m->n_random = p.n_random;
+    m->spec = norm;
+    m->terms = terms;
     *out = m;
     return STOF_OK;
 }
-
-/* ---- matrix-built masks --------------------------------------------------------- */
 
 static long long count_runs(const unsigned char *row, int lk)
 {
@@ -722,7 +164,7 @@ void stof_mask_free(stof_mask *m)
 {
     if (!m)
         return;
-    free_terms(m->terms, m->n_terms);
+    mask_spec_free(&m->terms);
     free(m->spec);
     free(m->row_ptr);
     free(m->ranges);
@@ -1410,7 +852,7 @@ void mask_summary_free(mask_summary *s)
     memset(s, 0, sizeof *s);
 }
 
-/* ---- pictures ----------------------------------------------------------------------- */
+/* ---- the dense matrix, the block map and its picture ------------------------------ */
 
 stof_status stof_mask_to_dense(stof_ctx *ctx, const stof_mask *m, unsigned char *out)
 {
@@ -1457,168 +899,6 @@ stof_status stof_mask_block_map(stof_ctx *ctx, const stof_mask *m, int block_q, 
     return STOF_OK;
 }
 
-/* Full blocks dark, partial light, empty white: the palette of both formats. */
-static const unsigned char PICTURE_RGB[3][3] = {{255, 255, 255}, {143, 184, 222}, {31, 78, 121}};
-
-static void svg_escaped(strbuf *b, const char *s, size_t max)
-{
-    for (size_t i = 0; s[i] && i < max; i++) {
-        switch (s[i]) {
-        case '&': strbuf_puts(b, "&amp;"); break;
-        case '<': strbuf_puts(b, "&lt;"); break;
-        case '>': strbuf_puts(b, "&gt;"); break;
-        case '"': strbuf_puts(b, "&quot;"); break;
-        default: strbuf_add(b, s + i, 1);
-        }
-    }
-    if (strlen(s) > max)
-        strbuf_puts(b, "...");
-}
-
-/* The grid scaled so its longer side is about 480 px (a cell at most 24 px),
- * each row's runs of one kind as one rectangle, empty blocks left as the
- * background; a caption gives the spec, the sizes and the counts. */
-static void svg_picture(strbuf *b, const stof_mask *m, const unsigned char *map, int nqb,
-                        int nkb, int bq, int bk)
-{
-    int longer = nqb > nkb ? nqb : nkb;
-    double cell = 480.0 / longer;
-    if (cell > 24)
-        cell = 24;
-    double gw = cell * nkb, gh = cell * nqb;
-    double width = gw > 380 ? gw : 380, height = gh + 44;
-    long long n[3] = {0, 0, 0};
-    for (size_t i = 0; i < (size_t)nqb * (size_t)nkb; i++)
-        n[map[i]]++;
-    strbuf_printf(b,
-                  "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"%.0f\" height=\"%.0f\" "
-                  "viewBox=\"0 0 %.2f %.2f\" font-family=\"sans-serif\" font-size=\"12\">\n"
-                  "<title>stof mask ",
-                  width, height, width, height);
-    svg_escaped(b, m->spec, 200);
-    strbuf_printf(b, " (%d x %d) in %d x %d blocks</title>\n", m->lq, m->lk, bq, bk);
-    strbuf_printf(b, "<rect width=\"%.2f\" height=\"%.2f\" fill=\"#fff\" stroke=\"#999\" "
-                  "stroke-width=\"0.5\"/>\n<g shape-rendering=\"crispEdges\" stroke=\"none\">\n",
-                  gw, gh);
-    for (int i = 0; i < nqb; i++) {
-        const unsigned char *row = map + (size_t)i * (size_t)nkb;
-        for (int j = 0; j < nkb;) {
-            int k = j;
-            while (k < nkb && row[k] == row[j])
-                k++;
-            if (row[j] != STOF_BLOCK_EMPTY)
-                strbuf_printf(b,
-                              "<rect x=\"%.2f\" y=\"%.2f\" width=\"%.2f\" height=\"%.2f\" "
-                              "fill=\"#%02x%02x%02x\"/>\n",
-                              j * cell, i * cell, (k - j) * cell, cell, PICTURE_RGB[row[j]][0],
-                              PICTURE_RGB[row[j]][1], PICTURE_RGB[row[j]][2]);
-            j = k;
-        }
-    }
-    strbuf_printf(b, "</g>\n<text x=\"0\" y=\"%.2f\">", gh + 17);
-    svg_escaped(b, m->spec, 60);
-    strbuf_printf(b, " (%d x %d), %d x %d blocks</text>\n", m->lq, m->lk, bq, bk);
-    static const char *names[3] = {"empty", "partial", "full"};
-    double x = 0;
-    for (int kind = 2; kind >= 0; kind--) {
-        strbuf_printf(b,
-                      "<rect x=\"%.0f\" y=\"%.2f\" width=\"10\" height=\"10\" "
-                      "fill=\"#%02x%02x%02x\" stroke=\"#999\" stroke-width=\"0.5\"/>"
-                      "<text x=\"%.0f\" y=\"%.2f\">%s %lld</text>\n",
-                      x, gh + 26, PICTURE_RGB[kind][0], PICTURE_RGB[kind][1],
-                      PICTURE_RGB[kind][2], x + 14, gh + 35, names[kind], n[kind]);
-        x += 120;
-    }
-    strbuf_puts(b, "</svg>\n");
-}
-
-static uint32_t png_crc(uint32_t crc, const unsigned char *p, size_t n)
-{
-    crc = ~crc;
-    for (size_t i = 0; i < n; i++) {
-        crc ^= p[i];
-        for (int k = 0; k < 8; k++)
-            crc = (crc >> 1) ^ (0xEDB88320u & (0u - (crc & 1)));
-    }
-    return ~crc;
-}
-
-static void put_be32(strbuf *b, uint32_t v)
-{
-    unsigned char c[4] = {(unsigned char)(v >> 24), (unsigned char)(v >> 16),
-                          (unsigned char)(v >> 8), (unsigned char)v};
-    strbuf_add(b, (const char *)c, 4);
-}
-
-static void png_chunk(strbuf *b, const char *type, const unsigned char *data, size_t n)
-{
-    put_be32(b, (uint32_t)n);
-    size_t at = b->len;
-    strbuf_add(b, type, 4);
-    if (n)
-        strbuf_add(b, (const char *)data, n);
-    put_be32(b, b->oom ? 0 : png_crc(0, (const unsigned char *)b->p + at, n + 4));
-}
-
-/* A palette PNG, one block an s x s square (the longer side about 512 px),
- * its image data in stored (uncompressed) deflate blocks: no zlib needed. */
-static void png_picture(strbuf *b, const unsigned char *map, int nqb, int nkb)
-{
-    int longer = nqb > nkb ? nqb : nkb;
-    int s = 512 / longer > 1 ? 512 / longer : 1;
-    uint32_t w = (uint32_t)nkb * (uint32_t)s, h = (uint32_t)nqb * (uint32_t)s;
-    size_t line = (size_t)w + 1, raw_len = line * h;
-    unsigned char *raw = malloc(raw_len);
-    size_t nblocks = raw_len / 65535 + 1;
-    unsigned char *z = malloc(2 + raw_len + 5 * nblocks + 4);
-    if (!raw || !z) {
-        free(raw);
-        free(z);
-        b->oom = 1;
-        return;
-    }
-    for (uint32_t y = 0; y < h; y++) {
-        unsigned char *o = raw + (size_t)y * line;
-        const unsigned char *row = map + (size_t)(y / (uint32_t)s) * (size_t)nkb;
-        *o++ = 0; /* filter: none */
-        for (uint32_t x = 0; x < w; x++)
-            *o++ = row[x / (uint32_t)s];
-    }
-    size_t zn = 0;
-    z[zn++] = 0x78;
-    z[zn++] = 0x01;
-    for (size_t at = 0; at < raw_len; at += 65535) {
-        size_t len = raw_len - at < 65535 ? raw_len - at : 65535;
-        z[zn++] = at + len >= raw_len;   /* BFINAL on the last, BTYPE 00: stored */
-        z[zn++] = (unsigned char)len;
-        z[zn++] = (unsigned char)(len >> 8);
-        z[zn++] = (unsigned char)~len;
-        z[zn++] = (unsigned char)(~len >> 8);
-        memcpy(z + zn, raw + at, len);
-        zn += len;
-    }
-    uint32_t a = 1, bsum = 0;
-    for (size_t i = 0; i < raw_len; i++) {
-        a = (a + raw[i]) % 65521;
-        bsum = (bsum + a) % 65521;
-    }
-    uint32_t adler = bsum << 16 | a;
-    for (int i = 3; i >= 0; i--)
-        z[zn++] = (unsigned char)(adler >> (8 * i));
-    strbuf_add(b, "\x89PNG\r\n\x1a\n", 8);
-    unsigned char ihdr[13] = {(unsigned char)(w >> 24), (unsigned char)(w >> 16),
-                              (unsigned char)(w >> 8), (unsigned char)w,
-                              (unsigned char)(h >> 24), (unsigned char)(h >> 16),
-                              (unsigned char)(h >> 8), (unsigned char)h,
-                              8, 3, 0, 0, 0}; /* 8-bit palette indices */
-    png_chunk(b, "IHDR", ihdr, sizeof ihdr);
-    png_chunk(b, "PLTE", &PICTURE_RGB[0][0], sizeof PICTURE_RGB);
-    png_chunk(b, "IDAT", z, zn);
-    png_chunk(b, "IEND", NULL, 0);
-    free(raw);
-    free(z);
-}
-
 stof_status stof_mask_picture(stof_ctx *ctx, const stof_mask *m, int block_q, int block_k,
                               stof_picture format, void **data, size_t *len)
 {
@@ -1657,9 +937,9 @@ stof_status stof_mask_picture(stof_ctx *ctx, const stof_mask *m, int block_q, in
     }
     strbuf b = {0};
     if (format == STOF_PICTURE_SVG)
-        svg_picture(&b, m, map, nqb, nkb, block_q, block_k);
+        mask_picture_svg(&b, m->spec, m->lq, m->lk, map, nqb, nkb, block_q, block_k);
     else
-        png_picture(&b, map, nqb, nkb);
+        mask_picture_png(&b, map, nqb, nkb);
     free(map);
     size_t n = b.len;
     char *p = strbuf_take(&b);

@@ -1,29 +1,28 @@
 /*
- * mask — attention masks: the spec parser, the canonical hash, statistics,
- * the two storage formats the GPU kernels read (block-sparse rows and
- * per-row key ranges), and the summary a plan reads. Everything is built on
- * one row iterator that yields the sorted, merged allowed ranges of a query
- * row, so a spec mask is never expanded to Lq x Lk.
+ * mask — attention masks: built from a spec (read by attn/mask_spec) or a
+ * dense matrix, the canonical hash, statistics, the two storage formats the
+ * GPU kernels read (block-sparse rows and per-row key ranges), the summary
+ * a plan reads, and the block map behind the pictures (drawn by
+ * attn/mask_picture). Everything is built on one row iterator that yields
+ * the sorted, merged allowed ranges of a query row, so a spec mask is never
+ * expanded to Lq x Lk.
+ *
+ * attn/mask_spec.h, included here, holds what a spec means: mask_range, the
+ * terms, and the random term's generator (mask_random_blocks, documented
+ * there).
  */
 #ifndef STOF_MASK_H
 #define STOF_MASK_H
 
 #include <stdint.h>
+#include "attn/mask_spec.h"
 #include "stof.h"
-
-/* Keys lo .. hi-1 of one row. A row's ranges are sorted, disjoint and never
- * adjacent (a.hi < b.lo), and lie within [0, Lk). */
-typedef struct mask_range {
-    int32_t lo, hi;
-} mask_range;
 
 /* Walks the rows of a mask in any order. Holds the scratch the evaluation of
  * a spec needs, so a row costs no allocation. */
 typedef struct mask_iter {
     const stof_mask *m;
-    mask_range *buf[4];
-    int cap;                 /* ranges each buffer holds */
-    struct mask_rand_state *rand; /* one per random term */
+    mask_spec_rows rows;     /* spec-built masks */
 } mask_iter;
 
 stof_status mask_iter_init(mask_iter *it, const stof_mask *m); /* STOF_ERR_NO_MEMORY only */
@@ -142,28 +141,5 @@ void mask_summary_free(mask_summary *s);
 /* The summaries made in this process so far (tests: a cached plan makes
  * none). */
 long long mask_summaries_made(void);
-
-/*
- * The random term's generator, identical on every platform (uint64 only).
- * random:R:B:SEED splits keys into nkb = ceil(Lk/B) blocks of B columns (the
- * last may be short) and gives query block i (rows i*B .. i*B+B-1) the key
- * blocks chosen by:
- *
- *   state = SEED ^ ((i + 1) * 0x9E3779B97F4A7C15)         (mod 2^64)
- *   next():  state += 0x9E3779B97F4A7C15;  z = state;      (splitmix64)
- *            z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9;
- *            z = (z ^ (z >> 27)) * 0x94D049BB133111EB;
- *            return z ^ (z >> 31);
- *   below(m): draws z = next() until z < 2^64 - (2^64 mod m); returns z mod m
- *   chosen = {}
- *   for j = nkb - R .. nkb - 1:                            (Floyd's sampling)
- *       t = below(j + 1)
- *       add (t in chosen ? j : t) to chosen
- *
- * R > nkb is an error (R distinct blocks must exist); R*B may pass Lk by
- * less than one block, when the last block is short.
- */
-void mask_random_blocks(uint64_t seed, int64_t qblock, int nkb, int r, int32_t *chosen,
-                        unsigned char *seen);
 
 #endif
