@@ -11,24 +11,10 @@
 #include "base/json.h"
 #include "base/strbuf.h"
 #include "cache/cache.h"
-#include "gpu/blas.h"
 #include "gpu/timing.h"
-#include "layer/bias_act.h"
-#include "layer/layernorm.h"
+#include "layer/layer_group.h"
 
-/* ---- names, checks, groups ------------------------------------------------ */
-
-static const char *const SCHEME_NAMES[LS_COUNT] = {"cublas+gen", "cublaslt+gen", "gen", "gen-ln"};
-static const char *const GROUP_NAMES[LG_COUNT] = {"qkv", "out", "ffn1", "ffn2"};
-
-const char *layer_scheme_name(layer_scheme s)
-{
-    return s >= 0 && s < LS_COUNT ? SCHEME_NAMES[s] : "?";
-}
-
-const char *layer_group_name(int g) { return g >= 0 && g < LG_COUNT ? GROUP_NAMES[g] : "?"; }
-
-static int ffn_of(const stof_layer_desc *d) { return d->ffn_hidden ? d->ffn_hidden : 4 * d->hidden; }
+/* ---- checks and groups ------------------------------------------------------- */
 
 static stof_status check_desc(stof_ctx *ctx, const stof_layer_desc *d, const stof_mask *mask)
 {
@@ -43,22 +29,22 @@ static stof_status check_desc(stof_ctx *ctx, const stof_layer_desc *d, const sto
         return CTX_FAIL(ctx, STOF_ERR_INVALID_ARG, "hidden %d is not a multiple of heads %d",
                         d->hidden, d->heads);
     if (d->dtype != STOF_F16 && d->dtype != STOF_BF16)
-        return CTX_FAIL(ctx, STOF_ERR_UNSUPPORTED, "layer dtype must be STOF_F16 or STOF_BF16 (got %d)",
-                        (int)d->dtype);
+        return CTX_FAIL(ctx, STOF_ERR_UNSUPPORTED,
+                        "layer dtype must be STOF_F16 or STOF_BF16 (got %d)", (int)d->dtype);
     if ((unsigned)d->activation > STOF_ACT_RELU || (unsigned)d->norm > STOF_PRE_LN)
         return CTX_FAIL(ctx, STOF_ERR_INVALID_ARG, "unknown activation %d or norm %d",
                         (int)d->activation, (int)d->norm);
     if (!(d->eps >= 0.f) || isinf(d->eps))
         return CTX_FAIL(ctx, STOF_ERR_INVALID_ARG, "desc.eps must be finite and >= 0");
-    if (d->hidden % 8 || ffn_of(d) % 8)
+    if (d->hidden % 8 || group_ffn_width(d) % 8)
         return CTX_FAIL(ctx, STOF_ERR_UNSUPPORTED,
                         "hidden (%d) and ffn_hidden (%d) must be multiples of 8", d->hidden,
-                        ffn_of(d));
+                        group_ffn_width(d));
     if (d->hidden > LN_MAX_HIDDEN)
         return CTX_FAIL(ctx, STOF_ERR_UNSUPPORTED, "hidden %d is above the supported %d",
                         d->hidden, LN_MAX_HIDDEN);
-    if ((long long)d->batch * d->seq * (long long)(ffn_of(d) > 3 * d->hidden ? ffn_of(d) : 3 * d->hidden) >
-        (1ll << 31))
+    const int f = group_ffn_width(d), width = f > 3 * d->hidden ? f : 3 * d->hidden;
+    if ((long long)d->batch * d->seq * (long long)width > (1ll << 31))
         return CTX_FAIL(ctx, STOF_ERR_UNSUPPORTED, "batch * seq * width is above 2^31 elements");
     int lq, lk;
     stof_mask_dims(mask, &lq, &lk);
@@ -68,31 +54,18 @@ static stof_status check_desc(stof_ctx *ctx, const stof_layer_desc *d, const sto
     return STOF_OK;
 }
 
-void layer_groups(const stof_layer_desc *d, layer_group g[LG_COUNT])
-{
-    static const gemm_act acts[] = {GEMM_ACT_GELU, GEMM_ACT_GELU_TANH, GEMM_ACT_RELU};
-    const int m = d->batch * d->seq, h = d->hidden, f = ffn_of(d);
-    const int post = d->norm == STOF_POST_LN;
-    const float eps = d->eps > 0.f ? d->eps : 1e-5f;
-    g[LG_QKV] = (layer_group){m, 3 * h, h, d->dtype, {.bias = 1}, eps};
-    /* Post-LN normalises h itself; pre-LN keeps h and normalises a copy. */
-    g[LG_OUT] = (layer_group){m, h, h, d->dtype, {.bias = 1, .residual = 1, .ln = 1, .ln_sum = !post}, eps};
-    g[LG_FFN1] = (layer_group){m, f, h, d->dtype, {.bias = 1, .act = acts[d->activation]}, eps};
-    g[LG_FFN2] = (layer_group){m, h, f, d->dtype, {.bias = 1, .residual = 1, .ln = post}, eps};
-}
-
 void layer_shape_string(const stof_layer_desc *d, char *out, size_t n)
 {
     static const char *const acts[] = {"gelu", "gelu_tanh", "relu"};
-    snprintf(out, n, "b%d_s%d_h%d_n%d_f%d_%s_%s", d->batch, d->seq, d->hidden, d->heads, ffn_of(d),
-             acts[d->activation], d->norm == STOF_POST_LN ? "post" : "pre");
+    snprintf(out, n, "b%d_s%d_h%d_n%d_f%d_%s_%s", d->batch, d->seq, d->hidden, d->heads,
+             group_ffn_width(d), acts[d->activation], d->norm == STOF_POST_LN ? "post" : "pre");
 }
 
 void layer_group_shape(int g, const layer_group *grp, char *out, size_t n)
 {
     const gemm_epilogue *e = &grp->epi;
-    snprintf(out, n, "%s_m%d_n%d_k%d_bias%d_act%d_res%d_ln%d_sum%d", GROUP_NAMES[g], grp->m, grp->n,
-             grp->k, e->bias, (int)e->act, e->residual, e->ln, e->ln_sum);
+    snprintf(out, n, "%s_m%d_n%d_k%d_bias%d_act%d_res%d_ln%d_sum%d", group_encoder_names[g],
+             grp->m, grp->n, grp->k, e->bias, (int)e->act, e->residual, e->ln, e->ln_sum);
 }
 
 /* ---- the model ------------------------------------------------------------- */
@@ -124,8 +97,6 @@ static double pass_ms(const layer_group *g, double passes, double gbs)
     return passes * g->m * (double)g->n * dtype_size(g->dtype) / (gbs * 1e6);
 }
 
-/* Whether LS_LT leaves an elementwise kernel behind (the erf GELU). */
-static int lt_needs_act(const layer_group *g) { return g->epi.act == GEMM_ACT_GELU; }
 
 static double predict(const layer_group *g, layer_scheme s, const model_device *md)
 {
@@ -147,7 +118,7 @@ static double predict(const layer_group *g, layer_scheme s, const model_device *
             return gemm_ms(g, lib, bw) + pass_ms(g, g->epi.residual, bw) +
                    pass_ms(g, 2 + g->epi.ln_sum, bw) + 2 * LAUNCH_MS;
         return gemm_ms(g, lib, bw) + pass_ms(g, g->epi.residual, bw) +
-               (lt_needs_act(g) ? pass_ms(g, 2, bw) + LAUNCH_MS : 0) + LAUNCH_MS;
+               (group_lt_needs_act(g) ? pass_ms(g, 2, bw) + LAUNCH_MS : 0) + LAUNCH_MS;
     case LS_GEN:
         return gemm_ms(g, gen, bw) + pass_ms(g, g->epi.residual, bw) +
                (g->epi.ln ? pass_ms(g, 2 + g->epi.ln_sum, bw) + LAUNCH_MS : 0) + LAUNCH_MS;
@@ -161,16 +132,6 @@ static double predict(const layer_group *g, layer_scheme s, const model_device *
     }
 }
 
-static gemm_shape shape_of(const layer_group *g) { return (gemm_shape){g->m, g->n, g->k, g->dtype}; }
-
-/* The generated GEMM's epilogue under scheme s. */
-static gemm_epilogue gen_epilogue(const layer_group *g, layer_scheme s)
-{
-    gemm_epilogue e = g->epi;
-    if (s != LS_GEN_LN)
-        e.ln = e.ln_sum = 0;
-    return e;
-}
 
 int layer_rank_schemes(const layer_group *g, int blas, int smem_max, const model_device *md,
                        layer_scheme *out, double *predicted_ms)
@@ -182,8 +143,8 @@ int layer_rank_schemes(const layer_group *g, int blas, int smem_max, const model
         if (s == LS_GEN_LN && !g->epi.ln)
             continue;
         if (s >= LS_GEN) {
-            gemm_shape sh = shape_of(g);
-            gemm_epilogue e = gen_epilogue(g, s);
+            gemm_shape sh = group_gemm_shape(g);
+            gemm_epilogue e = group_gen_epilogue(g, s);
             gemm_config c;
             /* Whether any config fits: mma.sync ones do wherever wg ones do. */
             if (gemm_candidates(&sh, &e, smem_max, 0, &c, 1) < 1)
@@ -203,135 +164,6 @@ int layer_rank_schemes(const layer_group *g, int blas, int smem_max, const model
             out[j - 1] = u;
         }
     return n;
-}
-
-/* ---- one group, loaded and run ---------------------------------------------- */
-
-typedef struct gexec {
-    layer_group g;
-    layer_choice c;
-    blas_lt_op lt;
-    CUfunction gemm_fn;
-    ln_kernel ln;
-    ba_kernel ba;
-    int has_ln, has_ba;
-} gexec;
-
-/* Device buffers of one group run. */
-typedef struct gio {
-    CUdeviceptr x, w, bias, residual, gamma, beta, out, sum_out, tmp, blas_ws;
-} gio;
-
-static void gexec_free(stof_ctx *ctx, gexec *e)
-{
-    if (e->c.scheme == LS_LT)
-        blas_lt_free(ctx, &e->lt);
-    memset(e, 0, sizeof *e);
-}
-
-/* The cuBLASLt product of g's scheme LS_LT, for blas_lt_make (which reads
- * only the shape, the epilogue and whether a residual is added): the bias
- * with ReLU or the tanh GELU folded in; the erf GELU stays behind. */
-static blas_gemm lt_gemm_of(const layer_group *g)
-{
-    static const blas_epilogue epis[] = {BLAS_EPI_BIAS, BLAS_EPI_BIAS, BLAS_EPI_GELU_TANH_BIAS,
-                                         BLAS_EPI_RELU_BIAS};
-    static const char residual_marker;
-    return (blas_gemm){g->m, g->n, g->k, g->dtype, NULL, NULL, NULL,
-                       g->epi.residual ? &residual_marker : NULL, NULL,
-                       g->epi.bias ? epis[g->epi.act] : BLAS_EPI_NONE, NULL};
-}
-
-/* The kernel a scheme runs beside its GEMM: a LayerNorm (ln), a bias and
- * activation pass (ba), or none; gexec_load loads it, precompile compiles
- * it ahead. */
-typedef struct aux_kernel {
-    int ln, ba;
-    int bias, residual;
-} aux_kernel;
-
-static aux_kernel aux_of(const layer_group *g, layer_scheme s)
-{
-    const gemm_epilogue *p = &g->epi;
-    switch (s) {
-    case LS_BLAS: /* the GEMM alone: the whole epilogue follows */
-        return p->ln ? (aux_kernel){1, 0, p->bias, p->residual}
-                     : (aux_kernel){0, 1, p->bias, p->residual};
-    case LS_LT: /* bias, residual and ReLU or tanh GELU inside; LN and erf GELU follow */
-        return (aux_kernel){p->ln, !p->ln && lt_needs_act(g), 0, 0};
-    case LS_GEN: /* everything inside but the LayerNorm */
-        return (aux_kernel){p->ln, 0, 0, 0};
-    default:
-        return (aux_kernel){0, 0, 0, 0};
-    }
-}
-
-static stof_status gexec_load(stof_ctx *ctx, const layer_group *g, const layer_choice *c, gexec *e)
-{
-    memset(e, 0, sizeof *e);
-    e->g = *g;
-    e->c = *c;
-    stof_status st = STOF_OK;
-    if (c->scheme == LS_LT) {
-        blas_gemm bg = lt_gemm_of(g);
-        st = blas_lt_make(ctx, &bg, c->algo, &e->lt, NULL);
-    } else if (c->scheme == LS_BLAS) {
-        /* cuBLAS opened now, so that loading the plan pays for it and not
-         * its first run. */
-        st = blas_need(ctx);
-    } else {
-        gemm_shape sh = shape_of(g);
-        gemm_epilogue ge = gen_epilogue(g, c->scheme);
-        st = gemm_check(ctx, &sh, &ge, &c->cfg);
-        if (st == STOF_OK)
-            st = gemm_load(ctx, &c->cfg, &sh, &ge, &e->gemm_fn, NULL);
-    }
-    const aux_kernel a = aux_of(g, c->scheme);
-    stof_ln_desc lnd = {g->m, g->n, g->dtype, g->eps};
-    if (st == STOF_OK && a.ln) {
-        e->has_ln = 1;
-        st = ln_load(ctx, &lnd, 16, a.bias, a.residual, g->epi.ln_sum, &e->ln);
-    } else if (st == STOF_OK && a.ba) {
-        e->has_ba = 1;
-        st = ba_load(ctx, g->n, g->dtype, g->epi.act, a.bias, a.residual, &e->ba);
-    }
-    if (st != STOF_OK)
-        gexec_free(ctx, e);
-    return st;
-}
-
-static stof_status gexec_run(stof_ctx *ctx, const gexec *e, const gio *io, CUstream s)
-{
-    const layer_group *g = &e->g;
-    const void *bias = (void *)io->bias, *res = g->epi.residual ? (void *)io->residual : NULL;
-    /* A LayerNorm after the product needs it in a buffer of its own. */
-    CUdeviceptr y = e->has_ln ? io->tmp : io->out;
-    blas_gemm bg = {g->m, g->n, g->k, g->dtype, (void *)io->x, (void *)io->w, bias, res,
-                    (void *)y, BLAS_EPI_NONE, (void *)io->blas_ws};
-    switch (e->c.scheme) {
-    case LS_BLAS:
-        TRY(blas_gemm_run(ctx, &bg, s));
-        if (e->has_ln)
-            return ln_launch(ctx, &e->ln, (void *)y, bias, res, (void *)io->gamma,
-                             (void *)io->beta, (void *)io->out, (void *)io->sum_out, s);
-        return ba_launch(ctx, &e->ba, g->m, (void *)y, bias, res, (void *)io->out, s);
-    case LS_LT:
-        bg.epi = BLAS_EPI_BIAS;  /* any but NONE: the bias pointer is set */
-        TRY(blas_lt_run(ctx, &e->lt, &bg, s));
-        break;
-    default: {
-        gemm_shape sh = shape_of(g);
-        gemm_args a = {(void *)io->x, (void *)io->w, bias, res, (void *)io->gamma,
-                       (void *)io->beta, (void *)y, (void *)io->sum_out, g->eps};
-        TRY(gemm_launch(ctx, e->gemm_fn, &e->c.cfg, &sh, &a, s));
-    }
-    }
-    if (e->has_ln)
-        return ln_launch(ctx, &e->ln, (void *)y, NULL, NULL, (void *)io->gamma, (void *)io->beta,
-                         (void *)io->out, (void *)io->sum_out, s);
-    if (e->has_ba)
-        return ba_launch(ctx, &e->ba, g->m, (void *)y, NULL, NULL, (void *)io->out, s);
-    return STOF_OK;
 }
 
 /* ---- device scratch ---------------------------------------------------------- */
@@ -487,9 +319,9 @@ static stof_status gscratch_alloc(stof_ctx *ctx, const layer_group *g, gscratch 
     return st;
 }
 
-static gio gio_of(const gscratch *s, int set)
+static group_io gio_of(const gscratch *s, int set)
 {
-    return (gio){s->x[set], s->w, s->bias, s->residual, s->gamma, s->beta, s->out, s->sum_out,
+    return (group_io){s->x[set], s->w, s->bias, s->residual, s->gamma, s->beta, s->out, s->sum_out,
                  s->tmp, s->blas_ws};
 }
 
@@ -541,15 +373,15 @@ static double now_s(void)
 }
 
 typedef struct timed_group {
-    const gexec *e;
+    const group_exec *e;
     const gscratch *s;
 } timed_group;
 
 static stof_status run_group(stof_ctx *ctx, void *arg, int i)
 {
     const timed_group *t = arg;
-    gio io = gio_of(t->s, i % 2);
-    return gexec_run(ctx, t->e, &io, NULL);
+    group_io io = gio_of(t->s, i % 2);
+    return group_run(ctx, t->e, &io, NULL);
 }
 
 /* Loads, times and checks one candidate; the verdict says how it went. A
@@ -558,9 +390,9 @@ static stof_status try_choice(stof_ctx *ctx, const layer_group *g, const gscratc
                               layer_tried *tr, double *err_out)
 {
     err_record saved = ctx->err;
-    gexec e;
+    group_exec e;
     tr->verdict = "failed";
-    stof_status st = gexec_load(ctx, g, &tr->c, &e);
+    stof_status st = group_load(ctx, g, &tr->c, &e);
     if (st == STOF_OK) {
         /* Poison the output: an unwritten element reads NaN. */
         if (jit_push(ctx) == STOF_OK) {
@@ -579,7 +411,7 @@ static stof_status try_choice(stof_ctx *ctx, const layer_group *g, const gscratc
             tr->verdict = err <= tolerance(g->dtype) ? "ok" : "mismatch";
         if (err_out)
             *err_out = err;
-        gexec_free(ctx, &e);
+        group_free(ctx, &e);
     }
     /* Only a device failure stops the search; a test wants the reason. */
     if (st == STOF_ERR_CUDA || err_out)
@@ -612,7 +444,7 @@ static int scheme_params(stof_ctx *ctx, const layer_group *g, layer_scheme s, in
         return 1;
     }
     if (s == LS_LT) {
-        blas_gemm bg = lt_gemm_of(g);
+        blas_gemm bg = group_lt_gemm(g);
         blas_lt_op op;
         int count = 0;
         err_record saved = ctx->err;
@@ -626,8 +458,8 @@ static int scheme_params(stof_ctx *ctx, const layer_group *g, layer_scheme s, in
             out[n++] = (layer_choice){s, a, {0}};
         return n;
     }
-    gemm_shape sh = shape_of(g);
-    gemm_epilogue e = gen_epilogue(g, s);
+    gemm_shape sh = group_gemm_shape(g);
+    gemm_epilogue e = group_gen_epilogue(g, s);
     gemm_config cfg[16];
     int n = gemm_candidates(&sh, &e, smem_max, !strcmp(ctx->arch, "sm_90a"), cfg, cap < 16 ? cap : 16);
     for (int i = 0; i < n; i++)
@@ -722,15 +554,15 @@ static void kbatch_gemm(kbatch *b, const layer_group *g, layer_scheme s, const g
 {
     if (b->ngemm < KB_GEMMS) {
         b->cfg[b->ngemm] = *c;
-        b->sh[b->ngemm] = shape_of(g);
-        b->ge[b->ngemm++] = gen_epilogue(g, s);
+        b->sh[b->ngemm] = group_gemm_shape(g);
+        b->ge[b->ngemm++] = group_gen_epilogue(g, s);
     }
 }
 
 /* The pass scheme s runs beside g's GEMM, if any. */
 static void kbatch_aux(kbatch *b, const layer_group *g, layer_scheme s)
 {
-    const aux_kernel a = aux_of(g, s);
+    const group_aux a = group_aux_of(g, s);
     const stof_ln_desc lnd = {g->m, g->n, g->dtype, g->eps};
     if (a.ln && b->nln < KB_AUX)
         ln_make_request(&lnd, 16, a.bias, a.residual, g->epi.ln_sum, &b->ln[b->nln++]);
@@ -815,8 +647,8 @@ static stof_status explore(stof_ctx *ctx, int gi, const layer_group *g, int smem
         gemm_epilogue ge[MAX_TRIED];
         for (int i = 0; i < m; i++) {
             cfg[i] = params[1 + i].cfg;
-            sh[i] = shape_of(g);
-            ge[i] = gen_epilogue(g, w.c.scheme);
+            sh[i] = group_gemm_shape(g);
+            ge[i] = group_gen_epilogue(g, w.c.scheme);
         }
         err_record saved = ctx->err;
         if (m > 0 && gemm_prepare_all(ctx, cfg, sh, ge, m) != STOF_OK)
@@ -859,7 +691,7 @@ static stof_status search_group(stof_ctx *ctx, int gi, const layer_group *g, int
     int ns = layer_rank_schemes(g, blas_available(ctx, NULL), smem_max, md, rank, pred);
     if (ns == 0)
         return CTX_FAIL(ctx, STOF_ERR_UNSUPPORTED, "no scheme can run the layer's %s group",
-                        GROUP_NAMES[gi]);
+                        group_encoder_names[gi]);
     layer_choice params[MAX_TRIED];
     gscratch s;
     TRY(gscratch_alloc(ctx, g, &s));
@@ -898,10 +730,10 @@ static stof_status search_group(stof_ctx *ctx, int gi, const layer_group *g, int
             if (ss->tried[i].verdict && strcmp(ss->tried[i].verdict, "failed"))
                 return CTX_FAIL(ctx, STOF_ERR_INTERNAL,
                                 "every scheme of the %s group failed its output check (%s: %s)",
-                                GROUP_NAMES[gi], layer_scheme_name(ss->tried[i].c.scheme),
+                                group_encoder_names[gi], layer_scheme_name(ss->tried[i].c.scheme),
                                 ss->tried[i].verdict);
         return CTX_FAIL(ctx, STOF_ERR_UNSUPPORTED, "no scheme of the %s group could run",
-                        GROUP_NAMES[gi]);
+                        group_encoder_names[gi]);
     }
     if (st == STOF_OK) {
         *win = ss->tried[best].c;
@@ -926,7 +758,7 @@ static void tried_json(strbuf *b, const layer_tried *tried, int n, int g)
     for (int i = 0, k = 0; i < n; i++) {
         if (g >= 0 && tried[i].group != g)
             continue;
-        strbuf_printf(b, "%s{\"group\":\"%s\",", k++ ? "," : "", GROUP_NAMES[tried[i].group]);
+        strbuf_printf(b, "%s{\"group\":\"%s\",", k++ ? "," : "", group_encoder_names[tried[i].group]);
         choice_json(b, &tried[i].c);
         strbuf_printf(b, ",\"predicted_ms\":%.6f", tried[i].predicted_ms);
         if (tried[i].verdict)
@@ -942,7 +774,7 @@ char *layer_record_format(const layer_record *r, const layer_tried *tried, int n
     strbuf_printf(&b, "{\"how\":\"%s\",\"graph\":%d,\"plain_ms\":%.6f,\"graph_ms\":%.6f,\"groups\":[",
                   how, r->graph, r->plain_ms, r->graph_ms);
     for (int g = 0; g < LG_COUNT; g++) {
-        strbuf_printf(&b, "%s{\"group\":\"%s\",", g ? "," : "", GROUP_NAMES[g]);
+        strbuf_printf(&b, "%s{\"group\":\"%s\",", g ? "," : "", group_encoder_names[g]);
         choice_json(&b, &r->c[g]);
         strbuf_printf(&b, ",\"ms\":%.6f}", r->ms[g]);
     }
@@ -969,10 +801,10 @@ static int group_parse(const json_value *o, int g, layer_choice *c, double *ms)
                      *cfg = json_get(o, "cfg");
     double algo = -1;
     int ok = sc && sc->type == JSON_STRING && name && name->type == JSON_STRING &&
-             !strcmp(name->str, GROUP_NAMES[g]) && num_of(o, "algo", &algo) && num_of(o, "ms", ms) &&
+             !strcmp(name->str, group_encoder_names[g]) && num_of(o, "algo", &algo) && num_of(o, "ms", ms) &&
              cfg && cfg->type == JSON_ARRAY && cfg->n == 7 && algo >= 0 && algo < BLAS_MAX_ALGOS;
     int s = 0;
-    while (ok && s < LS_COUNT && strcmp(sc->str, SCHEME_NAMES[s]))
+    while (ok && s < LS_COUNT && strcmp(sc->str, layer_scheme_name((layer_scheme)s)))
         s++;
     ok = ok && s < LS_COUNT;
     int v[7];
@@ -1027,7 +859,7 @@ char *layer_group_record_format(int g, const layer_choice *c, double ms, const l
                                 int n, const char *how)
 {
     strbuf b = {0};
-    strbuf_printf(&b, "{\"how\":\"%s\",\"group\":\"%s\",", how, GROUP_NAMES[g]);
+    strbuf_printf(&b, "{\"how\":\"%s\",\"group\":\"%s\",", how, group_encoder_names[g]);
     choice_json(&b, c);
     strbuf_printf(&b, ",\"ms\":%.6f,", ms);
     tried_json(&b, tried, n, g);
@@ -1059,7 +891,7 @@ struct stof_layer_plan {
     stof_layer_desc d;
     stof_layer_weights w;
     layer_group g[LG_COUNT];
-    gexec ex[LG_COUNT];
+    group_exec ex[LG_COUNT];
     stof_mha_plan *mha;
     ln_kernel ln1;                /* pre-LN: LayerNorm before attention */
     CUdeviceptr blas_ws;
@@ -1082,7 +914,8 @@ enum { WS_R1, WS_ATT, WS_TMP, WS_H, WS_A, WS_COUNT };
 
 static void ws_layout(const stof_layer_desc *d, size_t off[WS_COUNT], size_t *total)
 {
-    const size_t rows = (size_t)d->batch * d->seq, h = (size_t)d->hidden, f = (size_t)ffn_of(d);
+    const size_t rows = (size_t)d->batch * d->seq, h = (size_t)d->hidden,
+                 f = (size_t)group_ffn_width(d);
     const size_t width[WS_COUNT] = {f > 3 * h ? f : 3 * h, h, h, h, h};
     size_t at = 0;
     for (int i = 0; i < WS_COUNT; i++) {
@@ -1109,17 +942,18 @@ static stof_status forward(stof_layer_plan *p, const stof_layer_weights *w, CUde
         TRY(ln_launch(ctx, &p->ln1, (void *)x, NULL, NULL, w->ln1_g, w->ln1_b, (void *)a, NULL, s));
         in = a;
     }
-    gio q = {in, D(w->qkv_w), D(w->qkv_b), 0, 0, 0, r1, 0, tmp, p->blas_ws};
-    TRY(gexec_run(ctx, &p->ex[LG_QKV], &q, s));
+    group_io q = {in, D(w->qkv_w), D(w->qkv_b), 0, 0, 0, r1, 0, tmp, p->blas_ws};
+    TRY(group_run(ctx, &p->ex[LG_QKV], &q, s));
     TRY(stof_mha_run(p->mha, (void *)r1, NULL, NULL, (void *)att, lens, (stof_stream)s));
     /* Post-LN: h = LN1(...) is the FFN's input; pre-LN: h is kept, LN2(h) feeds the FFN. */
-    gio o = {att, D(w->o_w), D(w->o_b), x, D(post ? w->ln1_g : w->ln2_g),
-             D(post ? w->ln1_b : w->ln2_b), post ? hs : a, post ? 0 : hs, tmp, p->blas_ws};
-    TRY(gexec_run(ctx, &p->ex[LG_OUT], &o, s));
-    gio f1 = {post ? hs : a, D(w->ff1_w), D(w->ff1_b), 0, 0, 0, r1, 0, tmp, p->blas_ws};
-    TRY(gexec_run(ctx, &p->ex[LG_FFN1], &f1, s));
-    gio f2 = {r1, D(w->ff2_w), D(w->ff2_b), hs, D(w->ln2_g), D(w->ln2_b), out, 0, tmp, p->blas_ws};
-    return gexec_run(ctx, &p->ex[LG_FFN2], &f2, s);
+    group_io o = {att, D(w->o_w), D(w->o_b), x, D(post ? w->ln1_g : w->ln2_g),
+                  D(post ? w->ln1_b : w->ln2_b), post ? hs : a, post ? 0 : hs, tmp, p->blas_ws};
+    TRY(group_run(ctx, &p->ex[LG_OUT], &o, s));
+    group_io f1 = {post ? hs : a, D(w->ff1_w), D(w->ff1_b), 0, 0, 0, r1, 0, tmp, p->blas_ws};
+    TRY(group_run(ctx, &p->ex[LG_FFN1], &f1, s));
+    group_io f2 = {r1, D(w->ff2_w), D(w->ff2_b), hs, D(w->ln2_g), D(w->ln2_b), out, 0, tmp,
+                   p->blas_ws};
+    return group_run(ctx, &p->ex[LG_FFN2], &f2, s);
 #undef D
 }
 
@@ -1232,7 +1066,7 @@ static stof_status lscratch_alloc(stof_layer_plan *p, lscratch *s)
 {
     stof_ctx *ctx = p->ctx;
     memset(s, 0, sizeof *s);
-    const size_t h = (size_t)p->d.hidden, f = (size_t)ffn_of(&p->d),
+    const size_t h = (size_t)p->d.hidden, f = (size_t)group_ffn_width(&p->d),
                  rows = (size_t)p->d.batch * p->d.seq;
     const stof_dtype t = p->d.dtype;
     /* Sizes and scales in stof_layer_weights order. */
@@ -1323,7 +1157,7 @@ static stof_status load_all(stof_layer_plan *p)
 {
     int lib = 0;
     for (int g = 0; g < LG_COUNT; g++) {
-        TRY(gexec_load(p->ctx, &p->g[g], &p->rec.c[g], &p->ex[g]));
+        TRY(group_load(p->ctx, &p->g[g], &p->rec.c[g], &p->ex[g]));
         lib |= p->rec.c[g].scheme == LS_BLAS || p->rec.c[g].scheme == LS_LT;
     }
     if (!lib || p->blas_ws)
@@ -1352,7 +1186,7 @@ static stof_status model_choice(stof_layer_plan *p, const model_device *md, int 
     for (int g = 0; g < LG_COUNT; g++) {
         if (!model_pick(p->ctx, &p->g[g], smem_max, md, &p->rec.c[g], &p->rec.ms[g]))
             return CTX_FAIL(p->ctx, STOF_ERR_UNSUPPORTED, "no scheme can run the layer's %s group",
-                            GROUP_NAMES[g]);
+                            group_encoder_names[g]);
         total += p->rec.ms[g];
     }
     p->rec.graph = total < 1.0;
@@ -1397,11 +1231,11 @@ static int group_from_cache(stof_layer_plan *p, int g, layer_choice *c, double *
     err_record saved = ctx->err;
     if (cache_get_tuning(&ctx->err, ctx->cache, LAYER_GROUP_OP, "-", shape,
                          dtype_name(p->d.dtype), ctx->arch, &rec, &found) == STOF_OK && found) {
-        gexec e;
+        group_exec e;
         ok = layer_group_record_parse(rec.record, g, c, ms) &&
-             gexec_load(ctx, &p->g[g], c, &e) == STOF_OK;
+             group_load(ctx, &p->g[g], c, &e) == STOF_OK;
         if (ok)
-            gexec_free(ctx, &e);
+            group_free(ctx, &e);
         cache_tuning_free(&rec);
     }
     ctx->err = saved;
@@ -1470,7 +1304,7 @@ static stof_status plan_make(stof_ctx *ctx, const stof_layer_desc *desc, const s
         }
         if (!have) {
             for (int g = 0; g < LG_COUNT; g++)
-                gexec_free(ctx, &p->ex[g]);
+                group_free(ctx, &p->ex[g]);
             ctx->err = saved;
         }
         p->origin = "cache";
@@ -1617,7 +1451,7 @@ stof_status stof_layer_plan_describe(const stof_layer_plan *p, char *buf, size_t
     strbuf_printf(&b,
                   "layer b%d s%d hidden=%d heads=%d ffn=%d %s %s %s: chosen_by=%s timed=%d "
                   "graph=%s plain_ms=%.4f graph_ms=%.4f\n",
-                  p->d.batch, p->d.seq, p->d.hidden, p->d.heads, ffn_of(&p->d),
+                  p->d.batch, p->d.seq, p->d.hidden, p->d.heads, group_ffn_width(&p->d),
                   acts[p->d.activation], p->d.norm == STOF_POST_LN ? "post_ln" : "pre_ln",
                   dtype_name(p->d.dtype), p->origin, p->timed, p->rec.graph ? "yes" : "no",
                   p->rec.plain_ms, p->rec.graph_ms);
@@ -1630,8 +1464,9 @@ stof_status stof_layer_plan_describe(const stof_layer_plan *p, char *buf, size_t
             snprintf(params, sizeof params, "algo=%d", c->algo);
         else if (c->scheme >= LS_GEN)
             gemm_config_str(&c->cfg, params, sizeof params);
-        strbuf_printf(&b, "  %s: %s %s %s_ms=%.4f%s\n", GROUP_NAMES[g], layer_scheme_name(c->scheme),
-                      params, !strcmp(p->origin, "model") ? "predicted" : "measured", p->rec.ms[g],
+        strbuf_printf(&b, "  %s: %s %s %s_ms=%.4f%s\n", group_encoder_names[g],
+                      layer_scheme_name(c->scheme), params,
+                      !strcmp(p->origin, "model") ? "predicted" : "measured", p->rec.ms[g],
                       p->group_record[g] ? " from=group-record" : "");
         if (g == LG_QKV) {
             char m[512];
@@ -1653,7 +1488,7 @@ void stof_layer_plan_free(stof_layer_plan *p)
         return;
     stof_ctx *ctx = p->ctx;
     for (int g = 0; g < LG_COUNT; g++)
-        gexec_free(ctx, &p->ex[g]);
+        group_free(ctx, &p->ex[g]);
     drop_graphs(p);
     if ((p->blas_ws || p->cap_stream) && jit_push(ctx) == STOF_OK) {
         if (p->blas_ws)
@@ -1690,8 +1525,8 @@ stof_status stof_layer_prepare(stof_ctx *ctx, const stof_layer_desc *desc, const
         for (layer_scheme s = LS_GEN; st == STOF_OK && s <= LS_GEN_LN; s++) {
             if (s == LS_GEN_LN && !g[i].epi.ln)
                 continue;
-            gemm_shape sh = shape_of(&g[i]);
-            gemm_epilogue ge = gen_epilogue(&g[i], s);
+            gemm_shape sh = group_gemm_shape(&g[i]);
+            gemm_epilogue ge = group_gen_epilogue(&g[i], s);
             gemm_config c;
             if (gemm_candidates(&sh, &ge, smem_max, !strcmp(ctx->arch, "sm_90a"), &c, 1) == 1 &&
                 (st = gemm_check(ctx, &sh, &ge, &c)) == STOF_OK)

@@ -1,6 +1,6 @@
 /*
- * layer — encoder-layer plans: the four operator groups and the fusion
- * schemes each can run, the two-stage search (stage 1 the scheme, stage 2
+ * layer — encoder-layer plans: the model's ranking of the groups' fusion
+ * schemes (layer_group's), the two-stage search (stage 1 the scheme, stage 2
  * its parameters; every candidate checked against the CPU before it may
  * win), the tuning record in the cache, the CUDA Graph candidate for the
  * whole layer, and the run.
@@ -9,44 +9,7 @@
 #define STOF_LAYER_H
 
 #include "attn/model.h"
-#include "layer/gemm.h"
-
-/* The groups, in the order a layer runs them (attention sits between the
- * first two). */
-enum { LG_QKV, LG_OUT, LG_FFN1, LG_FFN2, LG_COUNT };
-
-typedef enum layer_scheme {
-    LS_BLAS = 0,   /* cublasGemmEx, then a generated kernel for the whole epilogue */
-    LS_LT,         /* cuBLASLt with its bias (+ReLU/GELU-tanh) epilogue and the residual
-                      as C, then a generated kernel for what remains (LayerNorm, erf GELU) */
-    LS_GEN,        /* the generated GEMM with bias, activation and residual fused,
-                      then the generated LayerNorm where the group has one */
-    LS_GEN_LN,     /* the generated GEMM with everything fused, LayerNorm included
-                      (a CTA owns whole rows) */
-    LS_COUNT
-} layer_scheme;
-
-/* What a group computes: out = epi(x w' ...) on an m x k input. */
-typedef struct layer_group {
-    int m, n, k;
-    stof_dtype dtype;
-    gemm_epilogue epi;
-    float eps;
-} layer_group;
-
-/* One candidate: a scheme and its parameters (algo: cuBLASLt's heuristic
- * choice number; cfg: the generated GEMM's tiles). */
-typedef struct layer_choice {
-    layer_scheme scheme;
-    int algo;
-    gemm_config cfg;
-} layer_choice;
-
-const char *layer_scheme_name(layer_scheme s);   /* "cublas+gen" ... */
-const char *layer_group_name(int g);             /* "qkv", "out", "ffn1", "ffn2" */
-
-/* The groups of the layer desc describes (desc checked). */
-void layer_groups(const stof_layer_desc *d, layer_group g[LG_COUNT]);
+#include "layer/layer_group.h"
 
 /* The schemes group g can run (blas: cuBLAS is usable; smem_max: shared
  * memory per block), in the model's order, fastest predicted first, with
