@@ -17,6 +17,8 @@
 /* The encoder's groups, in the order a layer runs them (attention sits
  * between the first two). */
 enum { LG_QKV, LG_OUT, LG_FFN1, LG_FFN2, LG_COUNT };
+/* The most groups a layer kind may have (records and searches are sized by it). */
+#define LAYER_MAX_GROUPS 8
 
 typedef enum layer_scheme {
     LS_BLAS = 0,   /* cublasGemmEx, then a generated kernel for the whole epilogue */
