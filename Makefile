@@ -95,8 +95,8 @@ build/libstof.so: $(LIB_OBJ)
 # tools/workload.c reads workload files for stof-warm, the layer benchmark and the tests.
 build/stof-%: tools/%.c build/libstof.a
 	$(CC) $(CPPFLAGS) $(CFLAGS) $(WARN) -o $@ $< $(filter %.o,$^) build/libstof.a $(LIBS)
-build/stof-warm: build/obj/tools/workload.o
-# tools/cli.c: the demos' shared command line.
+# tools/cli.c: the tools' shared command line.
+build/stof-warm: build/obj/tools/workload.o build/obj/tools/cli.o
 build/stof-demo build/stof-demo-attn: build/obj/tools/cli.o
 
 build/bench_%: bench/bench_%.c build/libstof.a
@@ -119,7 +119,7 @@ build/asan/stof-tests: tests/run.c $(TEST_SRC) tests/testutil.h build/gen/suites
 
 build/asan/stof-%: tools/%.c $(SAN_OBJ)
 	$(CC) $(CPPFLAGS) $(CFLAGS) $(WARN) $(SAN) -o $@ $< $(filter %.o,$^) $(LIBS)
-build/asan/stof-warm: build/asan/tools/workload.o
+build/asan/stof-warm: build/asan/tools/workload.o build/asan/tools/cli.o
 build/asan/stof-demo build/asan/stof-demo-attn: build/asan/tools/cli.o
 
 # Fuzz targets with the plain driver (gcc, ASan and UBSan): the corpus replay.

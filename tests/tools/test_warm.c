@@ -352,9 +352,12 @@ static const bad_run BAD_RUNS[] = {
     {"--devices 0,0 --ln rows=8,hidden=64", "lists 0 twice"},
     {"--devices x --ln rows=8,hidden=64", "--devices wants GPU ordinals"},
     {"--devices 1, --ln rows=8,hidden=64", "--devices wants GPU ordinals"},
-    {"--frobnicate --ln rows=8,hidden=64", "unknown option --frobnicate"},
+    {"--frobnicate --ln rows=8,hidden=64", "unknown option \"--frobnicate\""},
     {"", "nothing to warm"},
     {"--ln rows=8,hidden=64 --mha", "--mha needs a value"},
+    /* Issue 58: an empty --cache is bad input, not a missing GPU. */
+    {"--cache '' --ln rows=8,hidden=64", "--cache needs a path"},
+    {"--quiet=yes --ln rows=8,hidden=64", "--quiet takes no value"},
 };
 
 static void write_bad_files(const char *dir)
@@ -400,6 +403,9 @@ START_TEST(test_bad_input)
     ck_assert_msg(rc == 2, "[%s] rc %d:\n%s", args, rc, out);
     ck_assert_msg(strstr(out, b->what), "[%s] wanted \"%s\" in:\n%s", args, b->what, out);
     ck_assert_msg(!exists(f.cache), "[%s] created the cache", args);
+    ck_assert_msg(!strstr(out, "case (") && !strstr(out, "cases ("), "[%s] started:\n%s", args,
+                  out);
+    ck_assert_msg(!strstr(out, "no GPU"), "[%s] blamed the GPU:\n%s", args, out);
     free(out);
     free(args);
     teardown(&f);
@@ -451,6 +457,25 @@ START_TEST(test_bad_caches)
 }
 END_TEST
 
+/* One case is "1 case", one worker "1 worker". */
+START_TEST(test_one_case)
+{
+    fixture f;
+    setup(&f);
+    char *out;
+    int rc = test_sh(&out, "%s --cache '%s' --arch sm_90a --compile-only --ln rows=8,hidden=64",
+                     test_build_path("stof-warm"), f.cache);
+    ck_assert_msg(rc == 0, "rc %d:\n%s", rc, out);
+    ck_assert_msg(strstr(out, "stof-warm: 1 case (0 attention, 0 layer, 1 layernorm)") &&
+                      strstr(out, "; 1 worker; cache "),
+                  "%s", out);
+    ck_assert_ptr_null(strstr(out, "1 cases"));
+    ck_assert_ptr_nonnull(strstr(out, "stof-warm: 1 case in "));
+    free(out);
+    teardown(&f);
+}
+END_TEST
+
 START_TEST(test_help)
 {
     char *out;
@@ -473,6 +498,7 @@ Suite *suite_warm(void)
     tcase_add_test(tc, test_no_gpu_needs_arch);
     tcase_add_loop_test(tc, test_bad_input, 0, (int)(sizeof BAD_RUNS / sizeof BAD_RUNS[0]));
     tcase_add_test(tc, test_bad_caches);
+    tcase_add_test(tc, test_one_case);
     tcase_add_test(tc, test_help);
     suite_add_tcase(s, tc);
     return s;
