@@ -355,7 +355,15 @@ static const bad_run BAD_RUNS[] = {
     {"--frobnicate --ln rows=8,hidden=64", "unknown option \"--frobnicate\""},
     {"", "nothing to warm"},
     {"--ln rows=8,hidden=64 --mha", "--mha needs a value"},
-    /* Issue 58: an empty --cache is bad input, not a missing GPU. */
+    /* Issue 58: what attention does not support is refused as the line is
+     * read, naming the field, not case by case after the workers start; an
+     * empty --cache is bad input, not a missing GPU. */
+    {"--mha 'b=1,h=1,l=16777216,d=64'", "l=16777216 is not supported"},
+    {"--mha 'b=1,h=1,lq=4194241,lk=64,d=64'", "lq=4194241 is not supported"},
+    {"--mha 'b=1,h=1,l=64,d=1024'", "d=1024 is not supported"},
+    {"--mha 'b=1,h=1,l=64,d=100'", "head_dim 32, 64, 80, 96 or 128"},
+    {"--mha 'b=1048576,h=1,l=64,d=64'", "b=1048576 x h=1 is not supported"},
+    {"--mha 'b=1,h=1,l=64,d=64,fp32'", "dtype fp32 is not supported"},
     {"--cache '' --ln rows=8,hidden=64", "--cache needs a path"},
     {"--quiet=yes --ln rows=8,hidden=64", "--quiet takes no value"},
 };
