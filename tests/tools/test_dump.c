@@ -1058,7 +1058,7 @@ START_TEST(test_usage)
         {"list --source", "\"list\" does not take a part"},
         {"stats extra", "unexpected argument \"extra\""},
         {"list --op", "--op needs a value"},
-        {"list --bogus", "unknown option --bogus"},
+        {"list --bogus", "unknown option \"--bogus\""},
         {"export", "needs its operand"},
     };
     char *out;
@@ -1077,6 +1077,23 @@ START_TEST(test_usage)
     ck_assert_ptr_nonnull(strstr(out, "2 kernels"));
     free(out);
     teardown(&f);
+}
+END_TEST
+
+/* ---- issue 58 ---- */
+
+/* One of a thing is not "1 things". */
+START_TEST(test_plurals)
+{
+    char *out;
+    int rc = test_sh(&out, "%s mask dense --lq 1", test_build_path("stof-dump"));
+    ck_assert_msg(rc == 0, "%s", out);
+    ck_assert_msg(strstr(out, "over 1 query row x 1 key (hash"), "%s", out);
+    ck_assert_msg(strstr(out, "1 x 1 = 1 block: 1 full"), "%s", out);
+    free(out);
+    rc = test_sh(&out, "%s mask dense --lq 2 --lk 3", test_build_path("stof-dump"));
+    ck_assert_msg(rc == 0 && strstr(out, "over 2 query rows x 3 keys (hash"), "%s", out);
+    free(out);
 }
 END_TEST
 
@@ -1099,6 +1116,7 @@ Suite *suite_dump(void)
     tcase_add_test(tc, test_no_cache);
     tcase_add_test(tc, test_not_a_stof_cache);
     tcase_add_test(tc, test_usage);
+    tcase_add_test(tc, test_plurals);
     suite_add_tcase(s, tc);
     return s;
 }
