@@ -35,6 +35,7 @@
 #include "tools/dump_mask.h"
 #include "tools/dump_stats.h"
 #include "tools/dump_tuning.h"
+#include "tools/workload.h"
 
 static const char USAGE[] =
     "usage: stof-dump [--cache PATH] COMMAND ...\n"
@@ -208,7 +209,8 @@ static void block_option(const char *v, int *bq, int *bk)
     *bk = b;
 }
 
-/* The mask's sizes, BERT-base's unless given. */
+/* The mask's sizes, BERT-base's unless given, held to what attention
+ * supports (workload.h), so that nothing runs for a shape it would refuse. */
 static void mask_values(dump_args *a, const given *g, const cli *c)
 {
     a->bq = a->bk = 64;
@@ -220,6 +222,9 @@ static void mask_values(dump_args *a, const given *g, const cli *c)
         cli_fail(DUMP_PROG,
                  "mask needs --lq N (the query rows; --lk N the keys, when they differ)");
     a->lq = (int)cli_int(c, "--lq", g->lq, 1, 1 << 24);
+    if (a->lq > WORKLOAD_MHA_MAX_SEQ_Q)
+        cli_fail(DUMP_PROG, "--lq %d is more than attention supports: query lengths go up to %d",
+                 a->lq, WORKLOAD_MHA_MAX_SEQ_Q);
     a->lk = g->lk ? (int)cli_int(c, "--lk", g->lk, 1, 1 << 24) : a->lq;
     if (g->block)
         block_option(g->block, &a->bq, &a->bk);
@@ -229,6 +234,12 @@ static void mask_values(dump_args *a, const given *g, const cli *c)
         a->heads = (int)cli_int(c, "--heads", g->heads, 1, 65535);
     if (g->head_dim)
         a->head_dim = (int)cli_int(c, "--head-dim", g->head_dim, 32, 128);
+    if (!workload_mha_head_dim_ok(a->head_dim))
+        cli_fail(DUMP_PROG, "--head-dim %d is not supported: attention takes head_dim %s",
+                 a->head_dim, WORKLOAD_MHA_HEAD_DIMS);
+    if ((long long)a->batch * a->heads > WORKLOAD_MHA_MAX_BATCH_HEADS)
+        cli_fail(DUMP_PROG, "--batch x --heads is %lld: attention takes at most %d",
+                 (long long)a->batch * a->heads, WORKLOAD_MHA_MAX_BATCH_HEADS);
     if (g->dtype && strcmp(g->dtype, "fp16") != 0) {
         if (strcmp(g->dtype, "bf16") != 0)
             cli_fail(DUMP_PROG, "--dtype wants fp16 or bf16, not \"%s\"", g->dtype);

@@ -14,6 +14,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "attn/mha.h"
@@ -1082,6 +1083,47 @@ END_TEST
 
 /* ---- issue 58 ---- */
 
+static double now_s(void)
+{
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (double)t.tv_sec + (double)t.tv_nsec * 1e-9;
+}
+
+/* Sizes attention does not support are refused as bad input before any
+ * work: a head_dim it lacks, a query length past its limit (the mask of
+ * 4194304 rows took a minute to be refused after its blocks were counted),
+ * batch x heads past 65535. */
+START_TEST(test_mask_limits)
+{
+    static const struct { const char *args, *says; } bad[] = {
+        {"mask causal --lq 64 --head-dim 100", "--head-dim 100 is not supported"},
+        {"mask causal --lq 64 --head-dim 48", "32, 64, 80, 96 or 128"},
+        {"mask window:256 --lq 4194304", "--lq 4194304 is more than attention supports"},
+        {"mask causal --lq 4194241 --lk 64", "up to 4194240"},
+        {"mask causal --lq 64 --batch 65535 --heads 2", "--batch x --heads is 131070"},
+    };
+    char *out;
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        double t0 = now_s();
+        int rc = test_sh(&out, "%s %s", test_build_path("stof-dump"), bad[i].args);
+        ck_assert_msg(rc == 2 && strstr(out, bad[i].says) && strstr(out, "--help"),
+                      "[%s]: rc %d:\n%s", bad[i].args, rc, out);
+        ck_assert_msg(now_s() - t0 < 10, "[%s] took %.1f s", bad[i].args, now_s() - t0);
+        ck_assert_ptr_null(strstr(out, "blocks     "));
+        free(out);
+    }
+    static const char *const good[] = {"--head-dim 32", "--head-dim 80", "--head-dim 96",
+                                       "--head-dim 128", "--batch 65535 --heads 1"};
+    for (size_t i = 0; i < sizeof good / sizeof good[0]; i++) {
+        int rc = test_sh(&out, "%s mask causal --lq 128 %s", test_build_path("stof-dump"), good[i]);
+        ck_assert_msg(rc == 0 && strstr(out, "pick       ") && !strstr(out, "no ranking"),
+                      "[%s]: rc %d:\n%s", good[i], rc, out);
+        free(out);
+    }
+}
+END_TEST
+
 /* One of a thing is not "1 things". */
 START_TEST(test_plurals)
 {
@@ -1116,6 +1158,7 @@ Suite *suite_dump(void)
     tcase_add_test(tc, test_no_cache);
     tcase_add_test(tc, test_not_a_stof_cache);
     tcase_add_test(tc, test_usage);
+    tcase_add_test(tc, test_mask_limits);
     tcase_add_test(tc, test_plurals);
     suite_add_tcase(s, tc);
     return s;
