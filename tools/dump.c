@@ -307,7 +307,8 @@ static int known_filters(dump_cmd *d)
     return 0;
 }
 
-/* Resolves the path and refuses what is not (yet) a stof cache. */
+/* Resolves the path and refuses what is not (yet) a stof cache; `check`
+ * reports a file SQLite finds damaged as its finding. */
 static int cache_path(const dump_args *a, char *path, size_t n)
 {
     char why[1400];
@@ -327,6 +328,8 @@ static int cache_path(const dump_args *a, char *path, size_t n)
     /* recover reads what SQLite would refuse. */
     if (strcmp(a->cmd, "recover") == 0 && p != CACHE_PROBE_ABSENT)
         return 0;
+    if (strcmp(a->cmd, "check") == 0 && p == CACHE_PROBE_DAMAGED)
+        return dump_check_unreadable(path, why, a->json);
     if (p == CACHE_PROBE_BAD || p == CACHE_PROBE_DAMAGED ||
         (p == CACHE_PROBE_ABSENT && strcmp(a->cmd, "import") != 0)) {
         fprintf(stderr, "stof-dump: %s%s\n", why,

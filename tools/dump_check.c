@@ -115,12 +115,39 @@ static void check_text(dump_cmd *d, const cache_check *k)
         printf("result     ok\n");
 }
 
+int dump_check_unreadable(const char *path, const char *why, int json)
+{
+    trust(path);
+    if (json) {
+        json_out o;
+        json_head(&o, path, 0, why);
+        json_key(&o, "problems");
+        json_begin_array(&o);
+        json_begin_object(&o);
+        json_key(&o, "kind");
+        json_string(&o, "unreadable");
+        json_key(&o, "key");
+        json_string(&o, "");
+        json_key(&o, "what");
+        json_string(&o, why);
+        json_end_object(&o);
+        json_end_array(&o);
+        json_end_object(&o);
+        json_out_end(&o);
+    } else {
+        text_head(path, why);
+        damaged_result(path);
+    }
+    return CLI_EXIT_FAILED;
+}
+
 int dump_check(dump_cmd *d)
 {
     cache_check k;
     trust(cache_file(d->c));
+    /* A check that cannot read its way through the file has found damage. */
     if (cache_admin_check(&d->err, d->c, &k) != STOF_OK)
-        return dump_cmd_fail(d, "check");
+        return dump_check_unreadable(cache_file(d->c), d->err.msg, d->a->json);
     if (d->a->json)
         check_json(d, &k);
     else

@@ -1081,7 +1081,7 @@ START_TEST(test_usage)
 }
 END_TEST
 
-/* ---- issue 58 ---- */
+/* ---- issue 58: check on a file SQLite finds damaged, mask sizes ---- */
 
 static double now_s(void)
 {
@@ -1089,6 +1089,40 @@ static double now_s(void)
     clock_gettime(CLOCK_MONOTONIC, &t);
     return (double)t.tv_sec + (double)t.tv_nsec * 1e-9;
 }
+
+/* A cache cut short reads as damaged: check reports it as its finding
+ * (exit 1, not the 2 of a bad command line), in text and in JSON alone on
+ * stdout; the commands that need the cache still refuse it (exit 2). */
+START_TEST(test_check_unreadable)
+{
+    fixture f;
+    setup(&f);
+    char *cut = path_in(f.dir, "cut.db"), *out;
+    ck_assert_int_eq(test_sh(&out, "head -c $(( $(stat -c %%s '%s') / 8192 * 4096 )) '%s' > '%s'",
+                             f.cache, f.cache, cut), 0);
+    free(out);
+    ck_assert_int_eq(dump(&out, cut, "check"), 1);
+    ck_assert_msg(strstr(out, "integrity  ") && strstr(out, "damaged") &&
+                      strstr(out, "result     DAMAGED") && strstr(out, "recover NEW.db"),
+                  "%s", out);
+    free(out);
+    ck_assert_int_eq(dump(&out, cut, "check --json"), 1);
+    json_value *v = parse_json(out);
+    ck_assert_int_eq(json_get(v, "ok")->boolean, 0);
+    ck_assert_str_eq(json_get(v, "cache")->str, cut);
+    ck_assert_ptr_nonnull(strstr(json_get(v, "integrity")->str, "damaged"));
+    const json_value *pr = json_get(v, "problems");
+    ck_assert(pr && pr->type == JSON_ARRAY && pr->n == 1);
+    ck_assert_str_eq(json_get(pr->items[0], "kind")->str, "unreadable");
+    json_free(v);
+    free(out);
+    ck_assert_int_eq(dump(&out, cut, "list"), 2);
+    ck_assert_ptr_nonnull(strstr(out, "recover NEW.db"));
+    free(out);
+    free(cut);
+    teardown(&f);
+}
+END_TEST
 
 /* Sizes attention does not support are refused as bad input before any
  * work: a head_dim it lacks, a query length past its limit (the mask of
@@ -1158,6 +1192,7 @@ Suite *suite_dump(void)
     tcase_add_test(tc, test_no_cache);
     tcase_add_test(tc, test_not_a_stof_cache);
     tcase_add_test(tc, test_usage);
+    tcase_add_test(tc, test_check_unreadable);
     tcase_add_test(tc, test_mask_limits);
     tcase_add_test(tc, test_plurals);
     suite_add_tcase(s, tc);
