@@ -109,8 +109,11 @@ build/libstof.so: $(LIB_OBJ)
 # tools/workload.c reads workload files for stof-warm, the layer benchmark and the tests.
 build/stof-%: tools/%.c build/libstof.a
 	$(CC) $(CPPFLAGS) $(CFLAGS) $(WARN) -o $@ $< $(filter %.o,$^) build/libstof.a $(LIBS)
-build/stof-warm: build/obj/tools/workload.o
-# tools/cli.c: the demos' shared command line.
+# tools/cli.c: every tool's command line. stof-dump's commands are modules of
+# their own (tools/dump_*.c); its mask command holds shapes to workload.h's limits.
+DUMP_OBJ = $(patsubst %.c,%.o,$(wildcard tools/dump_*.c)) tools/cli.o tools/workload.o
+build/stof-dump: $(addprefix build/obj/,$(DUMP_OBJ))
+build/stof-warm: build/obj/tools/workload.o build/obj/tools/cli.o
 build/stof-demo build/stof-demo-attn: build/obj/tools/cli.o
 
 build/bench_%: bench/bench_%.c build/libstof.a
@@ -133,7 +136,8 @@ build/asan/stof-tests: tests/run.c $(TEST_SRC) tests/testutil.h build/gen/suites
 
 build/asan/stof-%: tools/%.c $(SAN_OBJ)
 	$(CC) $(CPPFLAGS) $(CFLAGS) $(WARN) $(SAN) -o $@ $< $(filter %.o,$^) $(LIBS)
-build/asan/stof-warm: build/asan/tools/workload.o
+build/asan/stof-dump: $(addprefix build/asan/,$(DUMP_OBJ))
+build/asan/stof-warm: build/asan/tools/workload.o build/asan/tools/cli.o
 build/asan/stof-demo build/asan/stof-demo-attn: build/asan/tools/cli.o
 
 # Fuzz targets with the plain driver (gcc, ASan and UBSan): the corpus replay.

@@ -14,7 +14,7 @@
  * a kernel onto another mask): a demo, not a model for applications.
  *
  * The last line of its output is "result: key=value ...", for demo.sh.
- * Exit status: 0 done, 1 a failure (the check included), 2 a bad command line.
+ * Exit status: cli.h's (0 done, 1 a failure, the check included; 2 a bad command line).
  */
 #include <math.h>
 #include <stdint.h>
@@ -64,11 +64,13 @@ static void usage(FILE *f)
 
 static demo_args parse_args(int argc, char **argv)
 {
-    static const char *const own[] = {"--batch", "--heads", "--seq", "--head-dim", "--mask", NULL};
+    static const cli_option own[] = {{"--batch", CLI_VALUE}, {"--heads", CLI_VALUE},
+                                     {"--seq", CLI_VALUE},   {"--head-dim", CLI_VALUE},
+                                     {"--mask", CLI_VALUE},  {NULL, 0}};
     demo_args a = {.batch = 8, .heads = 12, .seq = 2048, .head_dim = 64,
                    .mask = "window:256+global:64"};
     cli c;
-    cli_begin(&c, PROG, usage, 0, argc, argv);
+    cli_begin(&c, PROG, usage, CLI_DEMO, argc, argv);
     const char *opt, *val;
     while (cli_next(&c, own, &opt, &val)) {
         if (strcmp(opt, "--batch") == 0) {
@@ -106,7 +108,7 @@ static void die(stof_ctx *ctx, const char *what) __attribute__((noreturn));
 static void die(stof_ctx *ctx, const char *what)
 {
     fprintf(stderr, "%s: %s failed: %s\n", PROG, what, stof_last_error(ctx));
-    exit(1);
+    exit(CLI_EXIT_FAILED);
 }
 
 /* A checked driver call, the context already pushed. */
@@ -270,7 +272,7 @@ static void check_slice(stof_ctx *ctx, const demo_args *a, const stof_mask *m, c
     double *ref = malloc(sizeof(double) * L * D);
     if (!ref) {
         fprintf(stderr, "stof-demo-attn: out of memory\n");
-        exit(1);
+        exit(CLI_EXIT_FAILED);
     }
     ref_attn_args ra = {1, 1, a->seq, a->seq, a->head_dim, a->o.dtype, STOF_LAYOUT_BHLD, 0,
                         q + off, k + off, v + off, m, NULL, NULL};
@@ -314,7 +316,7 @@ static int run_on_gpu(stof_ctx *ctx, const demo_args *a, const stof_mha_desc *d,
     mha_candidate c;
     if (!plan_candidate(plan, &c)) {
         fprintf(stderr, "stof-demo-attn: cannot read the plan's kernel from \"%s\"\n", why);
-        return 1;
+        return CLI_EXIT_FAILED;
     }
 
     /* Inputs: random q, k, v; two sets, so the L2 does not serve one run's
@@ -324,7 +326,7 @@ static int run_on_gpu(stof_ctx *ctx, const demo_args *a, const stof_mha_desc *d,
     uint16_t *q = malloc(bytes), *k = malloc(bytes), *v = malloc(bytes), *out = malloc(bytes);
     if (!q || !k || !v || !out) {
         fprintf(stderr, "stof-demo-attn: out of host memory for 4 x %zu bytes\n", bytes);
-        return 1;
+        return CLI_EXIT_FAILED;
     }
     uint64_t seed = a->o.seed ? a->o.seed : 1;
     mha_fill_random(q, n, a->o.dtype, seed);
@@ -400,7 +402,7 @@ static int run_on_gpu(stof_ctx *ctx, const demo_args *a, const stof_mha_desc *d,
     free(k);
     free(v);
     free(out);
-    return ok ? 0 : 1;
+    return ok ? CLI_EXIT_OK : CLI_EXIT_FAILED;
 }
 
 int main(int argc, char **argv)
@@ -445,9 +447,10 @@ int main(int argc, char **argv)
     stof_mask_info info;
     if (stof_mask_stats(ctx, m, 64, 64, &info) != STOF_OK)
         die(ctx, "stof_mask_stats");
-    printf("masked attention: batch %d, %d heads, L %d, head_dim %d, %s, mask %s (allows %.1f%% "
-           "of the pairs)\n",
-           a.batch, a.heads, a.seq, a.head_dim, a.o.dtype == STOF_BF16 ? "bf16" : "fp16",
+    printf("masked attention: batch %d, %d head%s, L %d, head_dim %d, %s, mask %s (allows "
+           "%.1f%% of the pairs)\n",
+           a.batch, a.heads, cli_s(a.heads), a.seq, a.head_dim,
+           a.o.dtype == STOF_BF16 ? "bf16" : "fp16",
            stof_mask_spec(m), 100.0 * info.density);
     stof_mha_desc d = {.batch = a.batch, .heads = a.heads, .seq_q = a.seq, .seq_k = a.seq,
                        .head_dim = a.head_dim, .dtype = a.o.dtype};

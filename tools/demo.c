@@ -10,7 +10,7 @@
  * no allocation): a demo, not a model for applications.
  *
  * The last line of its output is "result: key=value ...", for demo.sh.
- * Exit status: 0 done, 1 a failure, 2 a bad command line.
+ * Exit status: cli.h's (0 done, 1 a failure, 2 a bad command line).
  */
 #include <math.h>
 #include <stdint.h>
@@ -54,10 +54,10 @@ static void usage(FILE *f)
 
 static demo_args parse_args(int argc, char **argv)
 {
-    static const char *const own[] = {"--rows", "--hidden", NULL};
+    static const cli_option own[] = {{"--rows", CLI_VALUE}, {"--hidden", CLI_VALUE}, {NULL, 0}};
     demo_args a = {.rows = 8 * 2048, .hidden = 768};
     cli c;
-    cli_begin(&c, PROG, usage, 1, argc, argv);
+    cli_begin(&c, PROG, usage, CLI_DEMO | CLI_FP32, argc, argv);
     const char *opt, *val;
     while (cli_next(&c, own, &opt, &val)) {
         if (strcmp(opt, "--rows") == 0)
@@ -81,7 +81,7 @@ static void die(stof_ctx *ctx, const char *what) __attribute__((noreturn));
 static void die(stof_ctx *ctx, const char *what)
 {
     fprintf(stderr, "%s: %s failed: %s\n", PROG, what, ctx ? stof_last_error(ctx) : stof_last_error(NULL));
-    exit(1);
+    exit(CLI_EXIT_FAILED);
 }
 
 /* A checked driver call, the context already pushed. */
@@ -163,7 +163,7 @@ static double check(stof_dtype t, int rows, int hidden, const void *x, const voi
     double *v = malloc(sizeof(double) * (size_t)hidden), maxe = 0, num = 0, den = 0;
     if (!v) {
         fprintf(stderr, "stof-demo: out of memory\n");
-        exit(1);
+        exit(CLI_EXIT_FAILED);
     }
     *bad = 0;
     for (int r = 0; r < rows; r++) {
@@ -254,7 +254,7 @@ static int run_on_gpu(stof_ctx *ctx, const demo_args *a)
     void *bias = malloc(h * es), *g = malloc(h * es), *b = malloc(h * es);
     if (!x || !res || !out || !bias || !g || !b) {
         fprintf(stderr, "stof-demo: out of host memory for %zu bytes\n", tensor);
-        return 1;
+        return CLI_EXIT_FAILED;
     }
     fill(&s, t, x, n, -2, 2);
     fill(&s, t, res, n, -1, 1);
@@ -351,10 +351,11 @@ static int run_on_gpu(stof_ctx *ctx, const demo_args *a)
     double cms = cb.bytes ? copy_ms(ctx, &cb, ev[0], ev[1], 20) : 0;
     double copy_gbs = cms > 0 ? 2.0 * (double)copy_bytes / (cms * 1e-3) / 1e9 : 0;
 
-    printf("layernorm %d x %d %s: %.1f us, median of %d groups of 10 back-to-back launches over %zu rotating input sets of %.1f MiB "
-           "(L2 %.0f MiB): %.2f TB/s\n",
-           a->rows, a->hidden, dtype_name(t), ln_ms * 1e3, a->o.iters, nsets,
-           3.0 * (double)tensor / (1 << 20), (double)l2 / (1 << 20), ln_gbs / 1e3);
+    printf("layernorm %d x %d %s: %.1f us, median of %d group%s of 10 back-to-back launches "
+           "over %zu rotating input set%s of %.1f MiB (L2 %.0f MiB): %.2f TB/s\n",
+           a->rows, a->hidden, dtype_name(t), ln_ms * 1e3, a->o.iters, cli_s(a->o.iters), nsets,
+           cli_s((long long)nsets), 3.0 * (double)tensor / (1 << 20), (double)l2 / (1 << 20),
+           ln_gbs / 1e3);
     if (nsets * 3 * tensor < 2 * l2)
         printf("note: all the sets together are less than twice the L2: some reads may come "
                "from it (use more --rows)\n");
@@ -387,7 +388,7 @@ static int run_on_gpu(stof_ctx *ctx, const demo_args *a)
     jit_pop(ctx);
     free(dx); free(dres); free(dout); free(times);
     free(x); free(res); free(out); free(bias); free(g); free(b);
-    return ok ? 0 : 1;
+    return ok ? CLI_EXIT_OK : CLI_EXIT_FAILED;
 }
 
 int main(int argc, char **argv)

@@ -15,10 +15,10 @@
  * compiling and stores what it compiles there too; --remote then pushes the
  * whole warmed cache into it, from the parent, after the workers are done.
  *
- * Exit status: 0 all done, 1 some cases failed (or the push did not finish;
- * a case whose work the cache did not store has failed), 2 bad arguments,
- * workload or cache (a cache found damaged during the run too: the workers
- * stop), 130 interrupted.
+ * Exit status (cli.h): 0 all done, 1 some cases failed (or the push did not
+ * finish; a case whose work the cache did not store has failed), 2 bad
+ * arguments, workload or cache (a cache found damaged during the run too:
+ * the workers stop), 130 interrupted.
  */
 #include <errno.h>
 #include <math.h>
@@ -39,11 +39,9 @@
 #include "cache/trust.h"
 #include "codegen/nvrtc_drv.h"
 #include "stof.h"
+#include "tools/cli.h"
 #include "tools/workload.h"
 
-#define EXIT_FAILED 1
-#define EXIT_USAGE 2
-#define EXIT_INTERRUPTED 130
 #define MAX_DEVICES 64
 #define MAX_WORKERS 256
 #define MSG_MAX 3800          /* one report stays below PIPE_BUF: writes are atomic */
@@ -59,8 +57,7 @@ static const char USAGE[] =
     "current cases (twice: abandons them); run again to resume.\n"
     "--remote: then push the whole cache (signed) into the Redis tier at URL, else\n"
     "$STOF_REMOTE_CACHE; with no cases, only push. The key: $STOF_REMOTE_CACHE_KEY or\n"
-    "$STOF_REMOTE_CACHE_KEY_FILE.\n"
-    "Exit status: 0 all done, 1 some cases failed, 2 bad input, 130 interrupted.\n";
+    "$STOF_REMOTE_CACHE_KEY_FILE.\n";
 
 typedef struct options {
     const char *cache, *arch, *remote_url;
@@ -73,7 +70,7 @@ typedef struct options {
 
 /* What the probe child found out, and the mode it settled. */
 typedef struct preflight {
-    int code;                    /* 0 go, EXIT_USAGE stop */
+    int code;                    /* 0 go, CLI_EXIT_USAGE stop */
     int has_device, compile_only;
     char arch[32], device[256];
     char note[1024];             /* said before the work */
@@ -129,152 +126,111 @@ static double now(void)
     return (double)t.tv_sec + (double)t.tv_nsec * 1e-9;
 }
 
-static int usage_error(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+static const char PROG[] = "stof-warm";
 
-static int usage_error(const char *fmt, ...)
-{
-    va_list ap;
-    va_start(ap, fmt);
-    fprintf(stderr, "stof-warm: ");
-    vfprintf(stderr, fmt, ap);
-    fprintf(stderr, "\n(stof-warm --help for usage)\n");
-    va_end(ap);
-    return EXIT_USAGE;
-}
+static void usage(FILE *f) { fputs(USAGE, f); }
 
 /* ---- arguments ---- */
 
-static int parse_devices(options *o, const char *s)
+static void parse_devices(options *o, const char *s)
 {
     o->ndevices = 0;
     for (const char *p = s; *p;) {
         char *end;
         long d = strtol(p, &end, 10);
         if (end == p || d < 0 || d > 255 || (*end && *end != ',') || o->ndevices == MAX_DEVICES)
-            return usage_error("--devices wants GPU ordinals such as 0,1,2, not \"%s\"", s);
+            cli_fail(PROG, "--devices wants GPU ordinals such as 0,1,2, not \"%s\"", s);
         for (int i = 0; i < o->ndevices; i++)
             if (o->devices[i] == d)
-                return usage_error("--devices lists %ld twice", d);
+                cli_fail(PROG, "--devices lists %ld twice", d);
         o->devices[o->ndevices++] = (int)d;
         p = *end ? end + 1 : end;
         if (*end && !*p)
-            return usage_error("--devices wants GPU ordinals such as 0,1,2, not \"%s\"", s);
+            cli_fail(PROG, "--devices wants GPU ordinals such as 0,1,2, not \"%s\"", s);
     }
-    return o->ndevices ? 0 : usage_error("--devices is empty");
+    if (!o->ndevices)
+        cli_fail(PROG, "--devices is empty");
 }
 
-static int parse_tune(options *o, const char *s)
+static void parse_tune(options *o, const char *s)
 {
     static const struct { const char *name; stof_tune t; } tunes[] = {
         {"off", STOF_TUNE_OFF}, {"fast", STOF_TUNE_FAST}, {"full", STOF_TUNE_FULL}};
     for (int i = 0; i < 3; i++) {
         if (strcmp(s, tunes[i].name) == 0) {
             o->tune = tunes[i].t;
-            return 0;
+            return;
         }
     }
-    return usage_error("--tune wants off, fast or full, not \"%s\"", s);
+    cli_fail(PROG, "--tune wants off, fast or full, not \"%s\"", s);
 }
 
-static int parse_jobs(options *o, const char *s)
+static void parse_jobs(options *o, const char *s)
 {
     char *end;
     long n = strtol(s, &end, 10);
     if (end == s || *end || n < 1 || n > MAX_WORKERS)
-        return usage_error("--jobs wants a number from 1 to %d, not \"%s\"", MAX_WORKERS, s);
+        cli_fail(PROG, "--jobs wants a number from 1 to %d, not \"%s\"", MAX_WORKERS, s);
     o->jobs = (int)n;
-    return 0;
 }
 
-/* The value of --name VALUE or --name=VALUE; NULL (after a message) if none. */
-static const char *value_of(int argc, char **argv, int *i, const char *name)
+/* One of stof-warm's own options; cases from --mha / --ln go straight into
+ * o->w, as workload files do, in the order given. */
+static void take_option(options *o, const char *opt, const char *v)
 {
-    size_t n = strlen(name);
-    if (argv[*i][n] == '=')
-        return argv[*i] + n + 1;
-    if (*i + 1 < argc)
-        return argv[++*i];
-    usage_error("%s needs a value", name);
-    return NULL;
-}
-
-static int is_opt(const char *arg, const char *name)
-{
-    size_t n = strlen(name);
-    return strncmp(arg, name, n) == 0 && (arg[n] == 0 || arg[n] == '=');
-}
-
-/* One option at argv[*i]; cases from --mha / --ln go straight into o->w. */
-static int parse_option(options *o, int argc, char **argv, int *i)
-{
-    static const char *const valued[] = {"--cache", "--arch", "--tune", "--devices", "--jobs",
-                                         "--mha", "--ln"};
-    const char *arg = argv[*i];
     char err[1024];
-    if (strcmp(arg, "--compile-only") == 0) {
+    if (strcmp(opt, "--compile-only") == 0) {
         o->compile_only = 1;
-        return 0;
-    }
-    if (strcmp(arg, "--quiet") == 0) {
+    } else if (strcmp(opt, "--quiet") == 0) {
         o->quiet = 1;
-        return 0;
-    }
-    /* A flag, or --remote=URL: a separate value would be taken for a file. */
-    if (is_opt(arg, "--remote")) {
+    } else if (strcmp(opt, "--remote") == 0) {
+        /* A flag, or --remote=URL: a separate value would be taken for a file. */
         o->push = 1;
-        o->remote_url = arg[8] == '=' ? arg + 9 : NULL;
-        if (o->remote_url && !*o->remote_url)
-            return usage_error("--remote= wants a redis://HOST[:PORT][/DB] address");
-        return 0;
+        o->remote_url = v;
+        if (v && !*v)
+            cli_fail(PROG, "--remote= wants a redis://HOST[:PORT][/DB] address");
+    } else if (strcmp(opt, "--tune") == 0) {
+        parse_tune(o, v);
+    } else if (strcmp(opt, "--devices") == 0) {
+        parse_devices(o, v);
+    } else if (strcmp(opt, "--jobs") == 0) {
+        parse_jobs(o, v);
+    } else if (strcmp(opt, "--mha") == 0) {
+        if (workload_add_mha(&o->w, v, err, sizeof err) != 0)
+            cli_fail(PROG, "%s", err);
+    } else if (workload_add_ln(&o->w, v, err, sizeof err) != 0) {
+        cli_fail(PROG, "%s", err);
     }
-    for (int k = 0; k < 7; k++) {
-        if (!is_opt(arg, valued[k]))
-            continue;
-        const char *v = value_of(argc, argv, i, valued[k]);
-        if (!v)
-            return EXIT_USAGE;
-        switch (k) {
-        case 0: o->cache = v; return 0;
-        case 1: o->arch = v; return 0;
-        case 2: return parse_tune(o, v);
-        case 3: return parse_devices(o, v);
-        case 4: return parse_jobs(o, v);
-        case 5:
-            if (workload_add_mha(&o->w, v, err, sizeof err) != 0)
-                return usage_error("%s", err);
-            return 0;
-        default:
-            if (workload_add_ln(&o->w, v, err, sizeof err) != 0)
-                return usage_error("%s", err);
-            return 0;
-        }
-    }
-    return usage_error("unknown option %s", arg);
 }
 
-static int parse_args(options *o, int argc, char **argv)
+/* Exits with CLI_EXIT_USAGE on a bad command line or workload. */
+static void parse_args(options *o, int argc, char **argv)
 {
-    int files_only = 0;
+    static const cli_option own[] = {
+        {"--compile-only", CLI_FLAG}, {"--quiet", CLI_FLAG}, {"--remote", CLI_OPTIONAL},
+        {"--tune", CLI_VALUE},        {"--devices", CLI_VALUE}, {"--jobs", CLI_VALUE},
+        {"--mha", CLI_VALUE},         {"--ln", CLI_VALUE},      {NULL, 0}};
     char err[2048];
-    for (int i = 1; i < argc; i++) {
-        const char *arg = argv[i];
-        if (!files_only && strcmp(arg, "--") == 0) {
-            files_only = 1;
-        } else if (!files_only && arg[0] == '-' && arg[1]) {
-            int rc = parse_option(o, argc, argv, &i);
-            if (rc)
-                return rc;
-        } else if (workload_read_file(&o->w, arg, err, sizeof err) != 0) {
-            fprintf(stderr, "stof-warm: %s\n", err);
-            return EXIT_USAGE;
+    cli c;
+    cli_begin(&c, PROG, usage, CLI_CACHE | CLI_ARCH | CLI_OPERANDS, argc, argv);
+    const char *opt, *val;
+    while (cli_next(&c, own, &opt, &val)) {
+        if (opt) {
+            take_option(o, opt, val);
+        } else if (workload_read_file(&o->w, val, err, sizeof err) != 0) {
+            fprintf(stderr, "%s: %s\n", PROG, err);
+            exit(CLI_EXIT_USAGE);
         }
     }
+    cli_end(&c);
+    o->cache = c.o.cache;
+    o->arch = c.o.arch_given ? c.o.arch : NULL;
     if (o->w.n == 0 && !o->push)
-        return usage_error("nothing to warm: give a workload file, --mha or --ln (or --remote "
-                           "to push the cache as it is)");
+        cli_fail(PROG, "nothing to warm: give a workload file, --mha or --ln (or --remote to push "
+                       "the cache as it is)");
     if (o->push && !o->remote_url && !remote_config_resolve(NULL, 0, &(remote_config){0}))
-        return usage_error("--remote: no Redis tier named: set STOF_REMOTE_CACHE or pass "
-                           "--remote=redis://HOST[:PORT][/DB]");
+        cli_fail(PROG, "--remote: no Redis tier named: set STOF_REMOTE_CACHE or pass "
+                       "--remote=redis://HOST[:PORT][/DB]");
     if (!o->ndevices) {
         o->devices[0] = 0;
         o->ndevices = 1;
@@ -282,9 +238,8 @@ static int parse_args(options *o, int argc, char **argv)
     if (o->cache)
         snprintf(o->cache_path, sizeof o->cache_path, "%s", o->cache);
     else if (!cache_admin_default_path(o->cache_path, sizeof o->cache_path))
-        return usage_error("no cache to warm: STOF_CACHE is off and there is no home folder; "
-                           "pass --cache PATH");
-    return 0;
+        cli_fail(PROG, "no cache to warm: STOF_CACHE is off and there is no home folder; pass "
+                       "--cache PATH");
 }
 
 /* ---- the probe child ---- */
@@ -294,7 +249,7 @@ static void decide_mode(const options *o, preflight *p, const char *why_no_gpu)
 {
     p->compile_only = o->compile_only;
     if (!p->has_device && !o->arch) {
-        p->code = EXIT_USAGE;
+        p->code = CLI_EXIT_USAGE;
         snprintf(p->msg, sizeof p->msg,
                  "no GPU can be used here (%.1000s); to compile without one, name the GPU it is "
                  "for: pass --arch (e.g. --arch sm_90a) with --compile-only",
@@ -350,7 +305,7 @@ static void preflight_run(const options *o, preflight *p)
 {
     stof_options so = {.device = o->devices[0], .no_cache = 1};
     stof_ctx *ctx = NULL;
-    p->code = EXIT_USAGE;
+    p->code = CLI_EXIT_USAGE;
     if (stof_open(&ctx, &so) != STOF_OK) {
         snprintf(p->msg, sizeof p->msg, "%s", stof_last_error(NULL));
         return;
@@ -364,9 +319,9 @@ static void preflight_run(const options *o, preflight *p)
     if (!p->code && p->compile_only && o->arch)
         snprintf(p->arch, sizeof p->arch, "%s", o->arch);
     if (!p->code && !p->compile_only && !check_devices(o, p))
-        p->code = EXIT_USAGE;
+        p->code = CLI_EXIT_USAGE;
     if (!p->code && workload_check(ctx, &o->w, p->msg, sizeof p->msg) != STOF_OK)
-        p->code = EXIT_USAGE;
+        p->code = CLI_EXIT_USAGE;
     stof_close(ctx);
     if (p->code)
         return;
@@ -375,7 +330,7 @@ static void preflight_run(const options *o, preflight *p)
                        .remote_cache = o->remote_url};
     ctx = NULL;
     if (stof_open(&ctx, &co) == STOF_OK && !stof_cache_path(ctx)[0]) {
-        p->code = EXIT_USAGE;
+        p->code = CLI_EXIT_USAGE;
         snprintf(p->msg, sizeof p->msg, "the cache cannot be used: %.2900s", stof_last_error(ctx));
     } else if (ctx && strncmp(stof_last_error(ctx), "remote cache", 12) == 0) {
         snprintf(p->remote_note, sizeof p->remote_note, "%s", stof_last_error(ctx));
@@ -855,14 +810,14 @@ static int summary(const run_state *r, const preflight *p)
     if (r->cache_lost) {
         fflush(stdout);
         fprintf(stderr, "stof-warm: stopped: %s\n%s", r->cache_lost, RECOVER_HOW);
-        return EXIT_USAGE;
+        return CLI_EXIT_USAGE;
     }
     if (g_interrupts) {
         printf("  interrupted: %d case%s not run; run the same command again to resume "
                "(finished cases are cache hits)\n", n[OUT_NOT_RUN], n[OUT_NOT_RUN] == 1 ? "" : "s");
-        return EXIT_INTERRUPTED;
+        return CLI_EXIT_INTERRUPTED;
     }
-    return n[OUT_FAILED] ? EXIT_FAILED : 0;
+    return n[OUT_FAILED] ? CLI_EXIT_FAILED : 0;
 }
 
 static void announce(const run_state *r, const preflight *p)
@@ -876,19 +831,21 @@ static void announce(const run_state *r, const preflight *p)
         fprintf(stderr, "stof-warm: %s\n", p->note);
     if (p->remote_note[0])
         fprintf(stderr, "stof-warm: %s\n", p->remote_note);
-    fprintf(stderr, "stof-warm: %d cases (%d attention, %d layer, %d layernorm); %s %s; %d worker%s; "
-                    "cache %s\n",
-            r->total, ops[WORKLOAD_MHA], ops[WORKLOAD_LAYER], ops[WORKLOAD_LN],
+    fprintf(stderr, "stof-warm: %d case%s (%d attention, %d layer, %d layernorm); %s %s; "
+                    "%d worker%s; cache %s\n",
+            r->total, cli_s(r->total), ops[WORKLOAD_MHA], ops[WORKLOAD_LAYER], ops[WORKLOAD_LN],
             p->compile_only ? "compiling only, for" : "planning on", p->compile_only ? p->arch : p->device,
-            r->nworkers, r->nworkers == 1 ? "" : "s", r->o->cache_path);
+            r->nworkers, cli_s(r->nworkers), r->o->cache_path);
 }
 
 static int warm(const options *o, const preflight *p)
 {
     run_state r = {.o = o, .total = o->w.n, .current = -1};
     r.cs = calloc((size_t)r.total, sizeof *r.cs);
-    if (!r.cs)
-        return usage_error("out of memory");
+    if (!r.cs) {
+        fprintf(stderr, "stof-warm: out of memory\n");
+        return CLI_EXIT_FAILED;
+    }
     int want = o->jobs > o->ndevices ? o->jobs : o->ndevices;
     r.nworkers = want < r.total ? want : r.total;
     r.tty = isatty(STDERR_FILENO);
@@ -900,7 +857,7 @@ static int warm(const options *o, const preflight *p)
     if (pipe(fd) != 0 || spawn_workers(&r, p, fd) != 0) {
         reap(&r);
         free(r.cs);
-        return EXIT_FAILED;
+        return CLI_EXIT_FAILED;
     }
     draw_status(&r);
     collect(&r, fd[0]);
@@ -924,11 +881,11 @@ static int push(const options *o)
     int shared = cache_shared_from_env();
     if (!cache_trusted(o->cache_path, shared, why, sizeof why)) {
         fprintf(stderr, "stof-warm: --remote: not pushing: %s\n", why);
-        return EXIT_USAGE;
+        return CLI_EXIT_USAGE;
     }
     if (cache_admin_probe(o->cache_path, why, sizeof why) != CACHE_PROBE_OK) {
         fprintf(stderr, "stof-warm: --remote: nothing to push: %s\n", why);
-        return EXIT_USAGE;
+        return CLI_EXIT_USAGE;
     }
     remote_config rc;
     stof_options so = {.remote_cache = o->remote_url};
@@ -938,11 +895,11 @@ static int push(const options *o)
     remote_open(&rc, &r, why, sizeof why);
     if (!r) {
         fprintf(stderr, "stof-warm: --remote: %s\n", why);
-        return EXIT_USAGE;
+        return CLI_EXIT_USAGE;
     }
     err_record err = {{0}};
     cache *c = NULL;
-    int rc_exit = EXIT_FAILED;
+    int rc_exit = CLI_EXIT_FAILED;
     cache_push_result res;
     if (cache_open(&err, o->cache_path, 0, nvrtc_version_string(), &c) != STOF_OK ||
         cache_admin_push(&err, c, r, &res) != STOF_OK) {
@@ -959,7 +916,7 @@ static int push(const options *o)
         if (res.failed)
             printf("  %lld row%s not stored: %s\n", res.failed, res.failed == 1 ? "" : "s",
                    said ? said : why[0] ? why : "the remote tier did not take them");
-        rc_exit = res.failed ? EXIT_FAILED : 0;
+        rc_exit = res.failed ? CLI_EXIT_FAILED : 0;
     }
     cache_close(c);
     remote_close(r);
@@ -969,26 +926,21 @@ static int push(const options *o)
 int main(int argc, char **argv)
 {
     static options o = {.jobs = 1};
-    for (int i = 1; i < argc; i++) {
-        if (strcmp(argv[i], "-h") == 0 || strcmp(argv[i], "--help") == 0) {
-            fputs(USAGE, stdout);
-            return 0;
-        }
-    }
-    int rc = parse_args(&o, argc, argv);
+    parse_args(&o, argc, argv);
+    int rc = 0;
     char why[1400];
-    cache_probe_result probe = rc ? CACHE_PROBE_OK : cache_admin_probe(o.cache_path, why, sizeof why);
+    cache_probe_result probe = cache_admin_probe(o.cache_path, why, sizeof why);
     if (probe == CACHE_PROBE_BAD || probe == CACHE_PROBE_DAMAGED) {
         fprintf(stderr, "stof-warm: %s\n", why);
         if (probe == CACHE_PROBE_DAMAGED)
             fprintf(stderr, "stof-warm: to save what is intact: stof-dump --cache '%s' recover "
                             "NEW.db\n%s", o.cache_path, RECOVER_HOW);
-        rc = EXIT_USAGE;
+        rc = CLI_EXIT_USAGE;
     }
     static preflight p;
     if (!rc && o.w.n && preflight_fork(&o, &p) != 0) {
         fprintf(stderr, "stof-warm: the preflight check could not run: %s\n", strerror(errno));
-        rc = EXIT_USAGE;
+        rc = CLI_EXIT_USAGE;
     }
     if (!rc && p.code) {
         fprintf(stderr, "stof-warm: %s\n", p.msg);

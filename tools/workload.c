@@ -670,6 +670,32 @@ static int add_line_case(workload *w, workload_case *c, const char *opt, const c
     return ok ? 0 : -1;
 }
 
+int workload_mha_head_dim_ok(int d)
+{
+    return d == 32 || d == 64 || d == 80 || d == 96 || d == 128;
+}
+
+/* 0, with the field named in err, when attention would refuse the case. */
+static int mha_supported(const workload_case *c, const char *l, const char *line, char *err,
+                         size_t errlen)
+{
+    if (!workload_mha_head_dim_ok(c->head_dim))
+        snprintf(err, errlen, "--mha \"%s\": d=%d is not supported: attention takes head_dim %s",
+                 line, c->head_dim, WORKLOAD_MHA_HEAD_DIMS);
+    else if (c->seq_q > WORKLOAD_MHA_MAX_SEQ_Q)
+        snprintf(err, errlen, "--mha \"%s\": %s=%d is not supported: attention takes query "
+                 "lengths up to %d", line, l, c->seq_q, WORKLOAD_MHA_MAX_SEQ_Q);
+    else if ((long long)c->batch * c->heads > WORKLOAD_MHA_MAX_BATCH_HEADS)
+        snprintf(err, errlen, "--mha \"%s\": b=%d x h=%d is not supported: attention takes b x h "
+                 "up to %d", line, c->batch, c->heads, WORKLOAD_MHA_MAX_BATCH_HEADS);
+    else if (c->dtype != STOF_F16 && c->dtype != STOF_BF16)
+        snprintf(err, errlen, "--mha \"%s\": dtype fp32 is not supported: attention takes fp16 "
+                 "or bf16", line);
+    else
+        return 1;
+    return 0;
+}
+
 int workload_add_mha(workload *w, const char *line, char *err, size_t errlen)
 {
     field f[] = {{{"b", "batch", NULL}, 1, MAX_BATCH, -1},   {{"h", "heads", NULL}, 1, MAX_HEADS, -1},
@@ -699,7 +725,9 @@ int workload_add_mha(workload *w, const char *line, char *err, size_t errlen)
     if (c.dtype == STOF_DTYPE_INVALID)
         c.dtype = STOF_F16;
     c.mask = mask ? mask : "dense";
-    int rc = add_line_case(w, &c, "--mha", line, err, errlen);
+    int rc = mha_supported(&c, f[2].value >= 0 ? "l" : "lq", line, err, errlen)
+                 ? add_line_case(w, &c, "--mha", line, err, errlen)
+                 : -1;
     free(mask);
     return rc;
 }

@@ -43,11 +43,20 @@ typedef struct workload {
     int n, cap;
 } workload;
 
+/* What attention supports (src/attn/mha.c refuses the rest), checked where a
+ * command line is read (--mha, stof-dump mask), so that nothing runs for a
+ * case the library would refuse. test_workload holds them to the library. */
+#define WORKLOAD_MHA_MAX_SEQ_Q (65535 * 64)   /* the grid counts query groups of 64 rows */
+#define WORKLOAD_MHA_MAX_BATCH_HEADS 65535    /* batch x heads */
+#define WORKLOAD_MHA_HEAD_DIMS "32, 64, 80, 96 or 128"
+int workload_mha_head_dim_ok(int head_dim);
+
 /* Each appends cases, or returns -1 and leaves w unchanged with the reason
  * in err ("file:line:col: $.path: what"). */
 int workload_read_file(workload *w, const char *path, char *err, size_t errlen);
 int workload_read_text(workload *w, const char *text, size_t len, const char *file, char *err,
                        size_t errlen);
+/* An --mha line's sizes and dtype must be ones attention supports (above). */
 int workload_add_mha(workload *w, const char *line, char *err, size_t errlen);
 int workload_add_ln(workload *w, const char *line, char *err, size_t errlen);
 void workload_free(workload *w);

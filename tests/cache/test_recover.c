@@ -716,7 +716,8 @@ START_TEST(test_tools_name_recover)
     free(out);
     const char *cmds[] = {"list", "check", "stats"};
     for (int i = 0; i < 3; i++) {
-        ck_assert_int_eq(dump(&out, cut, "%s", cmds[i]), 2);
+        /* check's finding is the damage (1); the others cannot work (2). */
+        ck_assert_int_eq(dump(&out, cut, "%s", cmds[i]), i == 1 ? 1 : 2);
         ck_assert_msg(strstr(out, "damaged") && strstr(out, "recover NEW.db"), "%s: %s", cmds[i],
                       out);
         free(out);

@@ -14,6 +14,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "attn/mha.h"
@@ -1058,7 +1059,7 @@ START_TEST(test_usage)
         {"list --source", "\"list\" does not take a part"},
         {"stats extra", "unexpected argument \"extra\""},
         {"list --op", "--op needs a value"},
-        {"list --bogus", "unknown option --bogus"},
+        {"list --bogus", "unknown option \"--bogus\""},
         {"export", "needs its operand"},
     };
     char *out;
@@ -1077,6 +1078,98 @@ START_TEST(test_usage)
     ck_assert_ptr_nonnull(strstr(out, "2 kernels"));
     free(out);
     teardown(&f);
+}
+END_TEST
+
+/* ---- issue 58: check on a file SQLite finds damaged, mask sizes ---- */
+
+static double now_s(void)
+{
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (double)t.tv_sec + (double)t.tv_nsec * 1e-9;
+}
+
+/* A cache cut short reads as damaged: check reports it as its finding
+ * (exit 1, not the 2 of a bad command line), in text and in JSON alone on
+ * stdout; the commands that need the cache still refuse it (exit 2). */
+START_TEST(test_check_unreadable)
+{
+    fixture f;
+    setup(&f);
+    char *cut = path_in(f.dir, "cut.db"), *out;
+    ck_assert_int_eq(test_sh(&out, "head -c $(( $(stat -c %%s '%s') / 8192 * 4096 )) '%s' > '%s'",
+                             f.cache, f.cache, cut), 0);
+    free(out);
+    ck_assert_int_eq(dump(&out, cut, "check"), 1);
+    ck_assert_msg(strstr(out, "integrity  ") && strstr(out, "damaged") &&
+                      strstr(out, "result     DAMAGED") && strstr(out, "recover NEW.db"),
+                  "%s", out);
+    free(out);
+    ck_assert_int_eq(dump(&out, cut, "check --json"), 1);
+    json_value *v = parse_json(out);
+    ck_assert_int_eq(json_get(v, "ok")->boolean, 0);
+    ck_assert_str_eq(json_get(v, "cache")->str, cut);
+    ck_assert_ptr_nonnull(strstr(json_get(v, "integrity")->str, "damaged"));
+    const json_value *pr = json_get(v, "problems");
+    ck_assert(pr && pr->type == JSON_ARRAY && pr->n == 1);
+    ck_assert_str_eq(json_get(pr->items[0], "kind")->str, "unreadable");
+    json_free(v);
+    free(out);
+    ck_assert_int_eq(dump(&out, cut, "list"), 2);
+    ck_assert_ptr_nonnull(strstr(out, "recover NEW.db"));
+    free(out);
+    free(cut);
+    teardown(&f);
+}
+END_TEST
+
+/* Sizes attention does not support are refused as bad input before any
+ * work: a head_dim it lacks, a query length past its limit (the mask of
+ * 4194304 rows took a minute to be refused after its blocks were counted),
+ * batch x heads past 65535. */
+START_TEST(test_mask_limits)
+{
+    static const struct { const char *args, *says; } bad[] = {
+        {"mask causal --lq 64 --head-dim 100", "--head-dim 100 is not supported"},
+        {"mask causal --lq 64 --head-dim 48", "32, 64, 80, 96 or 128"},
+        {"mask window:256 --lq 4194304", "--lq 4194304 is more than attention supports"},
+        {"mask causal --lq 4194241 --lk 64", "up to 4194240"},
+        {"mask causal --lq 64 --batch 65535 --heads 2", "--batch x --heads is 131070"},
+    };
+    char *out;
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        double t0 = now_s();
+        int rc = test_sh(&out, "%s %s", test_build_path("stof-dump"), bad[i].args);
+        ck_assert_msg(rc == 2 && strstr(out, bad[i].says) && strstr(out, "--help"),
+                      "[%s]: rc %d:\n%s", bad[i].args, rc, out);
+        ck_assert_msg(now_s() - t0 < 10, "[%s] took %.1f s", bad[i].args, now_s() - t0);
+        ck_assert_ptr_null(strstr(out, "blocks     "));
+        free(out);
+    }
+    static const char *const good[] = {"--head-dim 32", "--head-dim 80", "--head-dim 96",
+                                       "--head-dim 128", "--batch 65535 --heads 1"};
+    for (size_t i = 0; i < sizeof good / sizeof good[0]; i++) {
+        int rc = test_sh(&out, "%s mask causal --lq 128 %s", test_build_path("stof-dump"), good[i]);
+        ck_assert_msg(rc == 0 && strstr(out, "pick       ") && !strstr(out, "no ranking"),
+                      "[%s]: rc %d:\n%s", good[i], rc, out);
+        free(out);
+    }
+}
+END_TEST
+
+/* One of a thing is not "1 things". */
+START_TEST(test_plurals)
+{
+    char *out;
+    int rc = test_sh(&out, "%s mask dense --lq 1", test_build_path("stof-dump"));
+    ck_assert_msg(rc == 0, "%s", out);
+    ck_assert_msg(strstr(out, "over 1 query row x 1 key (hash"), "%s", out);
+    ck_assert_msg(strstr(out, "1 x 1 = 1 block: 1 full"), "%s", out);
+    free(out);
+    rc = test_sh(&out, "%s mask dense --lq 2 --lk 3", test_build_path("stof-dump"));
+    ck_assert_msg(rc == 0 && strstr(out, "over 2 query rows x 3 keys (hash"), "%s", out);
+    free(out);
 }
 END_TEST
 
@@ -1099,6 +1192,9 @@ Suite *suite_dump(void)
     tcase_add_test(tc, test_no_cache);
     tcase_add_test(tc, test_not_a_stof_cache);
     tcase_add_test(tc, test_usage);
+    tcase_add_test(tc, test_check_unreadable);
+    tcase_add_test(tc, test_mask_limits);
+    tcase_add_test(tc, test_plurals);
     suite_add_tcase(s, tc);
     return s;
 }

@@ -3,7 +3,9 @@
  * build/stof-demo-attn, masked attention; tools/demo.sh, both): --help,
  * every kind of bad argument (exit 2 with a message), and the compile-only
  * path with no GPU (forced with STOF_NO_GPU), where a second process must
- * hit the cache. stof-dump and stof-warm have tests of their own.
+ * hit the cache. stof-dump and stof-warm have tests of their own; here,
+ * what all four share: --help ends with one exit-status table, the one
+ * README.md gives.
  */
 #include <stdlib.h>
 #include <string.h>
@@ -268,6 +270,61 @@ START_TEST(test_demo_script)
 }
 END_TEST
 
+/* Every tool's --help ends with the same "Exit status:" table, and
+ * README.md's table has the same rows. */
+START_TEST(test_exit_statuses)
+{
+    static const char *const tools[] = {"stof-dump", "stof-warm", "stof-demo", "stof-demo-attn"};
+    char *first = NULL;
+    for (size_t i = 0; i < sizeof tools / sizeof tools[0]; i++) {
+        char *out;
+        /* -h anywhere wins, after an option that is no option too. */
+        const char *how = i % 2 ? "--help" : "--bogus -h";
+        int rc = test_sh(&out, "%s %s", test_build_path(tools[i]), how);
+        ck_assert_msg(rc == 0, "%s %s: rc %d:\n%s", tools[i], how, rc, out);
+        const char *table = strstr(out, "Exit status:\n");
+        ck_assert_msg(table && strstr(out, "usage: ") < table, "%s: no table:\n%s", tools[i], out);
+        ck_assert_msg(!strstr(table + 1, "Exit status:"), "%s: two tables:\n%s", tools[i], out);
+        if (!first)
+            first = strdup(table);
+        else
+            ck_assert_msg(strcmp(first, table) == 0, "%s's table differs:\n%s\nfrom:\n%s",
+                          tools[i], table, first);
+        free(out);
+    }
+    /* Its rows ("  0    success"), each a row of README.md's table. */
+    size_t n;
+    char *readme = test_slurp("README.md", &n);
+    ck_assert_ptr_nonnull(readme);
+    int rows = 0, seen[4] = {0};
+    for (const char *line = strchr(first, '\n') + 1; *line; line = strchr(line, '\n') + 1) {
+        int status, at = 0;
+        ck_assert_msg(sscanf(line, "  %d %n", &status, &at) == 1, "a row: %s", line);
+        int len = (int)(strchr(line, '\n') - line) - at;
+        char want[256];
+        snprintf(want, sizeof want, "\n| %d | %.*s |\n", status, len, line + at);
+        ck_assert_msg(strstr(readme, want), "README.md lacks the row %s", want + 1);
+        rows++;
+        seen[0] |= status == 0;
+        seen[1] |= status == 1;
+        seen[2] |= status == 2;
+        seen[3] |= status == 130;
+    }
+    ck_assert_int_eq(rows, 4);
+    ck_assert(seen[0] && seen[1] && seen[2] && seen[3]);
+    /* ... and README.md's table has no other row. */
+    const char *head = strstr(readme, "| status | meaning |\n|---|---|\n");
+    ck_assert_ptr_nonnull(head);
+    int readme_rows = 0;
+    for (const char *l = strchr(strchr(head, '\n') + 1, '\n') + 1; *l == '|';
+         l = strchr(l, '\n') + 1)
+        readme_rows++;
+    ck_assert_int_eq(readme_rows, rows);
+    free(readme);
+    free(first);
+}
+END_TEST
+
 Suite *suite_tools(void)
 {
     Suite *s = suite_create("tools");
@@ -279,6 +336,7 @@ Suite *suite_tools(void)
     tcase_add_test(tc, test_attn_bad_args);
     tcase_add_test(tc, test_attn_compile_only);
     tcase_add_test(tc, test_demo_script);
+    tcase_add_test(tc, test_exit_statuses);
     suite_add_tcase(s, tc);
     return s;
 }

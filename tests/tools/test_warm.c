@@ -354,9 +354,20 @@ static const bad_run BAD_RUNS[] = {
     {"--devices 0,0 --ln rows=8,hidden=64", "lists 0 twice"},
     {"--devices x --ln rows=8,hidden=64", "--devices wants GPU ordinals"},
     {"--devices 1, --ln rows=8,hidden=64", "--devices wants GPU ordinals"},
-    {"--frobnicate --ln rows=8,hidden=64", "unknown option --frobnicate"},
+    {"--frobnicate --ln rows=8,hidden=64", "unknown option \"--frobnicate\""},
     {"", "nothing to warm"},
     {"--ln rows=8,hidden=64 --mha", "--mha needs a value"},
+    /* Issue 58: what attention does not support is refused as the line is
+     * read, naming the field, not case by case after the workers start; an
+     * empty --cache is bad input, not a missing GPU. */
+    {"--mha 'b=1,h=1,l=16777216,d=64'", "l=16777216 is not supported"},
+    {"--mha 'b=1,h=1,lq=4194241,lk=64,d=64'", "lq=4194241 is not supported"},
+    {"--mha 'b=1,h=1,l=64,d=1024'", "d=1024 is not supported"},
+    {"--mha 'b=1,h=1,l=64,d=100'", "head_dim 32, 64, 80, 96 or 128"},
+    {"--mha 'b=1048576,h=1,l=64,d=64'", "b=1048576 x h=1 is not supported"},
+    {"--mha 'b=1,h=1,l=64,d=64,fp32'", "dtype fp32 is not supported"},
+    {"--cache '' --ln rows=8,hidden=64", "--cache needs a path"},
+    {"--quiet=yes --ln rows=8,hidden=64", "--quiet takes no value"},
 };
 
 static void write_bad_files(const char *dir)
@@ -402,6 +413,9 @@ START_TEST(test_bad_input)
     ck_assert_msg(rc == 2, "[%s] rc %d:\n%s", args, rc, out);
     ck_assert_msg(strstr(out, b->what), "[%s] wanted \"%s\" in:\n%s", args, b->what, out);
     ck_assert_msg(!exists(f.cache), "[%s] created the cache", args);
+    ck_assert_msg(!strstr(out, "case (") && !strstr(out, "cases ("), "[%s] started:\n%s", args,
+                  out);
+    ck_assert_msg(!strstr(out, "no GPU"), "[%s] blamed the GPU:\n%s", args, out);
     free(out);
     free(args);
     teardown(&f);
@@ -525,6 +539,25 @@ START_TEST(test_damaged_during_run)
 }
 END_TEST
 
+/* One case is "1 case", one worker "1 worker". */
+START_TEST(test_one_case)
+{
+    fixture f;
+    setup(&f);
+    char *out;
+    int rc = test_sh(&out, "%s --cache '%s' --arch sm_90a --compile-only --ln rows=8,hidden=64",
+                     test_build_path("stof-warm"), f.cache);
+    ck_assert_msg(rc == 0, "rc %d:\n%s", rc, out);
+    ck_assert_msg(strstr(out, "stof-warm: 1 case (0 attention, 0 layer, 1 layernorm)") &&
+                      strstr(out, "; 1 worker; cache "),
+                  "%s", out);
+    ck_assert_ptr_null(strstr(out, "1 cases"));
+    ck_assert_ptr_nonnull(strstr(out, "stof-warm: 1 case in "));
+    free(out);
+    teardown(&f);
+}
+END_TEST
+
 START_TEST(test_help)
 {
     char *out;
@@ -549,6 +582,7 @@ Suite *suite_warm(void)
     tcase_add_test(tc, test_bad_caches);
     tcase_add_test(tc, test_unstored_cases_fail);
     tcase_add_test(tc, test_damaged_during_run);
+    tcase_add_test(tc, test_one_case);
     tcase_add_test(tc, test_help);
     suite_add_tcase(s, tc);
     return s;

@@ -389,6 +389,15 @@ static const bad_line BAD_LINES[] = {
     {0, "b=8,x=3,h=12,l=2048,d=64", "unknown field \"x\""},
     {0, "b=8,,h=12,l=2048,d=64", "empty field"},
     {0, "b=8,h=12,l=2048,d=64,dtype=fp8", "unknown dtype \"fp8\""},
+    /* Sizes attention does not support, refused as the line is read. */
+    {0, "b=1,h=1,l=4194241,d=64", "l=4194241 is not supported"},
+    {0, "b=1,h=1,lq=4194241,lk=8,d=64", "lq=4194241 is not supported"},
+    {0, "b=1,h=1,l=16777216,d=64", "query lengths up to 4194240"},
+    {0, "b=1,h=1,l=64,d=100", "d=100 is not supported"},
+    {0, "b=1,h=1,l=64,head_dim=1024", "d=1024 is not supported"},
+    {0, "b=65536,h=1,l=64,d=64", "b=65536 x h=1 is not supported"},
+    {0, "b=256,h=256,l=64,d=64", "b x h up to 65535"},
+    {0, "b=1,h=1,l=64,d=64,fp32", "dtype fp32 is not supported"},
     {1, "rows=4", "missing hidden="},
     {1, "hidden=8", "missing rows="},
     {1, "rows=4,hidden=8,causal", "unexpected \"causal\""},
@@ -407,6 +416,54 @@ START_TEST(test_bad_lines)
     ck_assert_msg(strstr(err, b->what), "[%s] said: %s; wanted: %s", b->line, err, b->what);
     ck_assert_ptr_nonnull(strstr(err, b->ln ? "--ln" : "--mha"));
     ck_assert_int_eq(w.n, 0);
+}
+END_TEST
+
+/* The limits --mha holds lines to are the library's: what attention refuses
+ * as unsupported (STOF_ERR_UNSUPPORTED) is what workload.h says it does not
+ * take. The mask is 64 x 64 and seq_q 65, so a descriptor within every
+ * limit fails only on the mismatch (STOF_ERR_INVALID_ARG), before any
+ * compile. */
+START_TEST(test_mha_limits_are_the_library_s)
+{
+    stof_ctx *ctx = NULL;
+    stof_mask *m = NULL;
+    ck_assert_int_eq(stof_open(&ctx, &(stof_options){.no_cache = 1}), STOF_OK);
+    ck_assert_int_eq(stof_mask_parse(ctx, "dense", 64, 64, &m), STOF_OK);
+    for (int d = 1; d <= 1024; d++) {
+        stof_mha_desc desc = {.batch = 1, .heads = 1, .seq_q = 65, .seq_k = 64, .head_dim = d,
+                              .dtype = STOF_F16};
+        stof_status st = stof_mha_prepare(ctx, &desc, m);
+        ck_assert_msg(st == (workload_mha_head_dim_ok(d) ? STOF_ERR_INVALID_ARG
+                                                         : STOF_ERR_UNSUPPORTED),
+                      "head_dim %d: %s: %s", d, stof_status_str(st), stof_last_error(ctx));
+    }
+    static const struct { int b, h, lq; stof_dtype dt; int ok; } cases[] = {
+        {1, 1, WORKLOAD_MHA_MAX_SEQ_Q, STOF_F16, 1},
+        {1, 1, WORKLOAD_MHA_MAX_SEQ_Q + 1, STOF_F16, 0},
+        {WORKLOAD_MHA_MAX_BATCH_HEADS, 1, 65, STOF_BF16, 1},
+        {WORKLOAD_MHA_MAX_BATCH_HEADS + 1, 1, 65, STOF_F16, 0},
+        {256, 256, 65, STOF_F16, 0},
+        {1, 1, 65, STOF_F32, 0},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        stof_mha_desc desc = {.batch = cases[i].b, .heads = cases[i].h, .seq_q = cases[i].lq,
+                              .seq_k = 64, .head_dim = 64, .dtype = cases[i].dt};
+        stof_status st = stof_mha_prepare(ctx, &desc, m);
+        ck_assert_msg(st == (cases[i].ok ? STOF_ERR_INVALID_ARG : STOF_ERR_UNSUPPORTED),
+                      "case %zu: %s: %s", i, stof_status_str(st), stof_last_error(ctx));
+    }
+    stof_mask_free(m);
+    stof_close(ctx);
+    /* And --mha takes the largest of each. */
+    workload w = {0};
+    char err[1024];
+    ck_assert_msg(workload_add_mha(&w, "b=65535,h=1,l=4194240,d=128,bf16", err, sizeof err) == 0,
+                  "%s", err);
+    ck_assert_msg(workload_add_mha(&w, "b=1,h=1,lq=64,lk=16777216,d=32", err, sizeof err) == 0,
+                  "%s", err);
+    ck_assert_int_eq(w.n, 2);
+    workload_free(&w);
 }
 END_TEST
 
@@ -479,6 +536,7 @@ Suite *suite_workload(void)
     tcase_add_test(tc, test_masks_checked);
     tcase_add_test(tc, test_mha_lines);
     tcase_add_loop_test(tc, test_bad_lines, 0, (int)(sizeof BAD_LINES / sizeof BAD_LINES[0]));
+    tcase_add_test(tc, test_mha_limits_are_the_library_s);
     tcase_add_test(tc, test_ln_lines);
     tcase_add_test(tc, test_damaged_files);
     suite_add_tcase(s, tc);
