@@ -157,7 +157,11 @@ build/fuzz/libfuzzer_%: tests/fuzz/fuzz_%.c tests/fuzz/fuzz.h $(FUZZ_OBJ) build/
 	@mkdir -p $(@D)
 	$(FUZZ_CC) $(CPPFLAGS) -Itests/fuzz $(FUZZ_FLAGS) -fsanitize=fuzzer -o $@ $< build/fuzzobj/tools/workload.o $(FUZZ_OBJ) $(LIBS)
 
-test: all fuzz-replay
+# demo and test first check what they need (tools/deps.sh: installed with
+# apt-get as root, else the command is printed), then build.
+test:
+	@bash tools/deps.sh test
+	@$(MAKE) --no-print-directory all fuzz-replay
 	STOF_BUILD=build build/stof-tests
 	$(MAKE) --no-print-directory test-python
 
@@ -184,7 +188,9 @@ sanitize: build/asan/stof-tests build/asan/embed $(TOOLS:build/%=build/asan/%)
 fuzz:
 	@bash tools/fuzz.sh $(FUZZ_SECONDS)
 
-demo: all
+demo:
+	@bash tools/deps.sh demo
+	@$(MAKE) --no-print-directory all
 	@bash tools/demo.sh
 
 bench: all
