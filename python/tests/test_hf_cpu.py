@@ -90,7 +90,8 @@ class MaskMapping(unittest.TestCase):
         self.assertIsNone(why)
         self.assertEqual(lens.dtype, torch.int32)
         self.assertEqual(lens.tolist(), [4, 2, 1])
-        self.assertEqual(_masks.lengths_of_padding(torch.ones(2, 5, dtype=torch.bool)), (None, None))
+        full = torch.ones(2, 5, dtype=torch.bool)
+        self.assertEqual(_masks.lengths_of_padding(full), (None, None))
         self.assertEqual(_masks.lengths_of_padding(None), (None, None))
         left = torch.tensor([[0, 0, 1, 1], [1, 1, 1, 1]], dtype=torch.bool)
         lens, why = _masks.lengths_of_padding(left)
@@ -290,6 +291,63 @@ class Models(unittest.TestCase):
         self.assertEqual([n for n, _ in model.stof_kept], ["encoder.layer.0", "encoder.layer.1"])
         self.assertIn("CUDA", model.stof_kept[0][1])
         self.assertEqual(model.config._attn_implementation, "stof")
+
+
+class _FakeLayer:
+    """A stof.EncoderLayer's call, answered by the HF layer's own code with
+    the mask the call names."""
+
+    def __init__(self, layer):
+        p = next(layer.parameters())
+        self.dtype, self.device, self.calls = p.dtype, p.device, []
+        self.hf = lambda x, m: type(layer).forward(layer, x, m)
+
+    def __call__(self, x, seq_lens=None, mask=None):
+        self.calls.append((mask, None if seq_lens is None else seq_lens.tolist()))
+        n = x.shape[1]
+        m = mask if isinstance(mask, stof.Mask) else stof.Mask(mask, n)
+        allowed = m.to_dense("torch")[None, None].repeat(x.shape[0], 1, 1, 1)
+        if seq_lens is not None:
+            for i, k in enumerate(seq_lens.tolist()):
+                allowed[i, :, :, k:] = False
+        with warnings.catch_warnings():     # its attention falls back to sdpa: on the CPU
+            warnings.simplefilter("ignore")
+            return self.hf(x, allowed)
+
+
+@needs_hf
+class Swap(unittest.TestCase):
+    def test_swapped_forward_takes_the_model_mask(self):
+        """optimize's swap on the CPU, stof.EncoderLayer stood in for: the
+        layer gets the spec and seq_lens, HF's hooks still see its output,
+        and a call it cannot take (gradients wanted) runs HF's code."""
+        from stof.hf import _optimize
+        cfg = transformers.BertConfig(hidden_size=128, num_attention_heads=2, num_hidden_layers=2,
+                                      intermediate_size=256)
+        torch.manual_seed(7)
+        model = transformers.BertModel(cfg).eval()
+        ids = torch.randint(0, 1000, (2, 40))
+        am = torch.ones(2, 40, dtype=torch.long)
+        am[1, 25:] = 0
+        with torch.no_grad():
+            want = model(input_ids=ids, attention_mask=am).last_hidden_state
+        model.set_attn_implementation("stof")
+        fakes = [_FakeLayer(layer) for layer in model.encoder.layer]
+        for layer, fake in zip(model.encoder.layer, fakes):
+            _optimize._swap(layer, fake)
+        with torch.no_grad(), stof.hf.mask(None):
+            out = model(input_ids=ids, attention_mask=am, output_hidden_states=True)
+        self.assertEqual([f.calls for f in fakes], [[("dense", [40, 25])]] * 2)
+        self.assertEqual(len(out.hidden_states), 3)
+        for i, n in enumerate([40, 25]):
+            got, ref = out.last_hidden_state[i, :n], want[i, :n]
+            self.assertLess(((got - ref).norm() / ref.norm()).item(), 1e-5)
+        with warnings.catch_warnings(record=True) as w:
+            warnings.simplefilter("always")
+            _backend._said.clear()
+            model(input_ids=ids)
+        self.assertEqual(len(fakes[0].calls), 1)
+        self.assertTrue(any("gradients wanted" in str(x.message) for x in w))
 
 
 @needs_hf
