@@ -249,6 +249,29 @@ class Models(unittest.TestCase):
         self.assertEqual(self.kernel.calls[0]["mask"], "causal_window:8")
         self.close(got.last_hidden_state, want.last_hidden_state)
 
+    def test_gpt2_packed_qkv_views(self):
+        cfg = transformers.GPT2Config(n_embd=128, n_head=2, n_layer=2, vocab_size=500)
+        model = transformers.GPT2Model(cfg)
+        ids = torch.randint(0, 500, (2, 30))
+        # Without a cache: a DynamicCache hands back k and v copied, contiguous.
+        got, want = self.run_both(model, input_ids=ids, use_cache=False)
+        self.assertEqual(self.kernel.calls[0]["mask"], "causal")
+        self.assertEqual(self.kernel.calls[0]["views"], (False, False, False))
+        self.close(got.last_hidden_state, want.last_hidden_state)
+
+    def test_memory_orders(self):
+        x = torch.randn(2, 7, 3, 4, 16)            # [B, L, 3, H, D]: one packed QKV projection
+        q, k, v = (t.transpose(1, 2) for t in x.unbind(2))
+        self.assertTrue(all(a is b for a, b in zip(_backend._same_order(q, k, v), (q, k, v))))
+        q = torch.randn(2, 4, 7, 16)                 # contiguous, as RoPE leaves q and k
+        v = torch.randn(2, 7, 4, 16).transpose(1, 2)  # a view
+        q2, k2, v2 = _backend._same_order(q, q, v)
+        self.assertIs(q2, q)
+        self.assertTrue(v2.is_contiguous() and torch.equal(v2, v))
+        q2, k2, v2 = _backend._same_order(v, v, q)
+        self.assertIs(q2, v)
+        self.assertTrue(v2.transpose(1, 2).is_contiguous() and torch.equal(v2, q))
+
     def test_gqa_and_decoding_fall_back_saying_so(self):
         cfg = transformers.LlamaConfig(hidden_size=128, intermediate_size=256,
                                        num_attention_heads=2, num_key_value_heads=1,

@@ -192,17 +192,40 @@ def _fallback(why, module, q, k, v, attention_mask, dropout, scaling, kwargs):
                                   scaling=scaling, **kwargs)
 
 
+def _order(t):
+    if t.is_contiguous():
+        return "bhld"
+    return "blhd" if t.transpose(1, 2).is_contiguous() else None
+
+
 def _same_order(q, k, v):
-    """q, k, v in one memory order (BHLD or BLHD), copying only those that
-    differ from q's: RoPE'd q and k come contiguous while v stays a view."""
-    def blhd(t):
-        return t.transpose(1, 2).is_contiguous()
-    if q.is_contiguous():
-        return q, k.contiguous(), v.contiguous()
-    if blhd(q):
-        fix = [t if blhd(t) else t.transpose(1, 2).contiguous().transpose(1, 2) for t in (k, v)]
-        return (q, *fix)
-    return q.contiguous(), k.contiguous(), v.contiguous()
+    """q, k, v as stof can read them, copying only what must be: those not
+    in q's memory order where they differ (RoPE'd q and k come contiguous
+    while v stays a view). Three views of one packed QKV projection
+    (GPT-2's) go as they are."""
+    orders = [_order(t) for t in (q, k, v)]
+    if orders[0] == orders[1] == orders[2]:
+        return q, k, v
+    want = orders[0] or "bhld"
+
+    def to(t, o):
+        if o == want:
+            return t
+        if want == "bhld":
+            return t.contiguous()
+        return t.transpose(1, 2).contiguous().transpose(1, 2)
+    return tuple(to(t, o) for t, o in zip((q, k, v), orders))
+
+
+def _run(q, k, v, spec, lens, scaling):
+    try:
+        return stof_attention(q, k, v, mask=spec, seq_lens=lens, scale=scaling, layout="bhld")
+    except L.InvalidArgumentError as e:
+        if "memory order" not in str(e) and "packed QKV" not in str(e):
+            raise
+    # Strides stof cannot read (views of some other projection): a copy.
+    q, k, v = (t.contiguous() for t in (q, k, v))
+    return stof_attention(q, k, v, mask=spec, seq_lens=lens, scale=scaling, layout="bhld")
 
 
 def attention(module, query, key, value, attention_mask, dropout=0.0, scaling=None, **kwargs):
@@ -218,9 +241,8 @@ def attention(module, query, key, value, attention_mask, dropout=0.0, scaling=No
         return _fallback(why, module, query, key, value, attention_mask, dropout, scaling, kwargs)
     if isinstance(attention_mask, ModelMask):
         lens = attention_mask.lens_on(query.device)
-    q, k, v = _same_order(query, key, value)
     try:
-        out = stof_attention(q, k, v, mask=spec, seq_lens=lens, scale=scaling, layout="bhld")
+        out = _run(*_same_order(query, key, value), spec, lens, scaling)
     except L.UnsupportedError as e:
         return _fallback("stof cannot run it (%s)" % e, module, query, key, value,
                          attention_mask, dropout, scaling, kwargs)
