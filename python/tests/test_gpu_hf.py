@@ -198,7 +198,8 @@ class Optimize(unittest.TestCase):
             hs = model(input_ids=ids, attention_mask=am, output_hidden_states=True).hidden_states
         self.assertEqual(len(hs), 4)            # the layers' hooks still see them
         spec = "window:128+global:32"
-        stof.hf.optimize(model, mask=spec)
+        stof.hf.optimize(model, mask=spec)       # again: the layers made afresh
+        self.assertEqual(len(model.stof_swapped), 3)
         allowed = stof.Mask(spec, 384).to_dense("torch", "cuda")[None, None]
         with torch.no_grad():
             got = model(input_ids=ids).last_hidden_state

@@ -371,6 +371,12 @@ class Swap(unittest.TestCase):
             model(input_ids=ids)
         self.assertEqual(len(fakes[0].calls), 1)
         self.assertTrue(any("gradients wanted" in str(x.message) for x in w))
+        again = [_FakeLayer(layer) for layer in model.encoder.layer]
+        for layer, fake in zip(model.encoder.layer, again):     # as optimize called twice
+            _optimize._swap(layer, fake)
+        with torch.no_grad():
+            model(input_ids=ids)
+        self.assertEqual([len(f.calls) for f in fakes + again], [1, 1, 1, 1])
 
 
 @needs_hf

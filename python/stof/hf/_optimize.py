@@ -73,7 +73,9 @@ def _swap(layer, stof_layer):
     """The layer's forward runs stof_layer; HF's code runs the calls stof
     cannot (saying why once)."""
     hooked = hasattr(layer, "_hf_hook") and hasattr(layer, "_old_forward")
-    hf_forward = layer._old_forward if hooked else layer.forward
+    hf_forward = getattr(layer, "stof_hf_forward", None)     # swapped before: HF's, kept
+    if hf_forward is None:
+        hf_forward = layer._old_forward if hooked else layer.forward
     config = _config_of(layer)
 
     def forward(hidden_states, attention_mask=None, *args, **kwargs):
@@ -106,7 +108,7 @@ def _swap(layer, stof_layer):
         layer._old_forward = forward
     else:
         layer.forward = forward
-    layer.stof_layer = stof_layer
+    layer.stof_layer, layer.stof_hf_forward = stof_layer, hf_forward
 
 
 def _models_of(model):
@@ -149,7 +151,7 @@ def optimize(model, mask=None, *, tune=None):
     swapped, kept = [], []
     for name, m in model.named_modules():
         kind = ENCODER_LAYERS.get(type(m).__name__)
-        if kind is None or getattr(m, "stof_layer", None) is not None:
+        if kind is None:
             continue
         try:
             _swap(m, _stof_layer(m, kind, tune))
