@@ -60,7 +60,8 @@ if [[ $mode == all || $mode == tests ]]; then
         rc=$?
         [[ $rc == 0 ]] || failed=1
         last=$(grep -E '^(OK|FAILED)' "$logs/$t.log" | tail -n 1)
-        summary+=("$t $([[ $rc == 0 ]] && echo PASS || echo FAIL): ${last:-no unittest result (exit $rc)}")
+        state=$([[ $rc == 0 ]] && echo PASS || echo FAIL)
+        summary+=("$t $state: ${last:-no unittest result (exit $rc)}")
         while IFS= read -r line; do summary+=("    $line"); done < <(
             grep -E '(rel L2|NOT run|\.\.\. skipped|^(FAIL|ERROR):)' "$logs/$t.log" | head -n 30)
     done
