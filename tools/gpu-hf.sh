@@ -9,8 +9,8 @@
 #
 #   bash tools/gpu-hf.sh              tests, then bench/e2e.py --quick
 #   bash tools/gpu-hf.sh tests        the suites only
-#   bash tools/gpu-hf.sh e2e [ARG]    bench/e2e.py only; ARGs replace --quick
-#                                     (e.g. --models bert-base, or none: no ARG runs --quick)
+#   bash tools/gpu-hf.sh e2e [ARG]    bench/e2e.py only, with ARGs in place of --quick
+#                                     (--models bert-base,vit-base: the whole benchmark)
 #
 # The benchmark's kernel cache is $STOF_BENCH_CACHE (default
 # $STOF_BUILD/bench-cache.db), as tools/gpu-check.sh's: its first calls plan
