@@ -1,0 +1,249 @@
+"""stof.hf._backend: the "stof" attention implementation of transformers.
+
+Two functions registered with transformers: attention(), through
+AttentionInterface, runs a model's attention with stof.attention on the
+[B, H, L, D] views the model hands over (read in place, strides and all);
+mask_hook(), through AttentionMaskInterface, stands where the model would
+build its dense 4-D mask, and hands the attention a ModelMask instead: the
+pattern as a spec, padding as seq_lens, worked out once per forward.
+
+A call stof cannot run yet (grouped KV heads, softcap, decoding against a
+cache, float32, a mask that differs across the batch, a backward needed)
+runs HF's sdpa on the same mask instead, and says so once per reason.
+"""
+import functools
+import warnings
+
+import torch
+from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+from .. import _lib as L
+from .._attention import attention as stof_attention
+from . import _masks
+
+try:
+    from transformers.masking_utils import sdpa_mask
+except ImportError:        # transformers before its mask interface (4.53)
+    sdpa_mask = None
+
+HEAD_DIMS = (32, 64, 80, 96, 128)
+# Call arguments that change the scores in ways stof's kernels do not (yet).
+UNSUPPORTED = {"softcap": "softcap (another issue)", "s_aux": "attention sinks",
+               "sinks": "attention sinks", "position_bias": "a position bias"}
+
+DECODING = ("decoding (queries against a longer KV cache): stof has no decode mode yet, and a "
+            "stof.hf.mask spec does not apply there")
+
+_said = set()
+
+
+def say_once(why, instead="HF's sdpa"):
+    """warnings.warn, once per reason for the process."""
+    if (why, instead) not in _said:
+        _said.add((why, instead))
+        warnings.warn("stof.hf: %s; %s runs those calls instead" % (why, instead), stacklevel=3)
+
+
+class ModelMask:
+    """What the mask hook hands the attention: spec (a spec str or
+    stof.Mask, or None where stof cannot run this mask, why saying so),
+    lens (int32 [B] valid lengths, or None) and what HF's own sdpa mask
+    would be made from, for a fallback. Accelerate moves it between
+    devices through to(); lens follows the query's device in any case."""
+
+    __slots__ = ("spec", "lens", "why", "lq", "lk", "user", "pad", "args", "_dense", "_lens_on")
+
+    def __init__(self, lq, lk, args):
+        self.spec, self.lens, self.why, self.user, self.pad = None, None, None, None, None
+        self.lq, self.lk, self.args = lq, lk, args
+        self._dense, self._lens_on = {}, {}
+
+    def to(self, device, *a, **k):
+        return self     # lens_on() moves what is needed, once per device
+
+    def lens_on(self, device):
+        if self.lens is None or self.lens.device == device:
+            return self.lens
+        t = self._lens_on.get(device)
+        if t is None:
+            t = self._lens_on[device] = self.lens.to(device)
+        return t
+
+    def sdpa_mask(self, device):
+        """The mask HF's sdpa would get (a user's spec in place of the
+        model's pattern, where one was set), made once per device."""
+        if device in self._dense:
+            return self._dense[device]
+        pad = None if self.pad is None else self.pad.to(device)
+        if self.user is not None:
+            m = _masks.dense_of_spec(self.user, self.lq, self.lk, device)[None, None]
+            if pad is not None:
+                m = m & pad[:, None, None, :]
+        else:
+            args = dict(self.args, device=device)
+            if args.get("attention_mask") is not None:
+                args["attention_mask"] = args["attention_mask"].to(device)
+            m = sdpa_mask(**args)
+        self._dense[device] = m
+        return m
+
+    def __repr__(self):
+        return "stof.hf.ModelMask(%r, lens=%s, why=%r)" % (
+            self.spec, None if self.lens is None else self.lens.tolist(), self.why)
+
+
+def mask_hook(batch_size, q_length, kv_length, q_offset=0, kv_offset=0, mask_function=None,
+              attention_mask=None, **kwargs):
+    """transformers' mask interface for "stof": a ModelMask, not a dense mask."""
+    args = dict(kwargs, batch_size=batch_size, q_length=q_length, kv_length=kv_length,
+                q_offset=q_offset, kv_offset=kv_offset, mask_function=mask_function,
+                attention_mask=attention_mask)
+    for name in ("config", "dtype"):
+        args.pop(name, None)
+    if mask_function is None:
+        args.pop("mask_function")
+    mm = ModelMask(q_length, kv_length, args)
+    if not (isinstance(q_offset, int) and isinstance(kv_offset, int)
+            and q_offset == 0 and kv_offset == 0 and q_length == kv_length):
+        mm.why = DECODING
+        return mm
+    pad = attention_mask
+    if pad is not None:
+        if pad.shape[-1] < kv_length:
+            pad = torch.nn.functional.pad(pad, (0, kv_length - pad.shape[-1]))
+        pad = pad[:, :kv_length]
+    mm.lens, mm.why = _masks.lengths_of_padding(pad)
+    mm.pad = pad
+    mm.user = _masks.user_spec(kwargs.get("config"))
+    if mm.why is not None:
+        return mm
+    if mm.user is not None:
+        mm.spec = mm.user
+        return mm
+    mm.spec = _masks.spec_of_mask_function(mask_function) if mask_function is not None else None
+    if mm.spec is None and sdpa_mask is not None:
+        # A pattern stof has no spec for (packed sequences, chunks, overlays):
+        # HF's own matrix without the padding, made a stof.Mask where it is
+        # one for the whole batch.
+        dense = sdpa_mask(**dict(args, attention_mask=None, allow_is_causal_skip=False,
+                                 allow_is_bidirectional_skip=False))
+        mm.spec, mm.why = _masks.mask_of_4d(dense)
+    return mm
+
+
+@functools.lru_cache(maxsize=16)
+def _dense4d(spec, lq, lk, device):
+    return _masks.dense_of_spec(spec, lq, lk, device)[None, None]
+
+
+def _why_not(module, q, k, v, dropout, kwargs):
+    """Why stof cannot run this call, or None."""
+    for name, what in UNSUPPORTED.items():
+        if kwargs.get(name) is not None:
+            return what
+    if k.shape[1] != q.shape[1]:
+        return "grouped KV heads (GQA/MQA; another issue)"
+    if q.shape[-1] not in HEAD_DIMS or v.shape[-1] != q.shape[-1]:
+        return "head_dim %d: stof takes %s" % (q.shape[-1], ", ".join(map(str, HEAD_DIMS)))
+    if dropout and getattr(module, "training", False):
+        return "attention dropout in training mode"
+    if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
+        return ("gradients wanted (stof has no backward; run under torch.no_grad() or "
+                "torch.inference_mode())")
+    if not q.is_cuda:
+        return "tensors on %s: stof runs on CUDA devices" % q.device.type
+    if q.dtype not in (torch.float16, torch.bfloat16):
+        return "%s tensors: stof runs float16 and bfloat16" % str(q.dtype)[6:]
+    return None
+
+
+def mask_for(module, attention_mask, lq, lk, kwargs, config=None):
+    """(spec or Mask, lens, why) for a call: from the hook's ModelMask, a
+    4-D tensor, or the module's own pattern where no mask came."""
+    if isinstance(attention_mask, ModelMask):
+        return attention_mask.spec, attention_mask.lens, attention_mask.why
+    user = _masks.user_spec(config if config is not None else getattr(module, "config", None))
+    if user is not None:
+        return user, None, None
+    if attention_mask is None:
+        if lq != lk and _is_causal(module, kwargs):
+            return None, None, DECODING
+        return _masks.spec_of_module(module, kwargs), None, None
+    if attention_mask.dim() == 2:
+        return None, None, "a 2-D mask the mask interface did not see (transformers < 4.53?)"
+    m, why = _masks.mask_of_4d(attention_mask)
+    return m, None, why
+
+
+def _is_causal(module, kwargs):
+    c = kwargs.get("is_causal")
+    return getattr(module, "is_causal", False) if c is None else c
+
+
+def _fallback(why, module, q, k, v, attention_mask, dropout, scaling, kwargs):
+    say_once(why)
+    if isinstance(attention_mask, ModelMask):
+        attention_mask = attention_mask.sdpa_mask(q.device)
+    else:
+        user = _masks.user_spec(getattr(module, "config", None))
+        if user is not None:
+            attention_mask = _dense4d(user, q.shape[2], k.shape[2], q.device)
+    return sdpa_attention_forward(module, q, k, v, attention_mask, dropout=dropout,
+                                  scaling=scaling, **kwargs)
+
+
+def _order(t):
+    if t.is_contiguous():
+        return "bhld"
+    return "blhd" if t.transpose(1, 2).is_contiguous() else None
+
+
+def _same_order(q, k, v):
+    """q, k, v as stof can read them, copying only what must be: those not
+    in q's memory order where they differ (RoPE'd q and k come contiguous
+    while v stays a view). Three views of one packed QKV projection
+    (GPT-2's) go as they are."""
+    orders = [_order(t) for t in (q, k, v)]
+    if orders[0] == orders[1] == orders[2]:
+        return q, k, v
+    want = orders[0] or "bhld"
+
+    def to(t, o):
+        if o == want:
+            return t
+        if want == "bhld":
+            return t.contiguous()
+        return t.transpose(1, 2).contiguous().transpose(1, 2)
+    return tuple(to(t, o) for t, o in zip((q, k, v), orders))
+
+
+def _run(q, k, v, spec, lens, scaling):
+    try:
+        return stof_attention(q, k, v, mask=spec, seq_lens=lens, scale=scaling, layout="bhld")
+    except L.InvalidArgumentError as e:
+        if "memory order" not in str(e) and "packed QKV" not in str(e):
+            raise
+    # Strides stof cannot read (views of some other projection): a copy.
+    q, k, v = (t.contiguous() for t in (q, k, v))
+    return stof_attention(q, k, v, mask=spec, seq_lens=lens, scale=scaling, layout="bhld")
+
+
+def attention(module, query, key, value, attention_mask, dropout=0.0, scaling=None, **kwargs):
+    """transformers' attention interface for "stof": (attn_output
+    [B, L, H, D], None)."""
+    why = _why_not(module, query, key, value, dropout, kwargs)
+    spec = lens = None
+    if why is None:
+        spec, lens, why = mask_for(module, attention_mask, query.shape[2], key.shape[2], kwargs)
+    if why is None and spec is None:
+        why = "a mask stof has no form for"
+    if why is not None:
+        return _fallback(why, module, query, key, value, attention_mask, dropout, scaling, kwargs)
+    if isinstance(attention_mask, ModelMask):
+        lens = attention_mask.lens_on(query.device)
+    try:
+        out = _run(*_same_order(query, key, value), spec, lens, scaling)
+    except L.UnsupportedError as e:
+        return _fallback("stof cannot run it (%s)" % e, module, query, key, value,
+                         attention_mask, dropout, scaling, kwargs)
+    return out.transpose(1, 2), None

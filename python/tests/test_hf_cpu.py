@@ -1,0 +1,413 @@
+"""stof.hf without a GPU: the import's message where transformers is absent,
+the mapping of transformers' masks onto stof's (mask functions, padding,
+4-D masks, the user's spec), and whole models on the CPU through the
+"stof" attention with stof's kernel stood in for by a float32 reference
+that takes the same arguments (spec or Mask, seq_lens, the views as given):
+their outputs must match HF's sdpa on every real token. The calls stof
+cannot run (grouped KV heads, decoding) fall back to HF's sdpa for real.
+Skipped, saying so, where torch or transformers is missing.
+"""
+import os
+import subprocess
+import sys
+import unittest
+import warnings
+
+from _util import REPO, stof
+
+try:
+    import torch
+    import torch.nn.functional as F
+    import transformers  # noqa: F401
+    import stof.hf
+    from stof.hf import _backend, _masks
+    from transformers import masking_utils as mu
+    WHY = None
+except ImportError as e:
+    WHY = "torch or transformers is not installed (%s)" % e
+
+needs_hf = unittest.skipIf(WHY is not None, WHY or "")
+
+
+class Import(unittest.TestCase):
+    def test_without_transformers_says_what_it_needs(self):
+        code = ("import sys\n"
+                "class Block:\n"
+                "    def find_spec(self, name, path=None, target=None):\n"
+                "        if name.split('.')[0] == 'transformers':\n"
+                "            raise ImportError('no module named ' + name)\n"
+                "sys.meta_path.insert(0, Block())\n"
+                "import stof\n"
+                "print('stof', stof.__version__)\n"
+                "try:\n"
+                "    import stof.hf\n"
+                "except ImportError as e:\n"
+                "    print('ImportError:', e)\n")
+        env = dict(os.environ, PYTHONPATH=os.path.join(REPO, "python"))
+        r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertIn("stof 0.", r.stdout)
+        self.assertIn("ImportError: stof.hf needs torch and transformers", r.stdout)
+
+
+@needs_hf
+class MaskMapping(unittest.TestCase):
+    def test_mask_functions(self):
+        f = _masks.spec_of_mask_function
+        self.assertEqual(f(mu.causal_mask_function), "causal")
+        self.assertEqual(f(mu.bidirectional_mask_function), "dense")
+        self.assertEqual(f(mu.sliding_window_causal_mask_function(7)), "causal_window:7")
+        self.assertEqual(f(mu.sliding_window_bidirectional_mask_function(5)), "window:10")
+        packed = mu.packed_sequence_mask_function(torch.zeros(1, 4, dtype=torch.long))
+        self.assertIsNone(f(mu.and_masks(mu.causal_mask_function, packed)))
+        self.assertIsNone(f(mu.chunked_causal_mask_function(4, torch.zeros(1, dtype=torch.long))))
+        self.assertIsNone(f(mu.or_masks(mu.causal_mask_function, mu.bidirectional_mask_function)))
+        self.assertIsNone(f(lambda b, h, q, k: q >= k))
+
+    def test_specs_match_transformers_matrices(self):
+        # Each spec allows exactly what the mask function does.
+        n = 23
+        for fn in (mu.causal_mask_function, mu.bidirectional_mask_function,
+                   mu.sliding_window_causal_mask_function(5),
+                   mu.sliding_window_bidirectional_mask_function(3)):
+            spec = _masks.spec_of_mask_function(fn)
+            want = mu.sdpa_mask(batch_size=1, q_length=n, kv_length=n, mask_function=fn,
+                                allow_is_causal_skip=False)[0, 0]
+            got = stof.Mask(spec, n).to_dense("torch")
+            self.assertTrue(torch.equal(got, want.cpu()), spec)
+
+    def test_spec_of_module(self):
+        class M:
+            is_causal = True
+        self.assertEqual(_masks.spec_of_module(M(), {}), "causal")
+        self.assertEqual(_masks.spec_of_module(M(), {"sliding_window": 64}), "causal_window:64")
+        self.assertEqual(_masks.spec_of_module(M(), {"is_causal": False}), "dense")
+        self.assertEqual(_masks.spec_of_module(object(), {"sliding_window": 8}), "window:16")
+
+    def test_padding(self):
+        pad = torch.tensor([[1, 1, 1, 1], [1, 1, 0, 0], [1, 0, 0, 0]], dtype=torch.bool)
+        lens, why = _masks.lengths_of_padding(pad)
+        self.assertIsNone(why)
+        self.assertEqual(lens.dtype, torch.int32)
+        self.assertEqual(lens.tolist(), [4, 2, 1])
+        full = torch.ones(2, 5, dtype=torch.bool)
+        self.assertEqual(_masks.lengths_of_padding(full), (None, None))
+        self.assertEqual(_masks.lengths_of_padding(None), (None, None))
+        left = torch.tensor([[0, 0, 1, 1], [1, 1, 1, 1]], dtype=torch.bool)
+        lens, why = _masks.lengths_of_padding(left)
+        self.assertIsNone(lens)
+        self.assertIn("left padding", why)
+
+    def test_4d_masks_made_once_per_content(self):
+        n = 40
+        allowed = stof.Mask("window:8+global:2", n).to_dense("torch")
+        a = allowed[None, None].expand(3, 1, n, n)
+        m, why = _masks.mask_of_4d(a)
+        self.assertIsNone(why)
+        self.assertTrue(torch.equal(m.to_dense("torch"), allowed))
+        self.assertIs(_masks.mask_of_4d(a)[0], m)                    # the same tensor
+        self.assertIs(_masks.mask_of_4d(allowed[None, None].clone())[0], m)   # the same content
+        add = torch.zeros(1, 1, n, n).masked_fill(~allowed, torch.finfo(torch.float32).min)
+        self.assertIs(_masks.mask_of_4d(add)[0], m)                  # additive
+        self.assertIs(_masks.mask_of_4d(add.masked_fill(~allowed, float("-inf")))[0], m)
+        varied = a.clone()
+        varied[1, 0, 20, n - 1] = True
+        m2, why = _masks.mask_of_4d(varied)
+        self.assertIsNone(m2)
+        self.assertIn("differs between batch entries", why)
+        m3, why = _masks.mask_of_4d(add + 0.5)
+        self.assertIsNone(m3)
+        self.assertIn("bias", why)
+
+    def test_user_spec(self):
+        cfg = transformers.BertConfig()
+        other = transformers.BertConfig()
+
+        class Holder(torch.nn.Module):
+            def __init__(self, config):
+                super().__init__()
+                self.config = config
+        model = Holder(cfg)
+        self.assertIsNone(_masks.user_spec(cfg))
+        with stof.hf.mask("window:64", model=model):
+            self.assertEqual(_masks.user_spec(cfg), "window:64")
+            self.assertIsNone(_masks.user_spec(other))
+            with stof.hf.mask("causal"):
+                self.assertEqual(_masks.user_spec(cfg), "causal")     # the process's wins
+                self.assertEqual(_masks.user_spec(other), "causal")
+            self.assertEqual(_masks.user_spec(cfg), "window:64")
+        self.assertIsNone(_masks.user_spec(cfg))
+        stof.hf.mask("dense")                                         # a plain setter
+        try:
+            self.assertEqual(_masks.user_spec(other), "dense")
+        finally:
+            stof.hf.mask(None)
+        self.assertIsNone(_masks.user_spec(other))
+        with self.assertRaises(stof.InvalidArgumentError):
+            stof.hf.mask(3)
+
+
+class _FakeKernel:
+    """stof.attention's arguments, answered in float32 on the CPU."""
+
+    def __init__(self):
+        self.calls = []
+
+    def __call__(self, q, k, v, mask, seq_lens=None, scale=None, layout="bhld"):
+        self.calls.append({"mask": mask, "lens": None if seq_lens is None else seq_lens.tolist(),
+                           "views": (q.is_contiguous(), k.is_contiguous(), v.is_contiguous())})
+        b, h, lq, d = q.shape
+        lk = k.shape[2]
+        m = mask if isinstance(mask, stof.Mask) else stof.Mask(mask, lq, lk)
+        allowed = m.to_dense("torch")[None, None].repeat(b, 1, 1, 1)
+        if seq_lens is not None:
+            for i, n in enumerate(seq_lens.tolist()):
+                allowed[i, :, :, n:] = False
+                allowed[i, :, n:, :] = True      # padded rows: anything finite, zeroed below
+        out = F.scaled_dot_product_attention(q.float(), k.float(), v.float(), attn_mask=allowed,
+                                             scale=scale)
+        if seq_lens is not None:
+            for i, n in enumerate(seq_lens.tolist()):
+                out[i, :, n:] = 0
+        return out.to(q.dtype)
+
+
+@needs_hf
+class Models(unittest.TestCase):
+    """Tiny models on the CPU, "stof" against "sdpa" on the same weights."""
+
+    def setUp(self):
+        self.kernel = _FakeKernel()
+        self.saved = _backend.stof_attention, _backend._why_not
+        real = self.saved[1]
+
+        def why_not(*a):
+            why = real(*a)
+            return None if why and why.startswith(("tensors on", "float32")) else why
+        _backend.stof_attention, _backend._why_not = self.kernel, why_not
+        torch.manual_seed(1234)
+
+    def tearDown(self):
+        _backend.stof_attention, _backend._why_not = self.saved
+
+    def run_both(self, model, **inputs):
+        model.eval()
+        with torch.no_grad():
+            model.set_attn_implementation("sdpa")
+            want = model(**inputs)
+            model.set_attn_implementation("stof")
+            got = model(**inputs)
+        return got, want
+
+    def close(self, got, want, rows=None):
+        if rows is not None:
+            got, want = got[rows], want[rows]
+        err = ((got - want).norm() / want.norm()).item()
+        self.assertLess(err, 1e-5)
+
+    def test_bert_padding_as_seq_lens(self):
+        cfg = transformers.BertConfig(hidden_size=128, num_attention_heads=2, num_hidden_layers=2,
+                                      intermediate_size=256)
+        model = transformers.BertModel(cfg)
+        ids = torch.randint(0, 1000, (3, 37))
+        am = torch.ones(3, 37, dtype=torch.long)
+        am[1, 20:] = 0
+        am[2, 3:] = 0
+        got, want = self.run_both(model, input_ids=ids, attention_mask=am)
+        self.assertEqual([c["mask"] for c in self.kernel.calls], ["dense", "dense"])
+        self.assertEqual(self.kernel.calls[0]["lens"], [37, 20, 3])
+        self.assertEqual(self.kernel.calls[0]["views"], (False, False, False))  # BLHD views
+        for i, n in enumerate([37, 20, 3]):
+            self.close(got.last_hidden_state[i, :n], want.last_hidden_state[i, :n])
+
+    def test_bert_own_spec_and_4d_mask(self):
+        cfg = transformers.BertConfig(hidden_size=128, num_attention_heads=2, num_hidden_layers=2,
+                                      intermediate_size=256)
+        model = transformers.BertModel(cfg).eval()
+        n = 50
+        ids = torch.randint(0, 1000, (2, n))
+        allowed = stof.Mask("window:16+global:4", n).to_dense("torch")[None, None]
+        with torch.no_grad():
+            model.set_attn_implementation("sdpa")
+            want = model(input_ids=ids, attention_mask=allowed).last_hidden_state
+            model.set_attn_implementation("stof")
+            with stof.hf.mask("window:16+global:4"):
+                spec = model(input_ids=ids).last_hidden_state
+            four = model(input_ids=ids, attention_mask=allowed.clone()).last_hidden_state
+        self.assertEqual(self.kernel.calls[0]["mask"], "window:16+global:4")
+        self.assertIsInstance(self.kernel.calls[-1]["mask"], stof.Mask)
+        self.close(spec, want)
+        self.close(four, want)
+
+    def test_sliding_window(self):
+        cfg = transformers.MistralConfig(hidden_size=128, intermediate_size=256,
+                                         num_attention_heads=2, num_key_value_heads=2,
+                                         num_hidden_layers=2, sliding_window=8, vocab_size=500)
+        model = transformers.MistralModel(cfg)
+        ids = torch.randint(0, 500, (2, 30))
+        got, want = self.run_both(model, input_ids=ids)
+        self.assertEqual(self.kernel.calls[0]["mask"], "causal_window:8")
+        self.close(got.last_hidden_state, want.last_hidden_state)
+
+    def test_gpt2_packed_qkv_views(self):
+        cfg = transformers.GPT2Config(n_embd=128, n_head=2, n_layer=2, vocab_size=500)
+        model = transformers.GPT2Model(cfg)
+        ids = torch.randint(0, 500, (2, 30))
+        # Without a cache: a DynamicCache hands back k and v copied, contiguous.
+        got, want = self.run_both(model, input_ids=ids, use_cache=False)
+        self.assertEqual(self.kernel.calls[0]["mask"], "causal")
+        self.assertEqual(self.kernel.calls[0]["views"], (False, False, False))
+        self.close(got.last_hidden_state, want.last_hidden_state)
+
+    def test_memory_orders(self):
+        x = torch.randn(2, 7, 3, 4, 16)            # [B, L, 3, H, D]: one packed QKV projection
+        q, k, v = (t.transpose(1, 2) for t in x.unbind(2))
+        self.assertTrue(all(a is b for a, b in zip(_backend._same_order(q, k, v), (q, k, v))))
+        q = torch.randn(2, 4, 7, 16)                 # contiguous, as RoPE leaves q and k
+        v = torch.randn(2, 7, 4, 16).transpose(1, 2)  # a view
+        q2, k2, v2 = _backend._same_order(q, q, v)
+        self.assertIs(q2, q)
+        self.assertTrue(v2.is_contiguous() and torch.equal(v2, v))
+        q2, k2, v2 = _backend._same_order(v, v, q)
+        self.assertIs(q2, v)
+        self.assertTrue(v2.transpose(1, 2).is_contiguous() and torch.equal(v2, q))
+
+    def test_gqa_and_decoding_fall_back_saying_so(self):
+        cfg = transformers.LlamaConfig(hidden_size=128, intermediate_size=256,
+                                       num_attention_heads=2, num_key_value_heads=1,
+                                       num_hidden_layers=2, vocab_size=500)
+        model = transformers.LlamaForCausalLM(cfg)
+        ids = torch.randint(0, 500, (1, 12))
+        with warnings.catch_warnings(record=True) as w:
+            warnings.simplefilter("always")
+            _backend._said.clear()
+            got, want = self.run_both(model, input_ids=ids)
+        self.assertTrue(any("grouped KV heads" in str(x.message) for x in w))
+        self.assertEqual(self.kernel.calls, [])
+        self.close(got.logits, want.logits)
+        cfg.num_key_value_heads = 2
+        model = transformers.LlamaForCausalLM(cfg).eval()
+        with torch.no_grad(), warnings.catch_warnings(record=True) as w:
+            warnings.simplefilter("always")
+            model.set_attn_implementation("sdpa")
+            want = model.generate(ids, max_new_tokens=4, do_sample=False)
+            model.set_attn_implementation("stof")
+            got = model.generate(ids, max_new_tokens=4, do_sample=False)
+        self.assertTrue(torch.equal(got, want))
+        self.assertEqual(self.kernel.calls[0]["mask"], "causal")      # the prefill
+        self.assertTrue(any("decoding" in str(x.message) for x in w))
+
+    def test_optimize_refuses_training_mode(self):
+        cfg = transformers.BertConfig(hidden_size=64, num_attention_heads=1, num_hidden_layers=1,
+                                      intermediate_size=128)
+        model = transformers.BertModel(cfg).train()
+        with self.assertRaises(stof.UnsupportedError) as e:
+            stof.hf.optimize(model)
+        self.assertIn("training mode", str(e.exception))
+        self.assertIn("model.eval()", str(e.exception))
+
+    def test_optimize_keeps_cpu_layers_saying_why(self):
+        cfg = transformers.BertConfig(hidden_size=64, num_attention_heads=1, num_hidden_layers=2,
+                                      intermediate_size=128)
+        model = stof.hf.optimize(transformers.BertModel(cfg).eval())
+        self.assertEqual(model.stof_swapped, [])
+        self.assertEqual([n for n, _ in model.stof_kept], ["encoder.layer.0", "encoder.layer.1"])
+        self.assertIn("CUDA", model.stof_kept[0][1])
+        self.assertEqual(model.config._attn_implementation, "stof")
+
+
+class _FakeLayer:
+    """A stof.EncoderLayer's call, answered by the HF layer's own code with
+    the mask the call names."""
+
+    def __init__(self, layer):
+        p = next(layer.parameters())
+        self.dtype, self.device, self.calls = p.dtype, p.device, []
+        self.hf = lambda x, m: type(layer).forward(layer, x, m)
+
+    def __call__(self, x, seq_lens=None, mask=None):
+        self.calls.append((mask, None if seq_lens is None else seq_lens.tolist()))
+        n = x.shape[1]
+        m = mask if isinstance(mask, stof.Mask) else stof.Mask(mask, n)
+        allowed = m.to_dense("torch")[None, None].repeat(x.shape[0], 1, 1, 1)
+        if seq_lens is not None:
+            for i, k in enumerate(seq_lens.tolist()):
+                allowed[i, :, :, k:] = False
+        with warnings.catch_warnings():     # its attention falls back to sdpa: on the CPU
+            warnings.simplefilter("ignore")
+            return self.hf(x, allowed)
+
+
+@needs_hf
+class Swap(unittest.TestCase):
+    def test_swapped_forward_takes_the_model_mask(self):
+        """optimize's swap on the CPU, stof.EncoderLayer stood in for: the
+        layer gets the spec and seq_lens, HF's hooks still see its output,
+        and a call it cannot take (gradients wanted) runs HF's code."""
+        from stof.hf import _optimize
+        cfg = transformers.BertConfig(hidden_size=128, num_attention_heads=2, num_hidden_layers=2,
+                                      intermediate_size=256)
+        torch.manual_seed(7)
+        model = transformers.BertModel(cfg).eval()
+        ids = torch.randint(0, 1000, (2, 40))
+        am = torch.ones(2, 40, dtype=torch.long)
+        am[1, 25:] = 0
+        with torch.no_grad():
+            want = model(input_ids=ids, attention_mask=am).last_hidden_state
+        model.set_attn_implementation("stof")
+        fakes = [_FakeLayer(layer) for layer in model.encoder.layer]
+        for layer, fake in zip(model.encoder.layer, fakes):
+            _optimize._swap(layer, fake)
+        with torch.no_grad(), stof.hf.mask(None):
+            out = model(input_ids=ids, attention_mask=am, output_hidden_states=True)
+        self.assertEqual([f.calls for f in fakes], [[("dense", [40, 25])]] * 2)
+        self.assertEqual(len(out.hidden_states), 3)
+        for i, n in enumerate([40, 25]):
+            got, ref = out.last_hidden_state[i, :n], want[i, :n]
+            self.assertLess(((got - ref).norm() / ref.norm()).item(), 1e-5)
+        with warnings.catch_warnings(record=True) as w:
+            warnings.simplefilter("always")
+            _backend._said.clear()
+            model(input_ids=ids)
+        self.assertEqual(len(fakes[0].calls), 1)
+        self.assertTrue(any("gradients wanted" in str(x.message) for x in w))
+        again = [_FakeLayer(layer) for layer in model.encoder.layer]
+        for layer, fake in zip(model.encoder.layer, again):     # as optimize called twice
+            _optimize._swap(layer, fake)
+        with torch.no_grad():
+            model(input_ids=ids)
+        self.assertEqual([len(f.calls) for f in fakes + again], [1, 1, 1, 1])
+
+
+@needs_hf
+class LayerWeights(unittest.TestCase):
+    def test_vit_weights_compute_the_layer(self):
+        """vit_weights' dict, run as src/stof.h's PRE_LN layer in float32,
+        gives what ViTLayer does."""
+        from stof.hf._optimize import vit_weights
+        for qkv_bias in (True, False):
+            cfg = transformers.ViTConfig(hidden_size=64, num_attention_heads=2,
+                                         intermediate_size=128, qkv_bias=qkv_bias)
+            layer = transformers.ViTModel(cfg).layers[0].eval()
+            w, heads, found = vit_weights(layer)
+            self.assertEqual((heads, found["norm"], found["activation"]), (2, "pre_ln", "gelu"))
+            x = torch.randn(2, 9, 64)
+            with torch.no_grad():
+                want = layer(x)
+                e = 64
+
+                def ln(t, g, b):
+                    return F.layer_norm(t, (e,), g, b, found["eps"])
+                a = ln(x, w["ln1_g"], w["ln1_b"])
+                q, k, v = F.linear(a, w["qkv_w"], w["qkv_b"]).view(2, 9, 3, heads, e // heads) \
+                    .permute(2, 0, 3, 1, 4).unbind(0)
+                o = F.scaled_dot_product_attention(q, k, v).transpose(1, 2).reshape(2, 9, e)
+                h = x + F.linear(o, w["o_w"], w["o_b"])
+                f = F.linear(F.gelu(F.linear(ln(h, w["ln2_g"], w["ln2_b"]), w["ff1_w"],
+                                             w["ff1_b"])), w["ff2_w"], w["ff2_b"])
+                got = h + f
+            self.assertLess(((got - want).norm() / want.norm()).item(), 1e-5)
+
+
+if __name__ == "__main__":
+    unittest.main()
