@@ -90,7 +90,7 @@ class Masks(unittest.TestCase):
         self.assertEqual(cm.exception.status, "STOF_ERR_INVALID_ARG")
         with self.assertRaises(stof.InvalidArgumentError):
             stof.Mask("causal", 0)
-        with self.assertRaises(stof.InvalidArgumentError):
+        with self.assertRaises(TypeError):   # the signature says lq is required
             stof.Mask("causal")
         m = stof.Mask("causal", 64)
         with self.assertRaises(stof.InvalidArgumentError) as cm:
