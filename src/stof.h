@@ -95,22 +95,32 @@ const char *stof_version(void);                 /* "0.1.0" */
 const char *stof_status_str(stof_status s);     /* "STOF_ERR_INVALID_ARG" */
 
 /* Opens a context. Succeeds on a machine with no driver or GPU: GPU calls
- * then return STOF_ERR_NO_DEVICE. An unusable cache leaves the context
- * working uncached; stof_last_error() says why. So does a cache file that
- * SQLite finds damaged later: the context goes on uncached from that call
- * (stof_cache_path() turns ""), and stof_last_error() says so once, with
- * the stof-dump command that saves what is intact. opts may be NULL. */
+ * then return STOF_ERR_NO_DEVICE, and stof_device_info says why there is
+ * none. An unusable cache leaves the context working uncached; stof_last_error()
+ * says why. So does a cache file that SQLite finds damaged later: the context
+ * goes on uncached from that call (stof_cache_path() turns ""), and
+ * stof_last_error() says so once, with the stof-dump command that saves what
+ * is intact. opts may be NULL.
+ * After a successful open, stof_last_error() is "" except in two cases, each
+ * a note, not a failure: a cache was wanted but cannot be used (the context
+ * runs uncached and stof_cache_path() is ""; the note starts "running
+ * uncached"), or else a remote tier was asked for and is off or not answering
+ * (the note starts "remote cache"). No GPU leaves it "". */
 stof_status stof_open(stof_ctx **ctx, const stof_options *opts);
 void stof_close(stof_ctx *ctx);
 
-/* The sentence behind the last failure on ctx ("" if none). With NULL: why
- * the last stof_open on this thread failed. */
+/* The sentence behind the last failure on ctx ("" if none; see stof_open for
+ * the notes an open may leave). With NULL: why the last stof_open on this
+ * thread failed. */
 const char *stof_last_error(const stof_ctx *ctx);
 
 stof_status stof_get_stats(const stof_ctx *ctx, stof_stats *out);
 
 /* Device facts; *has_device is 0 where no GPU can be used. arch is the
- * architecture kernels are compiled for, e.g. "sm_90a". */
+ * architecture kernels are compiled for, e.g. "sm_90a" ("" with no GPU and
+ * no options.arch). name is the device's name, or where there is no GPU,
+ * the sentence saying why ("no GPU: STOF_NO_GPU is set", "no GPU driver:
+ * dlopen(libcuda.so.1) failed: ..."). */
 stof_status stof_device_info(const stof_ctx *ctx, int *has_device, char *arch,
                              size_t arch_len, char *name, size_t name_len);
 

@@ -427,10 +427,10 @@ int main(int argc, char **argv)
         cli_fail(PROG, "--mask: %s", why);
     }
     int has = 0;
-    char arch[32] = "", name[128] = "";
+    char arch[32] = "", name[600] = "";
     stof_device_info(ctx, &has, arch, sizeof arch, name, sizeof name);
     if (!has) {
-        snprintf(why, sizeof why, "%s", ctx->dev.why);
+        snprintf(why, sizeof why, "%s", name); /* with no GPU, the name says why */
         stof_mask_free(m);
         stof_close(ctx);
         opt.arch = a.o.arch;

@@ -357,11 +357,12 @@ class Context:
         return {n: getattr(s, n) for n, _ in Stats._fields_}
 
     def device_info(self):
-        """(has_device, arch, device name), from stof_device_info."""
+        """(has_device, arch, device name), from stof_device_info; where there
+        is no GPU, the name is the sentence saying why."""
         has = c_int()
-        arch, name = ctypes.create_string_buffer(64), ctypes.create_string_buffer(256)
+        arch, name = ctypes.create_string_buffer(64), ctypes.create_string_buffer(512)
         with self.lock:
-            self.check(self._lib.device_info(self.handle, byref(has), arch, 64, name, 256))
+            self.check(self._lib.device_info(self.handle, byref(has), arch, 64, name, 512))
         return bool(has.value), arch.value.decode(), name.value.decode()
 
     @property

@@ -68,6 +68,11 @@ class Binding(unittest.TestCase):
             self.assertEqual(ctx.cache_path, path)
             self.assertEqual(ctx.stats()["nvrtc_compiles"], 0)
             self.assertEqual(stof.Context(no_cache=True).cache_path, "")
+        # With no GPU the device's name says why there is none.
+        r = run_py("import stof; print(stof.Context(no_cache=True).device_info())",
+                   STOF_NO_GPU="1")
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertIn("(False, '', 'no GPU: STOF_NO_GPU is set')", r.stdout)
         with self.assertRaises(stof.InvalidArgumentError):
             stof.Context(device=-1)
         with self.assertRaises(stof.Error) as cm:
