@@ -150,6 +150,28 @@ stof_status stof_bias_residual_layernorm(stof_ctx *ctx, const stof_ln_desc *desc
 stof_status stof_bias_residual_layernorm_prepare(stof_ctx *ctx,
                                                  const stof_ln_desc *desc);
 
+/* ---- Limits ----------------------------------------------------------------
+ * What masks and attention take, public so that a front end (a command line,
+ * a workload file, the Python package) can refuse the rest as its input is
+ * read, before anything is built. The calls refuse the rest as well.
+ *   STOF_MAX_SEQ          the longest side of a mask (lq and lk; more is
+ *                         STOF_ERR_INVALID_ARG at once), and so the longest
+ *                         seq_q and seq_k of attention (more is
+ *                         STOF_ERR_UNSUPPORTED) and seq of a layer: attention's
+ *                         grid counts query groups of 64 rows in a dimension
+ *                         of at most 65535
+ *   STOF_MAX_BATCH_HEADS  attention's batch * heads (the grid's other
+ *                         dimension; more is STOF_ERR_UNSUPPORTED)
+ *   STOF_MHA_HEAD_DIMS    attention's head sizes, as a list for an array's
+ *                         initializer: static const int d[] = {STOF_MHA_HEAD_DIMS};
+ * Attention's dtype is STOF_F16 or STOF_BF16. */
+#define STOF_MAX_SEQ (65535 * 64)
+#define STOF_MAX_BATCH_HEADS 65535
+#define STOF_MHA_HEAD_DIMS 32, 64, 80, 96, 128
+
+/* 1 where head_dim is one of STOF_MHA_HEAD_DIMS, else 0. */
+int stof_mha_head_dim_supported(int head_dim);
+
 /* ---- Masks (src/attn/mask.c) ---- */
 
 /* A mask says which (query row q, key column k) pairs attention may use, over
@@ -183,12 +205,14 @@ typedef enum stof_layout {
 } stof_layout;
 
 /* Bad specs give STOF_ERR_INVALID_ARG; the message quotes the offending part
- * and its 1-based column. *out is NULL after any failure. */
+ * and its 1-based column. lq and lk are 1 .. STOF_MAX_SEQ, checked before
+ * anything else. *out is NULL after any failure. */
 stof_status stof_mask_parse(stof_ctx *ctx, const char *spec, int lq, int lk,
                             stof_mask **out);
 
-/* allowed: lq*lk bytes, row-major (row q, column k), nonzero = allowed.
- * The mask keeps its own copy, compressed to runs per row. */
+/* allowed: lq*lk bytes, row-major (row q, column k), nonzero = allowed;
+ * lq and lk 1 .. STOF_MAX_SEQ. The mask keeps its own copy, compressed to
+ * runs per row. */
 stof_status stof_mask_from_dense(stof_ctx *ctx, const unsigned char *allowed,
                                  int lq, int lk, stof_mask **out);
 
@@ -278,7 +302,8 @@ typedef enum stof_tune {
 } stof_tune;
 
 typedef struct stof_mha_desc {
-    int batch, heads, seq_q, seq_k, head_dim;  /* head_dim 32, 64, 80, 96, 128 */
+    int batch, heads, seq_q, seq_k, head_dim;  /* within the limits above: head_dim
+                                                  one of STOF_MHA_HEAD_DIMS */
     stof_dtype dtype;                          /* STOF_F16 or STOF_BF16 */
     stof_layout layout;                        /* 0 means BHLD; out has q's layout */
     int qkv_packed;                            /* nonzero: q points at [batch, seq, 3,

@@ -210,7 +210,7 @@ static void block_option(const char *v, int *bq, int *bk)
 }
 
 /* The mask's sizes, BERT-base's unless given, held to what attention
- * supports (workload.h), so that nothing runs for a shape it would refuse. */
+ * supports (stof.h's limits), so that nothing runs for a shape it would refuse. */
 static void mask_values(dump_args *a, const given *g, const cli *c)
 {
     a->bq = a->bk = 64;
@@ -222,24 +222,28 @@ static void mask_values(dump_args *a, const given *g, const cli *c)
         cli_fail(DUMP_PROG,
                  "mask needs --lq N (the query rows; --lk N the keys, when they differ)");
     a->lq = (int)cli_int(c, "--lq", g->lq, 1, 1 << 24);
-    if (a->lq > WORKLOAD_MHA_MAX_SEQ_Q)
+    if (a->lq > STOF_MAX_SEQ)
         cli_fail(DUMP_PROG, "--lq %d is more than attention supports: query lengths go up to %d",
-                 a->lq, WORKLOAD_MHA_MAX_SEQ_Q);
+                 a->lq, STOF_MAX_SEQ);
     a->lk = g->lk ? (int)cli_int(c, "--lk", g->lk, 1, 1 << 24) : a->lq;
+    if (a->lk > STOF_MAX_SEQ)
+        cli_fail(DUMP_PROG, "--lk %d is more than attention supports: key lengths go up to %d",
+                 a->lk, STOF_MAX_SEQ);
     if (g->block)
         block_option(g->block, &a->bq, &a->bk);
     if (g->batch)
-        a->batch = (int)cli_int(c, "--batch", g->batch, 1, 65535);
+        a->batch = (int)cli_int(c, "--batch", g->batch, 1, STOF_MAX_BATCH_HEADS);
     if (g->heads)
-        a->heads = (int)cli_int(c, "--heads", g->heads, 1, 65535);
+        a->heads = (int)cli_int(c, "--heads", g->heads, 1, STOF_MAX_BATCH_HEADS);
     if (g->head_dim)
         a->head_dim = (int)cli_int(c, "--head-dim", g->head_dim, 32, 128);
-    if (!workload_mha_head_dim_ok(a->head_dim))
+    char dims[64];
+    if (!stof_mha_head_dim_supported(a->head_dim))
         cli_fail(DUMP_PROG, "--head-dim %d is not supported: attention takes head_dim %s",
-                 a->head_dim, WORKLOAD_MHA_HEAD_DIMS);
-    if ((long long)a->batch * a->heads > WORKLOAD_MHA_MAX_BATCH_HEADS)
+                 a->head_dim, workload_mha_head_dims(dims, sizeof dims));
+    if ((long long)a->batch * a->heads > STOF_MAX_BATCH_HEADS)
         cli_fail(DUMP_PROG, "--batch x --heads is %lld: attention takes at most %d",
-                 (long long)a->batch * a->heads, WORKLOAD_MHA_MAX_BATCH_HEADS);
+                 (long long)a->batch * a->heads, STOF_MAX_BATCH_HEADS);
     if (g->dtype && strcmp(g->dtype, "fp16") != 0) {
         if (strcmp(g->dtype, "bf16") != 0)
             cli_fail(DUMP_PROG, "--dtype wants fp16 or bf16, not \"%s\"", g->dtype);

@@ -1135,6 +1135,7 @@ START_TEST(test_mask_limits)
         {"mask causal --lq 64 --head-dim 48", "32, 64, 80, 96 or 128"},
         {"mask window:256 --lq 4194304", "--lq 4194304 is more than attention supports"},
         {"mask causal --lq 4194241 --lk 64", "up to 4194240"},
+        {"mask causal --lq 64 --lk 4194241", "--lk 4194241 is more than attention supports"},
         {"mask causal --lq 64 --batch 65535 --heads 2", "--batch x --heads is 131070"},
     };
     char *out;
