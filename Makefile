@@ -110,7 +110,7 @@ build/libstof.so: $(LIB_OBJ)
 build/stof-%: tools/%.c build/libstof.a
 	$(CC) $(CPPFLAGS) $(CFLAGS) $(WARN) -o $@ $< $(filter %.o,$^) build/libstof.a $(LIBS)
 # tools/cli.c: every tool's command line. stof-dump's commands are modules of
-# their own (tools/dump_*.c); its mask command holds shapes to workload.h's limits.
+# their own (tools/dump_*.c); its mask command holds shapes to stof.h's limits.
 DUMP_OBJ = $(patsubst %.c,%.o,$(wildcard tools/dump_*.c)) tools/cli.o tools/workload.o
 build/stof-dump: $(addprefix build/obj/,$(DUMP_OBJ))
 build/stof-warm: build/obj/tools/workload.o build/obj/tools/cli.o

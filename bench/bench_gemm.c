@@ -176,10 +176,10 @@ int main(int argc, char **argv)
         return 1;
     }
     int has = 0;
-    char arch[32] = "", dev[128] = "";
+    char arch[32] = "", dev[600] = "";
     stof_device_info(ctx, &has, arch, sizeof arch, dev, sizeof dev);
-    if (!has) {
-        fprintf(stderr, "bench_gemm: no GPU: %s\n", stof_last_error(ctx));
+    if (!has) { /* the name says why */
+        fprintf(stderr, "bench_gemm: %s\n", dev);
         stof_close(ctx);
         return 1;
     }

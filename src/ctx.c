@@ -83,13 +83,13 @@ stof_status stof_open(stof_ctx **out, const stof_options *opts)
         cache_set_remote(ctx->cache, r, ctx->arch);
     }
     ctx->opt.remote_cache = ctx->opt.remote_key = ctx->opt.remote_key_file = NULL;
-    /* Not failures: the context works, but the caller may ask why. */
+    /* Not failures: the context works, but the caller may ask why it runs
+     * without the cache or the tier it asked for. A machine without a GPU
+     * is no failure of the open: stof_device_info says why there is none. */
     if (ctx->cache_note[0])
         snprintf(ctx->err.msg, sizeof ctx->err.msg, "%.2000s", ctx->cache_note);
     else if (remote_note[0])
         snprintf(ctx->err.msg, sizeof ctx->err.msg, "%s", remote_note);
-    else if (!ctx->dev.ok)
-        snprintf(ctx->err.msg, sizeof ctx->err.msg, "%s", ctx->dev.why);
     else
         ctx->err.msg[0] = 0;
     *out = ctx;
@@ -140,7 +140,7 @@ stof_status stof_device_info(const stof_ctx *ctx, int *has_device, char *arch, s
     if (arch && arch_len)
         snprintf(arch, arch_len, "%s", ctx->arch);
     if (name && name_len)
-        snprintf(name, name_len, "%s", ctx->dev.ok ? ctx->dev.name : "");
+        snprintf(name, name_len, "%s", ctx->dev.ok ? ctx->dev.name : ctx->dev.why);
     return STOF_OK;
 }
 

@@ -95,22 +95,32 @@ const char *stof_version(void);                 /* "0.1.0" */
 const char *stof_status_str(stof_status s);     /* "STOF_ERR_INVALID_ARG" */
 
 /* Opens a context. Succeeds on a machine with no driver or GPU: GPU calls
- * then return STOF_ERR_NO_DEVICE. An unusable cache leaves the context
- * working uncached; stof_last_error() says why. So does a cache file that
- * SQLite finds damaged later: the context goes on uncached from that call
- * (stof_cache_path() turns ""), and stof_last_error() says so once, with
- * the stof-dump command that saves what is intact. opts may be NULL. */
+ * then return STOF_ERR_NO_DEVICE, and stof_device_info says why there is
+ * none. An unusable cache leaves the context working uncached; stof_last_error()
+ * says why. So does a cache file that SQLite finds damaged later: the context
+ * goes on uncached from that call (stof_cache_path() turns ""), and
+ * stof_last_error() says so once, with the stof-dump command that saves what
+ * is intact. opts may be NULL.
+ * After a successful open, stof_last_error() is "" except in two cases, each
+ * a note, not a failure: a cache was wanted but cannot be used (the context
+ * runs uncached and stof_cache_path() is ""; the note starts "running
+ * uncached"), or else a remote tier was asked for and is off or not answering
+ * (the note starts "remote cache"). No GPU leaves it "". */
 stof_status stof_open(stof_ctx **ctx, const stof_options *opts);
 void stof_close(stof_ctx *ctx);
 
-/* The sentence behind the last failure on ctx ("" if none). With NULL: why
- * the last stof_open on this thread failed. */
+/* The sentence behind the last failure on ctx ("" if none; see stof_open for
+ * the notes an open may leave). With NULL: why the last stof_open on this
+ * thread failed. */
 const char *stof_last_error(const stof_ctx *ctx);
 
 stof_status stof_get_stats(const stof_ctx *ctx, stof_stats *out);
 
 /* Device facts; *has_device is 0 where no GPU can be used. arch is the
- * architecture kernels are compiled for, e.g. "sm_90a". */
+ * architecture kernels are compiled for, e.g. "sm_90a" ("" with no GPU and
+ * no options.arch). name is the device's name, or where there is no GPU,
+ * the sentence saying why ("no GPU: STOF_NO_GPU is set", "no GPU driver:
+ * dlopen(libcuda.so.1) failed: ..."). */
 stof_status stof_device_info(const stof_ctx *ctx, int *has_device, char *arch,
                              size_t arch_len, char *name, size_t name_len);
 
@@ -139,6 +149,28 @@ stof_status stof_bias_residual_layernorm(stof_ctx *ctx, const stof_ln_desc *desc
  * cache, for the context's arch. Works with no GPU. */
 stof_status stof_bias_residual_layernorm_prepare(stof_ctx *ctx,
                                                  const stof_ln_desc *desc);
+
+/* ---- Limits ----------------------------------------------------------------
+ * What masks and attention take, public so that a front end (a command line,
+ * a workload file, the Python package) can refuse the rest as its input is
+ * read, before anything is built. The calls refuse the rest as well.
+ *   STOF_MAX_SEQ          the longest side of a mask (lq and lk; more is
+ *                         STOF_ERR_INVALID_ARG at once), and so the longest
+ *                         seq_q and seq_k of attention (more is
+ *                         STOF_ERR_UNSUPPORTED) and seq of a layer: attention's
+ *                         grid counts query groups of 64 rows in a dimension
+ *                         of at most 65535
+ *   STOF_MAX_BATCH_HEADS  attention's batch * heads (the grid's other
+ *                         dimension; more is STOF_ERR_UNSUPPORTED)
+ *   STOF_MHA_HEAD_DIMS    attention's head sizes, as a list for an array's
+ *                         initializer: static const int d[] = {STOF_MHA_HEAD_DIMS};
+ * Attention's dtype is STOF_F16 or STOF_BF16. */
+#define STOF_MAX_SEQ (65535 * 64)
+#define STOF_MAX_BATCH_HEADS 65535
+#define STOF_MHA_HEAD_DIMS 32, 64, 80, 96, 128
+
+/* 1 where head_dim is one of STOF_MHA_HEAD_DIMS, else 0. */
+int stof_mha_head_dim_supported(int head_dim);
 
 /* ---- Masks (src/attn/mask.c) ---- */
 
@@ -173,12 +205,14 @@ typedef enum stof_layout {
 } stof_layout;
 
 /* Bad specs give STOF_ERR_INVALID_ARG; the message quotes the offending part
- * and its 1-based column. *out is NULL after any failure. */
+ * and its 1-based column. lq and lk are 1 .. STOF_MAX_SEQ, checked before
+ * anything else. *out is NULL after any failure. */
 stof_status stof_mask_parse(stof_ctx *ctx, const char *spec, int lq, int lk,
                             stof_mask **out);
 
-/* allowed: lq*lk bytes, row-major (row q, column k), nonzero = allowed.
- * The mask keeps its own copy, compressed to runs per row. */
+/* allowed: lq*lk bytes, row-major (row q, column k), nonzero = allowed;
+ * lq and lk 1 .. STOF_MAX_SEQ. The mask keeps its own copy, compressed to
+ * runs per row. */
 stof_status stof_mask_from_dense(stof_ctx *ctx, const unsigned char *allowed,
                                  int lq, int lk, stof_mask **out);
 
@@ -268,7 +302,8 @@ typedef enum stof_tune {
 } stof_tune;
 
 typedef struct stof_mha_desc {
-    int batch, heads, seq_q, seq_k, head_dim;  /* head_dim 32, 64, 80, 96, 128 */
+    int batch, heads, seq_q, seq_k, head_dim;  /* within the limits above: head_dim
+                                                  one of STOF_MHA_HEAD_DIMS */
     stof_dtype dtype;                          /* STOF_F16 or STOF_BF16 */
     stof_layout layout;                        /* 0 means BHLD; out has q's layout */
     int qkv_packed;                            /* nonzero: q points at [batch, seq, 3,

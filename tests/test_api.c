@@ -94,13 +94,13 @@ START_TEST(test_open_defaults)
     ck_assert_int_eq(stof_get_stats(a, &st), STOF_OK);
     ck_assert_int_eq(st.nvrtc_compiles + st.cache_hits + st.cache_misses + st.module_loads, 0);
     int has = -1;
-    char arch[32] = "x", name[64] = "x";
+    char arch[32] = "x", name[600] = "x";
     ck_assert_int_eq(stof_device_info(a, &has, arch, sizeof arch, name, sizeof name), STOF_OK);
     ck_assert_int_eq(has, 0);
     ck_assert_str_eq(arch, ""); /* no GPU and none named: nothing to compile for */
-    ck_assert_str_eq(name, "");
-    /* Where there is no GPU, the context says why. */
-    ck_assert_ptr_nonnull(strstr(stof_last_error(a), "STOF_NO_GPU"));
+    /* Where there is no GPU, the device's name says why; the open did not fail. */
+    ck_assert_ptr_nonnull(strstr(name, "STOF_NO_GPU"));
+    ck_assert_str_eq(stof_last_error(a), "");
     stof_close(a);
     stof_close(b);
     stof_close(NULL);
@@ -210,15 +210,63 @@ START_TEST(test_open_bad_args)
                       "the message does not name \"%s\": %s", archs[i], stof_last_error(NULL));
     }
     /* A GPU ordinal the driver does not have is not a failure of stof_open:
-     * the context works without a device and says why. */
+     * the context works without a device, and stof_device_info says why. */
     unsetenv("STOF_NO_GPU");
     stof_options far = {.device = 4096, .no_cache = 1};
     ck_assert_int_eq(stof_open(&c, &far), STOF_OK);
     int has = 1;
-    stof_device_info(c, &has, NULL, 0, NULL, 0);
+    char why[600] = "";
+    stof_device_info(c, &has, NULL, 0, why, sizeof why);
     ck_assert_int_eq(has, 0);
-    ck_assert_str_ne(stof_last_error(c), "");
+    ck_assert_str_ne(why, "");
+    ck_assert_str_eq(stof_last_error(c), "");
     stof_close(c);
+}
+END_TEST
+
+/* stof.h: after a successful open, stof_last_error() is "" unless the cache
+ * (or the remote tier) cannot be used. No GPU is not a failure of the open,
+ * whether a cache is used, none is wanted, or an arch is named; an unusable
+ * cache leaves its note, which starts "running uncached". */
+START_TEST(test_open_leaves_no_error)
+{
+    char *dir = test_tmpdir();
+    char path[1100], blocked[1100];
+    snprintf(path, sizeof path, "%s/c.db", dir);
+    snprintf(blocked, sizeof blocked, "%s/file/c.db", dir);
+    unsetenv("STOF_REMOTE_CACHE");
+    const stof_options opts[] = {
+        {.cache_path = path},
+        {.no_cache = 1},
+        {.no_cache = 1, .arch = "sm_90a"},
+        {.cache_path = path, .arch = "sm_80"},
+    };
+    for (size_t i = 0; i < sizeof opts / sizeof opts[0]; i++) {
+        stof_ctx *c = open_nogpu(&opts[i]);
+        int has = 1;
+        char name[600] = "";
+        ck_assert_int_eq(stof_device_info(c, &has, NULL, 0, name, sizeof name), STOF_OK);
+        ck_assert_int_eq(has, 0);
+        ck_assert_msg(strstr(name, "STOF_NO_GPU"), "options %zu: name \"%s\"", i, name);
+        ck_assert_msg(!stof_last_error(c)[0], "options %zu: \"%s\"", i, stof_last_error(c));
+        ck_assert_str_eq(stof_cache_path(c), opts[i].no_cache ? "" : path);
+        stof_close(c);
+    }
+    /* A cache under a plain file cannot be made: the note is there, and it is
+     * the cache's, not the device's. */
+    char file[1100];
+    snprintf(file, sizeof file, "%s/file", dir);
+    FILE *f = fopen(file, "w");
+    ck_assert_ptr_nonnull(f);
+    fclose(f);
+    stof_ctx *c = open_nogpu(&(stof_options){.cache_path = blocked});
+    ck_assert_str_eq(stof_cache_path(c), "");
+    ck_assert_msg(strncmp(stof_last_error(c), "running uncached", 16) == 0, "%s",
+                  stof_last_error(c));
+    ck_assert_ptr_null(strstr(stof_last_error(c), "STOF_NO_GPU"));
+    stof_close(c);
+    test_rmtree(dir);
+    free(dir);
 }
 END_TEST
 
@@ -422,6 +470,7 @@ Suite *suite_api(void)
     tcase_add_test(tc, test_open_defaults);
     tcase_add_test(tc, test_cache_path_resolution);
     tcase_add_test(tc, test_open_bad_args);
+    tcase_add_test(tc, test_open_leaves_no_error);
     tcase_add_test(tc, test_null_ctx);
     tcase_add_test(tc, test_ln_bad_args_no_gpu);
     tcase_add_test(tc, test_ln_bad_args_any_machine);

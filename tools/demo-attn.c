@@ -81,8 +81,7 @@ static demo_args parse_args(int argc, char **argv)
             a.seq = (int)cli_int(&c, opt, val, 1, 1 << 17);
         } else if (strcmp(opt, "--head-dim") == 0) {
             a.head_dim = (int)cli_int(&c, opt, val, 32, 128);
-            if (a.head_dim != 32 && a.head_dim != 64 && a.head_dim != 80 && a.head_dim != 96 &&
-                a.head_dim != 128)
+            if (!stof_mha_head_dim_supported(a.head_dim))
                 cli_fail(PROG, "--head-dim is 32, 64, 80, 96 or 128, not %d", a.head_dim);
         } else {
             if (!*val)
@@ -91,8 +90,8 @@ static demo_args parse_args(int argc, char **argv)
         }
     }
     cli_end(&c);
-    if ((long long)a.batch * a.heads > 65535)
-        cli_fail(PROG, "--batch x --heads is at most 65535");
+    if ((long long)a.batch * a.heads > STOF_MAX_BATCH_HEADS)
+        cli_fail(PROG, "--batch x --heads is at most %d", STOF_MAX_BATCH_HEADS);
     a.o = c.o;
     return a;
 }
@@ -427,10 +426,10 @@ int main(int argc, char **argv)
         cli_fail(PROG, "--mask: %s", why);
     }
     int has = 0;
-    char arch[32] = "", name[128] = "";
+    char arch[32] = "", name[600] = "";
     stof_device_info(ctx, &has, arch, sizeof arch, name, sizeof name);
     if (!has) {
-        snprintf(why, sizeof why, "%s", ctx->dev.why);
+        snprintf(why, sizeof why, "%s", name); /* with no GPU, the name says why */
         stof_mask_free(m);
         stof_close(ctx);
         opt.arch = a.o.arch;

@@ -408,10 +408,10 @@ int main(int argc, char **argv)
         cli_fail(PROG, "--arch: %s", why);
     }
     int has = 0;
-    char arch[32] = "", name[128] = "", why[600] = "";
+    char arch[32] = "", name[600] = "", why[600] = "";
     stof_device_info(ctx, &has, arch, sizeof arch, name, sizeof name);
     if (!has) {
-        snprintf(why, sizeof why, "%s", ctx->dev.why);
+        snprintf(why, sizeof why, "%s", name); /* with no GPU, the name says why */
         stof_close(ctx);
         opt.arch = a.o.arch;
         if (stof_open(&ctx, &opt) != STOF_OK)

@@ -49,9 +49,12 @@ static const char USAGE[] =
     "                                            and whether others could write the file\n"
     "  prune [--older-than DAYS] [--max-bytes N[K|M|G]] [--stale]\n"
     "  export FILE                               a consistent copy, in a new file\n"
-    "  import FILE                               merge a stof cache file into this one\n"
-    "  recover NEW.db [--json]                   copy every intact entry of a damaged cache\n"
+    "  import FILE [--trust-source]              merge a stof cache file into this one\n"
+    "  recover NEW.db [--json] [--trust-source]  copy every intact entry of a damaged cache\n"
     "                                            into a new file; list what was lost\n"
+    "      --trust-source: import and recover refuse a source the library would not load\n"
+    "      from (others could have written it); if you know where it came from, this\n"
+    "      copies it anyway, and its kernels will then run as the cache's own\n"
     "  mask SPEC --lq N [--lk N] [--block BQxBK] [--svg FILE]\n"
     "       [--batch B] [--heads H] [--head-dim D] [--dtype fp16|bf16] [--arch ARCH]\n"
     "                                            a mask's blocks (full, partial, empty) and\n"
@@ -71,8 +74,8 @@ typedef struct given {
 enum { OPT_OP = 1, OPT_ARCH = 2, OPT_MASK = 4, OPT_JSON = 8, OPT_PART = 16, OPT_OLDER = 32,
        OPT_MAX = 64, OPT_STALE = 128, OPT_LQ = 256, OPT_LK = 512, OPT_SVG = 1024,
        OPT_BLOCK = 2048, OPT_BATCH = 4096, OPT_HEADS = 8192, OPT_HDIM = 16384,
-       OPT_DTYPE = 32768 };
-#define OPT_COUNT 16
+       OPT_DTYPE = 32768, OPT_TRUST = 65536 };
+#define OPT_COUNT 17
 #define MASK_OPTS (OPT_LQ | OPT_LK | OPT_SVG | OPT_BLOCK | OPT_BATCH | OPT_HEADS | OPT_HDIM | \
                    OPT_DTYPE | OPT_ARCH)
 
@@ -109,6 +112,9 @@ static void take_option(dump_args *a, given *g, const char *opt, const char *val
     } else if (strcmp(opt, "--stale") == 0) {
         a->stale = 1;
         g->bits |= OPT_STALE;
+    } else if (strcmp(opt, "--trust-source") == 0) {
+        a->trust_source = 1;
+        g->bits |= OPT_TRUST;
     } else {
         if (a->part)
             cli_fail(DUMP_PROG, "show takes one of --source, --ptx, --sass, --log, --params "
@@ -124,7 +130,7 @@ static const char *option_name(unsigned bits)
     static const char *const names[OPT_COUNT] = {
         "--op",  "--arch", "--mask", "--json",  "a part (--source ...)", "--older-than",
         "--max-bytes", "--stale", "--lq", "--lk", "--svg", "--block", "--batch", "--heads",
-        "--head-dim", "--dtype"};
+        "--head-dim", "--dtype", "--trust-source"};
     for (int i = 0; i < OPT_COUNT; i++)
         if (bits & (1u << i))
             return names[i];
@@ -138,7 +144,8 @@ static void check_command(const dump_args *a, unsigned bits)
         {"list", OPT_OP | OPT_ARCH | OPT_JSON, 0}, {"show", OPT_PART, 1},
         {"tuning", OPT_OP | OPT_MASK | OPT_JSON, 0}, {"stats", OPT_JSON, 0},
         {"check", OPT_JSON, 0}, {"prune", OPT_OLDER | OPT_MAX | OPT_STALE, 0},
-        {"export", 0, 1}, {"import", 0, 1}, {"recover", OPT_JSON, 1}, {"mask", MASK_OPTS, 1}};
+        {"export", 0, 1}, {"import", OPT_TRUST, 1}, {"recover", OPT_JSON | OPT_TRUST, 1},
+        {"mask", MASK_OPTS, 1}};
     if (!a->cmd)
         cli_fail(DUMP_PROG, "no command given");
     for (size_t k = 0; k < sizeof cmds / sizeof cmds[0]; k++) {
@@ -210,7 +217,7 @@ static void block_option(const char *v, int *bq, int *bk)
 }
 
 /* The mask's sizes, BERT-base's unless given, held to what attention
- * supports (workload.h), so that nothing runs for a shape it would refuse. */
+ * supports (stof.h's limits), so that nothing runs for a shape it would refuse. */
 static void mask_values(dump_args *a, const given *g, const cli *c)
 {
     a->bq = a->bk = 64;
@@ -222,24 +229,28 @@ static void mask_values(dump_args *a, const given *g, const cli *c)
         cli_fail(DUMP_PROG,
                  "mask needs --lq N (the query rows; --lk N the keys, when they differ)");
     a->lq = (int)cli_int(c, "--lq", g->lq, 1, 1 << 24);
-    if (a->lq > WORKLOAD_MHA_MAX_SEQ_Q)
+    if (a->lq > STOF_MAX_SEQ)
         cli_fail(DUMP_PROG, "--lq %d is more than attention supports: query lengths go up to %d",
-                 a->lq, WORKLOAD_MHA_MAX_SEQ_Q);
+                 a->lq, STOF_MAX_SEQ);
     a->lk = g->lk ? (int)cli_int(c, "--lk", g->lk, 1, 1 << 24) : a->lq;
+    if (a->lk > STOF_MAX_SEQ)
+        cli_fail(DUMP_PROG, "--lk %d is more than attention supports: key lengths go up to %d",
+                 a->lk, STOF_MAX_SEQ);
     if (g->block)
         block_option(g->block, &a->bq, &a->bk);
     if (g->batch)
-        a->batch = (int)cli_int(c, "--batch", g->batch, 1, 65535);
+        a->batch = (int)cli_int(c, "--batch", g->batch, 1, STOF_MAX_BATCH_HEADS);
     if (g->heads)
-        a->heads = (int)cli_int(c, "--heads", g->heads, 1, 65535);
+        a->heads = (int)cli_int(c, "--heads", g->heads, 1, STOF_MAX_BATCH_HEADS);
     if (g->head_dim)
         a->head_dim = (int)cli_int(c, "--head-dim", g->head_dim, 32, 128);
-    if (!workload_mha_head_dim_ok(a->head_dim))
+    char dims[64];
+    if (!stof_mha_head_dim_supported(a->head_dim))
         cli_fail(DUMP_PROG, "--head-dim %d is not supported: attention takes head_dim %s",
-                 a->head_dim, WORKLOAD_MHA_HEAD_DIMS);
-    if ((long long)a->batch * a->heads > WORKLOAD_MHA_MAX_BATCH_HEADS)
+                 a->head_dim, workload_mha_head_dims(dims, sizeof dims));
+    if ((long long)a->batch * a->heads > STOF_MAX_BATCH_HEADS)
         cli_fail(DUMP_PROG, "--batch x --heads is %lld: attention takes at most %d",
-                 (long long)a->batch * a->heads, WORKLOAD_MHA_MAX_BATCH_HEADS);
+                 (long long)a->batch * a->heads, STOF_MAX_BATCH_HEADS);
     if (g->dtype && strcmp(g->dtype, "fp16") != 0) {
         if (strcmp(g->dtype, "bf16") != 0)
             cli_fail(DUMP_PROG, "--dtype wants fp16 or bf16, not \"%s\"", g->dtype);
@@ -257,7 +268,8 @@ static void parse_args(dump_args *a, int argc, char **argv)
         {"--batch", CLI_VALUE},  {"--heads", CLI_VALUE},      {"--head-dim", CLI_VALUE},
         {"--dtype", CLI_VALUE},  {"--json", CLI_FLAG},        {"--stale", CLI_FLAG},
         {"--source", CLI_FLAG},  {"--ptx", CLI_FLAG},         {"--sass", CLI_FLAG},
-        {"--log", CLI_FLAG},     {"--params", CLI_FLAG},      {NULL, 0}};
+        {"--log", CLI_FLAG},     {"--params", CLI_FLAG},      {"--trust-source", CLI_FLAG},
+        {NULL, 0}};
     given g = {0};
     cli c;
     cli_begin(&c, DUMP_PROG, usage, CLI_CACHE | CLI_OPERANDS, argc, argv);

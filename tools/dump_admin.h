@@ -3,7 +3,10 @@
  * (old, oversized or stale entries, in one transaction), `export` (a
  * consistent copy in a new file), `import` (a cache file merged into this
  * one) and `recover` (every intact entry of a damaged file, read page by
- * page, copied into a new cache, with what was lost listed).
+ * page, copied into a new cache, with what was lost listed). The last two
+ * copy kernels only from a file the library would load from, or one the
+ * user vouches for (--trust-source, with a warning where the library would
+ * not); a refusal says how to vouch.
  */
 #ifndef STOF_DUMP_ADMIN_H
 #define STOF_DUMP_ADMIN_H

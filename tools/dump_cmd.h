@@ -18,6 +18,8 @@ typedef struct dump_args {
     const char *cmd, *operand;
     const char *cache, *op, *arch, *mask, *part;
     int json, stale;
+    int trust_source;                     /* import, recover: the user vouches for the
+                                             source file (--trust-source) */
     cache_prune_opts prune;               /* prune: --older-than, --max-bytes, --stale */
     /* mask: the sizes, checked against what attention supports */
     const char *svg;

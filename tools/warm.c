@@ -72,7 +72,7 @@ typedef struct options {
 typedef struct preflight {
     int code;                    /* 0 go, CLI_EXIT_USAGE stop */
     int has_device, compile_only;
-    char arch[32], device[256];
+    char arch[32], device[512]; /* the GPU's name, or why there is none */
     char note[1024];             /* said before the work */
     char remote_note[1500];      /* what the remote tier said at open */
     char msg[3000];              /* why it stops */
@@ -274,11 +274,12 @@ static int check_devices(const options *o, preflight *p)
         stof_options so = {.device = o->devices[i], .no_cache = 1};
         stof_ctx *ctx = NULL;
         int has = 0;
+        char why[600] = ""; /* with no GPU, the name says why */
         if (stof_open(&ctx, &so) == STOF_OK)
-            stof_device_info(ctx, &has, NULL, 0, NULL, 0);
+            stof_device_info(ctx, &has, NULL, 0, why, sizeof why);
         if (!has)
             snprintf(p->msg, sizeof p->msg, "device %d cannot be used: %.2000s", o->devices[i],
-                     ctx ? stof_last_error(ctx) : stof_last_error(NULL));
+                     ctx ? why : stof_last_error(NULL));
         stof_close(ctx);
         if (!has)
             return 0;
@@ -310,11 +311,12 @@ static void preflight_run(const options *o, preflight *p)
         snprintf(p->msg, sizeof p->msg, "%s", stof_last_error(NULL));
         return;
     }
-    /* Without options.arch, the arch is the device's own (or ""). */
+    /* Without options.arch, the arch is the device's own (or ""); without
+     * a GPU, the device's name is why there is none. */
     stof_device_info(ctx, &p->has_device, p->arch, sizeof p->arch, p->device, sizeof p->device);
     if (check_arch(o, p)) {
         p->code = 0;
-        decide_mode(o, p, stof_last_error(ctx));
+        decide_mode(o, p, p->device);
     }
     if (!p->code && p->compile_only && o->arch)
         snprintf(p->arch, sizeof p->arch, "%s", o->arch);

@@ -27,6 +27,17 @@ const char *workload_op_name(workload_op op)
     return "?";
 }
 
+const char *workload_mha_head_dims(char *buf, size_t len)
+{
+    static const int dims[] = {STOF_MHA_HEAD_DIMS};
+    size_t n = sizeof dims / sizeof dims[0], at = 0;
+    buf[0] = 0;
+    for (size_t i = 0; i < n && at < len; i++)
+        at += (size_t)snprintf(buf + at, len - at, "%s%d",
+                               i == 0 ? "" : i + 1 == n ? " or " : ", ", dims[i]);
+    return buf;
+}
+
 stof_dtype workload_dtype(const char *name)
 {
     if (!name)
@@ -230,6 +241,38 @@ typedef struct int_list {
     int n;
 } int_list;
 
+/* The limits of stof.h, held as a file is read: the number's syntax is
+ * int_value's, what attention takes is these. */
+static int seq_supported(reader *r, const json_value *v, const char *path, int seq)
+{
+    if (seq > STOF_MAX_SEQ)
+        return bad(r, v, path, "sequence length %d is not supported: masks and attention take "
+                   "lengths up to %d", seq, STOF_MAX_SEQ);
+    return 1;
+}
+
+/* batch x heads, head_dim and dtype of an attention suite or a layer case;
+ * at: where the head size came from ("head_dim", or the model's "heads"). */
+static int mha_shape_supported(reader *r, const json_value *obj, const char *path,
+                               const workload_case *c, const json_value *at, const char *key)
+{
+    char p[300], dims[64];
+    if (!stof_mha_head_dim_supported(c->head_dim)) {
+        child(p, sizeof p, path, key);
+        return bad(r, at, p, "head_dim %d is not supported: attention takes head_dim %s",
+                   c->head_dim, workload_mha_head_dims(dims, sizeof dims));
+    }
+    if ((long long)c->batch * c->heads > STOF_MAX_BATCH_HEADS)
+        return bad(r, obj, path, "batch %d x heads %d is not supported: attention takes "
+                   "batch x heads up to %d", c->batch, c->heads, STOF_MAX_BATCH_HEADS);
+    if (c->dtype != STOF_F16 && c->dtype != STOF_BF16) {
+        child(p, sizeof p, path, "dtype");
+        return bad(r, json_get(obj, "dtype"), p, "dtype fp32 is not supported: attention "
+                   "takes fp16 or bf16");
+    }
+    return 1;
+}
+
 static int get_seqs(reader *r, const json_value *obj, const char *path, int_list *out)
 {
     const json_value *v = json_get(obj, "seq");
@@ -241,7 +284,7 @@ static int get_seqs(reader *r, const json_value *obj, const char *path, int_list
     if (v->type == JSON_NUMBER) {
         out->at[0] = v;
         out->n = 1;
-        return int_value(r, v, p, 1, MAX_SEQ, &out->v[0]);
+        return int_value(r, v, p, 1, MAX_SEQ, &out->v[0]) && seq_supported(r, v, p, out->v[0]);
     }
     if (v->type != JSON_ARRAY || v->n == 0)
         return bad(r, v, p, "expected a sequence length or a non-empty array of them");
@@ -250,7 +293,8 @@ static int get_seqs(reader *r, const json_value *obj, const char *path, int_list
     for (size_t i = 0; i < v->n; i++) {
         item(q, sizeof q, p, i);
         out->at[i] = v->items[i];
-        if (!int_value(r, v->items[i], q, 1, MAX_SEQ, &out->v[i]))
+        if (!int_value(r, v->items[i], q, 1, MAX_SEQ, &out->v[i]) ||
+            !seq_supported(r, v->items[i], q, out->v[i]))
             return 0;
     }
     out->n = (int)v->n;
@@ -350,8 +394,9 @@ static int read_suite(reader *r, const json_value *s, const char *path)
         !get_int(r, s, path, "batch", 1, MAX_BATCH, &c.batch) ||
         !get_int(r, s, path, "heads", 1, MAX_HEADS, &c.heads) ||
         !get_int(r, s, path, "head_dim", 1, MAX_HEAD_DIM, &c.head_dim) ||
-        !get_dtype(r, s, path, &c.dtype) || !get_seqs(r, s, path, &seqs) ||
-        !get_masks(r, s, path, &masks))
+        !get_dtype(r, s, path, &c.dtype) ||
+        !mha_shape_supported(r, s, path, &c, json_get(s, "head_dim"), "head_dim") ||
+        !get_seqs(r, s, path, &seqs) || !get_masks(r, s, path, &masks))
         return 0;
     return expand(r, c, name->str, &seqs, &masks, 1);
 }
@@ -446,6 +491,18 @@ static int read_layer_case(reader *r, const json_value *models, const json_value
     json_int(json_get(m, "heads"), 1, MAX_HEADS, &x);
     c.heads = (int)x;
     c.head_dim = c.hidden / c.heads;
+    /* A model's head size is the model's fault, said where the model is. */
+    char mp[300];
+    child(mp, sizeof mp, "$.models", model->str);
+    if (!stof_mha_head_dim_supported(c.head_dim)) {
+        char dims[64], hp[320];
+        child(hp, sizeof hp, mp, "heads");
+        return bad(r, json_get(m, "heads"), hp, "hidden %d / heads %d is head_dim %d, which is "
+                   "not supported: attention takes head_dim %s", c.hidden, c.heads, c.head_dim,
+                   workload_mha_head_dims(dims, sizeof dims));
+    }
+    if (!mha_shape_supported(r, v, path, &c, NULL, "model"))
+        return 0;
     c.ffn = json_get(m, "ffn")->number;
     c.model = model->str;
     c.activation = json_get(m, "activation")->str;
@@ -670,24 +727,23 @@ static int add_line_case(workload *w, workload_case *c, const char *opt, const c
     return ok ? 0 : -1;
 }
 
-int workload_mha_head_dim_ok(int d)
-{
-    return d == 32 || d == 64 || d == 80 || d == 96 || d == 128;
-}
-
 /* 0, with the field named in err, when attention would refuse the case. */
 static int mha_supported(const workload_case *c, const char *l, const char *line, char *err,
                          size_t errlen)
 {
-    if (!workload_mha_head_dim_ok(c->head_dim))
+    char dims[64];
+    if (!stof_mha_head_dim_supported(c->head_dim))
         snprintf(err, errlen, "--mha \"%s\": d=%d is not supported: attention takes head_dim %s",
-                 line, c->head_dim, WORKLOAD_MHA_HEAD_DIMS);
-    else if (c->seq_q > WORKLOAD_MHA_MAX_SEQ_Q)
+                 line, c->head_dim, workload_mha_head_dims(dims, sizeof dims));
+    else if (c->seq_q > STOF_MAX_SEQ)
         snprintf(err, errlen, "--mha \"%s\": %s=%d is not supported: attention takes query "
-                 "lengths up to %d", line, l, c->seq_q, WORKLOAD_MHA_MAX_SEQ_Q);
-    else if ((long long)c->batch * c->heads > WORKLOAD_MHA_MAX_BATCH_HEADS)
+                 "lengths up to %d", line, l, c->seq_q, STOF_MAX_SEQ);
+    else if (c->seq_k > STOF_MAX_SEQ)
+        snprintf(err, errlen, "--mha \"%s\": %s=%d is not supported: attention takes key "
+                 "lengths up to %d", line, strcmp(l, "l") ? "lk" : "l", c->seq_k, STOF_MAX_SEQ);
+    else if ((long long)c->batch * c->heads > STOF_MAX_BATCH_HEADS)
         snprintf(err, errlen, "--mha \"%s\": b=%d x h=%d is not supported: attention takes b x h "
-                 "up to %d", line, c->batch, c->heads, WORKLOAD_MHA_MAX_BATCH_HEADS);
+                 "up to %d", line, c->batch, c->heads, STOF_MAX_BATCH_HEADS);
     else if (c->dtype != STOF_F16 && c->dtype != STOF_BF16)
         snprintf(err, errlen, "--mha \"%s\": dtype fp32 is not supported: attention takes fp16 "
                  "or bf16", line);

@@ -5,9 +5,10 @@
  * masks, with its model's sizes), and the one-line forms
  *   --mha "b=8,h=12,l=2048,d=64,fp16,window:256"
  *   --ln  "rows=16384,hidden=768,fp16"
- * Reading is strict: unknown members, wrong types and out-of-range sizes
- * are refused with the file, line, column and JSON path. Mask specs are
- * checked against the library (workload_check) once a context exists.
+ * Reading is strict: unknown members, wrong types, out-of-range sizes and
+ * sizes attention does not support are refused with the file, line, column
+ * and JSON path. Mask specs are checked against the library (workload_check)
+ * once a context exists.
  */
 #ifndef STOF_WORKLOAD_H
 #define STOF_WORKLOAD_H
@@ -43,20 +44,19 @@ typedef struct workload {
     int n, cap;
 } workload;
 
-/* What attention supports (src/attn/mha.c refuses the rest), checked where a
- * command line is read (--mha, stof-dump mask), so that nothing runs for a
- * case the library would refuse. test_workload holds them to the library. */
-#define WORKLOAD_MHA_MAX_SEQ_Q (65535 * 64)   /* the grid counts query groups of 64 rows */
-#define WORKLOAD_MHA_MAX_BATCH_HEADS 65535    /* batch x heads */
-#define WORKLOAD_MHA_HEAD_DIMS "32, 64, 80, 96 or 128"
-int workload_mha_head_dim_ok(int head_dim);
+/* What attention supports is stof.h's (STOF_MAX_SEQ, STOF_MAX_BATCH_HEADS,
+ * STOF_MHA_HEAD_DIMS), checked where a command line or a file is read
+ * (--mha, workload files, stof-dump mask), so that nothing runs for a case
+ * the library would refuse. workload_mha_head_dims writes the head sizes
+ * as a reader says them ("32, 64, 80, 96 or 128") into buf and returns it. */
+const char *workload_mha_head_dims(char *buf, size_t len);
 
 /* Each appends cases, or returns -1 and leaves w unchanged with the reason
  * in err ("file:line:col: $.path: what"). */
 int workload_read_file(workload *w, const char *path, char *err, size_t errlen);
 int workload_read_text(workload *w, const char *text, size_t len, const char *file, char *err,
                        size_t errlen);
-/* An --mha line's sizes and dtype must be ones attention supports (above). */
+/* An --mha line's sizes and dtype must be ones attention supports (stof.h). */
 int workload_add_mha(workload *w, const char *line, char *err, size_t errlen);
 int workload_add_ln(workload *w, const char *line, char *err, size_t errlen);
 void workload_free(workload *w);

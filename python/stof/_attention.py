@@ -126,6 +126,21 @@ def _dtype_name(code):
     return {L.F16: "float16", L.BF16: "bfloat16"}.get(code, str(code))
 
 
+def _supported(b, h, lq, lk, d):
+    """stof.h's limits, held before a mask is made for the call (what the
+    library would refuse as STOF_ERR_UNSUPPORTED)."""
+    if d not in L.MHA_HEAD_DIMS:
+        raise L.UnsupportedError("head_dim %d is not supported (%s)"
+                                 % (d, ", ".join(map(str, L.MHA_HEAD_DIMS))))
+    for name, n in (("q", lq), ("k", lk)):
+        if n > L.MAX_SEQ:
+            raise L.UnsupportedError("%s's sequence length %d is above STOF_MAX_SEQ = %d"
+                                     % (name, n, L.MAX_SEQ))
+    if b * h > L.MAX_BATCH_HEADS:
+        raise L.UnsupportedError("batch %d x heads %d is above STOF_MAX_BATCH_HEADS = %d"
+                                 % (b, h, L.MAX_BATCH_HEADS))
+
+
 def _entry(key, arrays, ptrs, itemsize, layout, mask, scale, tune):
     """Checks everything about a call that does not change between calls with
     the same key, then makes (or finds) its plan."""
@@ -151,6 +166,7 @@ def _entry(key, arrays, ptrs, itemsize, layout, mask, scale, tune):
     lay, packed = _physical(arrays[0][:2], arrays[1][:2], arrays[2][:2], layout, ptrs, itemsize)
     (b, h, lq, d), _ = _canon(arrays[0][0], arrays[0][1], layout)
     lk = _canon(arrays[1][0], arrays[1][1], layout)[0][2]
+    _supported(b, h, lq, lk, d)
     if isinstance(mask, str):
         m = _mask.for_spec(mask, lq, lk)
     elif isinstance(mask, _mask.Mask):

@@ -84,6 +84,12 @@ class ToolError(Error):
 _BY_STATUS = [None, InvalidArgumentError, UnsupportedError, NoDeviceError, CudaError,
               CompileError, CacheError, OutOfMemoryError, InternalError]
 
+# stof.h's limits (test_lib holds them to the header): the longest mask side
+# and attention sequence, attention's batch x heads and head sizes.
+MAX_SEQ = 65535 * 64                  # STOF_MAX_SEQ
+MAX_BATCH_HEADS = 65535               # STOF_MAX_BATCH_HEADS
+MHA_HEAD_DIMS = (32, 64, 80, 96, 128)  # STOF_MHA_HEAD_DIMS
+
 F16, BF16 = 2, 3                      # stof_dtype
 LAYOUT_BHLD, LAYOUT_BLHD = 1, 2       # stof_layout
 PICTURE_SVG, PICTURE_PNG = 1, 2       # stof_picture
@@ -196,6 +202,7 @@ _OPTIONAL = {
     "stof_mask_picture": (c_int, [c_void_p, c_void_p, c_int, c_int, c_int, POINTER(c_void_p),
                                   POINTER(c_size_t)]),
     "stof_mask_picture_free": (None, [c_void_p]),
+    "stof_mha_head_dim_supported": (c_int, [c_int]),
 }
 
 # ---- finding the library ------------------------------------------------------------
@@ -357,11 +364,12 @@ class Context:
         return {n: getattr(s, n) for n, _ in Stats._fields_}
 
     def device_info(self):
-        """(has_device, arch, device name), from stof_device_info."""
+        """(has_device, arch, device name), from stof_device_info; where there
+        is no GPU, the name is the sentence saying why."""
         has = c_int()
-        arch, name = ctypes.create_string_buffer(64), ctypes.create_string_buffer(256)
+        arch, name = ctypes.create_string_buffer(64), ctypes.create_string_buffer(512)
         with self.lock:
-            self.check(self._lib.device_info(self.handle, byref(has), arch, 64, name, 256))
+            self.check(self._lib.device_info(self.handle, byref(has), arch, 64, name, 512))
         return bool(has.value), arch.value.decode(), name.value.decode()
 
     @property

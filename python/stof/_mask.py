@@ -31,11 +31,11 @@ class Mask:
             lk = lq
         if not isinstance(spec, str):
             raise L.InvalidArgumentError("Mask spec must be a str, got %s" % type(spec).__name__)
+        lq, lk = _side(lq, "lq"), _side(lk, "lk")
         ctx = _host_context()
         h = c_void_p()
         with ctx.lock:
-            ctx.check(ctx._lib.mask_parse(ctx.handle, spec.encode(), _int(lq, "lq"),
-                                          _int(lk, "lk"), byref(h)))
+            ctx.check(ctx._lib.mask_parse(ctx.handle, spec.encode(), lq, lk, byref(h)))
         self._adopt(ctx, h.value)
 
     def _adopt(self, ctx, handle):
@@ -60,6 +60,8 @@ class Mask:
         device), a numpy array, anything with the buffer protocol and a 2-D
         shape, or nested lists."""
         data, lq, lk = _dense_bytes(allowed)
+        _side(lq, "lq")
+        _side(lk, "lk")
         ctx = _host_context()
         buf = (c_ubyte * len(data)).from_buffer_copy(data)
         h = c_void_p()
@@ -195,6 +197,17 @@ def _int(v, name):
     v = int(v)
     if not -2**31 <= v < 2**31:
         raise L.InvalidArgumentError("%s = %d does not fit an int" % (name, v))
+    return v
+
+
+def _side(v, name):
+    """A mask's lq or lk, refused past stof.h's STOF_MAX_SEQ before anything
+    is built (sizes below 1 are the library's to refuse)."""
+    v = _int(v, name)
+    if v > L.MAX_SEQ:
+        raise L.InvalidArgumentError(
+            "mask sizes go up to STOF_MAX_SEQ = %d (the longest sequence attention takes), "
+            "got %s = %d" % (L.MAX_SEQ, name, v))
     return v
 
 

@@ -56,12 +56,28 @@ class AttentionChecks(unittest.TestCase):
     def test_not_arrays(self):
         self.fails(stof.InvalidArgumentError, "CUDA array", [1, 2], [1, 2], [1, 2])
 
-    def test_library_checks_reach_c(self):
+    def test_limits(self):
+        # stof.h's limits, held before a mask is made for the call.
         q = arr((2, 4, 128, 48))
-        e = self.fails(stof.UnsupportedError, "head_dim 48", q, q, q)
+        e = self.fails(stof.UnsupportedError, "head_dim 48 is not supported (32, 64, 80, 96, "
+                       "128)", q, q, q)
         self.assertEqual(e.status, "STOF_ERR_UNSUPPORTED")
-        # stof_last_error's sentence; its source location only under STOF_DEBUG
-        self.assertNotIn("[src/", str(e))
+        far = arr((1, 1, 4194241, 64))
+        near = arr((1, 1, 64, 64))
+        self.fails(stof.UnsupportedError, "q's sequence length 4194241 is above STOF_MAX_SEQ",
+                   far, near, near, mask="window:256")
+        self.fails(stof.UnsupportedError, "k's sequence length 4194241", near, far, far)
+        wide = arr((256, 256, 64, 64))
+        self.fails(stof.UnsupportedError, "batch 256 x heads 256 is above STOF_MAX_BATCH_HEADS",
+                   wide, wide, wide)
+
+    def test_library_checks_reach_c(self):
+        q = arr((2, 4, 128, 64))
+        e = self.fails(stof.InvalidArgumentError, "desc.scale must be finite and >= 0", q, q, q,
+                       scale=-1.0)
+        self.assertEqual(e.status, "STOF_ERR_INVALID_ARG")
+        # stof_last_error's sentence, with its source location only under STOF_DEBUG.
+        self.assertNotIn("src/attn/mha.c", str(e))
 
     @unittest.skipIf(has_gpu(), "a GPU is here: the call would run")
     def test_valid_calls_meet_no_device(self):

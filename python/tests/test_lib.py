@@ -45,6 +45,29 @@ class Binding(unittest.TestCase):
                 self.assertEqual(int(want["%s.%s" % (cname, f)]), getattr(py, f).offset,
                                  "%s.%s" % (cname, f))
 
+    @unittest.skipUnless(shutil.which("cc") and os.path.exists(os.path.join(REPO, "src/stof.h")),
+                         "no C compiler or no stof.h here")
+    def test_limits_match_header(self):
+        src = ('#include <stdio.h>\n#include "stof.h"\n'
+               'static const int d[] = {STOF_MHA_HEAD_DIMS};\n'
+               'int main(void){printf("%d %d", STOF_MAX_SEQ, STOF_MAX_BATCH_HEADS);'
+               'for (unsigned i = 0; i < sizeof d / sizeof d[0]; i++) printf(" %d", d[i]);'
+               'return 0;}\n')
+        with tempfile.TemporaryDirectory() as d:
+            c, exe = os.path.join(d, "limits.c"), os.path.join(d, "limits")
+            with open(c, "w") as f:
+                f.write(src)
+            subprocess.run(["cc", "-I", os.path.join(REPO, "src"), "-o", exe, c], check=True)
+            out = subprocess.run([exe], capture_output=True, text=True, check=True).stdout
+        got = [int(x) for x in out.split()]
+        self.assertEqual(got[:2], [_lib.MAX_SEQ, _lib.MAX_BATCH_HEADS])
+        self.assertEqual(tuple(got[2:]), _lib.MHA_HEAD_DIMS)
+        # And the library's own answer agrees, where it has the call.
+        f = getattr(_lib.lib(), "mha_head_dim_supported", None)
+        if f is not None:
+            for d in range(-1, 300):
+                self.assertEqual(bool(f(d)), d in _lib.MHA_HEAD_DIMS, d)
+
     def test_version(self):
         self.assertEqual(stof.version(), stof.__version__)
 
@@ -68,6 +91,11 @@ class Binding(unittest.TestCase):
             self.assertEqual(ctx.cache_path, path)
             self.assertEqual(ctx.stats()["nvrtc_compiles"], 0)
             self.assertEqual(stof.Context(no_cache=True).cache_path, "")
+        # With no GPU the device's name says why there is none.
+        r = run_py("import stof; print(stof.Context(no_cache=True).device_info())",
+                   STOF_NO_GPU="1")
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertIn("(False, '', 'no GPU: STOF_NO_GPU is set')", r.stdout)
         with self.assertRaises(stof.InvalidArgumentError):
             stof.Context(device=-1)
         with self.assertRaises(stof.Error) as cm:

@@ -3,6 +3,7 @@ dense matrix and the block map back, and the pictures the library draws."""
 import os
 import struct
 import tempfile
+import time
 import unittest
 import xml.etree.ElementTree as ET
 
@@ -90,7 +91,7 @@ class Masks(unittest.TestCase):
         self.assertEqual(cm.exception.status, "STOF_ERR_INVALID_ARG")
         with self.assertRaises(stof.InvalidArgumentError):
             stof.Mask("causal", 0)
-        with self.assertRaises(TypeError):   # the signature says lq is required
+        with self.assertRaises(TypeError):   # lq is required (Mask(spec, lq, lk=None))
             stof.Mask("causal")
         m = stof.Mask("causal", 64)
         with self.assertRaises(stof.InvalidArgumentError) as cm:
@@ -102,6 +103,32 @@ class Masks(unittest.TestCase):
             m.picture(format="gif")
         with self.assertRaises(stof.InvalidArgumentError):
             m.to_dense("jax")
+
+    def test_too_long_refused_at_once(self):
+        # Past STOF_MAX_SEQ a mask is refused before anything is built
+        # (Mask('window:256', 10**9) once ran for minutes).
+        from stof import _lib
+        t0 = time.monotonic()
+        for lq, lk, name in ((10**9, None, "lq = 1000000000"),
+                             (_lib.MAX_SEQ + 1, 64, "lq = 4194241"),
+                             (64, _lib.MAX_SEQ + 1, "lk = 4194241")):
+            with self.assertRaises(stof.InvalidArgumentError) as cm:
+                stof.Mask("window:256", lq, lk)
+            self.assertIn(name, str(cm.exception))
+            self.assertIn("STOF_MAX_SEQ = 4194240", str(cm.exception))
+        self.assertLess(time.monotonic() - t0, 1.0)
+        # The library refuses the same on its own, as fast.
+        from stof import _mask
+        ctx = _mask._host_context()
+        h = _lib.c_void_p()
+        t0 = time.monotonic()
+        with ctx.lock:
+            st = ctx._lib.mask_parse(ctx.handle, b"window:256", 10**9, 10**9, _lib.byref(h))
+            said = ctx._lib.last_error(ctx.handle).decode()
+        self.assertLess(time.monotonic() - t0, 1.0)
+        self.assertEqual(_lib.error_for(st, said).status, "STOF_ERR_INVALID_ARG")
+        self.assertIsNone(h.value)
+        self.assertIn("lq = 1000000000", said)
 
     def test_op_keys(self):
         from stof import _mask

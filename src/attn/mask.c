@@ -75,11 +75,18 @@ int mask_row_ranges(mask_iter *it, int q, const mask_range **out)
 
 /* ---- making masks ------------------------------------------------------------- */
 
+/* Before anything else: every later step walks the rows, so a length past
+ * what attention takes would only cost time (minutes at 10^9 rows). */
 static stof_status check_dims(stof_ctx *ctx, int lq, int lk)
 {
     if (lq <= 0 || lk <= 0)
         return CTX_FAIL(ctx, STOF_ERR_INVALID_ARG,
                         "mask sizes must be positive, got lq = %d, lk = %d", lq, lk);
+    if (lq > STOF_MAX_SEQ || lk > STOF_MAX_SEQ)
+        return CTX_FAIL(ctx, STOF_ERR_INVALID_ARG,
+                        "mask sizes go up to STOF_MAX_SEQ = %d (the longest sequence attention "
+                        "takes), got %s = %d", STOF_MAX_SEQ, lq > STOF_MAX_SEQ ? "lq" : "lk",
+                        lq > STOF_MAX_SEQ ? lq : lk);
     return STOF_OK;
 }
 

@@ -24,6 +24,19 @@ struct stof_mha_plan {
 
 /* ---- argument checks ---------------------------------------------------- */
 
+#define LIST_TEXT_(...) #__VA_ARGS__
+#define LIST_TEXT(...) LIST_TEXT_(__VA_ARGS__)
+#define HEAD_DIMS_TEXT LIST_TEXT(STOF_MHA_HEAD_DIMS)   /* "32, 64, 80, 96, 128" */
+
+int stof_mha_head_dim_supported(int head_dim)
+{
+    static const int dims[] = {STOF_MHA_HEAD_DIMS};
+    for (size_t i = 0; i < sizeof dims / sizeof dims[0]; i++)
+        if (head_dim == dims[i])
+            return 1;
+    return 0;
+}
+
 static stof_status check_desc(stof_ctx *ctx, const stof_mha_desc *d, const stof_mask *mask)
 {
     if (!d)
@@ -34,16 +47,18 @@ static stof_status check_desc(stof_ctx *ctx, const stof_mha_desc *d, const stof_
         return CTX_FAIL(ctx, STOF_ERR_INVALID_ARG,
                         "desc.batch, heads, seq_q and seq_k must be positive (got %d, %d, %d, %d)",
                         d->batch, d->heads, d->seq_q, d->seq_k);
-    if ((long long)d->batch * d->heads > 65535)
-        return CTX_FAIL(ctx, STOF_ERR_UNSUPPORTED, "desc.batch * desc.heads is above 65535");
-    /* The grid's z counts query groups of 64 rows or more. */
-    if (d->seq_q > 65535 * 64)
-        return CTX_FAIL(ctx, STOF_ERR_UNSUPPORTED, "desc.seq_q %d is above %d", d->seq_q,
-                        65535 * 64);
-    if (d->head_dim != 32 && d->head_dim != 64 && d->head_dim != 80 && d->head_dim != 96 &&
-        d->head_dim != 128)
+    /* The limits stof.h publishes: the grid's y counts (batch, head) pairs,
+     * its z query groups of 64 rows or more; no mask is longer. */
+    if ((long long)d->batch * d->heads > STOF_MAX_BATCH_HEADS)
+        return CTX_FAIL(ctx, STOF_ERR_UNSUPPORTED, "desc.batch * desc.heads is above %d",
+                        STOF_MAX_BATCH_HEADS);
+    if (d->seq_q > STOF_MAX_SEQ || d->seq_k > STOF_MAX_SEQ)
+        return CTX_FAIL(ctx, STOF_ERR_UNSUPPORTED, "desc.%s %d is above %d",
+                        d->seq_q > STOF_MAX_SEQ ? "seq_q" : "seq_k",
+                        d->seq_q > STOF_MAX_SEQ ? d->seq_q : d->seq_k, STOF_MAX_SEQ);
+    if (!stof_mha_head_dim_supported(d->head_dim))
         return CTX_FAIL(ctx, STOF_ERR_UNSUPPORTED,
-                        "desc.head_dim %d is not supported (32, 64, 80, 96, 128)", d->head_dim);
+                        "desc.head_dim %d is not supported (%s)", d->head_dim, HEAD_DIMS_TEXT);
     if (d->dtype != STOF_F16 && d->dtype != STOF_BF16)
         return CTX_FAIL(ctx, STOF_ERR_UNSUPPORTED, "desc.dtype must be STOF_F16 or STOF_BF16");
     if (d->layout != 0 && d->layout != STOF_LAYOUT_BHLD && d->layout != STOF_LAYOUT_BLHD)

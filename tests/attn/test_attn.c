@@ -936,10 +936,20 @@ START_TEST(every_variant_compiles)
         ck_assert_msg(!j.global[i][0], "%s d%d %s %dx%d: a variable in device memory: %s", j.arch,
                       j.dim[i], j.dtype[i] ? "bf16" : "fp16", j.c[i].bm, j.c[i].bn, j.global[i]);
     }
-    printf("test_attn: %d attention variants compiled for %s on %d threads; registers spill in "
-           "%d of the %d wgmma variants, within their allowances (at most %d bytes), and in %d of "
-           "the %d mma.sync ones\n",
-           j.n, j.arch, nthreads, wg_allowed, wg, wg_most, mma_spills, j.n - wg);
+    /* An arch without wgmma (sm_80) has none of those to count. */
+    char wgs[160];
+    if (!wg)
+        snprintf(wgs, sizeof wgs, "no wgmma variants for this arch");
+    else if (!wg_allowed)
+        snprintf(wgs, sizeof wgs, "none of the %d wgmma variant%s spills registers", wg,
+                 wg == 1 ? "" : "s");
+    else
+        snprintf(wgs, sizeof wgs, "registers spill in %d of the %d wgmma variant%s, within their "
+                 "allowances (at most %d bytes)", wg_allowed, wg, wg == 1 ? "" : "s", wg_most);
+    printf("test_attn: %d attention variants compiled for %s on %d thread%s; %s; registers spill "
+           "in %d of the %d mma.sync variant%s\n",
+           j.n, j.arch, nthreads, nthreads == 1 ? "" : "s", wgs, mma_spills, j.n - wg,
+           j.n - wg == 1 ? "" : "s");
     ck_assert_int_ge(j.n, 100);
 }
 END_TEST

@@ -6,6 +6,7 @@
  */
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "attn/mask.h"
 #include "stof.h"
@@ -930,6 +931,55 @@ START_TEST(bad_arguments_rejected)
 }
 END_TEST
 
+static double now_s(void)
+{
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (double)t.tv_sec + t.tv_nsec * 1e-9;
+}
+
+/* A side past STOF_MAX_SEQ is refused before anything else is done (a
+ * window:256 mask of 10^9 rows once took minutes to be refused by
+ * attention, its rows walked first), and the message names the side. The
+ * dense matrix given is four bytes: refused without being read. */
+START_TEST(too_long_refused_at_once)
+{
+    stof_ctx *ctx = open_ctx();
+    stof_mask *m = (stof_mask *)&m;
+    unsigned char d[4] = {1, 1, 1, 1};
+    static const struct { int lq, lk; const char *says; } bad[] = {
+        {1000000000, 1000000000, "lq = 1000000000"},
+        {STOF_MAX_SEQ + 1, 64, "lq = 4194241"},
+        {64, STOF_MAX_SEQ + 1, "lk = 4194241"},
+        {2147483647, 1, "lq = 2147483647"},
+    };
+    double t0 = now_s();
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        ck_assert_int_eq(stof_mask_parse(ctx, "window:256", bad[i].lq, bad[i].lk, &m),
+                         STOF_ERR_INVALID_ARG);
+        ck_assert_ptr_null(m);
+        ck_assert_msg(strstr(stof_last_error(ctx), bad[i].says) &&
+                          strstr(stof_last_error(ctx), "STOF_MAX_SEQ = 4194240"),
+                      "%s", stof_last_error(ctx));
+        m = (stof_mask *)&m;
+        ck_assert_int_eq(stof_mask_from_dense(ctx, d, bad[i].lq, bad[i].lk, &m),
+                         STOF_ERR_INVALID_ARG);
+        ck_assert_ptr_null(m);
+        ck_assert_ptr_nonnull(strstr(stof_last_error(ctx), bad[i].says));
+    }
+    ck_assert_msg(now_s() - t0 < 1, "refusing took %.2f s", now_s() - t0);
+    /* The limit itself is a mask. */
+    ck_assert_int_eq(STOF_MAX_SEQ, 65535 * 64);
+    ck_assert_int_eq(stof_mask_parse(ctx, "window:256", STOF_MAX_SEQ, STOF_MAX_SEQ, &m), STOF_OK);
+    int lq = 0, lk = 0;
+    stof_mask_dims(m, &lq, &lk);
+    ck_assert_int_eq(lq, STOF_MAX_SEQ);
+    ck_assert_int_eq(lk, STOF_MAX_SEQ);
+    stof_mask_free(m);
+    stof_close(ctx);
+}
+END_TEST
+
 /* The workloads' masks at a realistic length, checked against counts that
  * follow from their definitions. */
 START_TEST(workload_masks_at_4096)
@@ -984,6 +1034,7 @@ Suite *suite_mask(void)
     tcase_add_test(t, spec_and_dims);
     tcase_add_test(t, bad_specs_rejected);
     tcase_add_test(t, bad_arguments_rejected);
+    tcase_add_test(t, too_long_refused_at_once);
     tcase_add_test(t, workload_masks_at_4096);
     suite_add_tcase(s, t);
     return s;

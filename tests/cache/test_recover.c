@@ -867,6 +867,22 @@ START_TEST(test_counts_lost_pages)
                       "missing pages)",
                       cuts[i], pages, lost, said, sv.kernels_unseen, sv.kernels_missing);
         ck_assert_int_le(sv.kernels_missing, sv.kernels_cut);
+        /* stof-dump recover reports the same count, in JSON and in text. */
+        remove_db(got);
+        int rc;
+        json_value *v = recover(cut, got, &rc);
+        ck_assert_int_eq(num(v, "kernels_missing"), sv.kernels_missing);
+        ck_assert_int_eq(num(v, "kernels_cut"), sv.kernels_cut);
+        json_free(v);
+        remove_db(got);
+        char *out, want[160];
+        ck_assert_int_eq(dump(&out, cut, "recover '%s'", got), 1);
+        snprintf(want, sizeof want, "%lld cut off (%lld of them wholly on missing pages)",
+                 sv.kernels_cut, sv.kernels_missing);
+        ck_assert_msg(strstr(out, want) && strstr(out, "the kernels table's last page) and "
+                                                       "tuning rows cannot be counted"),
+                      "%s", out);
+        free(out);
         cache_salvage_free(&sv);
         rows_free(&gk);
         remove_db(got);
@@ -899,11 +915,23 @@ START_TEST(test_untrusted_source)
     ck_assert_msg(strstr(err.msg, "writable by every user") && strstr(err.msg, "vouches"), "%s",
                   err.msg);
     ck_assert(!exists(got));
-    char *out;
+    char *out, want[3000];
     ck_assert_int_eq(dump(&out, cache, "recover '%s'", got), 2);
-    ck_assert_msg(strstr(out, "writable by every user"), "%s", out);
+    snprintf(want, sizeof want, "stof-dump: if you know where %s came from, --trust-source copies "
+             "it anyway; its kernels will then be loaded from %s\n", cache, got);
+    ck_assert_msg(strstr(out, "writable by every user") && strstr(out, want), "%s", out);
     ck_assert(!exists(got));
     free(out);
+    /* The user vouches for it: copied, with a warning. */
+    ck_assert_int_eq(dump(&out, cache, "recover '%s' --trust-source", got), 0);
+    ck_assert_msg(strstr(out, "stof-dump: warning: ") && strstr(out, "will run as") &&
+                      strstr(out, "kernels    4 kept") && strstr(out, "nothing lost"),
+                  "%s", out);
+    free(out);
+    rows tk = read_rows(got, "kernels");
+    ck_assert_int_eq(tk.n, 4);
+    rows_free(&tk);
+    remove_db(got);
     ck_assert_int_eq(cache_recover_flags(&err, cache, got, nvrtc_version_string(),
                                          CACHE_SOURCE_VOUCHED, &s),
                      STOF_OK);

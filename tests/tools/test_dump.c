@@ -964,6 +964,34 @@ START_TEST(test_export_import)
     ck_assert_int_eq(dump(&out, f.cache, "import '%s'", f.cache), 2);
     ck_assert_ptr_nonnull(strstr(out, "into itself"));
     free(out);
+
+    /* A file others could write is refused, with the way to vouch for it;
+     * --trust-source copies it, warning that its kernels run as the cache's. */
+    unsetenv("STOF_CACHE_SHARED");
+    char *dst5 = path_in(f.dir, "dst5.db"), want[3000];
+    ck_assert_int_eq(chmod(exp, 0666), 0);
+    ck_assert_int_eq(dump(&out, dst5, "import '%s'", exp), 2);
+    snprintf(want, sizeof want, "stof-dump: if you know where %s came from, --trust-source copies "
+             "it anyway; its kernels will then be loaded from %s\n", exp, dst5);
+    ck_assert_msg(strstr(out, "writable by every user") && strstr(out, want), "%s", out);
+    ck_assert_ptr_null(strstr(out, "warning"));
+    free(out);
+    if (exists(dst5)) {   /* opened for the import, nothing copied into it */
+        keys_of(dst5, a, sizeof a);
+        ck_assert_str_eq(a, "");
+    }
+    ck_assert_int_eq(dump(&out, dst5, "import '%s' --trust-source", exp), 0);
+    ck_assert_msg(strstr(out, "stof-dump: warning: ") && strstr(out, "writable by every user") &&
+                      strstr(out, "will run as") && strstr(out, "imported from"),
+                  "%s", out);
+    ck_assert_ptr_null(strstr(out, "--trust-source copies it anyway"));
+    free(out);
+    /* On a file the library would load from, --trust-source changes nothing. */
+    ck_assert_int_eq(chmod(exp, 0644), 0);
+    ck_assert_int_eq(dump(&out, dst5, "import '%s' --trust-source", exp), 0);
+    ck_assert_msg(!strstr(out, "warning") && strstr(out, "imported from"), "%s", out);
+    free(out);
+    free(dst5);
     free(text);
     free(dst4);
     free(dst3);
@@ -1061,6 +1089,8 @@ START_TEST(test_usage)
         {"list --op", "--op needs a value"},
         {"list --bogus", "unknown option \"--bogus\""},
         {"export", "needs its operand"},
+        {"list --trust-source", "\"list\" does not take --trust-source"},
+        {"export x.db --trust-source", "\"export\" does not take --trust-source"},
     };
     char *out;
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
@@ -1071,6 +1101,8 @@ START_TEST(test_usage)
     int rc = test_sh(&out, "%s --help", test_build_path("stof-dump"));
     ck_assert_int_eq(rc, 0);
     ck_assert_ptr_nonnull(strstr(out, "usage: stof-dump"));
+    ck_assert_ptr_nonnull(strstr(out, "import FILE [--trust-source]"));
+    ck_assert_ptr_nonnull(strstr(out, "recover NEW.db [--json] [--trust-source]"));
     free(out);
     /* --cache may come after the command, as --cache=PATH too. */
     rc = test_sh(&out, "%s list --cache='%s'", test_build_path("stof-dump"), f.cache);
@@ -1135,6 +1167,7 @@ START_TEST(test_mask_limits)
         {"mask causal --lq 64 --head-dim 48", "32, 64, 80, 96 or 128"},
         {"mask window:256 --lq 4194304", "--lq 4194304 is more than attention supports"},
         {"mask causal --lq 4194241 --lk 64", "up to 4194240"},
+        {"mask causal --lq 64 --lk 4194241", "--lk 4194241 is more than attention supports"},
         {"mask causal --lq 64 --batch 65535 --heads 2", "--batch x --heads is 131070"},
     };
     char *out;

@@ -285,6 +285,31 @@ static const bad_doc BAD_DOCS[] = {
      "expected a member name in double quotes"},
     {"{\"suites\": [{" SUITE_OK ", \"seq\": 64, \"masks\": [\"dense\"], \"seq\": 1}]}",
      "$.suites[0]", "duplicate member name \"seq\""},
+    /* Sizes attention does not support (stof.h's limits), refused as the file is read. */
+    {"{\"suites\": [{\"name\": \"s\", \"batch\": 1, \"heads\": 2, \"head_dim\": 48, \"dtype\":"
+     " \"fp16\", \"seq\": 64, \"masks\": [\"dense\"]}]}",
+     "$.suites[0].head_dim", "head_dim 48 is not supported: attention takes head_dim 32, 64, 80, "
+     "96 or 128"},
+    {"{\"suites\": [{\"name\": \"s\", \"batch\": 32768, \"heads\": 4, \"head_dim\": 64, "
+     "\"dtype\": \"fp16\", \"seq\": 64, \"masks\": [\"dense\"]}]}",
+     "$.suites[0]", "batch x heads up to 65535"},
+    {"{\"suites\": [{\"name\": \"s\", \"batch\": 1, \"heads\": 2, \"head_dim\": 64, \"dtype\":"
+     " \"fp32\", \"seq\": 64, \"masks\": [\"dense\"]}]}",
+     "$.suites[0].dtype", "dtype fp32 is not supported"},
+    {"{\"suites\": [{" SUITE_OK ", \"seq\": [128, 4194241], \"masks\": [\"dense\"]}]}",
+     "$.suites[0].seq[1]", "sequence length 4194241 is not supported"},
+    {"{\"suites\": [{" SUITE_OK ", \"seq\": 16777216, \"masks\": [\"dense\"]}]}",
+     "$.suites[0].seq", "lengths up to 4194240"},
+    {"{\"models\": {\"m\": {\"hidden\": 192, \"heads\": 4, \"ffn\": 4, \"activation\": \"gelu\","
+     " \"norm\": \"post_ln\"}}, \"cases\": [{\"model\": \"m\", \"batch\": 1, \"seq\": 64, "
+     "\"dtype\": \"fp16\", \"masks\": [\"dense\"]}]}",
+     "$.models.m.heads", "head_dim 48, which is not supported"},
+    {"{\"models\": {\"m\": {" MODEL_OK "}}, \"cases\": [{\"model\": \"m\", \"batch\": 1,"
+     " \"seq\": 64, \"dtype\": \"fp32\", \"masks\": [\"dense\"]}]}",
+     "$.cases[0].dtype", "dtype fp32 is not supported"},
+    {"{\"models\": {\"m\": {" MODEL_OK "}}, \"cases\": [{\"model\": \"m\", \"batch\": 1,"
+     " \"seq\": 4194304, \"dtype\": \"fp16\", \"masks\": [\"dense\"]}]}",
+     "$.cases[0].seq", "sequence length 4194304 is not supported"},
 };
 
 START_TEST(test_bad_docs)
@@ -393,6 +418,8 @@ static const bad_line BAD_LINES[] = {
     {0, "b=1,h=1,l=4194241,d=64", "l=4194241 is not supported"},
     {0, "b=1,h=1,lq=4194241,lk=8,d=64", "lq=4194241 is not supported"},
     {0, "b=1,h=1,l=16777216,d=64", "query lengths up to 4194240"},
+    {0, "b=1,h=1,lq=8,lk=4194241,d=64", "lk=4194241 is not supported"},
+    {0, "b=1,h=1,lq=8,lk=16777216,d=64", "key lengths up to 4194240"},
     {0, "b=1,h=1,l=64,d=100", "d=100 is not supported"},
     {0, "b=1,h=1,l=64,head_dim=1024", "d=1024 is not supported"},
     {0, "b=65536,h=1,l=64,d=64", "b=65536 x h=1 is not supported"},
@@ -420,7 +447,7 @@ START_TEST(test_bad_lines)
 END_TEST
 
 /* The limits --mha holds lines to are the library's: what attention refuses
- * as unsupported (STOF_ERR_UNSUPPORTED) is what workload.h says it does not
+ * as unsupported (STOF_ERR_UNSUPPORTED) is what stof.h says it does not
  * take. The mask is 64 x 64 and seq_q 65, so a descriptor within every
  * limit fails only on the mismatch (STOF_ERR_INVALID_ARG), before any
  * compile. */
@@ -434,21 +461,36 @@ START_TEST(test_mha_limits_are_the_library_s)
         stof_mha_desc desc = {.batch = 1, .heads = 1, .seq_q = 65, .seq_k = 64, .head_dim = d,
                               .dtype = STOF_F16};
         stof_status st = stof_mha_prepare(ctx, &desc, m);
-        ck_assert_msg(st == (workload_mha_head_dim_ok(d) ? STOF_ERR_INVALID_ARG
-                                                         : STOF_ERR_UNSUPPORTED),
+        ck_assert_msg(st == (stof_mha_head_dim_supported(d) ? STOF_ERR_INVALID_ARG
+                                                            : STOF_ERR_UNSUPPORTED),
                       "head_dim %d: %s: %s", d, stof_status_str(st), stof_last_error(ctx));
     }
-    static const struct { int b, h, lq; stof_dtype dt; int ok; } cases[] = {
-        {1, 1, WORKLOAD_MHA_MAX_SEQ_Q, STOF_F16, 1},
-        {1, 1, WORKLOAD_MHA_MAX_SEQ_Q + 1, STOF_F16, 0},
-        {WORKLOAD_MHA_MAX_BATCH_HEADS, 1, 65, STOF_BF16, 1},
-        {WORKLOAD_MHA_MAX_BATCH_HEADS + 1, 1, 65, STOF_F16, 0},
-        {256, 256, 65, STOF_F16, 0},
-        {1, 1, 65, STOF_F32, 0},
+    /* The call and the list agree, and the tools say the list whole. */
+    static const int dims[] = {STOF_MHA_HEAD_DIMS};
+    int listed = 0;
+    for (int d = -1; d <= 1024; d++) {
+        int in = 0;
+        for (size_t i = 0; i < sizeof dims / sizeof dims[0]; i++)
+            in |= dims[i] == d;
+        listed += in;
+        ck_assert_int_eq(stof_mha_head_dim_supported(d), in);
+    }
+    ck_assert_int_eq(listed, 5);
+    char text[64];
+    ck_assert_str_eq(workload_mha_head_dims(text, sizeof text), "32, 64, 80, 96 or 128");
+    static const struct { int b, h, lq, lk; stof_dtype dt; int ok; } cases[] = {
+        {1, 1, STOF_MAX_SEQ, 64, STOF_F16, 1},
+        {1, 1, STOF_MAX_SEQ + 1, 64, STOF_F16, 0},
+        {1, 1, 65, STOF_MAX_SEQ, STOF_F16, 1},
+        {1, 1, 65, STOF_MAX_SEQ + 1, STOF_F16, 0},
+        {STOF_MAX_BATCH_HEADS, 1, 65, 64, STOF_BF16, 1},
+        {STOF_MAX_BATCH_HEADS + 1, 1, 65, 64, STOF_F16, 0},
+        {256, 256, 65, 64, STOF_F16, 0},
+        {1, 1, 65, 64, STOF_F32, 0},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         stof_mha_desc desc = {.batch = cases[i].b, .heads = cases[i].h, .seq_q = cases[i].lq,
-                              .seq_k = 64, .head_dim = 64, .dtype = cases[i].dt};
+                              .seq_k = cases[i].lk, .head_dim = 64, .dtype = cases[i].dt};
         stof_status st = stof_mha_prepare(ctx, &desc, m);
         ck_assert_msg(st == (cases[i].ok ? STOF_ERR_INVALID_ARG : STOF_ERR_UNSUPPORTED),
                       "case %zu: %s: %s", i, stof_status_str(st), stof_last_error(ctx));
@@ -460,7 +502,7 @@ START_TEST(test_mha_limits_are_the_library_s)
     char err[1024];
     ck_assert_msg(workload_add_mha(&w, "b=65535,h=1,l=4194240,d=128,bf16", err, sizeof err) == 0,
                   "%s", err);
-    ck_assert_msg(workload_add_mha(&w, "b=1,h=1,lq=64,lk=16777216,d=32", err, sizeof err) == 0,
+    ck_assert_msg(workload_add_mha(&w, "b=1,h=1,lq=64,lk=4194240,d=32", err, sizeof err) == 0,
                   "%s", err);
     ck_assert_int_eq(w.n, 2);
     workload_free(&w);
