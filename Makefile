@@ -139,7 +139,12 @@ build/fuzz/libfuzzer_%: tests/fuzz/fuzz_%.c tests/fuzz/fuzz.h $(FUZZ_OBJ) build/
 	@mkdir -p $(@D)
 	$(FUZZ_CC) $(CPPFLAGS) -Itests/fuzz $(FUZZ_FLAGS) -fsanitize=fuzzer -o $@ $< build/fuzzobj/tools/workload.o $(FUZZ_OBJ) $(LIBS)
 
-test: all fuzz-replay
+# `make test`: the corpus replay (its ASan objects built on every CPU when
+# make was given no -j, as .ci/run runs it), the C suites (several side by
+# side: tests/run.c, STOF_TEST_JOBS) and the Python suites.
+NPROC := $(shell nproc 2>/dev/null || echo 1)
+test: all
+	@$(MAKE) --no-print-directory $(if $(findstring -j,$(MAKEFLAGS)),,-j$(NPROC)) fuzz-replay
 	STOF_BUILD=build build/stof-tests
 	$(MAKE) --no-print-directory test-python
 
