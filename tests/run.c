@@ -494,6 +494,9 @@ int main(void)
             print_suite(&runs[i]);
         }
     } else {
+        if (n > 1 && jobs > 1)
+            printf("stof tests: %d suites, %d at a time, the heavy ones first; each is printed "
+                   "when it and those above it have ended\n", n, jobs < n ? jobs : n);
         run_all(runs, n, jobs);
     }
 
