@@ -157,11 +157,17 @@ build/fuzz/libfuzzer_%: tests/fuzz/fuzz_%.c tests/fuzz/fuzz.h $(FUZZ_OBJ) build/
 	@mkdir -p $(@D)
 	$(FUZZ_CC) $(CPPFLAGS) -Itests/fuzz $(FUZZ_FLAGS) -fsanitize=fuzzer -o $@ $< build/fuzzobj/tools/workload.o $(FUZZ_OBJ) $(LIBS)
 
-# demo and test first check what they need (tools/deps.sh: installed with
-# apt-get as root, else the command is printed), then build.
+# `make test` first checks what it needs (tools/deps.sh: installed with
+# apt-get as root, else the command is printed), then builds, replays the
+# fuzz corpus (its ASan objects built on every CPU when make was given no -j,
+# as .ci/run runs it), runs the C suites (several side by side: tests/run.c,
+# STOF_TEST_JOBS) and the Python suites.
+NPROC := $(shell nproc 2>/dev/null || echo 1)
+JOBS   = $(if $(findstring -j,$(MAKEFLAGS)),,-j$(NPROC))
 test:
 	@bash tools/deps.sh test
-	@$(MAKE) --no-print-directory all fuzz-replay
+	@$(MAKE) --no-print-directory $(JOBS) all
+	@$(MAKE) --no-print-directory $(JOBS) fuzz-replay
 	STOF_BUILD=build build/stof-tests
 	$(MAKE) --no-print-directory test-python
 
@@ -190,7 +196,7 @@ fuzz:
 
 demo:
 	@bash tools/deps.sh demo
-	@$(MAKE) --no-print-directory all
+	@$(MAKE) --no-print-directory $(JOBS) all
 	@bash tools/demo.sh
 
 bench: all

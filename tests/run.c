@@ -1,11 +1,16 @@
 /*
  * The test runner: every CPU suite always; the GPU suites only when a GPU is
- * usable, and it says aloud when they were left out and why.
+ * usable, and it says aloud when they were left out and why. Each suite runs
+ * in a process of its own, several side by side (STOF_TEST_JOBS), and its
+ * output is printed whole in file order, closed by its check count and its
+ * times; the run closes with its wall time and "N passed, N failed".
  */
 #include <errno.h>
 #include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -73,6 +78,28 @@ void test_rmtree(const char *path)
 {
     if (path)
         nftw(path, rm_one, 16, FTW_DEPTH | FTW_PHYS);
+}
+
+void test_copy_file(const char *from, const char *to)
+{
+    size_t n = 0;
+    char *data = test_slurp(from, &n);
+    struct stat st;
+    ck_assert_int_eq(stat(from, &st), 0);
+    FILE *f = fopen(to, "wb");
+    ck_assert_msg(f != NULL, "cannot create %s", to);
+    ck_assert_int_eq(fchmod(fileno(f), st.st_mode & 07777), 0);
+    ck_assert_uint_eq(fwrite(data, 1, n, f), n);
+    ck_assert_int_eq(fclose(f), 0);
+    free(data);
+}
+
+const char *test_kernel_cache(void)
+{
+    static char path[1024];
+    if (!path[0])
+        snprintf(path, sizeof path, "%s/cache.db", test_build_path("test-kernels"));
+    return path;
 }
 
 int test_run(const char *cmd, char **output)
@@ -182,8 +209,202 @@ const char *test_build_path(const char *name)
     return p;
 }
 
+/* The suites in file order (build/gen/suites.inc), the order their output
+ * is printed in. */
+typedef struct suite_entry {
+    const char *name;
+    Suite *(*make)(void);
+    int gpu;
+} suite_entry;
+
+static const suite_entry SUITES[] = {
+#define SUITE(n) {#n, suite_##n, 0},
+#define GPU_SUITE(n) {#n, suite_##n, 1},
+#include "suites.inc"
+#undef SUITE
+#undef GPU_SUITE
+};
+#define NSUITES (int)(sizeof SUITES / sizeof SUITES[0])
+
+/* The suites whose NVRTC compiles take most of a run, longest first: they
+ * start first, and the short suites fill the other cores meanwhile. */
+static const char *const HEAVY[] = {"attn", "gemm", "nvrtc", "warm", "remote", "layer", "tools"};
+
+/* One suite's run: its output is kept aside and printed whole, in file
+ * order, so that suites run side by side still read as one log. */
+typedef struct suite_run {
+    const suite_entry *e;
+    pid_t pid;
+    FILE *out;
+    int res;                    /* read end of the pipe its counts come through */
+    double t0, wall, cpu;
+    int counts[3];              /* checks, failures, errors */
+    int started, done;
+    char why[96];               /* how its process ended, when not by itself */
+} suite_run;
+
+static double now_s(void)
+{
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return t.tv_sec + t.tv_nsec * 1e-9;
+}
+
+static double cpu_s(const struct rusage *r)
+{
+    return r->ru_utime.tv_sec + r->ru_utime.tv_usec * 1e-6 + r->ru_stime.tv_sec +
+           r->ru_stime.tv_usec * 1e-6;
+}
+
+/* Runs one suite as Check does (each test in a forked process unless
+ * CK_FORK=no) and counts its checks, failures and errors. */
+static void run_suite(const suite_entry *e, int counts[3])
+{
+    SRunner *sr = srunner_create(e->make());
+    srunner_run_all(sr, CK_NORMAL);
+    counts[0] = srunner_ntests_run(sr);
+    counts[1] = counts[2] = 0;
+    TestResult **r = srunner_results(sr);
+    for (int i = 0; r && i < counts[0]; i++) {
+        counts[1] += tr_rtype(r[i]) == CK_FAILURE;
+        counts[2] += tr_rtype(r[i]) == CK_ERROR;
+    }
+    free(r);
+    srunner_free(sr);
+}
+
+/* Starts r's suite in a child whose stdout and stderr go to a temporary file. */
+static void start_suite(suite_run *r)
+{
+    int fd[2];
+    r->out = tmpfile();
+    if (!r->out || pipe(fd) != 0) {
+        snprintf(r->why, sizeof r->why, "could not start: %s", strerror(errno));
+        r->done = 1;
+        return;
+    }
+    fflush(stdout);
+    fflush(stderr);
+    r->t0 = now_s();
+    r->started = 1;
+    r->pid = fork();
+    if (r->pid == 0) {
+        close(fd[0]);
+        dup2(fileno(r->out), STDOUT_FILENO);
+        dup2(fileno(r->out), STDERR_FILENO);
+        int counts[3];
+        run_suite(r->e, counts);
+        fflush(stdout);
+        ssize_t w = write(fd[1], counts, sizeof counts);
+        _exit(w == (ssize_t)sizeof counts ? 0 : 1);
+    }
+    close(fd[1]);
+    r->res = fd[0];
+    if (r->pid < 0) {
+        snprintf(r->why, sizeof r->why, "could not fork: %s", strerror(errno));
+        close(r->res);
+        r->done = 1;
+    }
+}
+
+/* Takes the counts of r's ended child; a child that died before sending
+ * them counts as one error. */
+static void end_suite(suite_run *r, int status, const struct rusage *ru)
+{
+    r->wall = now_s() - r->t0;
+    r->cpu = cpu_s(ru);
+    ssize_t n = read(r->res, r->counts, sizeof r->counts);
+    close(r->res);
+    if (n != (ssize_t)sizeof r->counts || !WIFEXITED(status) || WEXITSTATUS(status) != 0) {
+        if (WIFSIGNALED(status))
+            snprintf(r->why, sizeof r->why, "its process died of signal %d", WTERMSIG(status));
+        else
+            snprintf(r->why, sizeof r->why, "its process exited with status %d",
+                     WIFEXITED(status) ? WEXITSTATUS(status) : -1);
+        if (n != (ssize_t)sizeof r->counts) {   /* its tests uncounted: one lost check */
+            memset(r->counts, 0, sizeof r->counts);
+            r->counts[0] = 1;
+        }
+        r->counts[2]++;
+    }
+    r->done = 1;
+}
+
+/* Its output, then a line with its name, check count and times. */
+static void print_suite(suite_run *r)
+{
+    if (r->out) {
+        char buf[8192];
+        size_t n;
+        rewind(r->out);
+        while ((n = fread(buf, 1, sizeof buf, r->out)) > 0)
+            fwrite(buf, 1, n, stdout);
+        fclose(r->out);
+        r->out = NULL;
+    }
+    if (r->why[0])
+        printf("stof tests: suite %s: %s\n", r->e->name, r->why);
+    printf("stof tests: suite %s: %d checks, %d failed in %.1f s (CPU %.1f s)\n", r->e->name,
+           r->counts[0], r->counts[1] + r->counts[2], r->wall, r->cpu);
+    fflush(stdout);
+}
+
+static int heaviness(const char *name)
+{
+    for (int i = 0; i < (int)(sizeof HEAVY / sizeof HEAVY[0]); i++)
+        if (strcmp(HEAVY[i], name) == 0)
+            return (int)(sizeof HEAVY / sizeof HEAVY[0]) - i;
+    return 0;
+}
+
+/* Runs the n suites of runs[], at most jobs at a time, printing each in
+ * order as soon as it and all before it have ended. The heavy CPU suites
+ * start first; a GPU suite runs alone, so no compile competes with its
+ * timings. */
+static void run_all(suite_run *runs, int n, int jobs)
+{
+    int order[NSUITES], m = 0;
+    for (int h = (int)(sizeof HEAVY / sizeof HEAVY[0]); h >= 0; h--)
+        for (int i = 0; i < n; i++)
+            if (!runs[i].e->gpu && heaviness(runs[i].e->name) == h)
+                order[m++] = i;
+    for (int i = 0; i < n; i++)
+        if (runs[i].e->gpu)
+            order[m++] = i;
+    int next = 0, running = 0, printed = 0;
+    while (printed < n) {
+        while (next < n && running < jobs) {
+            suite_run *r = &runs[order[next]];
+            if (r->e->gpu && running > 0)
+                break;
+            next++;
+            start_suite(r);
+            running += r->started && !r->done;
+            if (r->e->gpu)
+                break;
+        }
+        if (running > 0) {
+            int status = 0;
+            struct rusage ru;
+            pid_t pid = wait4(-1, &status, 0, &ru);
+            if (pid < 0 && errno == EINTR)
+                continue;
+            for (int i = 0; i < n; i++)
+                if (runs[i].started && !runs[i].done && runs[i].pid == pid) {
+                    end_suite(&runs[i], status, &ru);
+                    running--;
+                }
+            if (pid < 0)
+                break;
+        }
+        while (printed < n && runs[printed].done)
+            print_suite(&runs[printed++]);
+    }
+}
+
 int main(void)
 {
+    double t0 = now_s();
     const char *s = getenv("STOF_SEED");
     g_seed = s && *s ? strtoull(s, NULL, 0) : (uint64_t)time(NULL) ^ ((uint64_t)getpid() << 32);
     printf("stof tests: seed %llu (set STOF_SEED to replay)\n", (unsigned long long)g_seed);
@@ -219,21 +440,84 @@ int main(void)
         g_gpu = WIFEXITED(st) && WEXITSTATUS(st) == 0;
     }
 
-    SRunner *sr = srunner_create(NULL);
-    int gpu_suites = 0;
-#define SUITE(n) srunner_add_suite(sr, suite_##n());
-#define GPU_SUITE(n) if (g_gpu) srunner_add_suite(sr, suite_##n()); gpu_suites++;
-#include "suites.inc"
-#undef SUITE
-#undef GPU_SUITE
+    /* The shared kernel cache's folder, writable by this user alone (the
+     * cache refuses a looser one). */
+    char kdir[1024];
+    struct stat kst;
+    snprintf(kdir, sizeof kdir, "%s", test_build_path("test-kernels"));
+    int kept = stat(test_kernel_cache(), &kst) == 0;
+    if (mkdir(kdir, 0700) != 0 && errno != EEXIST)
+        printf("stof tests: cannot make %s: %s\n", kdir, strerror(errno));
+    if (kept)
+        printf("stof tests: the variant sweeps find %.0f MB of kernels in %s from earlier runs "
+               "(remove %s to compile them afresh)\n",
+               kst.st_size / 1e6, test_kernel_cache(), kdir);
+    else
+        printf("stof tests: the variant sweeps compile into %s, kept for later runs\n",
+               test_kernel_cache());
+
+    /* CK_RUN_SUITE picks one suite, as Check's own runner would. */
+    const char *only = getenv("CK_RUN_SUITE");
+    static suite_run runs[NSUITES];
+    int n = 0, gpu_suites = 0;
+    for (int i = 0; i < NSUITES; i++) {
+        gpu_suites += SUITES[i].gpu;
+        if ((!SUITES[i].gpu || g_gpu) && (!only || !*only || strcmp(only, SUITES[i].name) == 0))
+            runs[n++] = (suite_run){.e = &SUITES[i]};
+    }
+    if (only && *only && n == 0)
+        printf("stof tests: no suite here is named %s (CK_RUN_SUITE)\n", only);
     if (g_gpu)
         printf("stof tests: GPU present: running the %d GPU suites too\n", gpu_suites);
     else
         printf("stof tests: NO GPU: the %d GPU suites were NOT run (%s)\n", gpu_suites, why);
-    srunner_run_all(sr, CK_NORMAL);
-    int failed = srunner_ntests_failed(sr);
-    srunner_free(sr);
+
+    /* Suites side by side, each in a process of its own: STOF_TEST_JOBS of
+     * them, by default one per CPU (at most 8). CK_FORK=no runs them one
+     * after another in this process, for a debugger. */
+    const char *fork_env = getenv("CK_FORK"), *jobs_env = getenv("STOF_TEST_JOBS");
+    long cpus = sysconf(_SC_NPROCESSORS_ONLN);
+    int jobs = jobs_env && *jobs_env ? atoi(jobs_env) : cpus < 1 ? 1 : cpus > 8 ? 8 : (int)cpus;
+    jobs = jobs < 1 ? 1 : jobs;
+    if (fork_env && strcmp(fork_env, "no") == 0) {
+        jobs = 1;
+        for (int i = 0; i < n; i++) {
+            struct rusage a, b, ca, cb;
+            getrusage(RUSAGE_SELF, &a);
+            getrusage(RUSAGE_CHILDREN, &ca);
+            runs[i].t0 = now_s();
+            run_suite(runs[i].e, runs[i].counts);
+            runs[i].wall = now_s() - runs[i].t0;
+            getrusage(RUSAGE_SELF, &b);
+            getrusage(RUSAGE_CHILDREN, &cb);
+            runs[i].cpu = cpu_s(&b) - cpu_s(&a) + cpu_s(&cb) - cpu_s(&ca);
+            runs[i].done = 1;
+            print_suite(&runs[i]);
+        }
+    } else {
+        if (n > 1 && jobs > 1)
+            printf("stof tests: %d suites, %d at a time, the heavy ones first; each is printed "
+                   "when it and those above it have ended\n", n, jobs < n ? jobs : n);
+        run_all(runs, n, jobs);
+    }
+
+    /* The whole run, as Check sums one runner's suites (tools/gpu-check.sh
+     * reads this line), then the times and the closing count. */
+    int checks = 0, failures = 0, errors = 0;
+    double cpu = 0;
+    for (int i = 0; i < n; i++) {
+        checks += runs[i].counts[0];
+        failures += runs[i].counts[1];
+        errors += runs[i].counts[2];
+        cpu += runs[i].cpu;
+    }
+    int failed = failures + errors;
+    printf("%d%%: Checks: %d, Failures: %d, Errors: %d\n",
+           checks ? (int)(100.0 * (checks - failed) / checks) : 0, checks, failures, errors);
     if (!g_gpu)
         printf("stof tests: reminder: GPU suites left out; run tools/gpu-check.sh on a GPU machine\n");
+    printf("stof tests: %d suite%s, %d at a time, in %.1f s (CPU %.1f s)\n", n, n == 1 ? "" : "s",
+           jobs < n ? jobs : n, now_s() - t0, cpu);
+    printf("%d passed, %d failed\n", checks - failed > 0 ? checks - failed : 0, failed);
     return failed ? EXIT_FAILURE : EXIT_SUCCESS;
 }

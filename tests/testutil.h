@@ -1,7 +1,7 @@
 /*
  * testutil — what every suite shares: a seeded random source whose seed is
- * printed (set STOF_SEED to replay), temporary folders, and reading a whole
- * command's output.
+ * printed (set STOF_SEED to replay), temporary folders, the kernel cache
+ * the variant sweeps share, and reading a whole command's output.
  */
 #ifndef STOF_TESTUTIL_H
 #define STOF_TESTUTIL_H
@@ -23,6 +23,17 @@ int test_rng_int(test_rng *r, int lo, int hi);  /* [lo, hi] */
 /* A fresh empty folder under $TMPDIR; the caller owns the string. */
 char *test_tmpdir(void);
 void test_rmtree(const char *path);
+/* Copies the file at from to to, with its mode; fails the test if it cannot. */
+void test_copy_file(const char *from, const char *to);
+
+/* The kernel cache shared by tests that need kernels compiled and their
+ * logs, but not a compile of their own: $STOF_BUILD/test-kernels/cache.db,
+ * kept across runs. Its keys cover the rendered source, the options, the
+ * architecture and NVRTC's version, so what a test finds there is what a
+ * compile now would give; removing the folder makes the next run compile
+ * everything afresh. Tests of cold compiles or of the cache itself keep a
+ * cache of their own. */
+const char *test_kernel_cache(void);
 
 /* Runs sh -c cmd; returns its exit status and its stdout+stderr (malloc'd). */
 int test_run(const char *cmd, char **output);

@@ -372,8 +372,9 @@ START_TEST(template_renders_completely)
 END_TEST
 
 /* Every candidate of every covered shape and epilogue, both dtypes taking
- * turns, compiled on several threads into per-thread caches, where the
- * compile log (ptxas -v) gives registers and spills. For sm_90a, where wg
+ * turns, compiled on several threads into the shared kernel cache
+ * (test_kernel_cache), where the compile log (ptxas -v) gives registers and
+ * spills. For sm_90a, where wg
  * configs come first for every epilogue without ln, the mma.sync ones are
  * compiled only as each list's first mma.sync config and with ln: all of
  * them would put the suite past its time, and sm_80 compiles every one. */
@@ -386,19 +387,17 @@ typedef struct variant_job {
     stof_status st[MAX_VARIANTS];
     int regs[MAX_VARIANTS], spills[MAX_VARIANTS];
     char err[MAX_VARIANTS][320], global[MAX_VARIANTS][96];
-    int n, next;
+    int n, next, compiled;
     pthread_mutex_t lock;
 } variant_job;
 
 static void *compile_variants(void *arg)
 {
     variant_job *j = arg;
-    char *dir = test_tmpdir(), path[1200];
-    ck_assert_ptr_nonnull(dir);
-    snprintf(path, sizeof path, "%s/c.db", dir);
     stof_ctx *ctx;
-    stof_options o = {.cache_path = path, .arch = j->arch};
+    stof_options o = {.cache_path = test_kernel_cache(), .arch = j->arch};
     ck_assert_int_eq(stof_open(&ctx, &o), STOF_OK);
+    ck_assert_msg(ctx->cache != NULL, "%s", stof_last_error(ctx));
     for (int i; (i = test_take(&j->lock, &j->next, j->n)) >= 0;) {
         char key[65];
         j->st[i] = gemm_prepare(ctx, &j->c[i], &j->s[i], &EPILOGUES[j->epi[i]], key);
@@ -417,9 +416,10 @@ static void *compile_variants(void *arg)
             cache_kernel_free(&k);
         }
     }
+    pthread_mutex_lock(&j->lock);
+    j->compiled += (int)ctx->stats.nvrtc_compiles;
+    pthread_mutex_unlock(&j->lock);
     stof_close(ctx);
-    test_rmtree(dir);
-    free(dir);
     return NULL;
 }
 
@@ -488,8 +488,9 @@ START_TEST(every_variant_compiles)
         printf("test_gemm: %s: %d variants, %d to %d registers, no spills\n", name, wg[w].n,
                wg[w].lo, wg[w].hi);
     }
-    printf("test_gemm: %d GEMM variants compiled for %s on %d threads; none spills; at most %d "
-           "registers\n", j.n, j.arch, nthreads, maxregs);
+    printf("test_gemm: %d GEMM variants compiled for %s (%d now, on %d threads, the rest found "
+           "in the test kernel cache); none spills; at most %d registers\n", j.n, j.arch,
+           j.compiled, nthreads, maxregs);
     ck_assert_int_ge(j.n, 100);
     /* Every wg tile with every non-LN epilogue of the four BERT products. */
     if (!_i)
