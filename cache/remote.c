@@ -12,6 +12,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "base/now.h"
 #include "cache/hmac.h"
 #include "cache/trust.h"
 
@@ -311,13 +312,6 @@ struct remote {
     cache_remote_counts n;
 };
 
-static double mono_now(void)
-{
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return (double)t.tv_sec + (double)t.tv_nsec * 1e-9;
-}
-
 static void note(remote *r, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 
 static void note(remote *r, const char *fmt, ...)
@@ -372,7 +366,7 @@ static void outage(remote *r, const char *what)
     if (r->c)
         redisFree(r->c);
     r->c = NULL;
-    r->rest_until = mono_now() + RETRY_S;
+    r->rest_until = now_mono_s() + RETRY_S;
 }
 
 /* Refused for good: a wrong password or database is not going to mend. */
@@ -430,7 +424,7 @@ static int reply_ok(remote *r, redisReply *y, const char *what)
 static int wait_fd(remote *r, short events, double deadline)
 {
     for (;;) {
-        double left = deadline - mono_now();
+        double left = deadline - now_mono_s();
         if (left <= 0) {
             r->timed_out = 1;
             return 0;
@@ -451,7 +445,7 @@ static int wait_fd(remote *r, short events, double deadline)
 static redisReply *exchange(remote *r, const char *fmt, ...)
 {
     r->timed_out = 0;
-    double deadline = mono_now() + (double)r->tv.tv_sec + (double)r->tv.tv_usec * 1e-6;
+    double deadline = now_mono_s() + (double)r->tv.tv_sec + (double)r->tv.tv_usec * 1e-6;
     va_list ap;
     va_start(ap, fmt);
     int rc = redisvAppendCommand(r->c, fmt, ap);
@@ -480,7 +474,7 @@ static int ready(remote *r)
         return 0;
     if (r->c)
         return 1;
-    if (mono_now() < r->rest_until)
+    if (now_mono_s() < r->rest_until)
         return 0;
     pipe_guard g;
     guard_on(&g);

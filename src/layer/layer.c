@@ -4,10 +4,10 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
 #include "attn/mha.h"
 #include "base/half.h"
+#include "base/now.h"
 #include "base/strbuf.h"
 #include "cache/cache.h"
 #include "gpu/timing.h"
@@ -347,14 +347,6 @@ static stof_status load_all(stof_layer_plan *p)
     return st;
 }
 
-/* As layer_search.c's; one copy each until base/ has it. */
-static double now_s(void)
-{
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return t.tv_sec + t.tv_nsec * 1e-9;
-}
-
 static stof_tune tune_level(const stof_layer_desc *d)
 {
     if (d->tune != STOF_TUNE_DEFAULT)
@@ -410,7 +402,7 @@ static stof_status plan_make(stof_ctx *ctx, const stof_layer_desc *desc, const s
     if (w)
         TRY(check_weights(ctx, w));
     TRY(ctx_need_device(ctx));
-    const double t0 = now_s();
+    const double t0 = now_mono_s();
     stof_layer_plan *p = calloc(1, sizeof *p);
     if (!p)
         return CTX_FAIL(ctx, STOF_ERR_NO_MEMORY, "out of memory");
