@@ -28,6 +28,7 @@
 #include "attn/reference.h"
 #include "base/half.h"
 #include "base/now.h"
+#include "base/util.h"
 #include "codegen/nvrtc_drv.h"
 #include "ctx.h"
 #include "gpu/jit.h"
@@ -111,15 +112,9 @@ static void die(stof_ctx *ctx, const char *what)
             die((ctx), #call);                 \
     } while (0)
 
-static int cmp_float(const void *a, const void *b)
-{
-    float x = *(const float *)a, y = *(const float *)b;
-    return (x > y) - (x < y);
-}
-
 static float median(float *v, int n)
 {
-    qsort(v, (size_t)n, sizeof *v, cmp_float);
+    qsort(v, (size_t)n, sizeof *v, util_cmp_float);
     return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
 }
 

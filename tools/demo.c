@@ -20,6 +20,7 @@
 
 #include "base/half.h"
 #include "base/now.h"
+#include "base/util.h"
 #include "codegen/nvrtc_drv.h"
 #include "ctx.h"
 #include "gpu/jit.h"
@@ -98,15 +99,9 @@ static void fill(uint64_t *s, stof_dtype t, void *p, size_t n, double lo, double
         dtype_store(t, p, i, lo + (hi - lo) * (double)(rng_next(s) >> 11) * 0x1.0p-53);
 }
 
-static int cmp_float(const void *a, const void *b)
-{
-    float x = *(const float *)a, y = *(const float *)b;
-    return (x > y) - (x < y);
-}
-
 static float median(float *v, int n)
 {
-    qsort(v, (size_t)n, sizeof *v, cmp_float);
+    qsort(v, (size_t)n, sizeof *v, util_cmp_float);
     return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
 }
 

@@ -7,6 +7,7 @@
 
 #include "attn/mask.h"
 #include "attn/memo.h"
+#include "base/util.h"
 #include "cache/cache.h"
 
 struct stof_mha_plan {
@@ -65,18 +66,6 @@ static stof_status check_desc(stof_ctx *ctx, const stof_mha_desc *d, const stof_
                         "the mask is %d x %d but desc.seq_q x seq_k is %d x %d", lq, lk, d->seq_q,
                         d->seq_k);
     return STOF_OK;
-}
-
-static stof_tune tune_level(const stof_mha_desc *d)
-{
-    if (d->tune != STOF_TUNE_DEFAULT)
-        return d->tune;
-    const char *e = getenv("STOF_TUNE");
-    if (e && strcmp(e, "off") == 0)
-        return STOF_TUNE_OFF;
-    if (e && strcmp(e, "full") == 0)
-        return STOF_TUNE_FULL;
-    return STOF_TUNE_FAST;
 }
 
 static void shape_string(const stof_mha_desc *d, char *out, size_t n)
@@ -190,7 +179,7 @@ stof_status stof_mha_plan_create(stof_ctx *ctx, const stof_mha_desc *desc, const
     char shape[160];
     shape_string(&p->d, shape, sizeof shape);
     const char *dt = dtype_name(p->d.dtype);
-    stof_tune level = tune_level(&p->d);
+    stof_tune level = util_tune_level(p->d.tune);
 
     /* A tuning record for this case: no model, no timing. */
     if (st == STOF_OK && ctx->cache) {
