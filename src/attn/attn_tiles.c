@@ -4,8 +4,8 @@
 #include <string.h>
 
 #include "attn/mask.h"
+#include "base/err.h"
 #include "base/util.h"
-#include "gpu/jit.h"
 
 void attn_tiles_free(attn_tiles *t)
 {

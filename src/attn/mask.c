@@ -6,9 +6,9 @@
 #include <string.h>
 
 #include "attn/mask_picture.h"
+#include "base/err.h"
 #include "base/hash.h"
 #include "base/util.h"
-#include "gpu/jit.h"
 
 struct stof_mask {
     int lq, lk;

@@ -6,8 +6,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "base/err.h"
 #include "base/util.h"
-#include "gpu/jit.h"
 
 struct mask_spec_rand {
     int64_t qb;           /* query block whose choice is held, -1 none */
