@@ -478,11 +478,11 @@ void *cache_col_blob(sqlite3_stmt *s, int i, size_t *n)
     "key, op, name, entry, arch, nvrtc_version, stof_version, options, params, source, log," \
     " checksum, compile_ms, created, last_used, hits, length(cubin), length(ptx)"
 
-/* Fills the text columns of KERNEL_COLS; returns 0 on out of memory. */
-static int read_row(sqlite3_stmt *s, cache_kernel *k)
+int cache_col_kernel(sqlite3_stmt *s, cache_kernel *k)
 {
     memset(k, 0, sizeof *k);
-    snprintf(k->key, sizeof k->key, "%s", (const char *)sqlite3_column_text(s, 0));
+    const unsigned char *key = sqlite3_column_text(s, 0);
+    snprintf(k->key, sizeof k->key, "%s", key ? (const char *)key : "");
     char **txt[] = {&k->op, &k->name, &k->entry, &k->arch, &k->nvrtc_version, &k->stof_version,
                     &k->options, &k->params, &k->source, &k->log};
     for (int i = 0; i < 10; i++)
@@ -494,6 +494,14 @@ static int read_row(sqlite3_stmt *s, cache_kernel *k)
     k->created = sqlite3_column_int64(s, 13);
     k->last_used = sqlite3_column_int64(s, 14);
     k->hits = sqlite3_column_int64(s, 15);
+    return 1;
+}
+
+/* Reads the KERNEL_COLS of s into k; 0 on out of memory. */
+static int read_row(sqlite3_stmt *s, cache_kernel *k)
+{
+    if (!cache_col_kernel(s, k))
+        return 0;
     k->cubin_size = (size_t)sqlite3_column_int64(s, 16);
     k->ptx_size = (size_t)sqlite3_column_int64(s, 17);
     return 1;

@@ -821,6 +821,24 @@ static void refuse(remote *r, const char *rkey, const char *why)
     r->refusal_said = 1;
 }
 
+/* 1 when a value's versions (fields 5 and 6) are this stof's and its NVRTC's. */
+static int fields_current(const field *f)
+{
+    return field_is(&f[5], nvrtc_version) && field_is(&f[6], stof_version());
+}
+
+/* Ends a get and frees its reply: a value taken counts a hit, and one
+ * refused goes to refuse with why (one lost to memory is neither); ok. */
+static int get_done(remote *r, redisReply *y, const char *rkey, int ok, const char *why)
+{
+    if (ok)
+        r->n.hits++;
+    else if (why)
+        refuse(r, rkey, why);
+    freeReplyObject(y);
+    return ok;
+}
+
 int remote_get_kernel(remote *r, const char *key, const char *arch, cache_kernel *out)
 {
     char rkey[512];
@@ -837,10 +855,8 @@ int remote_get_kernel(remote *r, const char *key, const char *arch, cache_kernel
         why = "foreign: it is for another kernel";
         ok = 0;
     }
-    if (ok && !(field_is(&f[5], nvrtc_version) && field_is(&f[6], stof_version()))) {
+    if (ok && !(ok = fields_current(f)))
         why = "stale: another stof or NVRTC wrote it";
-        ok = 0;
-    }
     if (ok && f[11].n == 0) {
         why = "damaged: no binary";
         ok = 0;
@@ -866,13 +882,8 @@ int remote_get_kernel(remote *r, const char *key, const char *arch, cache_kernel
         free(created);
         if (!ok)
             cache_kernel_free(out);   /* out of memory: as if absent */
-        else
-            r->n.hits++;
-    } else {
-        refuse(r, rkey, why);
     }
-    freeReplyObject(y);
-    return ok;
+    return get_done(r, y, rkey, ok, why);
 }
 
 int remote_get_tuning(remote *r, const char *op, const char *mask_hash, const char *shape,
@@ -894,10 +905,8 @@ int remote_get_tuning(remote *r, const char *op, const char *mask_hash, const ch
             why = "foreign: it is for another case";
             ok = 0;
         }
-    if (ok && !(field_is(&f[5], nvrtc_version) && field_is(&f[6], stof_version()))) {
+    if (ok && !(ok = fields_current(f)))
         why = "stale: another stof or NVRTC wrote it";
-        ok = 0;
-    }
     if (ok) {
         char *created = field_str(&f[8]);
         out->op = strdup(op);
@@ -912,12 +921,16 @@ int remote_get_tuning(remote *r, const char *op, const char *mask_hash, const ch
         free(created);
         if (!ok)
             cache_tuning_free(out);
-        else
-            r->n.hits++;
-    } else {
-        refuse(r, rkey, why);
     }
-    freeReplyObject(y);
+    return get_done(r, y, rkey, ok, why);
+}
+
+/* Stores v (n bytes, NULL when encoding ran out of memory) under rkey and
+ * frees it; 1 when stored. */
+static int put_value(remote *r, const char *rkey, unsigned char *v, size_t n)
+{
+    int ok = v && set(r, rkey, v, n);
+    free(v);
     return ok;
 }
 
@@ -929,9 +942,7 @@ int remote_put_kernel(remote *r, const cache_kernel *k)
     size_t n = 0;
     remote_kernel_key(k->key, k->arch, nvrtc_version, rkey, sizeof rkey);
     unsigned char *v = remote_encode_kernel(k, r->key, r->key_len, &n);
-    int ok = v && set(r, rkey, v, n);
-    free(v);
-    return ok;
+    return put_value(r, rkey, v, n);
 }
 
 int remote_put_tuning(remote *r, const cache_tuning *t)
@@ -941,9 +952,7 @@ int remote_put_tuning(remote *r, const cache_tuning *t)
     char rkey[512];
     size_t n = 0;
     unsigned char *v = encode_tuning(t, r->key, r->key_len, &n, rkey, sizeof rkey);
-    int ok = v && set(r, rkey, v, n);
-    free(v);
-    return ok;
+    return put_value(r, rkey, v, n);
 }
 
 #else /* no hiredis: the tier is configured, but off, and says so */
