@@ -12,6 +12,7 @@
 #include <unistd.h>
 
 #include "base/hash.h"
+#include "base/now.h"
 #include "cache/remote.h"
 #include "cache/trust.h"
 
@@ -107,8 +108,6 @@ static stof_status counted(cache *c, stof_status st)
         c->write_failures++;
     return st;
 }
-
-static long long now_s(void) { return (long long)time(NULL); }
 
 /* Lookup q's statement, the lock held until query_end; NULL (the lock still
  * held, sqlite3_errmsg saying why) when it cannot be prepared. */
@@ -392,7 +391,7 @@ static long long count_use(cache *c, const char *key)
                 c->n_pending++;
             }
             long long n = ++c->pending[i].hits;
-            c->pending[i].last_used = now_s();
+            c->pending[i].last_used = now_wall_s();
             pthread_mutex_unlock(&c->lock);
             return n;
         }
@@ -456,7 +455,6 @@ int cache_versions_current(const char *nvrtc_version, const char *stof_version_,
 const char *cache_nvrtc_version(const cache *c) { return c->nvrtc_version; }
 const char *cache_file(const cache *c) { return c->path; }
 
-
 char *cache_col_text(sqlite3_stmt *s, int i)
 {
     const unsigned char *t = sqlite3_column_text(s, i);
@@ -480,11 +478,11 @@ void *cache_col_blob(sqlite3_stmt *s, int i, size_t *n)
     "key, op, name, entry, arch, nvrtc_version, stof_version, options, params, source, log," \
     " checksum, compile_ms, created, last_used, hits, length(cubin), length(ptx)"
 
-/* Fills the text columns of KERNEL_COLS; returns 0 on out of memory. */
-static int read_row(sqlite3_stmt *s, cache_kernel *k)
+int cache_col_kernel(sqlite3_stmt *s, cache_kernel *k)
 {
     memset(k, 0, sizeof *k);
-    snprintf(k->key, sizeof k->key, "%s", (const char *)sqlite3_column_text(s, 0));
+    const unsigned char *key = sqlite3_column_text(s, 0);
+    snprintf(k->key, sizeof k->key, "%s", key ? (const char *)key : "");
     char **txt[] = {&k->op, &k->name, &k->entry, &k->arch, &k->nvrtc_version, &k->stof_version,
                     &k->options, &k->params, &k->source, &k->log};
     for (int i = 0; i < 10; i++)
@@ -496,6 +494,14 @@ static int read_row(sqlite3_stmt *s, cache_kernel *k)
     k->created = sqlite3_column_int64(s, 13);
     k->last_used = sqlite3_column_int64(s, 14);
     k->hits = sqlite3_column_int64(s, 15);
+    return 1;
+}
+
+/* Reads the KERNEL_COLS of s into k; 0 on out of memory. */
+static int read_row(sqlite3_stmt *s, cache_kernel *k)
+{
+    if (!cache_col_kernel(s, k))
+        return 0;
     k->cubin_size = (size_t)sqlite3_column_int64(s, 16);
     k->ptx_size = (size_t)sqlite3_column_int64(s, 17);
     return 1;
@@ -704,8 +710,8 @@ static stof_status put_local(err_record *err, cache *c, cache_kernel *k)
     sqlite3_bind_blob(s, 13, k->ptx, (int)k->ptx_size, SQLITE_TRANSIENT);
     sqlite3_bind_text(s, 14, k->checksum, -1, SQLITE_TRANSIENT);
     sqlite3_bind_double(s, 15, k->compile_ms);
-    sqlite3_bind_int64(s, 16, now_s());
-    sqlite3_bind_int64(s, 17, now_s());
+    sqlite3_bind_int64(s, 16, now_wall_s());
+    sqlite3_bind_int64(s, 17, now_wall_s());
     if (sqlite3_step(s) != SQLITE_DONE)
         st = SQL_FAIL(err, c, "storing a kernel");
     sqlite3_finalize(s);
@@ -725,12 +731,11 @@ stof_status cache_put_kernel(err_record *err, cache *c, cache_kernel *k)
     stof_status st = put_local(err, c, k);
     if (c->remote && !c->damage[0]) {
         if (!k->created)
-            k->created = now_s();
+            k->created = now_wall_s();
         remote_put_kernel(c->remote, k);
     }
     return st;
 }
-
 
 static stof_status put_tuning_local(err_record *err, cache *c, const cache_tuning *t)
 {
@@ -750,7 +755,7 @@ static stof_status put_tuning_local(err_record *err, cache *c, const cache_tunin
                              t->record};
         for (int i = 0; i < 7; i++)
             sqlite3_bind_text(s, i + 1, txt[i] ? txt[i] : "", -1, SQLITE_TRANSIENT);
-        sqlite3_bind_int64(s, 8, now_s());
+        sqlite3_bind_int64(s, 8, now_wall_s());
         if (sqlite3_step(s) != SQLITE_DONE)
             st = SQL_FAIL(err, c, "storing a tuning record");
         sqlite3_finalize(s);
@@ -764,7 +769,7 @@ stof_status cache_put_tuning(err_record *err, cache *c, const cache_tuning *t)
     if (c->remote && !c->damage[0]) {
         cache_tuning stamped = *t;
         if (!stamped.created)
-            stamped.created = now_s();
+            stamped.created = now_wall_s();
         remote_put_tuning(c->remote, &stamped);
     }
     return st;
@@ -821,7 +826,6 @@ stof_status cache_get_tuning(err_record *err, cache *c, const char *op, const ch
     return st;
 }
 
-
 /* The table of derived rows is made by the first put: a file from before it
  * has none, and a reader then finds nothing. */
 #define DERIVED_TABLE                                                                       \
@@ -849,7 +853,7 @@ static stof_status derived_insert(err_record *err, cache *c, const char *kind, c
         sqlite3_bind_text(s, 3, stof_version(), -1, SQLITE_STATIC);
         sqlite3_bind_blob(s, 4, data, (int)n, SQLITE_STATIC);
         sqlite3_bind_text(s, 5, sum, -1, SQLITE_TRANSIENT);
-        sqlite3_bind_int64(s, 6, now_s());
+        sqlite3_bind_int64(s, 6, now_wall_s());
         if (sqlite3_step(s) != SQLITE_DONE)
             st = SQL_FAIL(err, c, "storing a derived row");
     }
@@ -926,14 +930,6 @@ const char *cache_damage(const cache *c) { return c && c->damage[0] ? c->damage 
     "CREATE TABLE IF NOT EXISTS claims (key TEXT PRIMARY KEY, pid INTEGER NOT NULL,"        \
     " host TEXT NOT NULL, expires INTEGER NOT NULL)"
 
-/* Wall-clock milliseconds: leases are compared between processes. */
-static long long now_ms(void)
-{
-    struct timespec t;
-    clock_gettime(CLOCK_REALTIME, &t);
-    return (long long)t.tv_sec * 1000 + t.tv_nsec / 1000000;
-}
-
 /* 1 while process pid of this host has not ended. A zombie has: a worker
  * killed under stof-warm stays one until the parent reaps it at the end. */
 static int process_alive(long long pid)
@@ -957,7 +953,7 @@ static int process_alive(long long pid)
  * over), and on this host by a process that still runs. */
 static int claim_stands(const cache *c, long long pid, const char *host, long long expires)
 {
-    if (expires <= now_ms())
+    if (expires <= now_wall_ms())
         return 0;
     if (strcmp(host, c->host) != 0)
         return 1;  /* another host's: only its lease can be judged */
@@ -1012,7 +1008,7 @@ static cache_claim_state claim_take(cache *c, const char *key, int lease_ms)
         sqlite3_bind_text(s, 1, key, -1, SQLITE_STATIC);
         sqlite3_bind_int64(s, 2, (long long)getpid());
         sqlite3_bind_text(s, 3, c->host, -1, SQLITE_STATIC);
-        sqlite3_bind_int64(s, 4, now_ms() + lease_ms);
+        sqlite3_bind_int64(s, 4, now_wall_ms() + lease_ms);
         ok = sqlite3_step(s) == SQLITE_DONE;
     }
     sqlite3_finalize(s);
@@ -1025,7 +1021,7 @@ cache_claim_state cache_claim(cache *c, const char *key, int lease_ms, int wait)
 {
     if (c->damage[0])
         return CACHE_CLAIM_OURS;
-    const long long until = now_ms() + lease_ms;
+    const long long until = now_wall_ms() + lease_ms;
     long pause_ms = 10;
     for (;;) {
         /* A read first: waiters poll without taking the write lock. */
@@ -1036,7 +1032,7 @@ cache_claim_state cache_claim(cache *c, const char *key, int lease_ms, int wait)
             return st == CACHE_CLAIM_HELD ? CACHE_CLAIM_OURS : st;
         if (!wait)
             return st;
-        if (now_ms() >= until)
+        if (now_wall_ms() >= until)
             return CACHE_CLAIM_OURS;
         nanosleep(&(struct timespec){0, pause_ms * 1000 * 1000}, NULL);
         if (pause_ms < 100)

@@ -130,6 +130,10 @@ struct sqlite3 *cache_db(cache *c);
  * buffer of *n bytes plus a NUL; NULL when out of memory. */
 char *cache_col_text(struct sqlite3_stmt *s, int i);
 void *cache_col_blob(struct sqlite3_stmt *s, int i, size_t *n);
+/* Fills k (zeroed first) from a kernel row's columns 0 to 15, key to hits,
+ * in the order cache.c's KERNEL_COLS and cache_rows.h's CACHE_ROW_COLS share;
+ * 0 when out of memory, what was read left in k for cache_kernel_free. */
+int cache_col_kernel(struct sqlite3_stmt *s, cache_kernel *k);
 
 /* 1 when a row's versions are current_nvrtc's and this stof's: only such
  * rows are ever loaded. */

@@ -6,13 +6,11 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
-#include <time.h>
 #include <unistd.h>
 
+#include "base/now.h"
 #include "cache/remote.h"
 #include "cache/trust.h"
-
-static long long now_s(void) { return (long long)time(NULL); }
 
 /* ---- moving a cache ---- */
 
@@ -77,7 +75,7 @@ static stof_status insert_kernel(err_record *err, cache *c, const cache_kernel *
     sqlite3_bind_double(s, 13, k->compile_ms);
     sqlite3_bind_int64(s, 14, k->created);
     /* Imported kernels count as just used, so the size cap keeps them. */
-    sqlite3_bind_int64(s, 15, now_s());
+    sqlite3_bind_int64(s, 15, now_wall_s());
     sqlite3_bind_blob(s, 16, k->cubin, (int)k->cubin_size, SQLITE_TRANSIENT);
     sqlite3_bind_blob(s, 17, k->ptx, (int)k->ptx_size, SQLITE_TRANSIENT);
     stof_status st = sqlite3_step(s) == SQLITE_DONE

@@ -4,6 +4,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "base/util.h"
+
 static uint32_t be16(const unsigned char *p) { return (uint32_t)p[0] << 8 | p[1]; }
 static uint32_t be32(const unsigned char *p)
 {
@@ -165,12 +167,6 @@ static int cmp_gap(const void *a, const void *b)
     return (x->lo > y->lo) - (x->lo < y->lo);
 }
 
-static int cmp_i64(const void *a, const void *b)
-{
-    int64_t x = *(const int64_t *)a, y = *(const int64_t *)b;
-    return (x > y) - (x < y);
-}
-
 /* The rowids in the gaps g (sorted here), each once, up to max_rowid,
  * less the n_known in known (sorted, no repeats). */
 static long long count(cache_btree_gap *g, int n, int64_t max_rowid, const int64_t *known,
@@ -208,7 +204,7 @@ long long cache_btree_missing(cache_btree_page_fn page, void *arg, uint32_t usab
     if (n_gaps <= 0)
         return n_gaps;
     size_t u = 0;
-    qsort(rowids, n, sizeof *rowids, cmp_i64);
+    qsort(rowids, n, sizeof *rowids, util_cmp_i64);
     for (size_t i = 0; i < n; i++)
         if (!u || rowids[u - 1] != rowids[i])
             rowids[u++] = rowids[i];

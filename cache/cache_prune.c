@@ -4,11 +4,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
+#include "base/now.h"
 #include "cache/cache_rows.h"
-
-static long long now_s(void) { return (long long)time(NULL); }
 
 typedef struct keylist {
     char (*key)[65];
@@ -157,7 +155,7 @@ static stof_status prune_step(err_record *err, cache *c, int which, const cache_
     if (which == 0)
         st = pick_stale(err, c, &l);
     else if (which == 1)
-        st = pick_lru(err, c, now_s() - (long long)(o->older_than_days * 86400.0), 0, &l);
+        st = pick_lru(err, c, now_wall_s() - (long long)(o->older_than_days * 86400.0), 0, &l);
     else
         st = pick_lru(err, c, -1, o->max_bytes, &l);
     if (st == STOF_OK)

@@ -28,23 +28,11 @@ stof_status cache_rows_exec(err_record *err, cache *c, const char *sql)
 /* Reads the CACHE_ROW_COLS of s into k; 0 on out of memory (k is then freed). */
 int cache_rows_read(sqlite3_stmt *s, cache_kernel *k)
 {
-    memset(k, 0, sizeof *k);
-    const unsigned char *key = sqlite3_column_text(s, 0);
-    snprintf(k->key, sizeof k->key, "%s", key ? (const char *)key : "");
-    char **txt[] = {&k->op, &k->name, &k->entry, &k->arch, &k->nvrtc_version, &k->stof_version,
-                    &k->options, &k->params, &k->source, &k->log};
-    int ok = 1;
-    for (int i = 0; i < 10; i++)
-        ok &= (*txt[i] = cache_col_text(s, i + 1)) != NULL;
-    const unsigned char *cs = sqlite3_column_text(s, 11);
-    snprintf(k->checksum, sizeof k->checksum, "%s", cs ? (const char *)cs : "");
-    k->compile_ms = sqlite3_column_double(s, 12);
-    k->created = sqlite3_column_int64(s, 13);
-    k->last_used = sqlite3_column_int64(s, 14);
-    k->hits = sqlite3_column_int64(s, 15);
-    k->cubin = cache_col_blob(s, 16, &k->cubin_size);
-    k->ptx = cache_col_blob(s, 17, &k->ptx_size);
-    if (!ok || !k->cubin || !k->ptx) {
+    if (cache_col_kernel(s, k)) {
+        k->cubin = cache_col_blob(s, 16, &k->cubin_size);
+        k->ptx = cache_col_blob(s, 17, &k->ptx_size);
+    }
+    if (!k->cubin || !k->ptx) {
         cache_kernel_free(k);
         return 0;
     }

@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "base/json.h"
+#include "base/util.h"
 #include "cache/cache_btree.h"
 
 /*
@@ -32,7 +33,8 @@ typedef struct wal_page {
  * row's key columns joined by \x1f. */
 typedef struct name_list {
     char **v;
-    int n, cap;
+    int n;
+    long long cap;
 } name_list;
 
 typedef struct lost_entry {
@@ -51,15 +53,17 @@ typedef struct scan {
     wal_page *wal;
     size_t n_wal;
     uint32_t *free;
-    size_t n_free, cap_free;
+    size_t n_free;
     const cache_salvage_sink *sink;
     cache_salvage *out;
     int oom, stopped;
     name_list kept, kept_stale, named, tuning_kept, tuning_named;
     lost_entry *lost;
-    int n_lost, cap_lost;
+    int n_lost;
+    long long cap_lost;
     int64_t *rowids;                  /* of kernel rows read, and of keys the key index names */
-    int n_rowids, cap_rowids;
+    int n_rowids;
+    long long cap_rowids;
     int64_t max_rowid;                /* the highest any index or row gives */
 } scan;
 
@@ -69,25 +73,10 @@ static uint32_t be32(const unsigned char *p)
     return (uint32_t)p[0] << 24 | (uint32_t)p[1] << 16 | (uint32_t)p[2] << 8 | p[3];
 }
 
-static int grow(void **p, int *cap, int need, size_t size)
-{
-    if (need <= *cap)
-        return 1;
-    int c = *cap ? *cap * 2 : 16;
-    while (c < need)
-        c *= 2;
-    void *q = realloc(*p, (size_t)c * size);
-    if (!q)
-        return 0;
-    *p = q;
-    *cap = c;
-    return 1;
-}
-
 static void names_add(scan *s, name_list *l, const char *name, size_t len)
 {
     char *d = malloc(len + 1);
-    if (!d || !grow((void **)&l->v, &l->cap, l->n + 1, sizeof *l->v)) {
+    if (!d || util_grow((void **)&l->v, &l->cap, l->n + 1, sizeof *l->v)) {
         free(d);
         s->oom = 1;
         return;
@@ -138,7 +127,7 @@ static void add_lost(scan *s, const char *id, int kernel, int cut, const char *k
                      ...)
 {
     char *d = strdup(id);
-    if (!d || !grow((void **)&s->lost, &s->cap_lost, s->n_lost + 1, sizeof *s->lost)) {
+    if (!d || util_grow((void **)&s->lost, &s->cap_lost, s->n_lost + 1, sizeof *s->lost)) {
         free(d);
         s->oom = 1;
         return;
@@ -163,12 +152,6 @@ static int cmp_wal(const void *a, const void *b)
     if (x->pgno != y->pgno)
         return x->pgno < y->pgno ? -1 : 1;
     return x->order < y->order ? -1 : x->order > y->order;
-}
-
-static int cmp_u32(const void *a, const void *b)
-{
-    uint32_t x = *(const uint32_t *)a, y = *(const uint32_t *)b;
-    return (x > y) - (x < y);
 }
 
 static const unsigned char *wal_lookup(const scan *s, long long pgno)
@@ -197,7 +180,7 @@ static const unsigned char *page(const scan *s, long long pgno)
 
 static int is_free(const scan *s, uint32_t pgno)
 {
-    return s->n_free && bsearch(&pgno, s->free, s->n_free, sizeof *s->free, cmp_u32) != NULL;
+    return s->n_free && bsearch(&pgno, s->free, s->n_free, sizeof *s->free, util_cmp_u32) != NULL;
 }
 
 /* The running checksum of the WAL over n bytes (n a multiple of 8). */
@@ -273,7 +256,7 @@ static uint32_t read_wal(scan *s, const unsigned char *w, size_t n)
 /* Marks the freelist's trunk and leaf pages, as far as its chain survives. */
 static void read_freelist(scan *s, uint32_t trunk)
 {
-    size_t cap = 0;
+    long long cap = 0;
     long long steps = 0, limit = s->file_pages + (long long)s->n_wal + 1;
     while (trunk && steps++ < limit && !s->oom) {
         const unsigned char *t = page(s, trunk);
@@ -282,14 +265,10 @@ static void read_freelist(scan *s, uint32_t trunk)
         uint32_t leaves = be32(t + 4);
         if (leaves > (s->usable - 8) / 4)
             break;
-        if (s->n_free + leaves + 1 > cap) {
-            cap = (s->n_free + leaves + 1) * 2;
-            uint32_t *f = realloc(s->free, cap * sizeof *f);
-            if (!f) {
-                s->oom = 1;
-                break;
-            }
-            s->free = f;
+        if (util_grow((void **)&s->free, &cap, (long long)(s->n_free + leaves + 1),
+                      sizeof *s->free)) {
+            s->oom = 1;
+            break;
         }
         s->free[s->n_free++] = trunk;
         for (uint32_t i = 0; i < leaves; i++)
@@ -297,7 +276,7 @@ static void read_freelist(scan *s, uint32_t trunk)
         trunk = be32(t);
     }
     if (s->n_free)
-        qsort(s->free, s->n_free, sizeof *s->free, cmp_u32);
+        qsort(s->free, s->n_free, sizeof *s->free, util_cmp_u32);
     size_t u = 0;
     for (size_t i = 0; i < s->n_free; i++)
         if (!u || s->free[u - 1] != s->free[i])
@@ -736,7 +715,7 @@ static void scan_cell(scan *s, const unsigned char *pg, int type, size_t off)
     if ((kernel || entry) && (int64_t)rowid > s->max_rowid)
         s->max_rowid = (int64_t)rowid;
     if (kernel || (entry && r.type[0] == 13 + 2 * 64)) {
-        if (grow((void **)&s->rowids, &s->cap_rowids, s->n_rowids + 1, sizeof *s->rowids))
+        if (!util_grow((void **)&s->rowids, &s->cap_rowids, s->n_rowids + 1, sizeof *s->rowids))
             s->rowids[s->n_rowids++] = (int64_t)rowid;
         else
             s->oom = 1;
@@ -870,7 +849,7 @@ static void count_missing(scan *s)
     long long lost = cache_btree_missing(tree_page, s, s->usable, "kernels",
                                          s->file_pages + (long long)s->n_wal, s->rowids,
                                          (size_t)s->n_rowids, s->max_rowid, &pages);
-    if (lost < 0 || (lost && !grow((void **)&o->lost, &o->cap_lost, o->n_lost + 1,
+    if (lost < 0 || (lost && util_grow((void **)&o->lost, &o->cap_lost, o->n_lost + 1,
                                     sizeof *o->lost)))
         s->oom = 1;
     if (lost <= 0 || s->oom)
@@ -913,7 +892,7 @@ static void settle(scan *s)
             o->kernels_damaged++;
         else
             o->tuning_cut++;
-        if (!grow((void **)&o->lost, &o->cap_lost, o->n_lost + 1, sizeof *o->lost)) {
+        if (util_grow((void **)&o->lost, &o->cap_lost, o->n_lost + 1, sizeof *o->lost)) {
             s->oom = 1;
             break;
         }
@@ -925,7 +904,7 @@ static void settle(scan *s)
         const char *k = s->named.v[i];
         if (names_has(&s->kept, k) || names_has(&lost_ids, k))
             continue;
-        if (!grow((void **)&o->lost, &o->cap_lost, o->n_lost + 1, sizeof *o->lost)) {
+        if (util_grow((void **)&o->lost, &o->cap_lost, o->n_lost + 1, sizeof *o->lost)) {
             s->oom = 1;
             break;
         }
@@ -940,7 +919,7 @@ static void settle(scan *s)
         const char *id = s->tuning_named.v[i];
         if (names_has(&s->tuning_kept, id) || names_has(&lost_ids, id))
             continue;
-        if (!grow((void **)&o->lost, &o->cap_lost, o->n_lost + 1, sizeof *o->lost)) {
+        if (util_grow((void **)&o->lost, &o->cap_lost, o->n_lost + 1, sizeof *o->lost)) {
             s->oom = 1;
             break;
         }

@@ -53,7 +53,8 @@ typedef struct cache_salvage {
     long long kernels_unseen;    /* named by the key index, their row not found */
     long long tuning_unseen;
     cache_lost *lost;            /* one per kernel key (or tuning row) lost */
-    int n_lost, cap_lost;
+    int n_lost;
+    long long cap_lost;
 } cache_salvage;
 
 /* Scans a database image (db, n bytes: the main file as it is, perhaps

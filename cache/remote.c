@@ -12,6 +12,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "base/now.h"
 #include "cache/hmac.h"
 #include "cache/trust.h"
 
@@ -311,13 +312,6 @@ struct remote {
     cache_remote_counts n;
 };
 
-static double mono_now(void)
-{
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return (double)t.tv_sec + (double)t.tv_nsec * 1e-9;
-}
-
 static void note(remote *r, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 
 static void note(remote *r, const char *fmt, ...)
@@ -372,7 +366,7 @@ static void outage(remote *r, const char *what)
     if (r->c)
         redisFree(r->c);
     r->c = NULL;
-    r->rest_until = mono_now() + RETRY_S;
+    r->rest_until = now_mono_s() + RETRY_S;
 }
 
 /* Refused for good: a wrong password or database is not going to mend. */
@@ -430,7 +424,7 @@ static int reply_ok(remote *r, redisReply *y, const char *what)
 static int wait_fd(remote *r, short events, double deadline)
 {
     for (;;) {
-        double left = deadline - mono_now();
+        double left = deadline - now_mono_s();
         if (left <= 0) {
             r->timed_out = 1;
             return 0;
@@ -451,7 +445,7 @@ static int wait_fd(remote *r, short events, double deadline)
 static redisReply *exchange(remote *r, const char *fmt, ...)
 {
     r->timed_out = 0;
-    double deadline = mono_now() + (double)r->tv.tv_sec + (double)r->tv.tv_usec * 1e-6;
+    double deadline = now_mono_s() + (double)r->tv.tv_sec + (double)r->tv.tv_usec * 1e-6;
     va_list ap;
     va_start(ap, fmt);
     int rc = redisvAppendCommand(r->c, fmt, ap);
@@ -480,7 +474,7 @@ static int ready(remote *r)
         return 0;
     if (r->c)
         return 1;
-    if (mono_now() < r->rest_until)
+    if (now_mono_s() < r->rest_until)
         return 0;
     pipe_guard g;
     guard_on(&g);
@@ -827,6 +821,24 @@ static void refuse(remote *r, const char *rkey, const char *why)
     r->refusal_said = 1;
 }
 
+/* 1 when a value's versions (fields 5 and 6) are this stof's and its NVRTC's. */
+static int fields_current(const field *f)
+{
+    return field_is(&f[5], nvrtc_version) && field_is(&f[6], stof_version());
+}
+
+/* Ends a get and frees its reply: a value taken counts a hit, and one
+ * refused goes to refuse with why (one lost to memory is neither); ok. */
+static int get_done(remote *r, redisReply *y, const char *rkey, int ok, const char *why)
+{
+    if (ok)
+        r->n.hits++;
+    else if (why)
+        refuse(r, rkey, why);
+    freeReplyObject(y);
+    return ok;
+}
+
 int remote_get_kernel(remote *r, const char *key, const char *arch, cache_kernel *out)
 {
     char rkey[512];
@@ -843,10 +855,8 @@ int remote_get_kernel(remote *r, const char *key, const char *arch, cache_kernel
         why = "foreign: it is for another kernel";
         ok = 0;
     }
-    if (ok && !(field_is(&f[5], nvrtc_version) && field_is(&f[6], stof_version()))) {
+    if (ok && !(ok = fields_current(f)))
         why = "stale: another stof or NVRTC wrote it";
-        ok = 0;
-    }
     if (ok && f[11].n == 0) {
         why = "damaged: no binary";
         ok = 0;
@@ -872,13 +882,8 @@ int remote_get_kernel(remote *r, const char *key, const char *arch, cache_kernel
         free(created);
         if (!ok)
             cache_kernel_free(out);   /* out of memory: as if absent */
-        else
-            r->n.hits++;
-    } else {
-        refuse(r, rkey, why);
     }
-    freeReplyObject(y);
-    return ok;
+    return get_done(r, y, rkey, ok, why);
 }
 
 int remote_get_tuning(remote *r, const char *op, const char *mask_hash, const char *shape,
@@ -900,10 +905,8 @@ int remote_get_tuning(remote *r, const char *op, const char *mask_hash, const ch
             why = "foreign: it is for another case";
             ok = 0;
         }
-    if (ok && !(field_is(&f[5], nvrtc_version) && field_is(&f[6], stof_version()))) {
+    if (ok && !(ok = fields_current(f)))
         why = "stale: another stof or NVRTC wrote it";
-        ok = 0;
-    }
     if (ok) {
         char *created = field_str(&f[8]);
         out->op = strdup(op);
@@ -918,12 +921,16 @@ int remote_get_tuning(remote *r, const char *op, const char *mask_hash, const ch
         free(created);
         if (!ok)
             cache_tuning_free(out);
-        else
-            r->n.hits++;
-    } else {
-        refuse(r, rkey, why);
     }
-    freeReplyObject(y);
+    return get_done(r, y, rkey, ok, why);
+}
+
+/* Stores v (n bytes, NULL when encoding ran out of memory) under rkey and
+ * frees it; 1 when stored. */
+static int put_value(remote *r, const char *rkey, unsigned char *v, size_t n)
+{
+    int ok = v && set(r, rkey, v, n);
+    free(v);
     return ok;
 }
 
@@ -935,9 +942,7 @@ int remote_put_kernel(remote *r, const cache_kernel *k)
     size_t n = 0;
     remote_kernel_key(k->key, k->arch, nvrtc_version, rkey, sizeof rkey);
     unsigned char *v = remote_encode_kernel(k, r->key, r->key_len, &n);
-    int ok = v && set(r, rkey, v, n);
-    free(v);
-    return ok;
+    return put_value(r, rkey, v, n);
 }
 
 int remote_put_tuning(remote *r, const cache_tuning *t)
@@ -947,9 +952,7 @@ int remote_put_tuning(remote *r, const cache_tuning *t)
     char rkey[512];
     size_t n = 0;
     unsigned char *v = encode_tuning(t, r->key, r->key_len, &n, rkey, sizeof rkey);
-    int ok = v && set(r, rkey, v, n);
-    free(v);
-    return ok;
+    return put_value(r, rkey, v, n);
 }
 
 #else /* no hiredis: the tier is configured, but off, and says so */

@@ -5,7 +5,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
+
+#include "base/now.h"
 
 /* ptxas -v puts each kernel's registers and spills in the compile log;
  * -lineinfo (on request) keeps source lines in SASS for a profiler. */
@@ -24,13 +25,6 @@ static int lineinfo(void)
 const char *nvrtc_options(void)
 {
     return lineinfo() ? OPT_STD " " OPT_VERBOSE " " OPT_LINEINFO : OPT_STD " " OPT_VERBOSE;
-}
-
-static double now_ms(void)
-{
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return t.tv_sec * 1e3 + t.tv_nsec / 1e6;
 }
 
 const char *nvrtc_version_string(void)
@@ -125,7 +119,7 @@ stof_status nvrtc_compile(err_record *err, const char *name, const char *source,
         opts[i] = OPTS[i];
     opts[nopts] = archopt;
 
-    double t0 = now_ms();
+    double t0 = now_mono_ms();
     NVRTC_TRY(nvrtcCreateProgram(&prog, source, name, 0, NULL, NULL));
     nvrtcResult cr = nvrtcCompileProgram(prog, nopts + 1, opts);
     size_t logn = 0;
@@ -161,7 +155,7 @@ stof_status nvrtc_compile(err_record *err, const char *name, const char *source,
     if (out->cubin_size == 0)
         st = ERR_FAIL(err, STOF_ERR_COMPILE, "NVRTC produced no CUBIN for %s (%s)", name, arch);
 done:
-    out->ms = now_ms() - t0;
+    out->ms = now_mono_ms() - t0;
     if (prog)
         nvrtcDestroyProgram(&prog);
     if (st != STOF_OK) {

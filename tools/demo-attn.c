@@ -21,13 +21,14 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
 #include "attn/attn_tiles.h"
 #include "attn/mask.h"
 #include "attn/mha.h"
 #include "attn/reference.h"
 #include "base/half.h"
+#include "base/now.h"
+#include "base/util.h"
 #include "codegen/nvrtc_drv.h"
 #include "ctx.h"
 #include "gpu/jit.h"
@@ -96,13 +97,6 @@ static demo_args parse_args(int argc, char **argv)
     return a;
 }
 
-static double now_ms(void)
-{
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return t.tv_sec * 1e3 + t.tv_nsec / 1e6;
-}
-
 static void die(stof_ctx *ctx, const char *what) __attribute__((noreturn));
 static void die(stof_ctx *ctx, const char *what)
 {
@@ -117,15 +111,9 @@ static void die(stof_ctx *ctx, const char *what)
             die((ctx), #call);                 \
     } while (0)
 
-static int cmp_float(const void *a, const void *b)
-{
-    float x = *(const float *)a, y = *(const float *)b;
-    return (x > y) - (x < y);
-}
-
 static float median(float *v, int n)
 {
-    qsort(v, (size_t)n, sizeof *v, cmp_float);
+    qsort(v, (size_t)n, sizeof *v, util_cmp_float);
     return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
 }
 
@@ -172,10 +160,10 @@ static const char *kind_of(const mha_candidate *c) { return c->kind == ATTN_GATH
 static int compile_only(stof_ctx *ctx, const demo_args *a, const stof_mha_desc *d,
                         const stof_mask *m, const char *why)
 {
-    double t0 = now_ms();
+    double t0 = now_mono_ms();
     if (stof_mha_prepare(ctx, d, m) != STOF_OK)
         die(ctx, "stof_mha_prepare");
-    double ms = now_ms() - t0;
+    double ms = now_mono_ms() - t0;
     stof_stats s;
     stof_get_stats(ctx, &s);
     printf("kernels for %s ready in %.1f ms: %s (%lld compiled, %lld from the cache)\n", a->o.arch,
@@ -295,11 +283,11 @@ static int run_on_gpu(stof_ctx *ctx, const demo_args *a, const stof_mha_desc *d,
     /* Plan: the cache, or the model and the search (which compiles and times). */
     stof_stats s0, s1;
     stof_get_stats(ctx, &s0);
-    double t0 = now_ms();
+    double t0 = now_mono_ms();
     stof_mha_plan *plan = NULL;
     if (stof_mha_plan_create(ctx, d, m, &plan) != STOF_OK)
         die(ctx, "stof_mha_plan_create");
-    double ready_ms = now_ms() - t0;
+    double ready_ms = now_mono_ms() - t0;
     stof_get_stats(ctx, &s1);
     long long compiles = s1.nvrtc_compiles - s0.nvrtc_compiles;
     long long hits = s1.cache_hits - s0.cache_hits;

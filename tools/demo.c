@@ -17,9 +17,10 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
 #include "base/half.h"
+#include "base/now.h"
+#include "base/util.h"
 #include "codegen/nvrtc_drv.h"
 #include "ctx.h"
 #include "gpu/jit.h"
@@ -70,13 +71,6 @@ static demo_args parse_args(int argc, char **argv)
     return a;
 }
 
-static double now_ms(void)
-{
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return t.tv_sec * 1e3 + t.tv_nsec / 1e6;
-}
-
 static void die(stof_ctx *ctx, const char *what) __attribute__((noreturn));
 static void die(stof_ctx *ctx, const char *what)
 {
@@ -105,15 +99,9 @@ static void fill(uint64_t *s, stof_dtype t, void *p, size_t n, double lo, double
         dtype_store(t, p, i, lo + (hi - lo) * (double)(rng_next(s) >> 11) * 0x1.0p-53);
 }
 
-static int cmp_float(const void *a, const void *b)
-{
-    float x = *(const float *)a, y = *(const float *)b;
-    return (x > y) - (x < y);
-}
-
 static float median(float *v, int n)
 {
-    qsort(v, (size_t)n, sizeof *v, cmp_float);
+    qsort(v, (size_t)n, sizeof *v, util_cmp_float);
     return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
 }
 
@@ -136,10 +124,10 @@ static void print_stats(stof_ctx *ctx)
 static int compile_only(stof_ctx *ctx, const demo_args *a, const char *why)
 {
     stof_ln_desc d = {.rows = a->rows, .hidden = a->hidden, .dtype = a->o.dtype};
-    double t0 = now_ms();
+    double t0 = now_mono_ms();
     if (stof_bias_residual_layernorm_prepare(ctx, &d) != STOF_OK)
         die(ctx, "stof_bias_residual_layernorm_prepare");
-    double ms = now_ms() - t0;
+    double ms = now_mono_ms() - t0;
     stof_stats s;
     stof_get_stats(ctx, &s);
     printf("kernel for %s ready in %.1f ms: %s\n", a->o.arch, ms, how_ready(&s));
@@ -298,10 +286,10 @@ static int run_on_gpu(stof_ctx *ctx, const demo_args *a)
     } while (0)
 
     /* The first call: find or compile the kernel, load it, run it. */
-    double t0 = now_ms();
+    double t0 = now_mono_ms();
     LAUNCH(0);
     CK(ctx, CtxSynchronize());
-    double ready_ms = now_ms() - t0;
+    double ready_ms = now_mono_ms() - t0;
     stof_stats st;
     stof_get_stats(ctx, &st);
     printf("kernel ready and run in %.1f ms: %s\n", ready_ms, how_ready(&st));

@@ -4,7 +4,8 @@
 #include <string.h>
 
 #include "attn/mask.h"
-#include "gpu/jit.h"
+#include "base/err.h"
+#include "base/util.h"
 
 void attn_tiles_free(attn_tiles *t)
 {
@@ -84,29 +85,6 @@ static stof_status build_block(stof_ctx *ctx, const mask_summary *ms, attn_tiles
     return st;
 }
 
-typedef struct growbuf {
-    void *p;
-    size_t n, cap, elem;
-} growbuf;
-
-static void *grow(growbuf *g, size_t more)
-{
-    if (g->n + more > g->cap) {
-        size_t cap = g->cap ? g->cap : 1024;
-        while (cap < g->n + more)
-            cap *= 2;
-        void *np = realloc(g->p, cap * g->elem);
-        if (!np)
-            return NULL;
-        memset((char *)np + g->cap * g->elem, 0, (cap - g->cap) * g->elem);
-        g->p = np;
-        g->cap = cap;
-    }
-    void *at = (char *)g->p + g->n * g->elem;
-    g->n += more;
-    return at;
-}
-
 static stof_status build_gather(stof_ctx *ctx, const mask_summary *ms, attn_tiles *t)
 {
     const int lq = ms->lq, lk = ms->lk;
@@ -131,7 +109,8 @@ static stof_status build_gather(stof_ctx *ctx, const mask_summary *ms, attn_tile
     uint32_t *scratch = malloc(sizeof(uint32_t) * (size_t)(max_tiles > 0 ? max_tiles : 1) * words);
     int32_t *kix = malloc(sizeof(int32_t) * (size_t)(max_tiles > 0 ? max_tiles : 1) * bn);
     mask_bitset set = {.wpb = words}, lists = {.wpb = bn};
-    growbuf tk = {.elem = sizeof(int32_t)}, tb = {.elem = sizeof(int32_t)};
+    int32_t *tk = NULL, *tb = NULL; /* the tiles' key lists and bitmaps, grown per group */
+    long long cap_tk = 0, cap_tb = 0;
     mask_iter it;
     int have_iter = 0;
     stof_status st = STOF_OK;
@@ -173,9 +152,10 @@ static stof_status build_gather(stof_ctx *ctx, const mask_summary *ms, attn_tile
             if (stamp[k] == g)
                 keys[i++] = k;
         int ntiles = (nkeys + bn - 1) / bn;
-        int32_t *tkey = grow(&tk, (size_t)ntiles), *tbit = grow(&tb, (size_t)ntiles);
+        const int at = t->tile_ptr[g];
         uint32_t *bw = scratch;
-        if (ntiles && (!tkey || !tbit)) {
+        if (ntiles && (util_grow((void **)&tk, &cap_tk, (long long)at + ntiles, sizeof *tk) ||
+                       util_grow((void **)&tb, &cap_tb, (long long)at + ntiles, sizeof *tb))) {
             st = CTX_FAIL(ctx, STOF_ERR_NO_MEMORY, "out of memory building attention tiles");
             goto done;
         }
@@ -195,7 +175,7 @@ static stof_status build_gather(stof_ctx *ctx, const mask_summary *ms, attn_tile
         }
         for (int i = 0; i < ntiles; i++) {
             long long list = mask_bitset_add(&lists, (const uint32_t *)kix + (size_t)i * bn);
-            tkey[i] = (int32_t)list;
+            tk[at + i] = (int32_t)list;
             int full = nrows == bm && (i + 1) * bn <= nkeys;
             for (int w = 0; full && w < words; w++) {
                 int c0 = (w % wpr) * 32, valid = bn - c0 < 32 ? bn - c0 : 32;
@@ -207,7 +187,7 @@ static stof_status build_gather(stof_ctx *ctx, const mask_summary *ms, attn_tile
                 st = CTX_FAIL(ctx, STOF_ERR_NO_MEMORY, "out of memory building attention tiles");
                 goto done;
             }
-            tbit[i] = (int32_t)b;
+            tb[at + i] = (int32_t)b;
             t->n_full += full;
         }
         t->tile_ptr[g + 1] = t->tile_ptr[g] + ntiles;
@@ -215,11 +195,11 @@ static stof_status build_gather(stof_ctx *ctx, const mask_summary *ms, attn_tile
     t->n_tiles = t->tile_ptr[t->n_groups];
     t->n_kidx_tiles = lists.n;
     t->n_bitmaps = set.n;
-    t->tile_key = tk.p;
-    t->tile_bits = tb.p;
+    t->tile_key = tk;
+    t->tile_bits = tb;
     t->kidx = (int32_t *)lists.bits;
     t->bits = set.bits;
-    tk.p = tb.p = NULL;
+    tk = tb = NULL;
     set.bits = lists.bits = NULL;
     /* Empty arrays still get a buffer, so packing never copies from NULL. */
     if (!t->tile_key)
@@ -243,8 +223,8 @@ done:
     free(kix);
     mask_bitset_free(&set);
     mask_bitset_free(&lists);
-    free(tk.p);
-    free(tb.p);
+    free(tk);
+    free(tb);
     return st;
 }
 

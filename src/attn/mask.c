@@ -6,8 +6,9 @@
 #include <string.h>
 
 #include "attn/mask_picture.h"
+#include "base/err.h"
 #include "base/hash.h"
-#include "gpu/jit.h"
+#include "base/util.h"
 
 struct stof_mask {
     int lq, lk;
@@ -16,35 +17,6 @@ struct stof_mask {
     int64_t *row_ptr;     /* matrix-built masks: lq + 1 */
     mask_range *ranges;
 };
-
-/* ---- small helpers --------------------------------------------------------- */
-
-static int64_t imin64(int64_t a, int64_t b) { return a < b ? a : b; }
-static int64_t imax64(int64_t a, int64_t b) { return a > b ? a : b; }
-
-static int cmp_i32(const void *a, const void *b)
-{
-    int32_t x = *(const int32_t *)a, y = *(const int32_t *)b;
-    return (x > y) - (x < y);
-}
-
-/* Grows *p to hold at least need elements of size sz; capacity doubles. */
-static int grow(void **p, long long *cap, long long need, size_t sz)
-{
-    if (need <= *cap)
-        return 0;
-    long long n = *cap ? *cap : 64;
-    while (n < need)
-        n *= 2;
-    if ((unsigned long long)n > SIZE_MAX / sz)
-        return -1;
-    void *q = realloc(*p, (size_t)n * sz);
-    if (!q)
-        return -1;
-    *p = q;
-    *cap = n;
-    return 0;
-}
 
 /* ---- the row iterator ------------------------------------------------------- */
 
@@ -330,8 +302,8 @@ stof_status mask_build_rows(stof_ctx *ctx, const stof_mask *m, mask_rows *out)
         const mask_range *r;
         int nr = mask_row_ranges(&it, q, &r);
         long long need = out->n_ranges + nr;
-        if (grow((void **)&out->start, &cap_start, need, sizeof *out->start) ||
-            grow((void **)&out->len, &cap_len, need, sizeof *out->len)) {
+        if (util_grow((void **)&out->start, &cap_start, need, sizeof *out->start) ||
+            util_grow((void **)&out->len, &cap_len, need, sizeof *out->len)) {
             failed = 1;
             break;
         }
@@ -416,7 +388,7 @@ static void bits_set(uint32_t *w, int64_t lo, int64_t hi)
 {
     while (lo < hi) {
         int b = (int)(lo & 31);
-        int64_t n = imin64(32 - b, hi - lo);
+        int64_t n = util_min64(32 - b, hi - lo);
         w[lo >> 5] |= (n == 32 ? ~0u : ((1u << n) - 1)) << b;
         lo += n;
     }
@@ -484,7 +456,7 @@ static void bwalk_row(mask_bwalk *w, uint32_t *row, const mask_range *rg, int n)
             kb_hi += w->bk;
         }
         for (;;) {
-            bwalk_touch(w, kb, imin64(hi, kb_hi) - imax64(lo, kb_lo));
+            bwalk_touch(w, kb, util_min64(hi, kb_hi) - util_max64(lo, kb_lo));
             if (hi <= kb_hi)
                 break;
             kb++;
@@ -514,7 +486,7 @@ static void bwalk_row_sweep(mask_bwalk *w, uint32_t *row, const mask_range *rg, 
 static void bwalk_qblock(mask_bwalk *w, int qb)
 {
     int64_t r0 = (int64_t)qb * w->bq;
-    w->nr = (int)imin64(w->bq, w->lq - r0);
+    w->nr = (int)util_min64(w->bq, w->lq - r0);
     w->n_touched = 0;
     for (int r = 0; r < w->nr; r++) {
         const mask_range *rg;
@@ -528,13 +500,13 @@ static void bwalk_qblock(mask_bwalk *w, int qb)
         else
             bwalk_row(w, row, rg, n);
     }
-    qsort(w->touched, (size_t)w->n_touched, sizeof *w->touched, cmp_i32);
+    qsort(w->touched, (size_t)w->n_touched, sizeof *w->touched, util_cmp_i32);
 }
 
 /* In-range entries of key block kb in the current query block. */
 static int bwalk_area(const mask_bwalk *w, int kb)
 {
-    return w->nr * (int)imin64(w->bk, w->lk - (int64_t)kb * w->bk);
+    return w->nr * (int)util_min64(w->bk, w->lk - (int64_t)kb * w->bk);
 }
 
 static void bwalk_bitmap(const mask_bwalk *w, int kb, uint32_t *out)
@@ -597,7 +569,7 @@ long long mask_bitset_add(mask_bitset *s, const uint32_t *b)
             return i;
     }
     if (s->n >= INT32_MAX - 1 ||
-        grow((void **)&s->bits, &s->cap, (s->n + 1) * s->wpb, sizeof *s->bits))
+        util_grow((void **)&s->bits, &s->cap, (s->n + 1) * s->wpb, sizeof *s->bits))
         return -1;
     memcpy(s->bits + s->n * s->wpb, b, (size_t)s->wpb * sizeof *b);
     s->slot[h] = (int32_t)(s->n + 1);
@@ -644,8 +616,8 @@ stof_status mask_build_blocks(stof_ctx *ctx, const stof_mask *m, int bq, int bk,
             st = STOF_ERR_UNSUPPORTED;
             break;
         }
-        if (grow((void **)&out->col, &cap_col, need, sizeof *out->col) ||
-            grow((void **)&out->partial, &cap_partial, need, sizeof *out->partial)) {
+        if (util_grow((void **)&out->col, &cap_col, need, sizeof *out->col) ||
+            util_grow((void **)&out->partial, &cap_partial, need, sizeof *out->partial)) {
             st = STOF_ERR_NO_MEMORY;
             break;
         }
@@ -794,7 +766,7 @@ static void summary_row(void *arg, const mask_range *r, int n)
     stof_mask *k = s->runs;
     if (k && !s->failed) {
         int64_t at = k->row_ptr[s->q];
-        if (grow((void **)&k->ranges, &s->cap, at + n, sizeof *k->ranges)) {
+        if (util_grow((void **)&k->ranges, &s->cap, at + n, sizeof *k->ranges)) {
             s->failed = 1;
         } else {
             memcpy(k->ranges + at, r, (size_t)n * sizeof *r);

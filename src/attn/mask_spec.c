@@ -6,7 +6,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "gpu/jit.h"
+#include "base/err.h"
+#include "base/util.h"
 
 struct mask_spec_rand {
     int64_t qb;           /* query block whose choice is held, -1 none */
@@ -16,35 +17,6 @@ struct mask_spec_rand {
 };
 
 #define MASK_GOLDEN 0x9E3779B97F4A7C15ull
-
-/* ---- small helpers (attn/mask.c keeps copies of its own) -------------------- */
-
-static int64_t imin64(int64_t a, int64_t b) { return a < b ? a : b; }
-static int64_t imax64(int64_t a, int64_t b) { return a > b ? a : b; }
-
-static int cmp_i32(const void *a, const void *b)
-{
-    int32_t x = *(const int32_t *)a, y = *(const int32_t *)b;
-    return (x > y) - (x < y);
-}
-
-/* Grows *p to hold at least need elements of size sz; capacity doubles. */
-static int grow(void **p, long long *cap, long long need, size_t sz)
-{
-    if (need <= *cap)
-        return 0;
-    long long n = *cap ? *cap : 64;
-    while (n < need)
-        n *= 2;
-    if ((unsigned long long)n > SIZE_MAX / sz)
-        return -1;
-    void *q = realloc(*p, (size_t)n * sz);
-    if (!q)
-        return -1;
-    *p = q;
-    *cap = n;
-    return 0;
-}
 
 /* ---- the random term's generator (documented in mask_spec.h) -------------------- */
 
@@ -81,7 +53,7 @@ void mask_random_blocks(uint64_t seed, int64_t qblock, int nkb, int r, int32_t *
     }
     for (int i = 0; i < n; i++)
         seen[chosen[i]] = 0;
-    qsort(chosen, (size_t)n, sizeof *chosen, cmp_i32);
+    qsort(chosen, (size_t)n, sizeof *chosen, util_cmp_i32);
 }
 
 /* ---- range lists ------------------------------------------------------------ */
@@ -90,8 +62,8 @@ void mask_random_blocks(uint64_t seed, int64_t qblock, int nkb, int r, int32_t *
  * touch. Inputs come in increasing lo. */
 static int push_range(mask_range *out, int n, int64_t lo, int64_t hi, int lk)
 {
-    lo = imax64(lo, 0);
-    hi = imin64(hi, lk);
+    lo = util_max64(lo, 0);
+    hi = util_min64(hi, lk);
     if (lo >= hi)
         return n;
     if (n > 0 && out[n - 1].hi >= lo) {
@@ -137,7 +109,7 @@ static int range_intersect(const mask_range *a, int na, const mask_range *b, int
 static int term_dilated(const mask_spec_term *t, int64_t q, int lk, mask_range *out)
 {
     int64_t d = t->b, reach = (t->a / 2) * d;
-    int64_t lo = q - reach, hi = imin64(q + reach, (int64_t)lk - 1);
+    int64_t lo = q - reach, hi = util_min64(q + reach, (int64_t)lk - 1);
     if (lo < 0)
         lo = q % d;
     if (d == 1)
@@ -365,7 +337,7 @@ static int append_norm(mask_parser *p, const char *fmt, ...)
     va_start(ap, fmt);
     int n = vsnprintf(buf, sizeof buf, fmt, ap);
     va_end(ap);
-    if (grow((void **)&p->norm, &p->norm_cap, p->norm_len + n + 1, 1))
+    if (util_grow((void **)&p->norm, &p->norm_cap, p->norm_len + n + 1, 1))
         return -1;
     memcpy(p->norm + p->norm_len, buf, (size_t)n + 1);
     p->norm_len += n;
@@ -438,7 +410,7 @@ static stof_status parse_docs(mask_parser *p, mask_spec_term *t)
                             "document lengths must sum to Lq = %d, these pass it:", p->lq);
             break;
         }
-        if (grow((void **)&t->doc_start, &cap, n + 2, sizeof(int32_t))) {
+        if (util_grow((void **)&t->doc_start, &cap, n + 2, sizeof(int32_t))) {
             st = no_memory(p);
             break;
         }
@@ -551,7 +523,7 @@ static stof_status parse_term(mask_parser *p, int and_prev)
             k = &term_kinds[i];
     if (!k)
         return parse_fail(p, at, n, "unknown term");
-    if (grow((void **)&p->terms, &p->cap_terms, p->n_terms + 1, sizeof *p->terms))
+    if (util_grow((void **)&p->terms, &p->cap_terms, p->n_terms + 1, sizeof *p->terms))
         return no_memory(p);
     mask_spec_term *t = &p->terms[p->n_terms++];
     memset(t, 0, sizeof *t);
@@ -582,7 +554,6 @@ static void free_terms(mask_spec_term *terms, long long n)
         free(terms[i].doc_start);
     free(terms);
 }
-
 
 stof_status mask_spec_parse(stof_ctx *ctx, const char *text, int lq, int lk, mask_spec *out,
                             char **norm)

@@ -7,6 +7,7 @@
 
 #include "attn/mask.h"
 #include "attn/memo.h"
+#include "base/util.h"
 #include "cache/cache.h"
 
 struct stof_mha_plan {
@@ -80,18 +81,6 @@ static stof_status check_desc(stof_ctx *ctx, const stof_mha_desc *d, const stof_
                         "the mask is %d x %d but desc.seq_q x seq_k is %d x %d", lq, lk, d->seq_q,
                         d->seq_k);
     return STOF_OK;
-}
-
-static stof_tune tune_level(const stof_mha_desc *d)
-{
-    if (d->tune != STOF_TUNE_DEFAULT)
-        return d->tune;
-    const char *e = getenv("STOF_TUNE");
-    if (e && strcmp(e, "off") == 0)
-        return STOF_TUNE_OFF;
-    if (e && strcmp(e, "full") == 0)
-        return STOF_TUNE_FULL;
-    return STOF_TUNE_FAST;
 }
 
 static void shape_string(const stof_mha_desc *d, char *out, size_t n)
@@ -205,7 +194,7 @@ stof_status stof_mha_plan_create(stof_ctx *ctx, const stof_mha_desc *desc, const
     char shape[160];
     shape_string(&p->d, shape, sizeof shape);
     const char *dt = dtype_name(p->d.dtype);
-    stof_tune level = tune_level(&p->d);
+    stof_tune level = util_tune_level(p->d.tune);
 
     /* A tuning record for this case: no model, no timing. */
     if (st == STOF_OK && ctx->cache) {
@@ -383,25 +372,32 @@ void stof_mha_plan_free(stof_mha_plan *p)
     free(p);
 }
 
+/* The model's ranking of the candidates for desc on mask, best first. */
+static stof_status rank_mask(stof_ctx *ctx, const stof_mha_desc *desc, const stof_mask *mask,
+                             mha_search_cand *cs, int *n)
+{
+    mask_summary ms;
+    TRY(mask_summarize(ctx, mask, &ms));
+    stof_status st = mha_search_rank(ctx, desc, &ms, 0, cs, n);
+    mask_summary_free(&ms);
+    return st;
+}
+
 stof_status stof_mha_prepare(stof_ctx *ctx, const stof_mha_desc *desc, const stof_mask *mask)
 {
     if (!ctx)
         return STOF_ERR_INVALID_ARG;
     TRY(check_desc(ctx, desc, mask));
-    mask_summary ms;
-    TRY(mask_summarize(ctx, mask, &ms));
     mha_search_cand cs[MHA_MAX_CANDIDATES];
     int n = 0;
-    stof_status st = mha_search_rank(ctx, desc, &ms, 0, cs, &n);
-    mask_summary_free(&ms);
-    TRY(st);
+    TRY(rank_mask(ctx, desc, mask, cs, &n));
     /* The model's first three, and the default size of each kind, so a
      * later search on the GPU finds its stage 1 compiled. */
     int idx[MHA_MAX_CANDIDATES], m = 0;
     for (int i = 0; i < n; i++)
         if (i < 3 || mha_search_is_default(&cs[i].c))
             idx[m++] = i;
-    st = mha_search_compile(ctx, desc, cs, idx, m);
+    stof_status st = mha_search_compile(ctx, desc, cs, idx, m);
     mha_search_free(cs, n);
     return st;
 }
@@ -414,13 +410,9 @@ stof_status mha_rank(stof_ctx *ctx, const stof_mha_desc *desc, const stof_mask *
     *n = 0;
     TRY(check_desc(ctx, desc, mask));
     TRY(mha_search_device_figures(ctx, md, 0));
-    mask_summary ms;
-    TRY(mask_summarize(ctx, mask, &ms));
     mha_search_cand cs[MHA_MAX_CANDIDATES];
     int nc = 0;
-    stof_status st = mha_search_rank(ctx, desc, &ms, 0, cs, &nc);
-    mask_summary_free(&ms);
-    TRY(st);
+    TRY(rank_mask(ctx, desc, mask, cs, &nc));
     for (int i = 0; i < nc && *n < cap; i++)
         out[(*n)++] = (mha_ranked){cs[i].c, cs[i].predicted_ms, cs[i].tiles.n_tiles,
                                    cs[i].tiles.n_full, cs[i].tiles.n_groups};

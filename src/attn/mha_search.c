@@ -4,10 +4,10 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
 #include "attn/reference.h"
 #include "base/half.h"
+#include "base/now.h"
 #include "base/strbuf.h"
 #include "cache/cache.h"
 #include "gpu/timing.h"
@@ -263,13 +263,6 @@ done:
     free(ref);
     free(rows);
     return st;
-}
-
-static double now_s(void)
-{
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return t.tv_sec + t.tv_nsec * 1e-9;
 }
 
 /* ---- the model's device figures ----------------------------------------- */
@@ -547,7 +540,7 @@ stof_status mha_search_run(stof_ctx *ctx, const stof_mha_desc *d, const mask_sum
     search_io io;
     TRY(io_alloc(ctx, d, &io));
     int have_first = 0;
-    double t0 = now_s();
+    double t0 = now_mono_s();
     int budget = d->max_candidates > 0 ? d->max_candidates : 1 << 30, timed = 0;
     int stage2_cap = level == STOF_TUNE_FULL ? 1 << 30 : 3;
     stof_status st = STOF_OK;
@@ -556,13 +549,13 @@ stof_status mha_search_run(stof_ctx *ctx, const stof_mha_desc *d, const mask_sum
         int idx[MHA_MAX_CANDIDATES];
         int m = stage_set(cs, n, stage, *winner, budget - timed, stage2_cap, idx);
         /* Out of time: the loop would stop at its first candidate. */
-        if (d->max_seconds > 0 && now_s() - t0 > d->max_seconds && *winner >= 0)
+        if (d->max_seconds > 0 && now_mono_s() - t0 > d->max_seconds && *winner >= 0)
             m = 0;
         err_record saved = ctx->err;
         if (mha_search_compile(ctx, d, cs, idx, m) != STOF_OK)
             ctx->err = saved;
         for (int k = 0; k < m && st == STOF_OK; k++) {
-            if (d->max_seconds > 0 && now_s() - t0 > d->max_seconds && *winner >= 0)
+            if (d->max_seconds > 0 && now_mono_s() - t0 > d->max_seconds && *winner >= 0)
                 break;
             mha_search_cand *s = &cs[idx[k]];
             st = try_candidate(ctx, d, ms, s, &io, &have_first);

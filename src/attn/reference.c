@@ -7,8 +7,8 @@
 #include <unistd.h>
 
 #include "attn/mask.h"
+#include "base/err.h"
 #include "base/half.h"
-#include "gpu/jit.h"
 
 /* Index of element (b, h, l, 0) of a tensor with L rows per sequence. */
 static size_t ref_offset(const ref_attn_args *a, int b, int h, int l, int rows)

@@ -25,7 +25,7 @@ stof_status jit_cu_check(stof_ctx *ctx, CUresult r, const char *call, const char
 {
     if (r == CUDA_SUCCESS)
         return STOF_OK;
-    return err_fail(ctx_err(ctx), STOF_ERR_CUDA, file, line, "%s failed: %s", call,
+    return err_fail(err_of(ctx), STOF_ERR_CUDA, file, line, "%s failed: %s", call,
                     drv_err_str(&ctx->dev, r));
 }
 

@@ -10,6 +10,8 @@
 #ifndef STOF_JIT_H
 #define STOF_JIT_H
 
+#include <stddef.h>
+
 #include "base/err.h"
 #include "codegen/render.h"
 #include "gpu/drv.h"
@@ -23,8 +25,9 @@ struct model_device;
  * floor, opens and closes it; jit, blas, timing and the ops read it and
  * report into its error record. */
 struct stof_ctx {
+    err_record err;              /* the last failure's sentence; first, so that base/err.h's
+                                    err_of reaches it from an opaque stof_ctx */
     stof_options opt;
-    err_record err;              /* the last failure's sentence */
     drv_device dev;              /* dev.ok == 0 where there is no GPU */
     char arch[32];               /* what kernels are compiled for */
     struct cache *cache;         /* NULL when running uncached */
@@ -39,19 +42,7 @@ struct stof_ctx {
                                     unless $STOF_PDL was 0 at stof_open */
 };
 
-static inline err_record *ctx_err(stof_ctx *ctx) { return ctx ? &ctx->err : NULL; }
-
-/* Writes the sentence (with the file and line it came from) into ctx's
- * error record and returns st. */
-#define CTX_FAIL(ctx, st, ...) ERR_FAIL(ctx_err(ctx), (st), __VA_ARGS__)
-
-/* Checks a NULL argument of a public call. */
-#define CTX_ARG(ctx, cond, name)                                                    \
-    do {                                                                            \
-        if (!(cond))                                                                \
-            return CTX_FAIL((ctx), STOF_ERR_INVALID_ARG, "argument '%s' is invalid", \
-                            (name));                                                \
-    } while (0)
+_Static_assert(offsetof(struct stof_ctx, err) == 0, "err_of(ctx) needs the record first");
 
 /* Fails with STOF_ERR_NO_DEVICE unless the context drives a GPU. */
 stof_status ctx_need_device(stof_ctx *ctx);

@@ -2,6 +2,7 @@
 
 #include <stdlib.h>
 
+#include "base/util.h"
 #include "gpu/jit.h"
 
 stof_status timing_elapsed(stof_ctx *ctx, CUevent e0, CUevent e1, float *ms)
@@ -12,12 +13,6 @@ stof_status timing_elapsed(stof_ctx *ctx, CUevent e0, CUevent e1, float *ms)
     if (st == STOF_OK)
         st = CU(ctx, EventElapsedTime(ms, e0, e1));
     return st;
-}
-
-static int cmp_double(const void *a, const void *b)
-{
-    double x = *(const double *)a, y = *(const double *)b;
-    return x < y ? -1 : x > y;
 }
 
 stof_status timing_median(stof_ctx *ctx, timing_run_fn run, void *arg, double *ms)
@@ -64,7 +59,7 @@ stof_status timing_median(stof_ctx *ctx, timing_run_fn run, void *arg, double *m
         ctx->dev.api.EventDestroy(e1);
     jit_pop(ctx);
     if (st == STOF_OK) {
-        qsort(samples, 7, sizeof samples[0], cmp_double);
+        qsort(samples, 7, sizeof samples[0], util_cmp_double);
         *ms = samples[3];
         ctx->stats.timing_runs++;
     }
@@ -102,7 +97,7 @@ stof_status timing_bandwidth(stof_ctx *ctx, double *gbs)
     jit_pop(ctx);
     if (st != STOF_OK)
         return st;
-    qsort(t, 5, sizeof t[0], cmp_double);
+    qsort(t, 5, sizeof t[0], util_cmp_double);
     if (!(t[2] > 0))
         return CTX_FAIL(ctx, STOF_ERR_INTERNAL, "timing a device copy gave %g ms", t[2]);
     *gbs = 2.0 * (double)bytes / (t[2] * 1e-3) / 1e9;

@@ -4,11 +4,12 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
 #include "attn/mha.h"
 #include "base/half.h"
+#include "base/now.h"
 #include "base/strbuf.h"
+#include "base/util.h"
 #include "cache/cache.h"
 #include "gpu/timing.h"
 #include "layer/layer_group.h"
@@ -347,24 +348,6 @@ static stof_status load_all(stof_layer_plan *p)
     return st;
 }
 
-/* As layer_search.c's; one copy each until base/ has it. */
-static double now_s(void)
-{
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return t.tv_sec + t.tv_nsec * 1e-9;
-}
-
-static stof_tune tune_level(const stof_layer_desc *d)
-{
-    if (d->tune != STOF_TUNE_DEFAULT)
-        return d->tune;
-    const char *e = getenv("STOF_TUNE");
-    if (e && !strcmp(e, "off")) return STOF_TUNE_OFF;
-    if (e && !strcmp(e, "full")) return STOF_TUNE_FULL;
-    return STOF_TUNE_FAST;
-}
-
 /* The model's choice per group with default parameters; the graph for
  * layers the model puts under a millisecond, where launch gaps count. */
 static stof_status model_choice(stof_layer_plan *p, const model_device *md, int smem_max)
@@ -410,7 +393,7 @@ static stof_status plan_make(stof_ctx *ctx, const stof_layer_desc *desc, const s
     if (w)
         TRY(check_weights(ctx, w));
     TRY(ctx_need_device(ctx));
-    const double t0 = now_s();
+    const double t0 = now_mono_s();
     stof_layer_plan *p = calloc(1, sizeof *p);
     if (!p)
         return CTX_FAIL(ctx, STOF_ERR_NO_MEMORY, "out of memory");
@@ -451,7 +434,7 @@ static stof_status plan_make(stof_ctx *ctx, const stof_layer_desc *desc, const s
         }
         p->origin = "cache";
     }
-    const stof_tune level = tune_level(desc);
+    const stof_tune level = util_tune_level(desc->tune);
     const int smem_max = ctx->dev.smem_optin > 0 ? ctx->dev.smem_optin : 48 * 1024;
     model_device md;
     if (st == STOF_OK && !have)

@@ -4,11 +4,11 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
 #include "attn/mha.h"
 #include "base/half.h"
 #include "base/json.h"
+#include "base/now.h"
 #include "base/strbuf.h"
 #include "cache/cache.h"
 #include "gpu/timing.h"
@@ -41,7 +41,6 @@ static double pass_ms(const layer_group *g, double passes, double gbs)
 {
     return passes * g->m * (double)g->n * dtype_size(g->dtype) / (gbs * 1e6);
 }
-
 
 static double predict(const layer_group *g, layer_scheme s, const model_device *md)
 {
@@ -309,14 +308,6 @@ static double tolerance(stof_dtype t) { return t == STOF_BF16 ? 1.5e-2 : 5e-3; }
 
 /* ---- the search -------------------------------------------------------------- */
 
-/* As layer.c's; one copy each until base/ has it. */
-static double now_s(void)
-{
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return t.tv_sec + t.tv_nsec * 1e-9;
-}
-
 typedef struct timed_group {
     const group_exec *e;
     const gscratch *s;
@@ -439,7 +430,7 @@ int layer_scheme_params(stof_ctx *ctx, const layer_group *g, layer_scheme s, lay
 static int out_of_budget(const search_state *ss, int timed)
 {
     return (ss->max_candidates > 0 && timed >= ss->max_candidates) ||
-           (ss->deadline > 0 && now_s() > ss->deadline);
+           (ss->deadline > 0 && now_mono_s() > ss->deadline);
 }
 
 /* The model's first scheme that has parameters, with its defaults and its
