@@ -50,7 +50,6 @@ struct cache {
     char arch[32];            /* what the second tier's kernels are compiled for */
     long long write_failures; /* puts that stored nothing */
     char damage[1536];        /* why the cache is off: the file is malformed; "" while sound */
-    char host[256];           /* this host's name, in the claims it makes */
 };
 
 static const char *SCHEMA =
@@ -72,7 +71,7 @@ static const char *SCHEMA =
 
 /* After a statement failed: a file SQLite finds malformed stays so, and
  * from then on the cache is off (cache.h). */
-static void note_damage(cache *c, const char *what)
+void cache_note_damage(cache *c, const char *what)
 {
     int code = sqlite3_errcode(c->db) & 0xff;
     if (c->damage[0] || (code != SQLITE_CORRUPT && code != SQLITE_NOTADB))
@@ -84,7 +83,7 @@ static void note_damage(cache *c, const char *what)
 static stof_status sql_fail(err_record *err, cache *c, const char *what, const char *file,
                             int line)
 {
-    note_damage(c, what);
+    cache_note_damage(c, what);
     return err_fail(err, STOF_ERR_CACHE, file, line, "cache %s: %s: %s", c->path, what,
                     sqlite3_errmsg(c->db));
 }
@@ -116,7 +115,7 @@ static sqlite3_stmt *query_begin(cache *c, int q)
     pthread_mutex_lock(&c->query_lock);
     if (!c->query[q] && sqlite3_prepare_v3(c->db, QUERIES[q], -1, SQLITE_PREPARE_PERSISTENT,
                                            &c->query[q], NULL) != SQLITE_OK) {
-        note_damage(c, "preparing a lookup");
+        cache_note_damage(c, "preparing a lookup");
         sqlite3_finalize(c->query[q]);
         c->query[q] = NULL;
     }
@@ -138,7 +137,7 @@ static stof_status exec(err_record *err, cache *c, const char *sql)
 {
     char *msg = NULL;
     if (sqlite3_exec(c->db, sql, NULL, NULL, &msg) != SQLITE_OK) {
-        note_damage(c, sql);
+        cache_note_damage(c, sql);
         stof_status st = ERR_FAIL(err, STOF_ERR_CACHE, "cache %s: %.60s...: %s", c->path, sql,
                                   msg ? msg : sqlite3_errmsg(c->db));
         sqlite3_free(msg);
@@ -246,8 +245,6 @@ stof_status cache_open(err_record *err, const char *path, long long max_bytes,
     pthread_mutex_init(&c->query_lock, NULL);
     snprintf(c->path, sizeof c->path, "%s", path);
     snprintf(c->nvrtc_version, sizeof c->nvrtc_version, "%s", nvrtc_version);
-    if (gethostname(c->host, sizeof c->host - 1) != 0)
-        snprintf(c->host, sizeof c->host, "?");
     c->max_bytes = max_bytes > 0 ? max_bytes : 2LL << 30;
     stof_status st = STOF_OK;
     int v = 0;
@@ -593,7 +590,7 @@ stof_status cache_get_cubin(err_record *err, cache *c, const char *key, cache_ke
         sqlite3_bind_text(s, 1, key, -1, SQLITE_STATIC);
         int rc = sqlite3_step(s);
         if (rc != SQLITE_ROW && rc != SQLITE_DONE)
-            note_damage(c, "reading a kernel's binary");
+            cache_note_damage(c, "reading a kernel's binary");
         if (rc == SQLITE_ROW) {
             const unsigned char *nv = sqlite3_column_text(s, 1), *sv = sqlite3_column_text(s, 2);
             if (nv && sv &&
@@ -921,140 +918,6 @@ stof_status cache_get_derived(err_record *err, cache *c, const char *kind, const
 long long cache_write_failures(const cache *c) { return c ? c->write_failures : 0; }
 
 const char *cache_damage(const cache *c) { return c && c->damage[0] ? c->damage : NULL; }
-
-/* ---- claims ---- */
-
-/* Made by the first claim, as the derived rows' table is by the first put:
- * a file without it holds no claims, and older stofs never look at it. */
-#define CLAIMS_TABLE                                                                        \
-    "CREATE TABLE IF NOT EXISTS claims (key TEXT PRIMARY KEY, pid INTEGER NOT NULL,"        \
-    " host TEXT NOT NULL, expires INTEGER NOT NULL)"
-
-/* 1 while process pid of this host has not ended. A zombie has: a worker
- * killed under stof-warm stays one until the parent reaps it at the end. */
-static int process_alive(long long pid)
-{
-    if (pid <= 0 || (kill((pid_t)pid, 0) != 0 && errno == ESRCH))
-        return 0;
-    char path[64], buf[512];
-    snprintf(path, sizeof path, "/proc/%lld/stat", pid);
-    FILE *f = fopen(path, "r");
-    if (!f)
-        return 1;
-    size_t n = fread(buf, 1, sizeof buf - 1, f);
-    fclose(f);
-    buf[n] = 0;
-    const char *paren = strrchr(buf, ')');
-    return !(paren && paren[1] == ' ' && paren[2] == 'Z');
-}
-
-/* 1 when the claim (pid, host, expires) stops another process from taking
- * it: unexpired, and not this process's (another context of it, or one left
- * over), and on this host by a process that still runs. */
-static int claim_stands(const cache *c, long long pid, const char *host, long long expires)
-{
-    if (expires <= now_wall_ms())
-        return 0;
-    if (strcmp(host, c->host) != 0)
-        return 1;  /* another host's: only its lease can be judged */
-    return pid != (long long)getpid() && process_alive(pid);
-}
-
-/* What the file says of key: STORED, HELD, or OURS for "free to take". A
- * failed read says OURS. */
-static cache_claim_state claim_look(cache *c, const char *key)
-{
-    sqlite3_stmt *s = NULL;
-    int rc = SQLITE_ERROR;
-    if (sqlite3_prepare_v2(c->db, "SELECT 1 FROM kernels WHERE key=?", -1, &s, NULL) == SQLITE_OK) {
-        sqlite3_bind_text(s, 1, key, -1, SQLITE_STATIC);
-        if ((rc = sqlite3_step(s)) != SQLITE_ROW && rc != SQLITE_DONE)
-            note_damage(c, "looking for a claimed kernel");
-    }
-    sqlite3_finalize(s);
-    if (rc == SQLITE_ROW)
-        return CACHE_CLAIM_STORED;
-    int held = 0;
-    s = NULL;
-    /* No table yet: no claims. */
-    if (sqlite3_prepare_v2(c->db, "SELECT pid, host, expires FROM claims WHERE key=?", -1, &s,
-                           NULL) == SQLITE_OK) {
-        sqlite3_bind_text(s, 1, key, -1, SQLITE_STATIC);
-        if (sqlite3_step(s) == SQLITE_ROW) {
-            const unsigned char *host = sqlite3_column_text(s, 1);
-            held = claim_stands(c, sqlite3_column_int64(s, 0), host ? (const char *)host : "",
-                                sqlite3_column_int64(s, 2));
-        }
-    }
-    sqlite3_finalize(s);
-    return held ? CACHE_CLAIM_HELD : CACHE_CLAIM_OURS;
-}
-
-/* Looks again under the write lock and, if key is free, claims it. */
-static cache_claim_state claim_take(cache *c, const char *key, int lease_ms)
-{
-    if (sqlite3_exec(c->db, "BEGIN IMMEDIATE; " CLAIMS_TABLE, NULL, NULL, NULL) != SQLITE_OK) {
-        note_damage(c, "claiming a kernel");
-        sqlite3_exec(c->db, "ROLLBACK", NULL, NULL, NULL);
-        return CACHE_CLAIM_OURS;
-    }
-    cache_claim_state st = claim_look(c, key);
-    sqlite3_stmt *s = NULL;
-    int ok = st != CACHE_CLAIM_OURS;
-    if (!ok && sqlite3_prepare_v2(c->db,
-                                  "INSERT OR REPLACE INTO claims (key, pid, host, expires)"
-                                  " VALUES (?, ?, ?, ?)",
-                                  -1, &s, NULL) == SQLITE_OK) {
-        sqlite3_bind_text(s, 1, key, -1, SQLITE_STATIC);
-        sqlite3_bind_int64(s, 2, (long long)getpid());
-        sqlite3_bind_text(s, 3, c->host, -1, SQLITE_STATIC);
-        sqlite3_bind_int64(s, 4, now_wall_ms() + lease_ms);
-        ok = sqlite3_step(s) == SQLITE_DONE;
-    }
-    sqlite3_finalize(s);
-    if (!ok || sqlite3_exec(c->db, "COMMIT", NULL, NULL, NULL) != SQLITE_OK)
-        sqlite3_exec(c->db, "ROLLBACK", NULL, NULL, NULL);
-    return st;
-}
-
-cache_claim_state cache_claim(cache *c, const char *key, int lease_ms, int wait)
-{
-    if (c->damage[0])
-        return CACHE_CLAIM_OURS;
-    const long long until = now_wall_ms() + lease_ms;
-    long pause_ms = 10;
-    for (;;) {
-        /* A read first: waiters poll without taking the write lock. */
-        cache_claim_state st = claim_look(c, key);
-        if (st == CACHE_CLAIM_OURS && !c->damage[0])
-            st = claim_take(c, key, lease_ms);
-        if (st != CACHE_CLAIM_HELD || c->damage[0])
-            return st == CACHE_CLAIM_HELD ? CACHE_CLAIM_OURS : st;
-        if (!wait)
-            return st;
-        if (now_wall_ms() >= until)
-            return CACHE_CLAIM_OURS;
-        nanosleep(&(struct timespec){0, pause_ms * 1000 * 1000}, NULL);
-        if (pause_ms < 100)
-            pause_ms *= 2;
-    }
-}
-
-void cache_release(cache *c, const char *key)
-{
-    if (!c || c->damage[0])
-        return;
-    sqlite3_stmt *s = NULL;
-    if (sqlite3_prepare_v2(c->db, "DELETE FROM claims WHERE key=? AND pid=? AND host=?", -1, &s,
-                           NULL) == SQLITE_OK) {
-        sqlite3_bind_text(s, 1, key, -1, SQLITE_STATIC);
-        sqlite3_bind_int64(s, 2, (long long)getpid());
-        sqlite3_bind_text(s, 3, c->host, -1, SQLITE_STATIC);
-        if (sqlite3_step(s) != SQLITE_DONE)
-            note_damage(c, "releasing a claim");
-    }
-    sqlite3_finalize(s);
-}
 
 stof_status cache_list_kernels(err_record *err, cache *c, const char *op, const char *arch,
                                cache_list_fn fn, void *arg)

@@ -9,6 +9,7 @@
 #include "base/hash.h"
 #include "base/strbuf.h"
 #include "cache/cache.h"
+#include "cache/cache_claim.h"
 #include "codegen/nvrtc_drv.h"
 
 /* One loaded kernel, found again by the request that asked for it, so a

@@ -15,6 +15,7 @@
 #include <unistd.h>
 
 #include "cache/cache.h"
+#include "cache/cache_claim.h"
 #include "codegen/nvrtc_drv.h"
 #include "ctx.h"
 #include "testutil.h"
