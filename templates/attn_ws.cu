@@ -112,7 +112,7 @@
 
 {{>attn_common.cuh}}
 
-// Enumerators, not constexpr variables: gemm.cu says why.
+// Enumerators, not constexpr variables: gemm_common.cuh says why.
 enum : int {
     D = {{HEAD_DIM}},
     BM = {{BLOCK_M}},
