@@ -1,9 +1,13 @@
 /*
  * render — CUDA C text templates: finding them (embedded at build time, or
  * $STOF_TEMPLATE_DIR during development) and rendering `{{NAME}}`
- * placeholders and `{{#if NAME}} ... {{/if}}` sections (nestable). Rendering
+ * placeholders, `{{#if NAME}} ... {{/if}}` sections (nestable) and
+ * `{{>file.cuh}}` includes: the named template rendered in place with the
+ * same values (a value only it names counts as used), once per rendering
+ * (a later include of it adds nothing), never inside a section. Rendering
  * fails, naming the template and line, on a placeholder with no value, a
- * value the template never names, or malformed syntax.
+ * value the template never names, a template it cannot include, or
+ * malformed syntax.
  */
 #ifndef STOF_RENDER_H
 #define STOF_RENDER_H

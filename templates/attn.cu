@@ -25,6 +25,8 @@
 //   GATHER_K   section flag: tile keys come from an index list
 //   BLOCK_K    section flag: tile keys are consecutive (exactly one of the two)
 
+{{>attn_common.cuh}}
+
 #define D {{HEAD_DIM}}
 #define BM {{BLOCK_M}}
 #define BN {{BLOCK_N}}
@@ -34,6 +36,10 @@
 #define LDS (D + 8)                // smem row stride in elements: 16 B of padding
                                    // keeps ldmatrix rows on distinct banks
 #define WPR ((BN + 31) / 32)       // bitmap words per tile row
+#define GATHER_Q {{GATHER_Q}}      // 1: query rows from qidx, 0: consecutive
+#define GATHER_K {{GATHER_K}}      // 1: tile keys from kidx, 0: consecutive
+static_assert(GATHER_Q + {{BLOCK_Q}} == 1 && GATHER_K + {{BLOCK_K}} == 1,
+              "rows and keys each gathered or consecutive");
 
 typedef unsigned short elem_t;
 typedef stof_{{MMA_TYPE}}_tag mma_tag;
@@ -74,18 +80,7 @@ __device__ __forceinline__ void load_rows(elem_t *dst, const elem_t *base, long 
     }
 }
 
-extern "C" __global__ void __launch_bounds__(THREADS)
-stof_attn(const elem_t *__restrict__ q, const elem_t *__restrict__ k,
-          const elem_t *__restrict__ v, elem_t *__restrict__ out,
-          long long q_sb, long long q_sh, long long q_sl,
-          long long k_sb, long long k_sh, long long k_sl,
-          long long v_sb, long long v_sh, long long v_sl,
-          long long o_sb, long long o_sh, long long o_sl,
-          int lq, int lk, const int *__restrict__ seq_lens,
-          const int *__restrict__ work, const int *__restrict__ qidx,
-          const int *__restrict__ tile_key,
-          const int *__restrict__ tile_bits, const int *__restrict__ kidx,
-          const unsigned *__restrict__ bits, float scale_log2)
+extern "C" __global__ void __launch_bounds__(THREADS) stof_attn(ATTN_ITEM_PARAMS)
 {
     stof_grid_wait();  // common.cuh: the kernel before this one is done
     extern __shared__ __align__(16) unsigned char smem_raw[];
@@ -99,39 +94,20 @@ stof_attn(const elem_t *__restrict__ q, const elem_t *__restrict__ k,
     const stof_item item = stof_work_item(work);
     const int group = item.group, t0 = item.t0, t1 = item.t1;
     const int b = blockIdx.y, h = blockIdx.x;
-    const int len = seq_lens ? seq_lens[b] : 0x7fffffff;
-    const int qlim = min(lq, len), klim = min(lk, len);
-    const elem_t *qb = q + b * q_sb + h * q_sh;
-    const elem_t *kb = k + b * k_sb + h * k_sh;
-    const elem_t *vb = v + b * v_sb + h * v_sh;
-    elem_t *ob = out + b * o_sb + h * o_sh;
+    ATTN_ITEM_SLICES(b, h);  // qlim, klim; qb, kb, vb, ob
 
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     const int g = lane / 4, t = lane % 4;
 
-    auto qrow = [&](int r) -> int {
-{{#if GATHER_Q}}
-        const int i = qidx[group * BM + r];
-{{/if}}
-{{#if BLOCK_Q}}
-        const int i = group * BM + r;
-{{/if}}
-        return i >= 0 && i < lq ? i : -1;
-    };
+    auto qrow = [&](int r) -> int { return attn_row<GATHER_Q>(qidx, group * BM, r, lq); };
 
     // The first tile's key comes with the work item.
     auto load_tile = [&](int it, int stage) {
         const int key = it == t0 ? item.key0 : tile_key[it];
+        auto row = [&](int r) -> int { return attn_key<GATHER_K, BN>(kidx, key, r, lk); };
 {{#if GATHER_K}}
-        // key is the tile's offset into kidx, in tiles.
-        const int *ix = kidx + (long long)key * BN;
-        auto row = [&](int r) -> int { const int i = ix[r]; return i >= 0 && i < lk ? i : -1; };
         if (threadIdx.x < BN)
             Kix[stage * BN + threadIdx.x] = row(threadIdx.x);
-{{/if}}
-{{#if BLOCK_K}}
-        // key is the tile's first key.
-        auto row = [&](int r) -> int { const int i = key + r; return i < lk ? i : -1; };
 {{/if}}
         load_rows(Ks + stage * BN * LDS, kb, k_sl, BN, row);
         load_rows(Vs + stage * BN * LDS, vb, v_sl, BN, row);

@@ -24,6 +24,8 @@
 //   MMA_TYPE   f16 or bf16 (wgmma.cuh uses it too)
 //   GATHER_Q / BLOCK_Q, GATHER_K / BLOCK_K   as in attn.cu
 
+{{>attn_common.cuh}}
+
 #define D {{HEAD_DIM}}
 #define BM {{BLOCK_M}}
 #define BN {{BLOCK_N}}
@@ -31,6 +33,7 @@
 #define THREADS (BM * 2)           // 128 threads per 64 rows
 #define WPR ((BN + 31) / 32)       // bitmap words per tile row
 #define HALVES (D / 64)            // 128-byte row halves of the head
+#define GATHER_Q {{GATHER_Q}}      // 1: query rows from qidx, 0: consecutive
 
 typedef unsigned short elem_t;
 typedef stof_{{MMA_TYPE}}_tag mma_tag;
@@ -47,8 +50,7 @@ typedef stof_{{MMA_TYPE}}_tag mma_tag;
 template <int R>
 __device__ __forceinline__ unsigned chunk_dst(unsigned dst)
 {
-    const int c = threadIdx.x % CHUNKS, r0 = threadIdx.x / CHUNKS;
-    return dst + (c / 8) * R * 128 + r0 * 128 + (((c % 8) ^ (r0 % 8)) << 4);
+    return attn_swizzled<R>(dst, threadIdx.x % CHUNKS, threadIdx.x / CHUNKS);
 }
 
 // Gathered rows: row r is rows(r) of base, -1 = zeros.
@@ -88,18 +90,7 @@ __device__ __forceinline__ void load_block(unsigned dst, const elem_t *base, lon
     }
 }
 
-extern "C" __global__ void __launch_bounds__(THREADS)
-stof_attn(const elem_t *__restrict__ q, const elem_t *__restrict__ k,
-          const elem_t *__restrict__ v, elem_t *__restrict__ out,
-          long long q_sb, long long q_sh, long long q_sl,
-          long long k_sb, long long k_sh, long long k_sl,
-          long long v_sb, long long v_sh, long long v_sl,
-          long long o_sb, long long o_sh, long long o_sl,
-          int lq, int lk, const int *__restrict__ seq_lens,
-          const int *__restrict__ work, const int *__restrict__ qidx,
-          const int *__restrict__ tile_key,
-          const int *__restrict__ tile_bits, const int *__restrict__ kidx,
-          const unsigned *__restrict__ bits, float scale_log2)
+extern "C" __global__ void __launch_bounds__(THREADS) stof_attn(ATTN_ITEM_PARAMS)
 {
     stof_grid_wait();  // common.cuh: the kernel before this one is done
     // The launch gives 1 KiB of slack to align the swizzled tiles.
@@ -119,35 +110,21 @@ stof_attn(const elem_t *__restrict__ q, const elem_t *__restrict__ k,
     if (threadIdx.x == 0 && t1 > t0 + 1)
         asm volatile("prefetch.global.L1 [%0];\n"
                      "prefetch.global.L1 [%1];\n" ::"l"(tile_key + t0 + 1), "l"(tile_bits + t0 + 1));
-    const int len = seq_lens ? seq_lens[b] : 0x7fffffff;
-    const int qlim = min(lq, len), klim = min(lk, len);
-    const elem_t *qb = q + b * q_sb + h * q_sh;
-    const elem_t *kb = k + b * k_sb + h * k_sh;
-    const elem_t *vb = v + b * v_sb + h * v_sh;
-    elem_t *ob = out + b * o_sb + h * o_sh;
+    ATTN_ITEM_SLICES(b, h);  // qlim, klim; qb, kb, vb, ob
 
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     const int g = lane / 4, t = lane % 4;
     const int wg = warp / 4;           // warpgroup: rows 64 wg .. 64 wg + 63
     const int wrow = warp * 16;        // this warp's first row in the group
 
-    auto qrow = [&](int r) -> int {
-{{#if GATHER_Q}}
-        const int i = qidx[group * BM + r];
-{{/if}}
-{{#if BLOCK_Q}}
-        const int i = group * BM + r;
-{{/if}}
-        return i >= 0 && i < lq ? i : -1;
-    };
+    auto qrow = [&](int r) -> int { return attn_row<GATHER_Q>(qidx, group * BM, r, lq); };
 
     // The first tile's key comes with the work item.
     auto load_tile = [&](int it, int stage) {
         const int key = it == t0 ? item.key0 : tile_key[it];
 {{#if GATHER_K}}
-        // key is the tile's offset into kidx, in tiles.
-        const int *ix = kidx + (long long)key * BN;
-        auto row = [&](int r) -> int { const int i = ix[r]; return i >= 0 && i < lk ? i : -1; };
+        const int *ix = kidx + (long long)key * BN;  // key: the tile's offset into kidx, in tiles
+        auto row = [&](int r) -> int { return attn_row<true>(ix, 0, r, lk); };
         load_rows<BN>(Ks + stage * BN * D * 2, kb, k_sl, row);
         load_rows<BN>(Vs + stage * BN * D * 2, vb, v_sl, row);
 {{/if}}

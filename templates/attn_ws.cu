@@ -110,7 +110,9 @@
 //   PERIOD     rows and keys a residue class apart (GATHER 0, SIT_OUT 0), 1: consecutive
 //   MMA_TYPE   f16 or bf16 (wgmma.cuh uses it too)
 
-// Enumerators, not constexpr variables: gemm.cu says why.
+{{>attn_common.cuh}}
+
+// Enumerators, not constexpr variables: gemm_common.cuh says why.
 enum : int {
     D = {{HEAD_DIM}},
     BM = {{BLOCK_M}},
@@ -183,8 +185,8 @@ template <int R>
 __device__ __forceinline__ void gather_rows(unsigned dst, const elem_t *base, long long stride,
                                             const int (&ix)[R / PSTEP])
 {
-    const int pc = threadIdx.x % CPR, pr = threadIdx.x / CPR;
-    const unsigned d0 = dst + (pc / 8) * R * 128 + pr * 128 + (((pc % 8) ^ (pr % 8)) << 4);
+    const int pc = threadIdx.x % CPR;
+    const unsigned d0 = attn_swizzled<R>(dst, pc, threadIdx.x / CPR);
 #pragma unroll
     for (int k = 0; k < R / PSTEP; k++)
         stof_cp16(d0 + k * PSTEP * 128, base + (ix[k] >= 0 ? (long long)ix[k] * stride : 0) + pc * 8,
@@ -304,7 +306,7 @@ stof_attn(const __grid_constant__ stof_tmap tq, const __grid_constant__ stof_tma
                 gather_rows<BM>(Qs + qb * Q_BYTES, gq + b * q_sb + h * q_sh, q_sl, qx);
                 cp_arrive_noinc(q_full + 8 * qb);
                 if (lead) {
-                    const int len = seq_lens ? seq_lens[b] : 0x7fffffff;
+                    const int len = attn_seq_len(seq_lens, b);
                     asm volatile("st.shared.v4.b32 [%0], {%1, %2, %3, %4};\n" ::"r"(Is + 16 * qb),
                                  "r"(w.x), "r"(w.z - w.y), "r"(w.w), "r"(len)
                                  : "memory");
@@ -354,7 +356,7 @@ stof_attn(const __grid_constant__ stof_tmap tq, const __grid_constant__ stof_tma
         for (int i = i0, n = 0; i < i1; i++, n++) {
             const int4 w = items[i];
             const int b = w.w >> 16, h = w.w & 0xffff;
-            const int len = seq_lens ? seq_lens[b] : 0x7fffffff;
+            const int len = attn_seq_len(seq_lens, b);
             const int qb = n % QB;  // Q's buffer, used for the (n / QB)th time
             // With SIT_OUT, the warps of consumers with no row before lq
             // arrive on no stage's barrier: this warp does.

@@ -101,24 +101,6 @@ __device__ __forceinline__ float stof_act(float x)
     return x;
 }
 
-// ---- Shared by the attention templates -------------------------------------
-
-// The work item of this CTA. The grid is (heads, batch, query groups by
-// rank) and CTAs start roughly in linear order, so they take the groups
-// heaviest first across all heads: the longest walks start early and the
-// short ones fill the tail (measured on causal masks: 6 to 16% faster than
-// walking one head after another). work[rank] holds the group, its first
-// and end tile and its first tile's key, so that a CTA issues its first
-// copies after one 16-byte load, with no division for its coordinates.
-struct stof_item {
-    int group, t0, t1, key0;
-};
-__device__ __forceinline__ stof_item stof_work_item(const int *work)
-{
-    const int4 w = reinterpret_cast<const int4 *>(work)[blockIdx.z];
-    return {w.x, w.y, w.z, w.w};
-}
-
 // Writes a tile staged in shared memory, ROWS x COLS 16-bit elements at a
 // row pitch of LD, to out[m0.., n0..] of an N-column output in whole
 // 16-byte row chunks; rows at or past m, and columns past N where COLS does
@@ -170,14 +152,6 @@ __device__ __forceinline__ void stof_cp_commit() { asm volatile("cp.async.commit
 template <int N>
 __device__ __forceinline__ void stof_cp_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N)); }
 
-// 2^x on the SFU; inputs here are <= 0, where its error is a few ulp.
-__device__ __forceinline__ float stof_ex2(float x)
-{
-    float y;
-    asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
-    return y;
-}
-
 // Two floats to one register of two 16-bit values, lo in the low half; the
 // tag names the operand type of the tensor-core products.
 struct stof_f16_tag {
@@ -196,137 +170,3 @@ struct stof_bf16_tag {
         return r;
     }
 };
-
-// Scores of one m16 row tile as tensor-core accumulators: s[j] holds keys
-// 8j + 2t, 8j + 2t + 1 of row g (elements 0, 1) and of row g + 8 (2, 3).
-// Masks the keys a partial tile's bitmap rows w0p, w1p (NULL: a full tile)
-// leave out and, where edge is set, those key_ok(column) rules out. Each
-// word is shifted by 2t once, so a key's bit sits at a constant position.
-template <int NB, int WPR, typename KeyOk>
-__device__ __forceinline__ void stof_mask_scores(float (&s)[NB][4], const unsigned *w0p,
-                                                 const unsigned *w1p, int t, bool edge,
-                                                 KeyOk key_ok)
-{
-    if (w0p) {
-        unsigned w0[WPR], w1[WPR];
-#pragma unroll
-        for (int w = 0; w < WPR; w++)
-            w0[w] = w0p[w] >> (2 * t), w1[w] = w1p[w] >> (2 * t);
-#pragma unroll
-        for (int j = 0; j < NB; j++)
-#pragma unroll
-            for (int e = 0; e < 2; e++) {
-                const unsigned bit = 1u << ((j % 4) * 8 + e);
-                if (!(w0[j / 4] & bit))
-                    s[j][e] = -STOF_INF;
-                if (!(w1[j / 4] & bit))
-                    s[j][2 + e] = -STOF_INF;
-            }
-    }
-    if (edge) {
-#pragma unroll
-        for (int j = 0; j < NB; j++)
-#pragma unroll
-            for (int e = 0; e < 2; e++)
-                if (!key_ok(j * 8 + 2 * t + e))
-                    s[j][e] = s[j][2 + e] = -STOF_INF;
-    }
-}
-
-// One online-softmax step, in units of log2, for the two rows a thread holds
-// of an m16 tile, leaving O alone: max on raw scores (the scale is
-// positive), one FMA per score folds scale and offset, s becomes P (fp32)
-// and alpha[h2] the factor that row's O must be rescaled by. Kernels whose
-// O is still being accumulated by an asynchronous product rescale it later.
-// SUM = false leaves l alone, for a kernel whose products take the row sums.
-template <int NB, bool SUM = true>
-__device__ __forceinline__ void stof_softmax_p(float (&s)[NB][4], float (&m)[2], float (&l)[2],
-                                               float (&alpha)[2], float scale_log2)
-{
-#pragma unroll
-    for (int h2 = 0; h2 < 2; h2++) {
-        float mx = -STOF_INF;
-#pragma unroll
-        for (int j = 0; j < NB; j++)
-            mx = fmaxf(mx, fmaxf(s[j][2 * h2], s[j][2 * h2 + 1]));
-        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-        const float mnew = fmaxf(m[h2], mx * scale_log2);
-        // A row with nothing allowed yet keeps base 0: exp2 never sees inf - inf.
-        const float base = mnew == -STOF_INF ? 0.f : mnew;
-        alpha[h2] = stof_ex2(m[h2] - base);
-        m[h2] = mnew;
-        float sum = 0.f;
-#pragma unroll
-        for (int j = 0; j < NB; j++) {
-            s[j][2 * h2] = stof_ex2(fmaf(s[j][2 * h2], scale_log2, -base));
-            s[j][2 * h2 + 1] = stof_ex2(fmaf(s[j][2 * h2 + 1], scale_log2, -base));
-            if constexpr (SUM)
-                sum += s[j][2 * h2] + s[j][2 * h2 + 1];
-        }
-        if constexpr (SUM)
-            l[h2] = l[h2] * alpha[h2] + sum;
-    }
-}
-
-// O's rows times the softmax step's factors.
-template <int NO>
-__device__ __forceinline__ void stof_rescale(float (&o)[NO][4], const float (&alpha)[2])
-{
-#pragma unroll
-    for (int i = 0; i < NO; i++) {
-        o[i][0] *= alpha[0];
-        o[i][1] *= alpha[0];
-        o[i][2] *= alpha[1];
-        o[i][3] *= alpha[1];
-    }
-}
-
-// P in the accumulator layout of S becomes the A operand of the P V product:
-// two n8 blocks make one k16.
-template <typename Tag, int NB>
-__device__ __forceinline__ void stof_pack_p(const float (&p)[NB][4], unsigned (&pf)[NB / 2][4])
-{
-#pragma unroll
-    for (int j = 0; j < NB; j++)
-#pragma unroll
-        for (int h2 = 0; h2 < 2; h2++)
-            pf[j / 2][(j % 2) * 2 + h2] = Tag::pack2(p[j][2 * h2], p[j][2 * h2 + 1]);
-}
-
-// The whole step for kernels that wait for their products: P, O rescaled,
-// P packed.
-template <typename Tag, int NB, int NO>
-__device__ __forceinline__ void stof_softmax_step(float (&s)[NB][4], float (&o)[NO][4], float (&m)[2],
-                                                  float (&l)[2], unsigned (&pf)[NB / 2][4],
-                                                  float scale_log2)
-{
-    float alpha[2];
-    stof_softmax_p(s, m, l, alpha, scale_log2);
-    stof_rescale(o, alpha);
-    stof_pack_p<Tag>(s, pf);
-}
-
-// Divides a thread's two output rows by their sums and stores them: row h2
-// goes to ob + rows[h2] * o_sl (rows[h2] < 0: none). Rows at or past qlim
-// and rows that allowed nothing come out as zeros.
-template <typename Tag, int NO>
-__device__ __forceinline__ void stof_store_rows(float (&o)[NO][4], const float (&l)[2],
-                                                unsigned short *ob, long long o_sl,
-                                                const int (&rows)[2], int qlim, int t)
-{
-#pragma unroll
-    for (int h2 = 0; h2 < 2; h2++) {
-        float sum = l[h2];
-        sum += __shfl_xor_sync(0xffffffffu, sum, 1);
-        sum += __shfl_xor_sync(0xffffffffu, sum, 2);
-        const int qr = rows[h2];
-        const float inv = sum > 0.f && qr < qlim ? 1.f / sum : 0.f;
-        if (qr < 0)
-            continue;
-#pragma unroll
-        for (int i = 0; i < NO; i++)
-            *reinterpret_cast<unsigned *>(ob + qr * o_sl + i * 8 + 2 * t) =
-                Tag::pack2(o[i][2 * h2] * inv, o[i][2 * h2 + 1] * inv);
-    }
-}

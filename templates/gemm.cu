@@ -30,22 +30,13 @@
 //   LN         1: LayerNorm over each row with gamma, beta and eps
 //   LN_SUM     1 (with LN): also store the pre-norm row to sum_out
 
-// Constants, not macros: the prelude's templates use these short names too.
-// Enumerators, not constexpr variables: NVRTC makes each such variable a
-// device global, which the driver allocates and fills whenever it loads the
-// module (on an H100, 0.13-0.5 ms a load against 0.02-0.07 without).
+{{>gemm_common.cuh}}
+
+// Enumerators, not constexpr variables: gemm_common.cuh says why.
 enum : int {
-    N = {{N}},
-    K = {{K}},
-    BM = {{BLOCK_M}},
-    BN = {{BLOCK_N}},
     BK = {{BLOCK_K}},
     WARPS_M = {{WARPS_M}},
     WARPS_N = {{WARPS_N}},
-    STAGES = {{STAGES}},
-    HAS_BIAS = {{BIAS}},
-    ACT = {{ACT}},
-    HAS_RESIDUAL = {{RESIDUAL}},
     HAS_LN = {{LN}},
     HAS_LN_SUM = {{LN_SUM}},
 
@@ -63,15 +54,10 @@ enum : int {
     KT = (K + BK - 1) / BK,    // pipeline steps
 };
 
-typedef unsigned short elem_t;
-typedef stof_{{MMA_TYPE}}_tag mma_tag;
-
 static_assert(WTM % 16 == 0 && WTN % 16 == 0, "warp tiles are whole m16 x n16 blocks");
 static_assert(THREADS % (BK / 8) == 0, "every thread copies whole chunks");
 static_assert(N % 8 == 0 && K % 8 == 0, "rows are whole 16-byte chunks");
 static_assert(!HAS_LN || BN >= N, "LayerNorm needs whole rows in one CTA");
-
-__device__ __forceinline__ float to_f32(elem_t v) { return stof_{{MMA_TYPE}}_to_f32(v); }
 
 __device__ __forceinline__ void ldsm_x4(unsigned *r, const elem_t *p)
 {
@@ -109,6 +95,30 @@ __device__ __forceinline__ void load_tile(elem_t *dst, const elem_t *src, int ro
             stof_cp16(d + j * STEP * LDS * 2, ok ? p + (long long)j * STEP * K : src, ok ? 16 : 0);
         }
     }
+}
+
+// The warp's accumulators into the CTA's staging tile (row pitch LD) as
+// element pairs (T elem_t) or fp32 pairs (T float). Thread (g, t) holds, of
+// each m16n8 tile, columns 2t, 2t + 1 of rows g (elements 0, 1) and g + 8.
+template <int LD, typename T>
+__device__ __forceinline__ void stage_acc(T *buf, const float (&acc)[MI][NI][4], int wr, int wc,
+                                          int g, int t)
+{
+#pragma unroll
+    for (int i = 0; i < MI; i++)
+#pragma unroll
+        for (int j = 0; j < NI; j++)
+#pragma unroll
+            for (int h = 0; h < 2; h++) {
+                if constexpr (sizeof(T) == 4)
+                    *reinterpret_cast<float2 *>(buf + (wr + i * 16 + g + 8 * h) * LD + wc + j * 8 +
+                                                2 * t) =
+                        make_float2(acc[i][j][2 * h], acc[i][j][2 * h + 1]);
+                else
+                    *reinterpret_cast<unsigned *>(buf + (wr + i * 16 + g + 8 * h) * LD + wc +
+                                                  j * 8 + 2 * t) =
+                        mma_tag::pack2(acc[i][j][2 * h], acc[i][j][2 * h + 1]);
+            }
 }
 
 extern "C" __global__ void __launch_bounds__(THREADS)
@@ -189,24 +199,18 @@ stof_gemm(const elem_t *x, const elem_t *w, const elem_t *bias, const elem_t *re
     for (int j = 0; j < NI; j++) {
         const int col = n0 + wc + j * 8 + 2 * t;
         const bool col_ok = N % BN == 0 || col < N;
-        float b0 = 0.f, b1 = 0.f;
-        if (HAS_BIAS && col_ok) {
-            const unsigned bb = *reinterpret_cast<const unsigned *>(bias + col);
-            b0 = to_f32((elem_t)(bb & 0xffff));
-            b1 = to_f32((elem_t)(bb >> 16));
-        }
+        const float2 bv = bias_pair(bias, col);
 #pragma unroll
         for (int i = 0; i < MI; i++)
 #pragma unroll
             for (int h = 0; h < 2; h++) {
-                float v0 = stof_act<ACT>(acc[i][j][2 * h] + b0),
-                      v1 = stof_act<ACT>(acc[i][j][2 * h + 1] + b1);
+                float v0 = stof_act<ACT>(acc[i][j][2 * h] + bv.x),
+                      v1 = stof_act<ACT>(acc[i][j][2 * h + 1] + bv.y);
                 const int row = m0 + wr + i * 16 + g + 8 * h;
                 if (HAS_RESIDUAL && col_ok && row < m) {
-                    const unsigned rr =
-                        *reinterpret_cast<const unsigned *>(residual + (long long)row * N + col);
-                    v0 += to_f32((elem_t)(rr & 0xffff));
-                    v1 += to_f32((elem_t)(rr >> 16));
+                    const float2 r = residual_pair(residual, row, col);
+                    v0 += r.x;
+                    v1 += r.y;
                 }
                 acc[i][j][2 * h] = v0;
                 acc[i][j][2 * h + 1] = v1;
@@ -216,14 +220,7 @@ stof_gemm(const elem_t *x, const elem_t *w, const elem_t *bias, const elem_t *re
     if (!HAS_LN) {
         // Stage the tile as elements, then write whole 16-byte row chunks.
         elem_t *Cs = reinterpret_cast<elem_t *>(smem_raw);
-#pragma unroll
-        for (int i = 0; i < MI; i++)
-#pragma unroll
-            for (int j = 0; j < NI; j++)
-#pragma unroll
-                for (int h = 0; h < 2; h++)
-                    *reinterpret_cast<unsigned *>(Cs + (wr + i * 16 + g + 8 * h) * LDC + wc + j * 8 + 2 * t) =
-                        mma_tag::pack2(acc[i][j][2 * h], acc[i][j][2 * h + 1]);
+        stage_acc<LDC>(Cs, acc, wr, wc, g, t);
         __syncthreads();
         stof_store_tile<BM, BN, LDC, THREADS, N>(out, Cs, m0, n0, m);
         return;
@@ -233,14 +230,7 @@ stof_gemm(const elem_t *x, const elem_t *w, const elem_t *bias, const elem_t *re
     // eight consecutive columns per lane; mean first, then the squared
     // deviations from it, so the variance does not cancel.
     float *Fs = reinterpret_cast<float *>(smem_raw);
-#pragma unroll
-    for (int i = 0; i < MI; i++)
-#pragma unroll
-        for (int j = 0; j < NI; j++)
-#pragma unroll
-            for (int h = 0; h < 2; h++)
-                *reinterpret_cast<float2 *>(Fs + (wr + i * 16 + g + 8 * h) * LDF + wc + j * 8 + 2 * t) =
-                    make_float2(acc[i][j][2 * h], acc[i][j][2 * h + 1]);
+    stage_acc<LDF>(Fs, acc, wr, wc, g, t);
     __syncthreads();
 
     constexpr int CPL = (N + 255) / 256;  // 8-column chunks per lane

@@ -76,17 +76,11 @@
 //   RESIDUAL   1: add residual[m, n] after the activation
 //   LN         1: LayerNorm over each row (BLOCK_M 64, COOP 0 or 2, cluster N / BLOCK_N)
 
-// Enumerators, not constexpr variables: gemm.cu says why.
+{{>gemm_common.cuh}}
+
+// Enumerators, not constexpr variables: gemm_common.cuh says why.
 enum : int {
-    N = {{N}},
-    K = {{K}},
-    BM = {{BLOCK_M}},
-    BN = {{BLOCK_N}},
-    STAGES = {{STAGES}},
     COOP = {{COOP}},
-    HAS_BIAS = {{BIAS}},
-    ACT = {{ACT}},
-    HAS_RESIDUAL = {{RESIDUAL}},
     LN = {{LN}},
 
     BK = 64,                      // one 128-byte swizzled row per operand row
@@ -108,9 +102,6 @@ enum : int {
     OUT_BYTES = LN ? 0 : WG_ROWS * WG_COLS * 2, // a consumer's staging tile
 };
 
-typedef unsigned short elem_t;
-typedef stof_{{MMA_TYPE}}_tag mma_tag;
-
 static_assert(WG_ROWS == 64 || WG_ROWS == 128, "64 or 128 rows per consumer warpgroup");
 static_assert(WN == 64 || WN == 128 || WN == 192 || WN == 256, "one m64n64, n128, n192 or n256 product");
 static_assert(WG_ROWS * WG_COLS / 128 <= 128, "at most 128 accumulators per consumer thread");
@@ -118,18 +109,6 @@ static_assert(!LN || (BM == 64 && COOP != 1 && N % BN == 0 && CL <= 8),
               "LN: 64-row blocks, consumers in turn or on half the columns each, at most 8 CTAs a row");
 static_assert(K % 8 == 0 && N % 8 == 0, "16-byte rows");
 static_assert(STAGES >= 2 && STAGES <= 8, "2 to 8 stages");
-
-__device__ __forceinline__ float to_f32(elem_t v) { return stof_{{MMA_TYPE}}_to_f32(v); }
-
-// The bias of columns col and col + 1 (0 without a bias or past N).
-__device__ __forceinline__ float2 bias_pair(const elem_t *bias, int col)
-{
-    if (!HAS_BIAS || (N % BN != 0 && col >= N))
-        return make_float2(0.f, 0.f);
-    const unsigned bb = *reinterpret_cast<const unsigned *>(bias + col);
-    return make_float2(to_f32((elem_t)(bb & 0xffff)), to_f32((elem_t)(bb >> 16)));
-}
-
 
 // The CTA's i-th tile of its walk at (m0, n0); false past the end. With LN
 // the cluster walks row blocks and this CTA takes its rank's columns.

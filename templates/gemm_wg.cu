@@ -32,17 +32,10 @@
 //   ACT        after the bias: 0 none, 1 GELU (erf), 2 GELU (tanh), 3 ReLU
 //   RESIDUAL   1: add residual[m, n] after the activation
 
-// Enumerators, not constexpr variables: gemm.cu says why.
-enum : int {
-    N = {{N}},
-    K = {{K}},
-    BM = {{BLOCK_M}},
-    BN = {{BLOCK_N}},
-    STAGES = {{STAGES}},
-    HAS_BIAS = {{BIAS}},
-    ACT = {{ACT}},
-    HAS_RESIDUAL = {{RESIDUAL}},
+{{>gemm_common.cuh}}
 
+// Enumerators, not constexpr variables: gemm_common.cuh says why.
+enum : int {
     BK = 64,                   // one 128-byte swizzled row per operand row
     THREADS = BM * 2,          // a warpgroup (128 threads) per 64 rows
     WN = BN < 128 ? BN : 128,  // columns of one product
@@ -57,17 +50,12 @@ enum : int {
     STEP = THREADS / CHUNKS,   // rows per pass of the CTA
 };
 
-typedef unsigned short elem_t;
-typedef stof_{{MMA_TYPE}}_tag mma_tag;
-
 static_assert(BM % 64 == 0 && BM <= 256, "64 rows per warpgroup, at most four");
 static_assert(BN == 64 || BN == 128 || BN == 256, "whole m64n64 or m64n128 products");
 static_assert(K % BK == 0 && N % 8 == 0, "whole 128-byte K rows, 16-byte output chunks");
 static_assert(STAGES >= 2 && STAGES <= 5, "2 to 5 stages");
 static_assert(STEP % 8 == 0, "a thread's chunk keeps its swizzled place from pass to pass");
 static_assert(BM * LDC * 2 <= STAGES * STAGE_BYTES, "the staged tile fits the pipeline's memory");
-
-__device__ __forceinline__ float to_f32(elem_t v) { return stof_{{MMA_TYPE}}_to_f32(v); }
 
 
 // ROWS x 64 elements of src (row stride K) from (row0, k0) into the swizzled
@@ -186,22 +174,16 @@ stof_gemm_wg(const elem_t *x, const elem_t *w, const elem_t *bias, const elem_t 
         for (int i = 0; i < WN / 8; i++) {
             const int col = n0 + b * WN + i * 8 + 2 * t;
             const bool col_ok = N % BN == 0 || col < N;
-            float b0 = 0.f, b1 = 0.f;
-            if (HAS_BIAS && col_ok) {
-                const unsigned bb = *reinterpret_cast<const unsigned *>(bias + col);
-                b0 = to_f32((elem_t)(bb & 0xffff));
-                b1 = to_f32((elem_t)(bb >> 16));
-            }
+            const float2 bv = bias_pair(bias, col);
 #pragma unroll
             for (int h = 0; h < 2; h++) {
-                float v0 = stof_act<ACT>(acc[b][i][2 * h] + b0),
-                      v1 = stof_act<ACT>(acc[b][i][2 * h + 1] + b1);
+                float v0 = stof_act<ACT>(acc[b][i][2 * h] + bv.x),
+                      v1 = stof_act<ACT>(acc[b][i][2 * h + 1] + bv.y);
                 const int row = m0 + row0 + 8 * h;
                 if (HAS_RESIDUAL && col_ok && row < m) {
-                    const unsigned rr =
-                        *reinterpret_cast<const unsigned *>(residual + (long long)row * N + col);
-                    v0 += to_f32((elem_t)(rr & 0xffff));
-                    v1 += to_f32((elem_t)(rr >> 16));
+                    const float2 r = residual_pair(residual, row, col);
+                    v0 += r.x;
+                    v1 += r.y;
                 }
                 acc[b][i][2 * h] = v0;
                 acc[b][i][2 * h + 1] = v1;

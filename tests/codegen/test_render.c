@@ -150,6 +150,53 @@ static void write_file(const char *dir, const char *name, const char *text)
     fclose(f);
 }
 
+/* {{>file}}: the file rendered in place with the same values, once per
+ * rendering, never inside a section; its errors name it and its line. */
+START_TEST(test_includes)
+{
+    err_record err = {0};
+    char *dir = test_tmpdir();
+    ck_assert_ptr_nonnull(dir);
+    write_file(dir, "h.cuh", "int h{{X}};\n");
+    write_file(dir, "g.cuh", "{{>h.cuh}}int g{{#if ON}}{{Y}}{{/if}};\n");
+    write_file(dir, "self.cuh", "s\n{{>self.cuh}}");
+    write_file(dir, "bad_value.cuh", "\n\nx {{NOPE}}\n");
+    write_file(dir, "open.cuh", "\n{{#if ON}}\n");
+    write_file(dir, "d1.cuh", "{{>d2.cuh}}");
+    write_file(dir, "d2.cuh", "{{>d3.cuh}}");
+    write_file(dir, "d3.cuh", "{{>d4.cuh}}");
+    write_file(dir, "d4.cuh", "{{>d5.cuh}}");
+    write_file(dir, "d5.cuh", "deep\n");
+    setenv("STOF_TEMPLATE_DIR", dir, 1);
+    /* X and Y are named only by the headers, and still count as used; a
+     * header included again adds nothing. */
+    render_var v[] = {{"X", "7"}, {"Y", "9"}, {"ON", "1"}};
+    char *out = render_ok(&err, "a\n{{>g.cuh}}b\n{{>h.cuh}}{{>g.cuh}}c", v, 3);
+    ck_assert_str_eq(out, "a\nint h7;\nint g9;\nb\nc");
+    free(out);
+    out = render_ok(&err, "[{{>self.cuh}}]", NULL, 0);
+    ck_assert_str_eq(out, "[s\n]");
+    free(out);
+    /* Four levels of includes are allowed, a fifth is refused. */
+    out = render_ok(&err, "{{>d2.cuh}}", NULL, 0);
+    ck_assert_str_eq(out, "deep\n");
+    free(out);
+    render_fails(&err, "{{>d1.cuh}}", NULL, 0, "too deep", "d4.cuh line 1");
+    render_fails(&err, "x\n{{>bad_value.cuh}}", NULL, 0, "bad_value.cuh line 3", "NOPE");
+    render_fails(&err, "{{>open.cuh}}", v + 2, 1, "open.cuh line 2", "never closed");
+    render_fails(&err, "{{>h.cuh}}", v, 2, "unknown name Y", NULL);
+    render_fails(&err, "\n{{>nope.cuh}}", NULL, 0, "line 2", "cannot include nope.cuh");
+    render_fails(&err, "{{#if ON}}\n{{>h.cuh}}{{/if}}", v, 3, "line 2", "inside a section");
+    render_fails(&err, "{{>}}", NULL, 0, "line 1", "malformed");
+    render_fails(&err, "{{>../h.cuh}}", NULL, 0, "line 1", "malformed");
+    render_fails(&err, "{{>sub/h.cuh}}", NULL, 0, "line 1", "malformed");
+    render_fails(&err, "{{> h.cuh}}", NULL, 0, "line 1", "malformed");
+    unsetenv("STOF_TEMPLATE_DIR");
+    test_rmtree(dir);
+    free(dir);
+}
+END_TEST
+
 START_TEST(test_template_dir_override)
 {
     err_record err = {0};
@@ -226,10 +273,22 @@ static void check_documented(const char *name, const char *text)
     size_t head_len = (size_t)(body - text);
     for (const char *p = strstr(text, "{{"); p; p = strstr(p + 2, "{{")) {
         const char *s = p + 2;
-        if (strncmp(s, "#if ", 4) == 0)
+        if (strncmp(s, "#if ", 4) == 0) {
             s += 4;
-        else if (*s == '/')
+        } else if (*s == '/') {
             continue;
+        } else if (*s == '>') {
+            /* An include names a template of its own, whose names its own
+             * head documents. */
+            const char *e = strstr(s, "}}");
+            int embedded = 0;
+            for (const render_embedded *t = render_embedded_templates; t->name && e; t++)
+                embedded += strlen(t->name) == (size_t)(e - s - 1) &&
+                            strncmp(t->name, s + 1, (size_t)(e - s - 1)) == 0;
+            ck_assert_msg(embedded == 1, "%s: includes a template that is not embedded: %.*s",
+                          name, e ? (int)(e - s + 2) : 8, p);
+            continue;
+        }
         size_t n = 0;
         while (isupper((unsigned char)s[n]) || isdigit((unsigned char)s[n]) || s[n] == '_')
             n++;
@@ -325,6 +384,7 @@ Suite *suite_render(void)
     tcase_add_test(tc, test_sections);
     tcase_add_test(tc, test_nesting);
     tcase_add_test(tc, test_errors);
+    tcase_add_test(tc, test_includes);
     tcase_add_test(tc, test_template_dir_override);
     tcase_add_test(tc, test_bad_names);
     tcase_add_test(tc, test_embedded_templates);
