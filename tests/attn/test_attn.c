@@ -838,6 +838,8 @@ static void *compile_variants(void *arg)
         snprintf(j->err[i], sizeof j->err[i], "%s", stof_last_error(ctx));
         cache_kernel k;
         int found = 0, rejected = 0;
+        /* The library turns a cache it finds damaged off (ctx->cache NULL). */
+        ck_assert_msg(ctx->cache != NULL, "the test kernel cache went off: %s", ctx->cache_note);
         if (j->st[i] == STOF_OK &&
             cache_get_kernel(&ctx->err, ctx->cache, key, &k, &found, &rejected) == STOF_OK && found) {
             /* ptxas also says when it had to serialize the wgmma products

@@ -405,6 +405,8 @@ static void *compile_variants(void *arg)
         cache_kernel k;
         int found = 0, rejected = 0;
         j->spills[i] = -1;  /* no log to read */
+        /* The library turns a cache it finds damaged off (ctx->cache NULL). */
+        ck_assert_msg(ctx->cache != NULL, "the test kernel cache went off: %s", ctx->cache_note);
         if (j->st[i] == STOF_OK &&
             cache_get_kernel(&ctx->err, ctx->cache, key, &k, &found, &rejected) == STOF_OK && found) {
             const char *used = strstr(k.log, "Used ");
