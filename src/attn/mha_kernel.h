@@ -28,13 +28,14 @@ typedef struct mha_candidate {
 
 /* The kernel request for a candidate; the strings live in *buf. */
 typedef struct mha_request {
-    char text[5][16];
-    render_var vars[11];
+    char text[7][24];
+    render_var vars[13];
     jit_request req;
 } mha_request;
-/* period: mha_view_period's for the candidate's tiles (1 elsewhere). */
+/* period: mha_view_period's for the candidate's tiles (1 elsewhere);
+ * group: query heads per KV head (mha_group); softcap: the desc's (0: off). */
 void mha_make_request(const mha_candidate *c, int head_dim, int seq_q, stof_dtype dtype,
-                      int period, mha_request *r);
+                      int group, float softcap, int period, mha_request *r);
 
 /* The period of the residue-class view (attn_tiles_view_period) that c's
  * kernel reads t's gathered rows and keys through: the warp-specialized
@@ -96,6 +97,10 @@ int mha_kernel_device_smem(const stof_ctx *ctx);
 /* A candidate's kind and engine by name, as records and descriptions say them. */
 const char *mha_kernel_kind_name(attn_kind k);
 const char *mha_kernel_engine_name(const mha_candidate *c);
+
+/* desc's KV heads (kv_heads, 0 meaning heads) and query heads per KV head. */
+int mha_kv_heads(const stof_mha_desc *d);
+int mha_group(const stof_mha_desc *d);
 
 /* The strides of desc's q, k, v and out. */
 mha_strides mha_kernel_strides(const stof_mha_desc *d);
