@@ -2,6 +2,7 @@
  * candidate space and the model behave, tuning records round-trip, argument
  * checks come before any device work, and every attention template variant
  * compiles for sm_80 and sm_90a. */
+#include <math.h>
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
@@ -693,6 +694,23 @@ START_TEST(bad_arguments_before_the_device)
           .layout = 7}, STOF_ERR_INVALID_ARG, "layout"},
         {{.batch = 2, .heads = 2, .seq_q = 256, .seq_k = 256, .head_dim = 64, .dtype = STOF_F16,
           .scale = -1}, STOF_ERR_INVALID_ARG, "scale"},
+        /* grouped KV heads: a divisor of heads, and none with packed QKV */
+        {{.batch = 2, .heads = 8, .seq_q = 256, .seq_k = 256, .head_dim = 64, .dtype = STOF_F16,
+          .kv_heads = 3}, STOF_ERR_INVALID_ARG, "desc.kv_heads 3"},
+        {{.batch = 2, .heads = 2, .seq_q = 256, .seq_k = 256, .head_dim = 64, .dtype = STOF_F16,
+          .kv_heads = 4}, STOF_ERR_INVALID_ARG, "desc.kv_heads 4"},
+        {{.batch = 2, .heads = 2, .seq_q = 256, .seq_k = 256, .head_dim = 64, .dtype = STOF_F16,
+          .kv_heads = -1}, STOF_ERR_INVALID_ARG, "desc.kv_heads -1"},
+        {{.batch = 2, .heads = 2, .seq_q = 256, .seq_k = 256, .head_dim = 64, .dtype = STOF_F16,
+          .layout = STOF_LAYOUT_BLHD, .qkv_packed = 1, .kv_heads = 1},
+         STOF_ERR_INVALID_ARG, "qkv_packed holds as many K and V heads as Q heads: desc.kv_heads"},
+        /* the softcap: 0 (off) or finite and positive */
+        {{.batch = 2, .heads = 2, .seq_q = 256, .seq_k = 256, .head_dim = 64, .dtype = STOF_F16,
+          .softcap = -30}, STOF_ERR_INVALID_ARG, "desc.softcap"},
+        {{.batch = 2, .heads = 2, .seq_q = 256, .seq_k = 256, .head_dim = 64, .dtype = STOF_F16,
+          .softcap = NAN}, STOF_ERR_INVALID_ARG, "desc.softcap"},
+        {{.batch = 2, .heads = 2, .seq_q = 256, .seq_k = 256, .head_dim = 64, .dtype = STOF_F16,
+          .softcap = INFINITY}, STOF_ERR_INVALID_ARG, "desc.softcap"},
     };
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
         ck_assert_int_eq(stof_mha_plan_create(ctx, &bad[i].d, m, &p), bad[i].want);
