@@ -117,18 +117,21 @@ __device__ __forceinline__ float stof_ex2(float x)
 // masking (tanh would turn a masked -inf into -cap): the softmax multiplies a
 // raw score by scale_log2 = scale log2(e), so s becomes cap tanh(s scale / cap)
 // / scale, the capped score in natural units over the scale that multiplies
-// it back. tanhf, not tanh.approx: its 2^-11 error times a cap of 30 or 50
-// would be seen in the logits.
+// it back. tanh x = 1 - 2 / (1 + e^2x) on the SFU: what the softmax sees is
+// the capped logit's absolute error, here about cap * 2^-22 (tanh.approx's
+// relative 2^-11 would be cap * 2^-11 near the cap). tanhf spilled more
+// registers; so did capping inside the softmax step, as each score is read.
 template <int NB>
 __device__ __forceinline__ void stof_softcap(float (&s)[NB][4], float scale_log2)
 {
     constexpr float cap = {{SOFTCAP}};
-    const float to = scale_log2 * (0.6931471805599453f / cap), back = 1.f / to;
+    const float to = scale_log2 * (0.6931471805599453f / cap);  // tanh's argument: s to
+    const float to2 = 2.f * 1.4426950408889634f * to, back = 1.f / to;
 #pragma unroll
     for (int j = 0; j < NB; j++)
 #pragma unroll
         for (int e = 0; e < 4; e++)
-            s[j][e] = tanhf(s[j][e] * to) * back;
+            s[j][e] = (1.f - __fdividef(2.f, 1.f + stof_ex2(s[j][e] * to2))) * back;
 }{{/if}}
 
 // Scores of one m16 row tile as tensor-core accumulators: s[j] holds keys

@@ -304,6 +304,11 @@ stof_status mha_plan_forced(stof_ctx *ctx, const stof_mha_desc *desc, const stof
                         "wgmma attention kernels need sm_90a and head_dim 64 or 128 (80 and 96 on "
                         "the warp-specialized engine; this context compiles for %s, head_dim %d)",
                         ctx->arch, desc ? desc->head_dim : 0);
+    if (desc && desc->softcap > 0.f && !mha_takes_softcap(c))
+        return CTX_FAIL(ctx, STOF_ERR_UNSUPPORTED,
+                        "the warp-specialized engine's 192-row items do not take desc.softcap "
+                        "(their registers spill with it); its 128-row items and the other "
+                        "engines do");
     const int smem_max = mha_kernel_device_smem(ctx);
     if (desc && mha_smem_bytes(c, desc->head_dim) > smem_max)
         return CTX_FAIL(ctx, STOF_ERR_UNSUPPORTED,

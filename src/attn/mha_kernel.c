@@ -73,6 +73,11 @@ int mha_sit_out(const mha_candidate *c, int seq_q)
     return idle > 0 && 10 * idle >= 3 * groups;
 }
 
+int mha_takes_softcap(const mha_candidate *c)
+{
+    return !(c->wg == MHA_WS && c->bm == 192);
+}
+
 int mha_smem_bytes(const mha_candidate *c, int head_dim)
 {
     if (c->wg == MHA_WS) { /* Q (two where warpgroup 1 lags: LAG in attn_ws.cu), K and V

@@ -48,6 +48,11 @@ int mha_view_period(const mha_candidate *c, const attn_tiles *t, int seq_q, int 
  * or more. */
 int mha_sit_out(const mha_candidate *c, int seq_q);
 
+/* Whether c's kernel takes the logit softcap (desc.softcap): all but the
+ * warp-specialized engine's 192-row items, whose three consumers (160
+ * registers a thread) spill 32 to 116 bytes with it (NVRTC 12, sm_90a). */
+int mha_takes_softcap(const mha_candidate *c);
+
 /* Dynamic shared memory of a candidate's kernel, in bytes, and its threads. */
 int mha_smem_bytes(const mha_candidate *c, int head_dim);
 int mha_threads(const mha_candidate *c);

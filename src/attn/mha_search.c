@@ -414,7 +414,8 @@ stof_status mha_search_rank(stof_ctx *ctx, const stof_mha_desc *d, const mask_su
     TRY(mha_search_device_figures(ctx, &md, measure));
     *n = 0;
     for (int i = 0; i < nc; i++) {
-        if (c[i].kind == ATTN_GATHER && !want_gather)
+        if ((c[i].kind == ATTN_GATHER && !want_gather) ||
+            (d->softcap > 0.f && !mha_takes_softcap(&c[i])))
             continue;
         mha_search_cand *s = &cs[(*n)++];
         memset(s, 0, sizeof *s);
