@@ -182,9 +182,10 @@ int stof_mha_head_dim_supported(int head_dim);
  * tighter than '+'); spaces around terms and operators are ignored; numbers
  * are unsigned decimal.
  *   dense              every pair
- *   causal             k <= q + (Lk - Lq)  (bottom-right aligned when Lk != Lq)
- *   window:W           |q - k| <= W/2; W even, > 0
- *   causal_window:W    0 <= q - k < W; W > 0
+ *   causal             k <= p, p = q + (Lk - Lq): the query's position, bottom-right
+ *                      aligned when Lk != Lq (the queries are the last Lq of Lk)
+ *   window:W           |p - k| <= W/2; W even, > 0
+ *   causal_window:W    0 <= p - k < W; W > 0
  *   dilated:W:D        |q - k| <= (W/2)*D and (q - k) mod D == 0; W even, > 0; D > 0
  *   global:G           q < G or k < G; 0 < G <= max(Lq, Lk)
  *   strided:S          k mod S == S - 1; S > 0
@@ -291,9 +292,17 @@ void stof_mask_picture_free(void *data);
 /* ---- end of masks ---- */
 
 /* ---- Masked multi-head attention (src/attn/mha.c) ------------------------
- * out = softmax(Q Kᵀ · scale + mask) V per (batch, head), fp32 accumulation.
+ * out = softmax(cap(Q Kᵀ · scale) + mask) V per (batch, head), fp32
+ * accumulation; cap(s) = softcap · tanh(s / softcap), or s where softcap is 0.
  * A plan is made once for a shape and a mask (cache hit, or model + search)
- * and run as often as wanted, from several streams at once. */
+ * and run as often as wanted, from several streams at once.
+ *
+ * Grouped KV heads (GQA; MQA at kv_heads 1): k and v hold kv_heads heads
+ * ([batch, kv_heads, seq_k, head_dim], or [batch, seq_k, kv_heads,
+ * head_dim] in BLHD), and query head h reads kv head h / (heads / kv_heads).
+ * A KV prefix: where seq_k > seq_q the queries are the last seq_q positions,
+ * and causal, causal_window and window align to the bottom right (query row
+ * q stands at position q + seq_k - seq_q). */
 typedef enum stof_tune {
     STOF_TUNE_DEFAULT = 0,  /* $STOF_TUNE (off|fast|full), else fast */
     STOF_TUNE_OFF,          /* the model's first choice, default parameters */
@@ -308,11 +317,16 @@ typedef struct stof_mha_desc {
     stof_layout layout;                        /* 0 means BHLD; out has q's layout */
     int qkv_packed;                            /* nonzero: q points at [batch, seq, 3,
                                                   heads, head_dim] from a QKV projection;
-                                                  k and v are ignored; layout must be BLHD */
+                                                  k and v are ignored; layout must be BLHD;
+                                                  kv_heads must be heads (or 0) */
     float scale;                               /* 0 means 1/sqrt(head_dim) */
     stof_tune tune;
     int max_candidates;                        /* search budget; 0: no cap */
     double max_seconds;                        /* search budget; 0: no cap */
+    int kv_heads;                              /* heads of k and v: 0 means heads; heads
+                                                  must be a multiple of it (GQA, MQA) */
+    float softcap;                             /* logit softcap (Gemma-2): 0 off, else
+                                                  finite and > 0; rendered into the kernel */
 } stof_mha_desc;
 
 typedef struct stof_mha_plan stof_mha_plan;

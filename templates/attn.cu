@@ -23,7 +23,9 @@
 //   GATHER_Q   section flag: query rows come from an index list
 //   BLOCK_Q    section flag: query rows are consecutive (exactly one of the two)
 //   GATHER_K   section flag: tile keys come from an index list
-//   BLOCK_K    section flag: tile keys are consecutive (exactly one of the two)
+//   BLOCK_K    section flag: tile keys are consecutive (exactly one of the two){{#if GROUP}}
+//   GROUP      query heads per KV head (attn_common.cuh); "0": one each{{/if}}{{#if SOFTCAP}}
+//   SOFTCAP    the logit softcap (attn_common.cuh); "0": none{{/if}}
 
 {{>attn_common.cuh}}
 
@@ -197,7 +199,10 @@ extern "C" __global__ void __launch_bounds__(THREADS) stof_attn(ATTN_ITEM_PARAMS
 
         // Mask, only where needed: a partial tile's bitmap, keys past the
         // valid length. Full tiles inside the sequence skip it entirely.
-        const int bm = tile_bits[it];
+        const int bm = tile_bits[it];{{#if SOFTCAP}}
+#pragma unroll
+        for (int mt = 0; mt < MT; mt++)
+            stof_softcap(s[mt], scale_log2);{{/if}}
 {{#if GATHER_K}}
         const int *kix = Kix + stage * BN;
         // Padding keys (-1) are never in a bitmap and full tiles have none:

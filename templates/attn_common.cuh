@@ -9,7 +9,14 @@
 // An engine includes it (an include tag, codegen/render.h) ahead of its own
 // constants, whose short names (D, BM, BN, WPR ...) would otherwise replace
 // names here; its macros name the engine's elem_t and the kernel's
-// parameters where they are used. No template parameters.
+// parameters where they are used. No template parameters.{{#if GROUP}}
+//
+// GROUP (every engine's; "0" drops what it adds): query heads per KV head, k
+// and v holding heads / GROUP heads, query head h reading KV head h / GROUP.{{/if}}{{#if SOFTCAP}}
+//
+// SOFTCAP (every engine's; "0" drops what it adds): the logit softcap, a
+// float literal; each engine calls stof_softcap on a tile's raw scores
+// before it masks them.{{/if}}
 
 // ---- The work and its addressing --------------------------------------------
 
@@ -59,8 +66,8 @@ __device__ __forceinline__ int attn_seq_len(const int *seq_lens, int b)
     const int len = attn_seq_len(seq_lens, (b));                 \
     const int qlim = min(lq, len), klim = min(lk, len);          \
     const elem_t *qb = q + (b) * q_sb + (h) * q_sh;              \
-    const elem_t *kb = k + (b) * k_sb + (h) * k_sh;              \
-    const elem_t *vb = v + (b) * v_sb + (h) * v_sh;              \
+    const elem_t *kb = k + (b) * k_sb + (h){{#if GROUP}} / {{GROUP}}{{/if}} * k_sh;              \
+    const elem_t *vb = v + (b) * v_sb + (h){{#if GROUP}} / {{GROUP}}{{/if}} * v_sh;              \
     elem_t *ob = out + (b) * o_sb + (h) * o_sh
 
 // Row r of a query group whose rows are consecutive from `first`, or listed
@@ -104,7 +111,28 @@ __device__ __forceinline__ float stof_ex2(float x)
     float y;
     asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
     return y;
-}
+}{{#if SOFTCAP}}
+
+// The logit softcap (Gemma-2) on one m16 row tile's raw scores, before any
+// masking (tanh would turn a masked -inf into -cap): the softmax multiplies a
+// raw score by scale_log2 = scale log2(e), so s becomes cap tanh(s scale / cap)
+// / scale, the capped score in natural units over the scale that multiplies
+// it back. tanh x = 1 - 2 / (1 + e^2x) on the SFU: what the softmax sees is
+// the capped logit's absolute error, here about cap * 2^-22 (tanh.approx's
+// relative 2^-11 would be cap * 2^-11 near the cap). tanhf spilled more
+// registers; so did capping inside the softmax step, as each score is read.
+template <int NB>
+__device__ __forceinline__ void stof_softcap(float (&s)[NB][4], float scale_log2)
+{
+    constexpr float cap = {{SOFTCAP}};
+    const float to = scale_log2 * (0.6931471805599453f / cap);  // tanh's argument: s to
+    const float to2 = 2.f * 1.4426950408889634f * to, back = 1.f / to;
+#pragma unroll
+    for (int j = 0; j < NB; j++)
+#pragma unroll
+        for (int e = 0; e < 4; e++)
+            s[j][e] = (1.f - __fdividef(2.f, 1.f + stof_ex2(s[j][e] * to2))) * back;
+}{{/if}}
 
 // Scores of one m16 row tile as tensor-core accumulators: s[j] holds keys
 // 8j + 2t, 8j + 2t + 1 of row g (elements 0, 1) and of row g + 8 (2, 3).

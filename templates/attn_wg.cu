@@ -22,7 +22,9 @@
 //              tiles ahead of the products, and warpgroups up to a tile
 //              apart
 //   MMA_TYPE   f16 or bf16 (wgmma.cuh uses it too)
-//   GATHER_Q / BLOCK_Q, GATHER_K / BLOCK_K   as in attn.cu
+//   GATHER_Q / BLOCK_Q, GATHER_K / BLOCK_K   as in attn.cu{{#if GROUP}}
+//   GROUP, SOFTCAP   as in attn.cu{{/if}}{{#if SOFTCAP}}
+//   (SOFTCAP: the scores capped where the softmax step starts){{/if}}
 
 {{>attn_common.cuh}}
 
@@ -183,7 +185,8 @@ extern "C" __global__ void __launch_bounds__(THREADS) stof_attn(ATTN_ITEM_PARAMS
     // keys past the valid length), runs the softmax step, and issues
     // O += P V (V's rows are the keys, read N-major), committed, not waited for.
     auto softmax_pv = [&](float (&s)[BN / 8][4], int it, int stage) {
-        const int bm = tile_bits[it];
+        const int bm = tile_bits[it];{{#if SOFTCAP}}
+        stof_softcap(s, scale_log2);{{/if}}
 {{#if GATHER_K}}
         const int *kix = kidx + (long long)tile_key[it] * BN;
         // Padding keys (-1) are never in a bitmap and full tiles have none:

@@ -108,7 +108,10 @@
 //              (the host deals such items as lighter), 0: lq leaves none
 //   GATHER     1: gathered rows and keys (head_dim 64 or 128, BLOCK_M 128, SIT_OUT 0)
 //   PERIOD     rows and keys a residue class apart (GATHER 0, SIT_OUT 0), 1: consecutive
-//   MMA_TYPE   f16 or bf16 (wgmma.cuh uses it too)
+//   MMA_TYPE   f16 or bf16 (wgmma.cuh uses it too){{#if GROUP}}
+//   GROUP      query heads per KV head (attn_common.cuh): K and V's descriptors
+//              (or, with GATHER, their pointers) are of heads / GROUP heads{{/if}}{{#if SOFTCAP}}
+//   SOFTCAP    the logit softcap (attn_common.cuh), taken where a tile is masked{{/if}}
 
 {{>attn_common.cuh}}
 
@@ -312,7 +315,9 @@ stof_attn(const __grid_constant__ stof_tmap tq, const __grid_constant__ stof_tma
                                  : "memory");
                     mbar_arrive(q_full + 8 * qb);
                 }
-                const elem_t *kb = gk + b * k_sb + h * k_sh, *vb = gv + b * v_sb + h * v_sh;
+                const elem_t *kb = gk + b * k_sb + h * k_sh, *vb = gv + b * v_sb + h * v_sh;{{#if GROUP}}
+                kb = gk + b * k_sb + h / {{GROUP}} * k_sh;  // the group's KV head
+                vb = gv + b * v_sb + h / {{GROUP}} * v_sh;{{/if}}
                 for (int j = w.y; j < w.z; j++, it++, at.next()) {
                     const int kf = tile_key[j], bm = tile_bits[j], s = at.stage;
                     int kx[BN / PSTEP];
@@ -397,7 +402,7 @@ stof_attn(const __grid_constant__ stof_tmap tq, const __grid_constant__ stof_tma
 #pragma unroll
                     for (int a = 0; a < ATOMS; a++)
                         load_rows(Ks + s * KV_BYTES + a * BN * SW, &tk, k_full + 8 * s, a * AW, kf,
-                                  h, b);
+                                  h{{#if GROUP}} / {{GROUP}}{{/if}}, b);
                     if (bm >= 0)
                         bulk_load(Bs + s * BITS_BYTES, bits + (long long)bm * BM * WPR, BITS_BYTES,
                                   k_full + 8 * s);
@@ -409,7 +414,7 @@ stof_attn(const __grid_constant__ stof_tmap tq, const __grid_constant__ stof_tma
 #pragma unroll
                     for (int a = 0; a < ATOMS; a++)
                         load_rows(Vs + s * KV_BYTES + a * BN * SW, &tv, v_full + 8 * s, a * AW, kf,
-                                  h, b);
+                                  h{{#if GROUP}} / {{GROUP}}{{/if}}, b);
                     if (idle)
                         mbar_arrive_n(v_empty + 8 * s, idle);
                 }
@@ -501,7 +506,8 @@ stof_attn(const __grid_constant__ stof_tmap tq, const __grid_constant__ stof_tma
     // GATHER: padding keys are in no bitmap and full tiles have none, so
     // only a shortened sequence needs the tile's keys read.
     auto mask = [&](float (&s)[BN / 8][4], int st, int bm, int kfirst, int klim) {
-        const bool edge = GATHER ? klim < lk : kfirst + PERIOD * (BN - 1) >= klim;
+        const bool edge = GATHER ? klim < lk : kfirst + PERIOD * (BN - 1) >= klim;{{#if SOFTCAP}}
+        stof_softcap(s, scale_log2);{{/if}}
         if (bm >= 0 || edge) {
             const unsigned *w0 = bm < 0 ? nullptr
                                         : reinterpret_cast<const unsigned *>(

@@ -650,8 +650,9 @@ static int set_field(field *f, int nf, const char *opt, const char *key, const c
 /* Splits "k=v,fp16,...,rest" into fields and a dtype; with allow_rest, the
  * first token that is neither starts the rest (a mask spec may hold commas).
  * Returns 0 with err set on a fault. */
+/* softcap: where a line may name one (softcap=, a number), else NULL. */
 static int parse_line(const char *opt, const char *line, field *f, int nf, stof_dtype *dtype,
-                      int allow_rest, char **rest, char *err, size_t errlen)
+                      double *softcap, int allow_rest, char **rest, char *err, size_t errlen)
 {
     char *copy = strdup(line), *save = NULL;
     if (!copy) {
@@ -676,6 +677,13 @@ static int parse_line(const char *opt, const char *line, field *f, int nf, stof_
                 if ((*dtype = workload_dtype(val)) == STOF_DTYPE_INVALID) {
                     snprintf(err, errlen, "%s: unknown dtype \"%s\" (expected fp16, bf16 or fp32)",
                              opt, val);
+                    ok = 0;
+                }
+            } else if (softcap && strcmp(key, "softcap") == 0) {
+                char *end = NULL;
+                *softcap = strtod(val, &end);
+                if (!*val || *end || !(*softcap >= 0) || isinf(*softcap)) {
+                    snprintf(err, errlen, "%s: softcap=%s is not a finite number >= 0", opt, val);
                     ok = 0;
                 }
             } else if (allow_rest && strcmp(key, "mask") == 0) {
@@ -747,6 +755,9 @@ static int mha_supported(const workload_case *c, const char *l, const char *line
     else if (c->dtype != STOF_F16 && c->dtype != STOF_BF16)
         snprintf(err, errlen, "--mha \"%s\": dtype fp32 is not supported: attention takes fp16 "
                  "or bf16", line);
+    else if (c->kv_heads && c->heads % c->kv_heads)
+        snprintf(err, errlen, "--mha \"%s\": kv=%d does not divide h=%d: each KV head serves "
+                 "h / kv query heads", line, c->kv_heads, c->heads);
     else
         return 1;
     return 0;
@@ -756,11 +767,12 @@ int workload_add_mha(workload *w, const char *line, char *err, size_t errlen)
 {
     field f[] = {{{"b", "batch", NULL}, 1, MAX_BATCH, -1},   {{"h", "heads", NULL}, 1, MAX_HEADS, -1},
                  {{"l", "seq", NULL}, 1, MAX_SEQ, -1},       {{"lq", "seq_q", NULL}, 1, MAX_SEQ, -1},
-                 {{"lk", "seq_k", NULL}, 1, MAX_SEQ, -1},    {{"d", "head_dim", NULL}, 1, MAX_HEAD_DIM, -1}};
+                 {{"lk", "seq_k", NULL}, 1, MAX_SEQ, -1},    {{"d", "head_dim", NULL}, 1, MAX_HEAD_DIM, -1},
+                 {{"kv", "kv_heads", NULL}, 1, MAX_HEADS, -1}};
     workload_case c = {.op = WORKLOAD_MHA};
     char *mask = NULL;
     err[0] = 0;
-    if (!parse_line("--mha", line, f, 6, &c.dtype, 1, &mask, err, errlen))
+    if (!parse_line("--mha", line, f, 7, &c.dtype, &c.softcap, 1, &mask, err, errlen))
         return -1;
     const char *missing = f[0].value < 0 ? "b=" : f[1].value < 0 ? "h=" : f[5].value < 0 ? "d=" : NULL;
     if (!missing && f[2].value < 0 && (f[3].value < 0 || f[4].value < 0))
@@ -778,6 +790,7 @@ int workload_add_mha(workload *w, const char *line, char *err, size_t errlen)
     c.seq_q = (int)(f[2].value >= 0 ? f[2].value : f[3].value);
     c.seq_k = (int)(f[2].value >= 0 ? f[2].value : f[4].value);
     c.head_dim = (int)f[5].value;
+    c.kv_heads = f[6].value >= 0 ? (int)f[6].value : 0;
     if (c.dtype == STOF_DTYPE_INVALID)
         c.dtype = STOF_F16;
     c.mask = mask ? mask : "dense";
@@ -793,7 +806,7 @@ int workload_add_ln(workload *w, const char *line, char *err, size_t errlen)
     field f[] = {{{"rows", "r", NULL}, 1, MAX_ROWS, -1}, {{"hidden", "n", NULL}, 1, MAX_HIDDEN, -1}};
     workload_case c = {.op = WORKLOAD_LN};
     err[0] = 0;
-    if (!parse_line("--ln", line, f, 2, &c.dtype, 0, NULL, err, errlen))
+    if (!parse_line("--ln", line, f, 2, &c.dtype, NULL, 0, NULL, err, errlen))
         return -1;
     if (f[0].value < 0 || f[1].value < 0) {
         snprintf(err, errlen, "--ln \"%s\": missing %s=", line, f[0].value < 0 ? "rows" : "hidden");
@@ -837,6 +850,8 @@ void workload_mha_desc(const workload_case *c, stof_tune tune, stof_mha_desc *d)
     d->dtype = c->dtype;
     d->layout = STOF_LAYOUT_BHLD;
     d->tune = tune;
+    d->kv_heads = c->kv_heads;
+    d->softcap = (float)c->softcap;
 }
 
 void workload_ln_desc(const workload_case *c, stof_ln_desc *d)

@@ -4,6 +4,8 @@
  * masks), encoder-layer cases (workloads/layers.json: each case's seqs x
  * masks, with its model's sizes), and the one-line forms
  *   --mha "b=8,h=12,l=2048,d=64,fp16,window:256"
+ *   --mha "b=1,h=32,kv=8,lq=2048,lk=30720,d=128,bf16,softcap=50,causal"
+ *         (kv= or kv_heads=: grouped KV heads; softcap=: the logit softcap)
  *   --ln  "rows=16384,hidden=768,fp16"
  * Reading is strict: unknown members, wrong types, out-of-range sizes and
  * sizes attention does not support are refused with the file, line, column
@@ -30,6 +32,8 @@ typedef struct workload_case {
     int batch;           /* mha, layer */
     int seq_q, seq_k;    /* mha, layer (a layer has seq_q == seq_k) */
     int heads, head_dim; /* mha, layer (head_dim = hidden / heads) */
+    int kv_heads;        /* mha: KV heads (GQA, MQA), 0 meaning heads */
+    double softcap;      /* mha: the logit softcap, 0 off */
     char *mask;          /* mha, layer: the spec; NULL for ln */
     char *model;         /* layer */
     int hidden;          /* layer, ln */

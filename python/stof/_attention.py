@@ -3,7 +3,7 @@
 It owns the mapping of arrays onto stof_mha_desc (shapes, dtypes, layouts
 read from strides, packed QKV recognised from pointers), the checks that
 must pass before anything is launched, and the process's plans: one per
-(device, shapes, strides, dtypes, layout, mask, scale), so a repeated call
+(device, shapes, strides, dtypes, layout, mask, scale, softcap), so a repeated call
 is a dict lookup, an output allocation and one launch call (through
 _native where it was built, else ctypes).
 """
@@ -89,13 +89,19 @@ def _physical(qa, ka, va, layout, ptrs, itemsize):
         if x is None:
             raise L.InvalidArgumentError("%s must be 4-D (%s), got shape %s"
                                          % (name, layout.upper(), list(s)))
-    (b, h, lq, d), (_, _, lk, _) = c[0][0], c[1][0]
-    want_q, want_kv = (b, h, lq, d), (b, h, lk, d)
+    (b, h, lq, d), (_, hk, lk, _) = c[0][0], c[1][0]
+    want_q, want_kv = (b, h, lq, d), (b, hk, lk, d)
     for name, (shape, _), want in zip("kv", c[1:], (want_kv, want_kv)):
-        if shape[0] != b or shape[1] != h or shape[3] != d:
+        if shape[0] != b or shape[3] != d:
             raise L.InvalidArgumentError(
-                "%s's batch, heads and head_dim must match q's %s (in %s), got %s"
-                % (name, [b, h, d], layout.upper(), [shape[0], shape[1], shape[3]]))
+                "%s's batch and head_dim must match q's %s (in %s), got %s"
+                % (name, [b, d], layout.upper(), [shape[0], shape[3]]))
+    # Grouped KV heads (GQA, MQA; SDPA's enable_gqa): k and v with fewer
+    # heads, a divisor of q's.
+    if c[2][0][1] != hk or hk < 1 or h % hk:
+        raise L.InvalidArgumentError(
+            "k and v must have the same number of heads, one that divides q's %d (grouped KV "
+            "heads), got %d and %d" % (h, hk, c[2][0][1]))
     if c[2][0][2] != lk:
         raise L.InvalidArgumentError("k and v must have the same length, got %d and %d"
                                      % (lk, c[2][0][2]))
@@ -104,7 +110,8 @@ def _physical(qa, ka, va, layout, ptrs, itemsize):
         return L.LAYOUT_BHLD, False
     if all(_fits(s, st, _blhd_strides(*s)) for s, (_, st) in zip(sizes, c)):
         return L.LAYOUT_BLHD, False
-    if lq == lk and all(_fits(s, st, _blhd_strides(*s, width=3)) for s, (_, st) in zip(sizes, c)):
+    if lq == lk and hk == h and all(_fits(s, st, _blhd_strides(*s, width=3))
+                                    for s, (_, st) in zip(sizes, c)):
         row = h * d * itemsize
         if ptrs[1] - ptrs[0] == row and ptrs[2] - ptrs[0] == 2 * row:
             return L.LAYOUT_BLHD, True
@@ -141,7 +148,7 @@ def _supported(b, h, lq, lk, d):
                                  % (b, h, L.MAX_BATCH_HEADS))
 
 
-def _entry(key, arrays, ptrs, itemsize, layout, mask, scale, tune):
+def _entry(key, arrays, ptrs, itemsize, layout, mask, scale, tune, softcap=None):
     """Checks everything about a call that does not change between calls with
     the same key, then makes (or finds) its plan."""
     e = _plans.get(key)
@@ -165,7 +172,7 @@ def _entry(key, arrays, ptrs, itemsize, layout, mask, scale, tune):
                                      % [_dtype_name(a[2]) for a in arrays])
     lay, packed = _physical(arrays[0][:2], arrays[1][:2], arrays[2][:2], layout, ptrs, itemsize)
     (b, h, lq, d), _ = _canon(arrays[0][0], arrays[0][1], layout)
-    lk = _canon(arrays[1][0], arrays[1][1], layout)[0][2]
+    hk, lk = _canon(arrays[1][0], arrays[1][1], layout)[0][1:3]
     _supported(b, h, lq, lk, d)
     if isinstance(mask, str):
         m = _mask.for_spec(mask, lq, lk)
@@ -179,9 +186,13 @@ def _entry(key, arrays, ptrs, itemsize, layout, mask, scale, tune):
                                      % (m.lq, m.lk, lq, lk))
     if tune not in L.TUNE:
         raise L.InvalidArgumentError("tune must be None, 'off', 'fast' or 'full', got %r" % (tune,))
+    cap = float(softcap or 0.0)
+    if not cap >= 0.0 or cap == float("inf"):
+        raise L.InvalidArgumentError("softcap must be None, 0 or a finite number > 0, got %r"
+                                     % (softcap,))
     desc = L.MhaDesc(batch=b, heads=h, seq_q=lq, seq_k=lk, head_dim=d, dtype=arrays[0][2],
                      layout=lay, qkv_packed=int(packed), scale=float(scale or 0.0),
-                     tune=L.TUNE[tune])
+                     tune=L.TUNE[tune], kv_heads=hk if hk != h else 0, softcap=cap)
     ctx = L.Context.for_device(dev)
     with _plans_lock:
         e = _plans.get(key)
@@ -256,12 +267,12 @@ def _setup_torch():
     _torch = torch
 
 
-def attention_torch(q, k, v, mask, seq_lens, scale, layout, tune=None, out=None):
+def attention_torch(q, k, v, mask, seq_lens, scale, layout, tune=None, out=None, softcap=None):
     """The eager path for torch tensors: what the custom op runs, too."""
     try:
         key = (q.shape, q.stride(), k.shape, k.stride(), v.shape, v.stride(), q.dtype, k.dtype,
                v.dtype, q.get_device(), k.get_device(), v.get_device(), layout, mask, scale,
-               tune)
+               tune, softcap)
         qp, kp, vp = q.data_ptr(), k.data_ptr(), v.data_ptr()
     except (AttributeError, TypeError):
         raise L.InvalidArgumentError("q, k and v must all be torch tensors, got %s"
@@ -271,7 +282,8 @@ def attention_torch(q, k, v, mask, seq_lens, scale, layout, tune=None, out=None)
         td = _TORCH_DTYPES
         arrays = [(t.shape, t.stride(), td.get(t.dtype, t.dtype), t.get_device())
                   for t in (q, k, v)]
-        e = _entry(key, arrays, (qp, kp, vp), q.element_size(), layout, mask, scale, tune)
+        e = _entry(key, arrays, (qp, kp, vp), q.element_size(), layout, mask, scale, tune,
+                   softcap)
         e.tdevice = q.device
     if e.packed:
         _check_packed(e, qp, kp, vp)
@@ -363,14 +375,16 @@ def _stream_handle(stream):
                                  "or .handle, got %s" % type(stream).__name__)
 
 
-def attention_array(q, k, v, mask, seq_lens, scale, layout, tune, out, stream, device):
+def attention_array(q, k, v, mask, seq_lens, scale, layout, tune, out, stream, device,
+                    softcap=None):
     if not hasattr(q, "__cuda_array_interface__") and hasattr(q, "__dlpack__"):
-        return _via_dlpack(q, k, v, mask, seq_lens, scale, layout, tune, out, stream, device)
+        return _via_dlpack(q, k, v, mask, seq_lens, scale, layout, tune, out, stream, device,
+                           softcap)
     (qa, qp, size, qstream), (ka, kp, _, _), (va, vp, _, _) = (
         _cai(x, n, device) for x, n in ((q, "q"), (k, "k"), (v, "v")))
     key = ("cai", qa[:2], ka[:2], va[:2], qa[2], ka[2], va[2], qa[3], ka[3], va[3], layout,
-           mask, scale, tune)
-    e = _entry(key, [qa, ka, va], (qp, kp, vp), size, layout, mask, scale, tune)
+           mask, scale, tune, softcap)
+    e = _entry(key, [qa, ka, va], (qp, kp, vp), size, layout, mask, scale, tune, softcap)
     if e.packed:
         _check_packed(e, qp, kp, vp)
     cupy = type(q).__module__.split(".")[0] == "cupy" and sys.modules.get("cupy")
@@ -408,7 +422,7 @@ def attention_array(q, k, v, mask, seq_lens, scale, layout, tune, out, stream, d
     return out
 
 
-def _via_dlpack(q, k, v, mask, seq_lens, scale, layout, tune, out, stream, device):
+def _via_dlpack(q, k, v, mask, seq_lens, scale, layout, tune, out, stream, device, softcap):
     cupy = sys.modules.get("cupy")
     if cupy is not None:
         conv = cupy.from_dlpack
@@ -420,18 +434,23 @@ def _via_dlpack(q, k, v, mask, seq_lens, scale, layout, tune, out, stream, devic
         conv = torch.from_dlpack
     args = [None if x is None else conv(x) for x in (q, k, v, seq_lens, out)]
     return attention(args[0], args[1], args[2], mask, args[3], scale, layout, tune=tune,
-                     out=args[4], stream=stream, device=device)
+                     out=args[4], stream=stream, device=device, softcap=softcap)
 
 
 # ---- the entry point --------------------------------------------------------------------------
 
 
 def attention(q, k, v, mask="dense", seq_lens=None, scale=None, layout="bhld", *, tune=None,
-              out=None, stream=None, device=None):
-    """Masked multi-head attention: softmax(q kᵀ · scale + mask) v.
+              out=None, stream=None, device=None, softcap=None):
+    """Masked multi-head attention: softmax(cap(q kᵀ · scale) + mask) v.
 
     q: [B, H, Lq, D] ("bhld") or [B, Lq, H, D] ("blhd"); k and v likewise
-    with Lk. fp16 or bf16, on one CUDA device; each contiguous in BHLD or
+    with Lk, and with Hk heads where Hk divides H (grouped KV heads, GQA or
+    MQA, as SDPA's enable_gqa: query head h reads KV head h // (H // Hk)).
+    Where Lk > Lq the queries are the last Lq positions (a KV prefix):
+    causal, causal_window and window align bottom-right. softcap: None or 0,
+    or the logit softcap c > 0 (Gemma-2): cap(s) = c tanh(s / c).
+    fp16 or bf16, on one CUDA device; each contiguous in BHLD or
     BLHD memory order whatever the layout named (a transposed view is read in
     place), or the q, k, v slices of one [B, L, 3, H, D] QKV projection
     (read packed, with no copy). D: 32, 64, 80, 96 or 128.
@@ -457,14 +476,16 @@ def attention(q, k, v, mask="dense", seq_lens=None, scale=None, layout="bhld", *
     if tt is not None and isinstance(q, tt):
         if _is_compiling():
             from . import _torch as op
-            return op.call(q, k, v, mask, seq_lens, scale, layout)
+            return op.call(q, k, v, mask, seq_lens, scale, layout, softcap)
         if stream is not None:
             if not isinstance(stream, _torch.cuda.Stream):
                 stream = _torch.cuda.ExternalStream(_stream_handle(stream), device=q.device)
             with _torch.cuda.stream(stream):
-                return attention_torch(q, k, v, mask, seq_lens, scale, layout, tune, out)
-        return attention_torch(q, k, v, mask, seq_lens, scale, layout, tune, out)
-    return attention_array(q, k, v, mask, seq_lens, scale, layout, tune, out, stream, device)
+                return attention_torch(q, k, v, mask, seq_lens, scale, layout, tune, out,
+                                       softcap)
+        return attention_torch(q, k, v, mask, seq_lens, scale, layout, tune, out, softcap)
+    return attention_array(q, k, v, mask, seq_lens, scale, layout, tune, out, stream, device,
+                           softcap)
 
 
 # Last, so that what the op is handed is defined.

@@ -139,7 +139,8 @@ class MhaDesc(Structure):
     _fields_ = [("batch", c_int), ("heads", c_int), ("seq_q", c_int), ("seq_k", c_int),
                 ("head_dim", c_int), ("dtype", c_int), ("layout", c_int),
                 ("qkv_packed", c_int), ("scale", c_float), ("tune", c_int),
-                ("max_candidates", c_int), ("max_seconds", c_double)]
+                ("max_candidates", c_int), ("max_seconds", c_double),
+                ("kv_heads", c_int), ("softcap", c_float)]
 
 
 class LayerDesc(Structure):

@@ -1,7 +1,7 @@
 """_torch: stof's torch.library custom ops, so torch.compile keeps stof calls
 in its graphs and CUDA graphs capture them.
 
-torch.ops.stof.attention(q, k, v, mask, seq_lens, scale, layout) runs the
+torch.ops.stof.attention(q, k, v, mask, seq_lens, scale, layout, softcap) runs the
 same eager path as stof.attention; its fake (meta) implementation gives the
 output's sizes and strides from q's alone. stof.attention calls the op by
 itself while torch.compile traces. Imported only once torch is, by
@@ -28,19 +28,20 @@ def register(attention_torch, out_layout):
     @torch.library.custom_op("stof::attention", mutates_args=())
     def attention_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: str,
                      seq_lens: Optional[torch.Tensor], scale: float,
-                     layout: str) -> torch.Tensor:
-        return attention_torch(q, k, v, _mask.from_op_key(mask), seq_lens, scale or None, layout)
+                     layout: str, softcap: float = 0.0) -> torch.Tensor:
+        return attention_torch(q, k, v, _mask.from_op_key(mask), seq_lens, scale or None, layout,
+                               softcap=softcap or None)
 
     @attention_op.register_fake
-    def _(q, k, v, mask, seq_lens, scale, layout):
+    def _(q, k, v, mask, seq_lens, scale, layout, softcap=0.0):
         shape, stride = out_layout(q.shape, q.stride(), layout)
         return q.new_empty_strided(shape, stride)
 
 
-def call(q, k, v, mask, seq_lens, scale, layout):
+def call(q, k, v, mask, seq_lens, scale, layout, softcap=None):
     """stof.attention while torch.compile traces: the op, with its arguments
     in the forms a schema takes."""
     if seq_lens is not None and not isinstance(seq_lens, torch.Tensor):
         seq_lens = torch.tensor(list(seq_lens), dtype=torch.int32, device=q.device)
     return torch.ops.stof.attention(q, k, v, _mask.op_key(mask), seq_lens,
-                                    float(scale or 0.0), layout)
+                                    float(scale or 0.0), layout, float(softcap or 0.0))

@@ -31,6 +31,14 @@ class AttentionChecks(unittest.TestCase):
         self.fails(stof.InvalidArgumentError, "must match q's", q, arr((3, 4, 128, 64)), q)
         self.fails(stof.InvalidArgumentError, "must match q's", q, arr((2, 4, 128, 32)), q)
         self.fails(stof.InvalidArgumentError, "same length", q, q, arr((2, 4, 96, 64)))
+        # grouped KV heads: k and v with one number of heads that divides q's
+        kv3, kv2 = arr((2, 3, 128, 64)), arr((2, 2, 128, 64))
+        self.fails(stof.InvalidArgumentError, "divides q's 4 (grouped KV heads), got 3 and 3",
+                   q, kv3, kv3)
+        self.fails(stof.InvalidArgumentError, "divides q's 4 (grouped KV heads), got 2 and 4",
+                   q, kv2, q)
+        self.fails(stof.InvalidArgumentError, "divides q's 4", q, arr((2, 8, 128, 64)),
+                   arr((2, 8, 128, 64)))
         self.fails(stof.InvalidArgumentError, "layout", q, q, q, layout="bhdl")
 
     def test_dtypes(self):
@@ -52,6 +60,11 @@ class AttentionChecks(unittest.TestCase):
         self.fails(stof.InvalidArgumentError, "at column", q, q, q, mask="window:3")
         self.fails(stof.InvalidArgumentError, "100 x 100", q, q, q, mask=stof.Mask("causal", 100))
         self.fails(stof.InvalidArgumentError, "spec str or a stof.Mask", q, q, q, mask=3)
+
+    def test_softcap(self):
+        q = arr((2, 4, 128, 64))
+        for bad in (-1.0, float("nan"), float("inf")):
+            self.fails(stof.InvalidArgumentError, "softcap must be", q, q, q, softcap=bad)
 
     def test_not_arrays(self):
         self.fails(stof.InvalidArgumentError, "CUDA array", [1, 2], [1, 2], [1, 2])
@@ -90,6 +103,11 @@ class AttentionChecks(unittest.TestCase):
         self.fails(stof.NoDeviceError, "no GPU", t, t, t)
         u = arr((b, l, h, d))
         self.fails(stof.NoDeviceError, "no GPU", u, u, u, layout="blhd")
+        # Grouped KV heads (4 on 2, MQA on 1), a KV prefix, the softcap.
+        for hk in (2, 1):
+            kv = arr((b, hk, 3 * l, d))
+            self.fails(stof.NoDeviceError, "no GPU", q, kv, kv, mask="causal_window:64",
+                       softcap=30.0)
         # The q, k, v slices of one [b, l, 3, h, d] projection: read packed.
         st = contiguous_strides((b, l, 3, h, d))
         base, row = 0x7f0000000000, h * d * 2

@@ -4,8 +4,8 @@ and with stof.hf.optimize, against the same weights in float32 under HF's
 sdpa on every real token (relative L2 5e-3, as the C suites). Covers
 padding masks (seq_lens), sliding-window configs, a 4-D mask, the user's
 spec, optimize on BERT and ViT under no_grad and inference_mode, the
-refusal of training mode, the falls back to sdpa (grouped KV heads,
-decoding), sentence-transformers, and accelerate across two GPUs. Where
+refusal of training mode, grouped KV heads and Gemma-2's softcap run by
+stof, the fall back to sdpa (decoding), sentence-transformers, and accelerate across two GPUs. Where
 torch, a GPU, transformers, sentence-transformers or a second GPU is
 missing, the test says so and is skipped.
 
@@ -150,7 +150,7 @@ class Backend(unittest.TestCase):
         self.check(again, want, "BERT, the same 4-D mask again")
         self.check(own, want, "BERT, stof.hf.mask(%r)" % spec)
 
-    def test_gqa_and_decoding_fall_back(self):
+    def test_gqa_runs_and_decoding_falls_back(self):
         cfg = transformers.LlamaConfig(hidden_size=256, intermediate_size=512,
                                        num_attention_heads=4, num_key_value_heads=2,
                                        num_hidden_layers=2, vocab_size=1000)
@@ -161,8 +161,8 @@ class Backend(unittest.TestCase):
         with torch.no_grad(), Quiet() as q:
             got = model(input_ids=ids).logits
             want = ref(input_ids=ids).logits
-        self.assertTrue(any("grouped KV heads" in s for s in q.said), q.said)
-        self.check(got, want, "Llama-shaped GQA (sdpa, said once)")
+        self.assertEqual(q.said, [])                  # k and v's 2 heads go to stof as they are
+        self.check(got, want, "Llama-shaped GQA (4 on 2 KV heads)")
         cfg.num_key_value_heads = 4
         torch.manual_seed(SEED)
         model = transformers.LlamaForCausalLM(cfg).eval().half().cuda()
@@ -175,6 +175,29 @@ class Backend(unittest.TestCase):
         print("stof.hf generate(): %d of 8 new tokens as sdpa's"
               % (got[0, 100:] == want[0, 100:]).sum().item())
         self.assertTrue(torch.equal(got[0, :101], want[0, :101]))   # the prefill's token
+
+
+    def test_gemma2_softcap(self):
+        """Gemma-2's logit softcap (50) and its sliding-window layers, on
+        grouped KV heads, against the eager attention in float32 (sdpa has
+        no softcap)."""
+        cfg = transformers.Gemma2Config(hidden_size=256, intermediate_size=512,
+                                        num_attention_heads=4, num_key_value_heads=2,
+                                        head_dim=64, num_hidden_layers=2, vocab_size=1000,
+                                        sliding_window=64, attn_logit_softcapping=50.0,
+                                        query_pre_attn_scalar=64)
+        torch.manual_seed(SEED)
+        model = transformers.Gemma2ForCausalLM(cfg).eval()
+        ref = copy.deepcopy(model).float().cuda()
+        ref.set_attn_implementation("eager")
+        model = model.half().cuda()
+        model.set_attn_implementation("stof")
+        ids = torch.randint(0, 1000, (1, 150), device="cuda")
+        with torch.no_grad(), Quiet() as q:
+            got = model(input_ids=ids).logits
+            want = ref(input_ids=ids).logits
+        self.assertEqual(q.said, [])
+        self.check(got, want, "Gemma-2-shaped softcap 50, window 64, GQA")
 
 
 class Optimize(unittest.TestCase):

@@ -153,19 +153,24 @@ class _FakeKernel:
     def __init__(self):
         self.calls = []
 
-    def __call__(self, q, k, v, mask, seq_lens=None, scale=None, layout="bhld"):
+    def __call__(self, q, k, v, mask, seq_lens=None, scale=None, layout="bhld", softcap=None):
         self.calls.append({"mask": mask, "lens": None if seq_lens is None else seq_lens.tolist(),
-                           "views": (q.is_contiguous(), k.is_contiguous(), v.is_contiguous())})
+                           "views": (q.is_contiguous(), k.is_contiguous(), v.is_contiguous()),
+                           "kv_heads": k.shape[1], "softcap": softcap})
         b, h, lq, d = q.shape
         lk = k.shape[2]
+        k, v = (t.repeat_interleave(h // t.shape[1], dim=1) for t in (k, v))  # grouped KV heads
         m = mask if isinstance(mask, stof.Mask) else stof.Mask(mask, lq, lk)
         allowed = m.to_dense("torch")[None, None].repeat(b, 1, 1, 1)
         if seq_lens is not None:
             for i, n in enumerate(seq_lens.tolist()):
                 allowed[i, :, :, n:] = False
                 allowed[i, :, n:, :] = True      # padded rows: anything finite, zeroed below
-        out = F.scaled_dot_product_attention(q.float(), k.float(), v.float(), attn_mask=allowed,
-                                             scale=scale)
+        s = q.float() @ k.float().transpose(-1, -2) * (scale or d ** -0.5)
+        if softcap:
+            s = softcap * torch.tanh(s / softcap)
+        s = s.masked_fill(~allowed, float("-inf"))
+        out = torch.softmax(s, dim=-1).nan_to_num(0.0) @ v.float()
         if seq_lens is not None:
             for i, n in enumerate(seq_lens.tolist()):
                 out[i, :, n:] = 0
@@ -272,7 +277,7 @@ class Models(unittest.TestCase):
         self.assertIs(q2, v)
         self.assertTrue(v2.transpose(1, 2).is_contiguous() and torch.equal(v2, q))
 
-    def test_gqa_and_decoding_fall_back_saying_so(self):
+    def test_gqa_runs_and_decoding_falls_back_saying_so(self):
         cfg = transformers.LlamaConfig(hidden_size=128, intermediate_size=256,
                                        num_attention_heads=2, num_key_value_heads=1,
                                        num_hidden_layers=2, vocab_size=500)
@@ -282,9 +287,10 @@ class Models(unittest.TestCase):
             warnings.simplefilter("always")
             _backend._said.clear()
             got, want = self.run_both(model, input_ids=ids)
-        self.assertTrue(any("grouped KV heads" in str(x.message) for x in w))
-        self.assertEqual(self.kernel.calls, [])
+        self.assertEqual([str(x.message) for x in w if "stof.hf" in str(x.message)], [])
+        self.assertEqual([c["kv_heads"] for c in self.kernel.calls], [1, 1])  # MQA, as it is
         self.close(got.logits, want.logits)
+        self.kernel.calls.clear()
         cfg.num_key_value_heads = 2
         model = transformers.LlamaForCausalLM(cfg).eval()
         with torch.no_grad(), warnings.catch_warnings(record=True) as w:
@@ -296,6 +302,25 @@ class Models(unittest.TestCase):
         self.assertTrue(torch.equal(got, want))
         self.assertEqual(self.kernel.calls[0]["mask"], "causal")      # the prefill
         self.assertTrue(any("decoding" in str(x.message) for x in w))
+
+    def test_gemma2_softcap_passes_through(self):
+        cfg = transformers.Gemma2Config(hidden_size=128, intermediate_size=256,
+                                        num_attention_heads=4, num_key_value_heads=2, head_dim=32,
+                                        num_hidden_layers=2, vocab_size=500, sliding_window=8,
+                                        attn_logit_softcapping=50.0, query_pre_attn_scalar=32)
+        model = transformers.Gemma2ForCausalLM(cfg).eval()
+        ids = torch.randint(0, 500, (1, 20))
+        with torch.no_grad(), warnings.catch_warnings(record=True) as w:
+            warnings.simplefilter("always")
+            _backend._said.clear()
+            model.set_attn_implementation("eager")     # sdpa has no softcap
+            want = model(input_ids=ids)
+            model.set_attn_implementation("stof")
+            got = model(input_ids=ids)
+        self.assertEqual([str(x.message) for x in w if "stof.hf" in str(x.message)], [])
+        self.assertEqual([(c["kv_heads"], c["softcap"]) for c in self.kernel.calls],
+                         [(2, 50.0)] * 2)
+        self.close(got.logits, want.logits)
 
     def test_optimize_refuses_training_mode(self):
         cfg = transformers.BertConfig(hidden_size=64, num_attention_heads=1, num_hidden_layers=1,

@@ -166,11 +166,15 @@ static int term_row(const mask_spec *s, mask_spec_rows *r, const mask_spec_term 
     switch (t->kind) {
     case MASK_SPEC_DENSE:
         return push_range(out, 0, 0, lk, lk);
+    /* The query's position among the keys: the queries are the last lq of
+     * lk (a KV prefix before them), so these align bottom-right. */
     case MASK_SPEC_CAUSAL:
         return push_range(out, 0, 0, q + ((int64_t)lk - s->lq) + 1, lk);
     case MASK_SPEC_WINDOW:
+        q += (int64_t)lk - s->lq;
         return push_range(out, 0, q - t->a / 2, q + t->a / 2 + 1, lk);
     case MASK_SPEC_CAUSAL_WINDOW:
+        q += (int64_t)lk - s->lq;
         return push_range(out, 0, q - t->a + 1, q + 1, lk);
     case MASK_SPEC_DILATED:
         return term_dilated(t, q, lk, out);

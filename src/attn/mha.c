@@ -65,11 +65,23 @@ static stof_status check_desc(stof_ctx *ctx, const stof_mha_desc *d, const stof_
     if (d->layout != 0 && d->layout != STOF_LAYOUT_BHLD && d->layout != STOF_LAYOUT_BLHD)
         return CTX_FAIL(ctx, STOF_ERR_INVALID_ARG, "desc.layout %d is not a stof_layout",
                         (int)d->layout);
+    if (d->kv_heads < 0 || d->heads % mha_kv_heads(d) != 0)
+        return CTX_FAIL(ctx, STOF_ERR_INVALID_ARG,
+                        "desc.kv_heads %d must be 0 or divide desc.heads %d", d->kv_heads,
+                        d->heads);
     if (d->qkv_packed && (d->layout != STOF_LAYOUT_BLHD || d->seq_q != d->seq_k))
         return CTX_FAIL(ctx, STOF_ERR_INVALID_ARG,
                         "desc.qkv_packed needs layout STOF_LAYOUT_BLHD and seq_q == seq_k");
+    if (d->qkv_packed && mha_kv_heads(d) != d->heads)
+        return CTX_FAIL(ctx, STOF_ERR_INVALID_ARG,
+                        "desc.qkv_packed holds as many K and V heads as Q heads: desc.kv_heads "
+                        "%d must be 0 or %d there",
+                        d->kv_heads, d->heads);
     if (!(d->scale >= 0.f) || isinf(d->scale))
         return CTX_FAIL(ctx, STOF_ERR_INVALID_ARG, "desc.scale must be finite and >= 0");
+    if (!(d->softcap >= 0.f) || isinf(d->softcap))
+        return CTX_FAIL(ctx, STOF_ERR_INVALID_ARG,
+                        "desc.softcap must be finite and >= 0 (0: off), got %g", (double)d->softcap);
     if (d->tune < STOF_TUNE_DEFAULT || d->tune > STOF_TUNE_FULL)
         return CTX_FAIL(ctx, STOF_ERR_INVALID_ARG, "desc.tune %d is not a stof_tune", (int)d->tune);
     if (d->max_candidates < 0 || !(d->max_seconds >= 0))
@@ -83,11 +95,18 @@ static stof_status check_desc(stof_ctx *ctx, const stof_mha_desc *d, const stof_
     return STOF_OK;
 }
 
+/* The tuning record's shape: KV heads and the softcap only where they are
+ * set, so that the records of plain multi-head attention keep their keys. */
 static void shape_string(const stof_mha_desc *d, char *out, size_t n)
 {
-    snprintf(out, n, "b=%d,h=%d,lq=%d,lk=%d,d=%d,layout=%s%s", d->batch, d->heads, d->seq_q,
+    char kv[24] = "", cap[40] = "";
+    if (mha_group(d) > 1)
+        snprintf(kv, sizeof kv, ",kv=%d", mha_kv_heads(d));
+    if (d->softcap > 0.f)
+        snprintf(cap, sizeof cap, ",softcap=%.9g", (double)d->softcap);
+    snprintf(out, n, "b=%d,h=%d,lq=%d,lk=%d,d=%d,layout=%s%s%s%s", d->batch, d->heads, d->seq_q,
              d->seq_k, d->head_dim, d->layout == STOF_LAYOUT_BLHD ? "blhd" : "bhld",
-             d->qkv_packed ? ",packed" : "");
+             d->qkv_packed ? ",packed" : "", kv, cap);
 }
 
 /* ---- public calls ------------------------------------------------------- */
@@ -285,6 +304,11 @@ stof_status mha_plan_forced(stof_ctx *ctx, const stof_mha_desc *desc, const stof
                         "wgmma attention kernels need sm_90a and head_dim 64 or 128 (80 and 96 on "
                         "the warp-specialized engine; this context compiles for %s, head_dim %d)",
                         ctx->arch, desc ? desc->head_dim : 0);
+    if (desc && desc->softcap > 0.f && !mha_takes_softcap(c))
+        return CTX_FAIL(ctx, STOF_ERR_UNSUPPORTED,
+                        "the warp-specialized engine's 192-row items do not take desc.softcap "
+                        "(their registers spill with it); its 128-row items and the other "
+                        "engines do");
     const int smem_max = mha_kernel_device_smem(ctx);
     if (desc && mha_smem_bytes(c, desc->head_dim) > smem_max)
         return CTX_FAIL(ctx, STOF_ERR_UNSUPPORTED,
@@ -341,20 +365,25 @@ stof_status stof_mha_plan_describe(const stof_mha_plan *p, char *buf, size_t n)
         return STOF_ERR_INVALID_ARG;
     /* How the warp-specialized engine reads rows: TMA boxes, boxes of a
      * residue-class view (tma/period), or the producer's copies. */
-    char rows[32] = "";
+    char rows[32] = "", mods[64] = "";
+    if (mha_group(&p->d) > 1)
+        snprintf(mods, sizeof mods, " kv_heads=%d", mha_kv_heads(&p->d));
+    if (p->d.softcap > 0.f)
+        snprintf(mods + strlen(mods), sizeof mods - strlen(mods), " softcap=%g",
+                 (double)p->d.softcap);
     if (p->c.wg == MHA_WS && p->L.period > 1)
         snprintf(rows, sizeof rows, " rows=tma/%d", p->L.period);
     else if (p->c.wg == MHA_WS)
         snprintf(rows, sizeof rows, " rows=%s", p->L.gather ? "copies" : "tma");
     snprintf(buf, n,
              "kernel=%s engine=%s%s block_m=%d block_n=%d m_tiles=%d q_in=%s stages=%d p_in=%s "
-             "head_dim=%d "
+             "head_dim=%d%s "
              "%s groups=%d regs=%d local=%d smem=%d chosen_by=%s predicted_ms=%.4f "
              "measured_ms=%.4f candidates_timed=%d mask=%.16s",
              mha_kernel_kind_name(p->c.kind), mha_kernel_engine_name(&p->c), rows, p->c.bm,
              p->c.bn, p->c.mt,
              p->c.wg || p->c.qs ? "smem" : "regs", p->c.wg ? p->c.st : 2,
-             p->c.wg == MHA_WS && p->c.qs ? "smem" : "regs", p->d.head_dim,
+             p->c.wg == MHA_WS && p->c.qs ? "smem" : "regs", p->d.head_dim, mods,
              dtype_name(p->d.dtype),
              p->L.n_groups, p->regs, p->spill, p->L.smem, p->origin, p->predicted_ms, p->measured_ms,
              p->tried, p->mask_hash);

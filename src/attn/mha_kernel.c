@@ -9,7 +9,7 @@
 /* ---- candidates and requests ------------------------------------------- */
 
 void mha_make_request(const mha_candidate *c, int head_dim, int seq_q, stof_dtype dtype,
-                      int period, mha_request *r)
+                      int group, float softcap, int period, mha_request *r)
 {
     const int nums[4] = {head_dim, c->bm, c->bn, c->wg ? c->st : c->mt};
     static const char *const names[2][4] = {{"HEAD_DIM", "BLOCK_M", "BLOCK_N", "M_TILES"},
@@ -21,6 +21,15 @@ void mha_make_request(const mha_candidate *c, int head_dim, int seq_q, stof_dtyp
         r->vars[n++] = (render_var){names[c->wg != 0][i], r->text[i]};
     }
     r->vars[n++] = (render_var){"MMA_TYPE", dtype == STOF_BF16 ? "bf16" : "f16"};
+    /* Score modifiers render as sections that "0" drops (attn_common.cuh),
+     * so that a kernel without them renders as it always did. */
+    snprintf(r->text[5], sizeof r->text[5], "%d", group > 1 ? group : 0);
+    r->vars[n++] = (render_var){"GROUP", r->text[5]};
+    if (softcap > 0.f)
+        snprintf(r->text[6], sizeof r->text[6], "%.9g", (double)softcap);
+    else
+        snprintf(r->text[6], sizeof r->text[6], "0");
+    r->vars[n++] = (render_var){"SOFTCAP", r->text[6]};
     r->req = (jit_request){"mha", files[c->wg], "stof_attn", r->vars, n,
                            c->wg ? "wgmma.cuh" : NULL};
     if (c->wg == MHA_WS) {
@@ -62,6 +71,11 @@ int mha_sit_out(const mha_candidate *c, int seq_q)
     const int groups = (seq_q + c->bm - 1) / c->bm, rest = seq_q % c->bm;
     const int idle = rest ? (c->bm - rest) / 64 : 0;
     return idle > 0 && 10 * idle >= 3 * groups;
+}
+
+int mha_takes_softcap(const mha_candidate *c)
+{
+    return !(c->wg == MHA_WS && c->bm == 192);
 }
 
 int mha_smem_bytes(const mha_candidate *c, int head_dim)
@@ -177,12 +191,23 @@ const char *mha_kernel_engine_name(const mha_candidate *c)
 
 /* ---- strides and launch ------------------------------------------------- */
 
+int mha_kv_heads(const stof_mha_desc *d)
+{
+    return d->kv_heads > 0 ? d->kv_heads : d->heads;
+}
+
+int mha_group(const stof_mha_desc *d)
+{
+    return d->heads / mha_kv_heads(d);
+}
+
 mha_strides mha_kernel_strides(const stof_mha_desc *d)
 {
     mha_strides s = {0};
-    long long H = d->heads, D = d->head_dim;
     for (int i = 0; i < 4; i++) {
-        long long L = (i == 1 || i == 2) ? d->seq_k : d->seq_q;
+        const int kv = i == 1 || i == 2;
+        long long L = kv ? d->seq_k : d->seq_q, D = d->head_dim;
+        long long H = kv && !d->qkv_packed ? mha_kv_heads(d) : d->heads;
         if (d->qkv_packed && i < 3) {
             s.s[i][0] = L * 3 * H * D, s.s[i][1] = D, s.s[i][2] = 3 * H * D;
         } else if (d->layout == STOF_LAYOUT_BLHD) {
@@ -191,26 +216,27 @@ mha_strides mha_kernel_strides(const stof_mha_desc *d)
             s.s[i][0] = H * L * D, s.s[i][1] = L * D, s.s[i][2] = D;
         }
     }
-    s.kv_offset = d->qkv_packed ? H * D : 0;
+    s.kv_offset = d->qkv_packed ? (long long)d->heads * d->head_dim : 0;
     return s;
 }
 
 
 /* A TMA descriptor of one of q, k, v, out as the 4-D tensor (head_dim,
- * rows, heads, batch), or with period > 1 the 5-D (head_dim, rows / period,
+ * rows, heads, batch) (k and v: kv_heads), or with period > 1 the 5-D (head_dim, rows / period,
  * period, heads, batch), with the given element strides (row, head, batch),
  * read or written in boxes of one swizzle atom's columns x box_rows, as
  * attn_ws.cu lays them out: 64 columns 128-byte swizzled at head_dim 64 and
  * 128, 32 columns 64-byte swizzled at 80 and 96; rows and columns past the
  * end read as zeros and are not written. */
 static stof_status tensor_map(stof_ctx *ctx, CUtensorMap *map, CUdeviceptr p, const stof_mha_desc *d,
-                              int rows, const long long (*stride)[3], int box_rows, int period)
+                              int rows, int heads, const long long (*stride)[3], int box_rows,
+                              int period)
 {
     /* With a period, rows as (row / period, row % period): five dimensions. */
     const int sw = d->head_dim % 64 == 0 ? 128 : 64, v = period > 1;
     const long long sl = (*stride)[2] * 2;
     const cuuint64_t dims[5] = {(cuuint64_t)d->head_dim, (cuuint64_t)(rows / period),
-                                (cuuint64_t)period, (cuuint64_t)d->heads, (cuuint64_t)d->batch};
+                                (cuuint64_t)period, (cuuint64_t)heads, (cuuint64_t)d->batch};
     const cuuint64_t strides[4] = {(cuuint64_t)(sl * period), (cuuint64_t)sl,
                                    (cuuint64_t)(*stride)[1] * 2, (cuuint64_t)(*stride)[0] * 2};
     cuuint64_t dv[5], sv[4];
@@ -249,7 +275,9 @@ static stof_status launch_ws(stof_ctx *ctx, const stof_mha_desc *d, const mha_la
                              CUstream stream, mha_maps *cache)
 {
     const CUdeviceptr at[4] = {q, k, v, out};
+    /* k and v hold kv_heads heads (GQA): the kernel reads kv head h / GROUP. */
     const int rows[4] = {d->seq_q, d->seq_k, d->seq_k, d->seq_q},
+              heads[4] = {d->heads, mha_kv_heads(d), mha_kv_heads(d), d->heads},
               box[4] = {L->bm, L->bn, L->bn, 64};
     CUtensorMap t[4];
     memset(t, 0, sizeof t);
@@ -258,7 +286,7 @@ static stof_status launch_ws(stof_ctx *ctx, const stof_mha_desc *d, const mha_la
             memcpy(&t[i], cache->map[i], sizeof t[i]);
             continue;
         }
-        TRY(tensor_map(ctx, &t[i], at[i], d, rows[i], &s->s[i], box[i], L->period));
+        TRY(tensor_map(ctx, &t[i], at[i], d, rows[i], heads[i], &s->s[i], box[i], L->period));
         if (cache) {
             memcpy(cache->map[i], &t[i], sizeof t[i]);
             cache->at[i] = at[i];
@@ -317,7 +345,8 @@ stof_status mha_kernel_load(stof_ctx *ctx, const stof_mha_desc *d, const mha_can
     memset(L, 0, sizeof *L);
     mha_request r;
     L->period = mha_view_period(c, t, d->seq_q, d->seq_k);
-    mha_make_request(c, d->head_dim, d->seq_q, d->dtype, L->period, &r);
+    mha_make_request(c, d->head_dim, d->seq_q, d->dtype, mha_group(d), d->softcap, L->period,
+                     &r);
     TRY(jit_get_known(ctx, &r.req, known, &L->fn, L->key));
     L->wg = c->wg;
     L->gather = c->wg == MHA_WS && c->kind == ATTN_GATHER && L->period == 1;

@@ -28,13 +28,14 @@ typedef struct mha_candidate {
 
 /* The kernel request for a candidate; the strings live in *buf. */
 typedef struct mha_request {
-    char text[5][16];
-    render_var vars[11];
+    char text[7][24];
+    render_var vars[13];
     jit_request req;
 } mha_request;
-/* period: mha_view_period's for the candidate's tiles (1 elsewhere). */
+/* period: mha_view_period's for the candidate's tiles (1 elsewhere);
+ * group: query heads per KV head (mha_group); softcap: the desc's (0: off). */
 void mha_make_request(const mha_candidate *c, int head_dim, int seq_q, stof_dtype dtype,
-                      int period, mha_request *r);
+                      int group, float softcap, int period, mha_request *r);
 
 /* The period of the residue-class view (attn_tiles_view_period) that c's
  * kernel reads t's gathered rows and keys through: the warp-specialized
@@ -46,6 +47,11 @@ int mha_view_period(const mha_candidate *c, const attn_tiles *t, int seq_q, int 
  * leaves the last query group short of a tenth of all the consumers' work
  * or more. */
 int mha_sit_out(const mha_candidate *c, int seq_q);
+
+/* Whether c's kernel takes the logit softcap (desc.softcap): all but the
+ * warp-specialized engine's 192-row items, whose three consumers (160
+ * registers a thread) spill 32 to 116 bytes with it (NVRTC 12, sm_90a). */
+int mha_takes_softcap(const mha_candidate *c);
 
 /* Dynamic shared memory of a candidate's kernel, in bytes, and its threads. */
 int mha_smem_bytes(const mha_candidate *c, int head_dim);
@@ -96,6 +102,10 @@ int mha_kernel_device_smem(const stof_ctx *ctx);
 /* A candidate's kind and engine by name, as records and descriptions say them. */
 const char *mha_kernel_kind_name(attn_kind k);
 const char *mha_kernel_engine_name(const mha_candidate *c);
+
+/* desc's KV heads (kv_heads, 0 meaning heads) and query heads per KV head. */
+int mha_kv_heads(const stof_mha_desc *d);
+int mha_group(const stof_mha_desc *d);
 
 /* The strides of desc's q, k, v and out. */
 mha_strides mha_kernel_strides(const stof_mha_desc *d);

@@ -88,7 +88,7 @@ static stof_status io_alloc(stof_ctx *ctx, const stof_mha_desc *d, search_io *io
     memset(io, 0, sizeof *io);
     size_t bh = (size_t)d->batch * d->heads, D = (size_t)d->head_dim;
     io->q_elems = bh * (size_t)d->seq_q * D * (d->qkv_packed ? 3 : 1);
-    io->kv_elems = d->qkv_packed ? 0 : bh * (size_t)d->seq_k * D;
+    io->kv_elems = d->qkv_packed ? 0 : (size_t)d->batch * mha_kv_heads(d) * (size_t)d->seq_k * D;
     io->o_elems = bh * (size_t)d->seq_q * D;
     size_t set_bytes = 2 * (io->q_elems + 2 * io->kv_elems);
     size_t l2 = ctx->dev.l2_bytes > 0 ? (size_t)ctx->dev.l2_bytes : 50u << 20;
@@ -244,7 +244,7 @@ static stof_status cpu_check(stof_ctx *ctx, const stof_mha_desc *d, const mask_s
         memcpy(v + r * D, hv + r * s.s[2][2], 2 * D);
     }
     ref_attn_args a = {1, 1, d->seq_q, d->seq_k, d->head_dim, d->dtype, STOF_LAYOUT_BHLD,
-                       d->scale, q, k, v, ms->runs, NULL, rows};
+                       d->scale, q, k, v, ms->runs, NULL, rows, 0, d->softcap};
     if ((st = ref_attention(ctx, &a, ref)) != STOF_OK)
         goto done;
     double num = 0, den = 0;
@@ -414,7 +414,8 @@ stof_status mha_search_rank(stof_ctx *ctx, const stof_mha_desc *d, const mask_su
     TRY(mha_search_device_figures(ctx, &md, measure));
     *n = 0;
     for (int i = 0; i < nc; i++) {
-        if (c[i].kind == ATTN_GATHER && !want_gather)
+        if ((c[i].kind == ATTN_GATHER && !want_gather) ||
+            (d->softcap > 0.f && !mha_takes_softcap(&c[i])))
             continue;
         mha_search_cand *s = &cs[(*n)++];
         memset(s, 0, sizeof *s);
@@ -504,7 +505,7 @@ stof_status mha_search_compile(stof_ctx *ctx, const stof_mha_desc *d,
     } else {
         for (int i = 0; i < m; i++) {
             const mha_search_cand *c = &cs[idx[i]];
-            mha_make_request(&c->c, d->head_dim, d->seq_q, d->dtype,
+            mha_make_request(&c->c, d->head_dim, d->seq_q, d->dtype, mha_group(d), d->softcap,
                              mha_view_period(&c->c, &c->tiles, d->seq_q, d->seq_k), &r[i]);
             reqs[i] = r[i].req;
         }

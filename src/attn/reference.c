@@ -10,13 +10,25 @@
 #include "base/err.h"
 #include "base/half.h"
 
-/* Index of element (b, h, l, 0) of a tensor with L rows per sequence. */
-static size_t ref_offset(const ref_attn_args *a, int b, int h, int l, int rows)
+static int ref_kv_heads(const ref_attn_args *a)
 {
-    size_t H = (size_t)a->heads, L = (size_t)rows, D = (size_t)a->head_dim;
+    return a->kv_heads > 0 ? a->kv_heads : a->heads;
+}
+
+/* Index of element (b, h, l, 0) of a tensor with L rows per sequence and
+ * heads heads. */
+static size_t ref_offset_h(const ref_attn_args *a, int heads, int b, int h, int l, int rows)
+{
+    size_t H = (size_t)heads, L = (size_t)rows, D = (size_t)a->head_dim;
     if (a->layout == STOF_LAYOUT_BHLD)
         return (((size_t)b * H + (size_t)h) * L + (size_t)l) * D;
     return (((size_t)b * L + (size_t)l) * H + (size_t)h) * D;
+}
+
+/* Of q and out (heads heads). */
+static size_t ref_offset(const ref_attn_args *a, int b, int h, int l, int rows)
+{
+    return ref_offset_h(a, a->heads, b, h, l, rows);
 }
 
 static stof_status ref_check(stof_ctx *ctx, const ref_attn_args *a, const double *out)
@@ -37,6 +49,13 @@ static stof_status ref_check(stof_ctx *ctx, const ref_attn_args *a, const double
                         (int)a->layout);
     if (!isfinite(a->scale))
         return CTX_FAIL(ctx, STOF_ERR_INVALID_ARG, "reference attention: scale is not finite");
+    if (a->kv_heads < 0 || a->heads % ref_kv_heads(a) != 0)
+        return CTX_FAIL(ctx, STOF_ERR_INVALID_ARG,
+                        "reference attention: kv_heads %d does not divide heads %d", a->kv_heads,
+                        a->heads);
+    if (!(a->softcap >= 0) || isinf(a->softcap))
+        return CTX_FAIL(ctx, STOF_ERR_INVALID_ARG,
+                        "reference attention: softcap must be finite and >= 0");
     size_t n = (size_t)a->batch, lmax = (size_t)(a->lq > a->lk ? a->lq : a->lk);
     if (__builtin_mul_overflow(n, (size_t)a->heads, &n) || __builtin_mul_overflow(n, lmax, &n) ||
         __builtin_mul_overflow(n, (size_t)a->head_dim, &n) || n > SIZE_MAX / sizeof(double))
@@ -62,12 +81,13 @@ typedef struct ref_scratch {
     double *k, *v, *q, *score;
 } ref_scratch;
 
+/* K or V of kv head h. */
 static void ref_load(const ref_attn_args *a, const void *src, int b, int h, int rows, int n,
                      double *dst)
 {
     int D = a->head_dim;
     for (int l = 0; l < n; l++) {
-        size_t off = ref_offset(a, b, h, l, rows);
+        size_t off = ref_offset_h(a, ref_kv_heads(a), b, h, l, rows);
         for (int d = 0; d < D; d++)
             dst[(size_t)l * D + d] = dtype_load(a->dtype, src, off + (size_t)d);
     }
@@ -87,6 +107,8 @@ static void ref_row(const ref_attn_args *a, const ref_scratch *s, const int32_t 
             for (int d = 0; d < D; d++)
                 dot += s->q[d] * kr[d];
             s->score[k] = dot * scale;
+            if (a->softcap > 0)
+                s->score[k] = a->softcap * tanh(s->score[k] / a->softcap);
             mx = s->score[k] > mx ? s->score[k] : mx;
             any = 1;
         }
@@ -156,8 +178,9 @@ static void ref_head(const ref_attn_args *a, const ref_scratch *s, ref_scratch *
 {
     int len = a->seq_lens ? a->seq_lens[b] : (a->lq > a->lk ? a->lq : a->lk);
     int klen = len < a->lk ? len : a->lk;
-    ref_load(a, a->k, b, h, a->lk, klen, s->k);
-    ref_load(a, a->v, b, h, a->lk, klen, s->v);
+    const int kh = h / (a->heads / ref_kv_heads(a));
+    ref_load(a, a->k, b, kh, a->lk, klen, s->k);
+    ref_load(a, a->v, b, kh, a->lk, klen, s->v);
     int n = a->lq / 64 < nthreads ? a->lq / 64 : nthreads;
     n = n < 1 ? 1 : n;
     ref_rows_job jobs[REF_THREADS];

@@ -9,11 +9,14 @@
 
 #include "stof.h"
 
-/* out = softmax(Q K^T * scale + mask) V for every batch b and head h.
+/* out = softmax(cap(Q K^T * scale) + mask) V for every batch b and head h,
+ * cap(s) = softcap tanh(s / softcap) (s where softcap is 0).
  *
  * q is [batch, heads, lq, head_dim] or [batch, lq, heads, head_dim] as
- * layout says; k and v the same with lk rows. out is written in q's layout,
- * as doubles (batch*heads*lq*head_dim of them).
+ * layout says; k and v the same with lk rows and kv_heads heads (0: heads;
+ * query head h reads kv head h / (heads / kv_heads)). out is written in q's
+ * layout, as doubles (batch*heads*lq*head_dim of them). The mask says where
+ * the queries stand among the keys (stof.h: bottom-right for a KV prefix).
  *
  * seq_lens (NULL: every sequence full) gives sequence b a valid length
  * 0 <= len <= max(lq, lk): keys k >= len are masked out and query rows
@@ -30,6 +33,8 @@ typedef struct ref_attn_args {
     const unsigned char *rows; /* [lq]: only the query rows marked nonzero are
                                   computed (the others' out is left as it was);
                                   NULL: every row */
+    int kv_heads;              /* heads of k and v; 0: heads, else a divisor of it */
+    double softcap;            /* 0: off, else > 0 */
 } ref_attn_args;
 
 stof_status ref_attention(stof_ctx *ctx, const ref_attn_args *a, double *out);

@@ -2,6 +2,7 @@
  * candidate space and the model behave, tuning records round-trip, argument
  * checks come before any device work, and every attention template variant
  * compiles for sm_80 and sm_90a. */
+#include <math.h>
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
@@ -693,6 +694,23 @@ START_TEST(bad_arguments_before_the_device)
           .layout = 7}, STOF_ERR_INVALID_ARG, "layout"},
         {{.batch = 2, .heads = 2, .seq_q = 256, .seq_k = 256, .head_dim = 64, .dtype = STOF_F16,
           .scale = -1}, STOF_ERR_INVALID_ARG, "scale"},
+        /* grouped KV heads: a divisor of heads, and none with packed QKV */
+        {{.batch = 2, .heads = 8, .seq_q = 256, .seq_k = 256, .head_dim = 64, .dtype = STOF_F16,
+          .kv_heads = 3}, STOF_ERR_INVALID_ARG, "desc.kv_heads 3"},
+        {{.batch = 2, .heads = 2, .seq_q = 256, .seq_k = 256, .head_dim = 64, .dtype = STOF_F16,
+          .kv_heads = 4}, STOF_ERR_INVALID_ARG, "desc.kv_heads 4"},
+        {{.batch = 2, .heads = 2, .seq_q = 256, .seq_k = 256, .head_dim = 64, .dtype = STOF_F16,
+          .kv_heads = -1}, STOF_ERR_INVALID_ARG, "desc.kv_heads -1"},
+        {{.batch = 2, .heads = 2, .seq_q = 256, .seq_k = 256, .head_dim = 64, .dtype = STOF_F16,
+          .layout = STOF_LAYOUT_BLHD, .qkv_packed = 1, .kv_heads = 1},
+         STOF_ERR_INVALID_ARG, "qkv_packed holds as many K and V heads as Q heads: desc.kv_heads"},
+        /* the softcap: 0 (off) or finite and positive */
+        {{.batch = 2, .heads = 2, .seq_q = 256, .seq_k = 256, .head_dim = 64, .dtype = STOF_F16,
+          .softcap = -30}, STOF_ERR_INVALID_ARG, "desc.softcap"},
+        {{.batch = 2, .heads = 2, .seq_q = 256, .seq_k = 256, .head_dim = 64, .dtype = STOF_F16,
+          .softcap = NAN}, STOF_ERR_INVALID_ARG, "desc.softcap"},
+        {{.batch = 2, .heads = 2, .seq_q = 256, .seq_k = 256, .head_dim = 64, .dtype = STOF_F16,
+          .softcap = INFINITY}, STOF_ERR_INVALID_ARG, "desc.softcap"},
     };
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
         ck_assert_int_eq(stof_mha_plan_create(ctx, &bad[i].d, m, &p), bad[i].want);
@@ -809,13 +827,16 @@ END_TEST
 
 /* Every variant the search can pick, for both architectures CI can name,
  * compiled on several threads (NVRTC programs are independent). */
+#define MAX_VARIANTS 640
 typedef struct variant_job {
     const char *arch;
-    mha_candidate c[512];
-    int dim[512], dtype[512], seq[512], period[512];
-    stof_status st[512];
-    int spills[512], spill_bytes[512];
-    char err[512][320], global[512][96];
+    mha_candidate c[MAX_VARIANTS];
+    int dim[MAX_VARIANTS], dtype[MAX_VARIANTS], seq[MAX_VARIANTS], period[MAX_VARIANTS];
+    int group[MAX_VARIANTS];      /* query heads per KV head (GQA); 0 or 1: none */
+    float softcap[MAX_VARIANTS];  /* 0: none */
+    stof_status st[MAX_VARIANTS];
+    int spills[MAX_VARIANTS], spill_bytes[MAX_VARIANTS];
+    char err[MAX_VARIANTS][320], global[MAX_VARIANTS][96];
     int n, next, compiled;
     pthread_mutex_t lock;
 } variant_job;
@@ -833,7 +854,7 @@ static void *compile_variants(void *arg)
         mha_request r;
         char key[65];
         mha_make_request(&j->c[i], j->dim[i], j->seq[i], j->dtype[i] ? STOF_BF16 : STOF_F16,
-                         j->period[i] ? j->period[i] : 1, &r);
+                         j->group[i], j->softcap[i], j->period[i] ? j->period[i] : 1, &r);
         j->st[i] = jit_prepare(ctx, &r.req, key, NULL);
         snprintf(j->err[i], sizeof j->err[i], "%s", stof_last_error(ctx));
         cache_kernel k;
@@ -863,8 +884,11 @@ static void *compile_variants(void *arg)
              * loop's counter, reloaded once an item (dense L 4096 still
              * 1.9% faster than with the sums in the softmax), 32 where
              * consumers sit out (dense L 1024 9% faster than without). */
+            /* The softcap's pass over the scores costs the two-consumer
+             * kernel at head_dim 128 (232 registers) 16 bytes of spill. */
             const int ws192 = j->c[i].wg == MHA_WS && j->c[i].bm == 192;
-            const int allowed = !ws192             ? 0
+            const int allowed = j->softcap[i] > 0 ? (j->c[i].wg == MHA_WS ? 16 : 0)
+                                : !ws192           ? 0
                                 : j->dim[i] > 64 ? 16
                                 : j->c[i].bn == 128 && !j->c[i].qs
                                     ? (mha_sit_out(&j->c[i], j->seq[i]) ? 32 : 12)
@@ -903,7 +927,7 @@ START_TEST(every_variant_compiles)
             const int views = c[i].wg == MHA_WS && c[i].kind == ATTN_GATHER;
             ck_assert(!mha_sit_out(&c[i], 4096) && !mha_sit_out(&c[i], 1064));
             for (int v = 0; v < (sits || views ? 4 : 2); v++) {
-                ck_assert_int_lt(j.n, 512);
+                ck_assert_int_lt(j.n, MAX_VARIANTS);
                 j.c[j.n] = c[i];
                 j.dim[j.n] = dims[d];
                 j.seq[j.n] = v < 2 || views ? 1536 : 1000;
@@ -911,15 +935,33 @@ START_TEST(every_variant_compiles)
                 ck_assert_int_eq(mha_sit_out(&c[i], j.seq[j.n]), sits && v >= 2);
                 j.dtype[j.n++] = v % 2;
             }
+            /* Grouped KV heads with the logit softcap (issue 54): each
+             * engine and kind's first size, and the warp-specialized
+             * engine's first 192-row one (the fewest registers a thread;
+             * grouped heads only: those items do not take the softcap). */
+            int first = 1;
+            for (int e = 0; e < i && first; e++)
+                first = !(c[e].wg == c[i].wg && c[e].kind == c[i].kind &&
+                          (c[i].wg != MHA_WS || (c[e].bm == 192) == (c[i].bm == 192)));
+            if (first) {
+                ck_assert_int_lt(j.n, MAX_VARIANTS);
+                j.c[j.n] = c[i];
+                j.dim[j.n] = dims[d];
+                j.seq[j.n] = 1536;
+                j.period[j.n] = 1;
+                j.group[j.n] = 4;
+                j.softcap[j.n] = mha_takes_softcap(&c[i]) ? 30.f : 0.f;
+                j.dtype[j.n++] = (i + d) % 2;
+            }
         }
     }
     int nthreads = test_on_threads(compile_variants, &j), mma_spills = 0, wg = 0;
     int wg_allowed = 0, wg_most = 0;  /* wgmma variants that spill within their allowance */
     pthread_mutex_destroy(&j.lock);
     for (int i = 0; i < j.n; i++) {
-        ck_assert_msg(j.st[i] == STOF_OK, "%s d%d %s %dx%d mt%d qs%d seq %d: %s", j.arch, j.dim[i],
-                      j.dtype[i] ? "bf16" : "fp16", j.c[i].bm, j.c[i].bn, j.c[i].mt, j.c[i].qs,
-                      j.seq[i], j.err[i]);
+        ck_assert_msg(j.st[i] == STOF_OK, "%s d%d %s %dx%d mt%d qs%d seq %d group %d softcap %g: %s",
+                      j.arch, j.dim[i], j.dtype[i] ? "bf16" : "fp16", j.c[i].bm, j.c[i].bn,
+                      j.c[i].mt, j.c[i].qs, j.seq[i], j.group[i], (double)j.softcap[i], j.err[i]);
         /* Spilled registers or serialized products cost a wgmma kernel half
          * its speed or more; the mma.sync engine's spills are counted and
          * shown. */
@@ -931,9 +973,9 @@ START_TEST(every_variant_compiles)
             wg_most = j.spill_bytes[i] > wg_most ? j.spill_bytes[i] : wg_most;
         }
         ck_assert_msg(!(j.spills[i] && j.c[i].wg),
-                      "%s d%d %s %dx%d stages %d seq %d spills or serializes: %s", j.arch,
-                      j.dim[i], j.dtype[i] ? "bf16" : "fp16", j.c[i].bm, j.c[i].bn, j.c[i].st,
-                      j.seq[i], j.err[i]);
+                      "%s d%d %s %dx%d stages %d seq %d group %d softcap %g spills or "
+                      "serializes: %s", j.arch, j.dim[i], j.dtype[i] ? "bf16" : "fp16", j.c[i].bm,
+                      j.c[i].bn, j.c[i].st, j.seq[i], j.group[i], (double)j.softcap[i], j.err[i]);
         ck_assert_msg(!j.global[i][0], "%s d%d %s %dx%d: a variable in device memory: %s", j.arch,
                       j.dim[i], j.dtype[i] ? "bf16" : "fp16", j.c[i].bm, j.c[i].bn, j.global[i]);
     }

@@ -26,6 +26,14 @@ typedef struct mcase {
     int st;             /* its stages; 0 means 2 */
 } mcase;
 
+/* What run_case adds to its case (issue 54; 0: off): KV heads (GQA, MQA;
+ * 0 means heads), the logit softcap, and the scale (0: 1/sqrt(d)). */
+typedef struct mmods {
+    int kv;
+    float softcap, scale;
+} mmods;
+static mmods case_mods;
+
 /* Whether this GPU runs the warpgroup MMA kernels; says so when it does not. */
 static int has_wgmma(void)
 {
@@ -77,7 +85,8 @@ static double run_case(const mcase *c, uint64_t salt)
                   stof_last_error(ctx));
     test_rng r = test_rng_make(salt);
     size_t D = (size_t)c->d, B = (size_t)c->batch, H = (size_t)c->heads;
-    size_t nq = B * H * c->lq * D, nk = B * H * c->lk * D;
+    size_t KVH = case_mods.kv ? (size_t)case_mods.kv : H;
+    size_t nq = B * H * c->lq * D, nk = B * KVH * c->lk * D;
     uint16_t *q = malloc(2 * nq), *k = malloc(2 * nk), *v = malloc(2 * nk), *out = malloc(2 * nq);
     uint16_t *packed = c->packed ? malloc(2 * 3 * nq) : NULL;
     double *ref = malloc(sizeof(double) * nq);
@@ -97,7 +106,8 @@ static double run_case(const mcase *c, uint64_t salt)
 
     stof_mha_desc d = {.batch = c->batch, .heads = c->heads, .seq_q = c->lq, .seq_k = c->lk,
                        .head_dim = c->d, .dtype = c->dtype, .layout = c->layout,
-                       .qkv_packed = c->packed, .tune = STOF_TUNE_FAST};
+                       .qkv_packed = c->packed, .scale = case_mods.scale, .tune = STOF_TUNE_FAST,
+                       .kv_heads = case_mods.kv, .softcap = case_mods.softcap};
     stof_mha_plan *plan = NULL;
     stof_status st;
     long long walks = mask_summaries_made();
@@ -127,9 +137,25 @@ static double run_case(const mcase *c, uint64_t salt)
     jit_pop(ctx);
 
     ref_attn_args a = {c->batch, c->heads, c->lq, c->lk, c->d, c->dtype,
-                       c->layout ? c->layout : STOF_LAYOUT_BHLD, 0, q, k, v, m,
-                       c->lens ? lens : NULL, NULL};
+                       c->layout ? c->layout : STOF_LAYOUT_BHLD, case_mods.scale, q, k, v, m,
+                       c->lens ? lens : NULL, NULL, case_mods.kv, case_mods.softcap};
     ck_assert_int_eq(ref_attention(ctx, &a, ref), STOF_OK);
+    double tol = c->dtype == STOF_BF16 ? 1.5e-2 : 5e-3;
+    if (case_mods.softcap > 0) {
+        /* The case must tell a capped kernel from one that ignores the cap:
+         * the reference without it lies well outside the tolerance. */
+        double *plain = malloc(sizeof(double) * nq), pn = 0, pd = 0;
+        ck_assert_ptr_nonnull(plain);
+        a.softcap = 0;
+        ck_assert_int_eq(ref_attention(ctx, &a, plain), STOF_OK);
+        for (size_t i = 0; i < nq; i++) {
+            pn += (plain[i] - ref[i]) * (plain[i] - ref[i]);
+            pd += ref[i] * ref[i];
+        }
+        ck_assert_msg(sqrt(pn / pd) > 5 * tol, "%s: softcap %g changes the output by only %.3g",
+                      c->spec, (double)case_mods.softcap, sqrt(pn / pd));
+        free(plain);
+    }
     double num = 0, den = 0;
     for (size_t i = 0; i < nq; i++) {
         double g = dtype_load(c->dtype, out, i);
@@ -140,10 +166,10 @@ static double run_case(const mcase *c, uint64_t salt)
     double err = den > 0 ? sqrt(num / den) : sqrt(num);
     char desc[512];
     stof_mha_plan_describe(plan, desc, sizeof desc);
-    printf("mha %-28s b%d h%d %dx%d d%d %s %s%s%s: rel L2 %.2e  [%s]\n", c->spec, c->batch, c->heads,
-           c->lq, c->lk, c->d, dtype_name(c->dtype), c->layout == STOF_LAYOUT_BLHD ? "blhd" : "bhld",
-           c->packed ? " packed" : "", c->lens ? " lens" : "", err, desc);
-    double tol = c->dtype == STOF_BF16 ? 1.5e-2 : 5e-3;
+    printf("mha %-28s b%d h%d kv%d %dx%d d%d %s %s%s%s softcap %g: rel L2 %.2e  [%s]\n", c->spec,
+           c->batch, c->heads, (int)KVH, c->lq, c->lk, c->d, dtype_name(c->dtype),
+           c->layout == STOF_LAYOUT_BLHD ? "blhd" : "bhld", c->packed ? " packed" : "",
+           c->lens ? " lens" : "", (double)case_mods.softcap, err, desc);
     ck_assert_msg(err <= tol, "%s: relative L2 error %.3g above %.3g (%s)", c->spec, err, tol, desc);
     if (case_view) {
         char want[32];
@@ -387,7 +413,7 @@ START_TEST(ws_runs_follow_pointers)
         out[s] = upload(ctx, NULL, 2 * n);
         ref[s] = malloc(sizeof(double) * n);
         ref_attn_args a = {B, H, L, L, D, STOF_F16, STOF_LAYOUT_BHLD, 0,
-                           host[s][0], host[s][1], host[s][2], m, NULL, NULL};
+                           host[s][0], host[s][1], host[s][2], m, NULL, NULL, 0, 0};
         ck_assert_int_eq(ref_attention(ctx, &a, ref[s]), STOF_OK);
     }
     /* (inputs, output): new both, new both, old inputs into a used output,
@@ -425,6 +451,93 @@ START_TEST(ws_runs_follow_pointers)
     jit_pop(ctx);
     free(got);
     stof_mha_plan_free(plan);
+    stof_mask_free(m);
+    stof_close(ctx);
+}
+END_TEST
+
+/* Issue 54's decoder-model cases, each engine forced as the suites above
+ * force them (mma.sync block and gathered, wgmma, warp-specialized by TMA,
+ * by copies and through a view), then the planner's own choice:
+ *   grouped KV heads: 8 query heads on 2 KV heads (GQA) and on 1 (MQA), k
+ *   and v holding only those (a kernel reading KV head h instead of h /
+ *   group reads past them or the wrong one);
+ *   a KV prefix: 257 queries, the last of 1000 keys, causal and
+ *   causal_window bottom-right aligned (chunked prefill);
+ *   the logit softcap 30 with scale 8, so that the scores reach the cap
+ *   (run_case checks that the uncapped reference is far off; the
+ *   warp-specialized engine's 192-row items refuse it: 128-row ones here);
+ * at odd lengths, both layouts and dtypes, outputs poisoned. */
+static const struct {
+    mcase c;
+    mmods mods;
+} LLM_CASES[] = {
+    /* GQA 8 / 2 and MQA on every engine */
+    {{"causal", 2, 8, 377, 377, 64, STOF_F16, STOF_LAYOUT_BHLD, 0, 0, ATTN_BLOCK, 64, 64, 1, 0, 0, 0}, {2, 0, 0}},
+    {{"window:64+global:16", 2, 8, 377, 377, 128, STOF_BF16, STOF_LAYOUT_BLHD, 0, 1, ATTN_GATHER, 128, 64, 2, 1, 0, 0}, {2, 0, 0}},
+    {{"causal_window:96", 1, 8, 301, 301, 80, STOF_F16, STOF_LAYOUT_BLHD, 0, 0, ATTN_BLOCK, 64, 64, 1, 0, 0, 0}, {1, 0, 0}},
+    {{"causal", 2, 8, 377, 377, 128, STOF_BF16, STOF_LAYOUT_BHLD, 0, 1, ATTN_BLOCK, 128, 128, 1, 0, 1, 2}, {2, 0, 0}},
+    {{"dilated:64:2", 2, 8, 377, 377, 64, STOF_F16, STOF_LAYOUT_BLHD, 0, 0, ATTN_GATHER, 128, 64, 1, 0, 1, 3}, {1, 0, 0}},
+    {{"causal", 2, 8, 1000, 1000, 128, STOF_BF16, STOF_LAYOUT_BLHD, 0, 1, ATTN_BLOCK, 128, 128, 1, 0, MHA_WS, 2}, {2, 0, 0}},
+    {{"dense", 1, 8, 1000, 1000, 96, STOF_F16, STOF_LAYOUT_BHLD, 0, 0, ATTN_BLOCK, 192, 128, 1, 1, MHA_WS, 2}, {1, 0, 0}},
+    {{"causal_window:256", 2, 8, 1000, 1000, 64, STOF_F16, STOF_LAYOUT_BHLD, 0, 0, ATTN_BLOCK, 192, 128, 1, 0, MHA_WS, 3}, {2, 0, 0}},
+    {{"window:256+strided:8", 2, 8, 1000, 1000, 64, STOF_BF16, STOF_LAYOUT_BLHD, 0, 1, ATTN_GATHER, 128, 128, 1, 0, MHA_WS, 3}, {2, 0, 0}},
+    {{"dilated:256:2", 2, 8, 1024, 1024, 128, STOF_F16, STOF_LAYOUT_BHLD, 0, 0, ATTN_GATHER, 128, 128, 1, 0, MHA_WS, 2}, {1, 0, 0}},
+    /* a KV prefix: 257 queries after 743 keys of context */
+    {{"causal", 2, 4, 257, 1000, 64, STOF_F16, STOF_LAYOUT_BHLD, 0, 0, ATTN_BLOCK, 64, 64, 1, 0, 0, 0}, {0, 0, 0}},
+    {{"causal_window:128", 2, 4, 257, 1000, 64, STOF_BF16, STOF_LAYOUT_BLHD, 0, 0, ATTN_GATHER, 64, 64, 1, 0, 0, 0}, {0, 0, 0}},
+    {{"causal", 2, 4, 257, 1000, 128, STOF_BF16, STOF_LAYOUT_BHLD, 0, 0, ATTN_BLOCK, 128, 64, 1, 0, 1, 3}, {0, 0, 0}},
+    {{"causal_window:128", 2, 4, 257, 1000, 64, STOF_F16, STOF_LAYOUT_BLHD, 0, 0, ATTN_BLOCK, 64, 128, 1, 0, 1, 4}, {0, 0, 0}},
+    {{"causal", 2, 4, 257, 1000, 128, STOF_F16, STOF_LAYOUT_BLHD, 0, 0, ATTN_BLOCK, 128, 128, 1, 0, MHA_WS, 2}, {0, 0, 0}},
+    {{"causal_window:128", 2, 4, 257, 1000, 64, STOF_BF16, STOF_LAYOUT_BHLD, 0, 0, ATTN_BLOCK, 192, 128, 1, 0, MHA_WS, 2}, {0, 0, 0}},
+    {{"window:128", 2, 4, 257, 1000, 96, STOF_F16, STOF_LAYOUT_BHLD, 0, 0, ATTN_BLOCK, 128, 128, 1, 0, MHA_WS, 3}, {0, 0, 0}},
+    /* softcap 30, scores scaled up to reach it */
+    {{"causal", 2, 4, 377, 377, 64, STOF_F16, STOF_LAYOUT_BHLD, 0, 0, ATTN_BLOCK, 64, 64, 1, 0, 0, 0}, {0, 30, 8}},
+    {{"window:64+global:16", 2, 4, 377, 377, 64, STOF_BF16, STOF_LAYOUT_BLHD, 0, 1, ATTN_GATHER, 64, 64, 1, 0, 0, 0}, {0, 30, 8}},
+    {{"causal", 2, 4, 377, 377, 128, STOF_BF16, STOF_LAYOUT_BHLD, 0, 0, ATTN_BLOCK, 128, 128, 1, 0, 1, 2}, {0, 30, 8}},
+    {{"causal_window:256", 2, 4, 1000, 1000, 64, STOF_F16, STOF_LAYOUT_BHLD, 0, 1, ATTN_BLOCK, 128, 128, 1, 0, MHA_WS, 2}, {0, 30, 8}},
+    {{"dense", 1, 4, 1000, 1000, 80, STOF_BF16, STOF_LAYOUT_BLHD, 0, 0, ATTN_BLOCK, 128, 128, 1, 0, MHA_WS, 2}, {0, 30, 8}},
+    {{"window:256+strided:8", 2, 4, 1000, 1000, 128, STOF_F16, STOF_LAYOUT_BHLD, 0, 0, ATTN_GATHER, 128, 64, 1, 0, MHA_WS, 3}, {0, 30, 8}},
+    /* all three at once: Gemma-2 style chunked prefill */
+    {{"causal_window:256", 2, 8, 257, 1000, 128, STOF_BF16, STOF_LAYOUT_BLHD, 0, 0, ATTN_BLOCK, 64, 64, 1, 0, 0, 0}, {2, 30, 8}},
+    {{"causal_window:256", 2, 8, 257, 1000, 128, STOF_BF16, STOF_LAYOUT_BLHD, 0, 0, ATTN_BLOCK, 128, 128, 1, 0, 1, 3}, {2, 30, 8}},
+    {{"causal_window:256", 2, 8, 257, 1000, 128, STOF_BF16, STOF_LAYOUT_BLHD, 0, 0, ATTN_BLOCK, 128, 128, 1, 0, MHA_WS, 2}, {2, 30, 8}},
+    /* the planner's choice (tune fast: the model's best, timed and checked) */
+    {{"causal", 1, 8, 1000, 1000, 128, STOF_BF16, STOF_LAYOUT_BHLD, 0, 0, -1, 0, 0, 0, 0, 0, 0}, {2, 0, 0}},
+    {{"causal_window:128", 1, 8, 257, 1000, 64, STOF_F16, STOF_LAYOUT_BLHD, 0, 0, -1, 0, 0, 0, 0, 0, 0}, {1, 0, 0}},
+    {{"causal", 2, 4, 377, 377, 64, STOF_F16, STOF_LAYOUT_BHLD, 0, 0, -1, 0, 0, 0, 0, 0, 0}, {0, 30, 8}},
+    {{"dilated:128:2", 2, 8, 640, 640, 64, STOF_BF16, STOF_LAYOUT_BHLD, 0, 0, -1, 0, 0, 0, 0, 0, 0}, {4, 50, 8}},
+};
+#define NLLM (int)(sizeof LLM_CASES / sizeof LLM_CASES[0])
+
+START_TEST(gqa_prefix_softcap)
+{
+    if (LLM_CASES[_i].c.wg && !has_wgmma())
+        return;
+    case_mods = LLM_CASES[_i].mods;
+    run_case(&LLM_CASES[_i].c, 1600 + _i);
+    case_mods = (mmods){0};
+}
+END_TEST
+
+/* The softcap on the warp-specialized engine's 192-row items is refused
+ * (their registers spill with it), with the field named, not run. */
+START_TEST(softcap_refused_on_192_rows)
+{
+    if (!has_wgmma())
+        return;
+    stof_ctx *ctx;
+    stof_options o = {.no_cache = 1};
+    ck_assert_int_eq(stof_open(&ctx, &o), STOF_OK);
+    stof_mask *m;
+    ck_assert_int_eq(stof_mask_parse(ctx, "causal", 1000, 1000, &m), STOF_OK);
+    stof_mha_desc d = {.batch = 1, .heads = 4, .seq_q = 1000, .seq_k = 1000, .head_dim = 64,
+                       .dtype = STOF_F16, .softcap = 30};
+    mha_candidate cand = {ATTN_BLOCK, 192, 128, 1, 0, MHA_WS, 2};
+    stof_mha_plan *plan = (stof_mha_plan *)1;
+    ck_assert_int_eq(mha_plan_forced(ctx, &d, m, &cand, &plan), STOF_ERR_UNSUPPORTED);
+    ck_assert_ptr_null(plan);
+    ck_assert_ptr_nonnull(strstr(stof_last_error(ctx), "desc.softcap"));
     stof_mask_free(m);
     stof_close(ctx);
 }
@@ -529,6 +642,8 @@ Suite *suite_gpu_mha(void)
     tcase_add_loop_test(t, ws_gathers_rows, 0, 13);
     tcase_add_test(t, ws_runs_follow_pointers);
     tcase_add_loop_test(t, planner_choice, 0, 3);
+    tcase_add_loop_test(t, gqa_prefix_softcap, 0, NLLM);
+    tcase_add_test(t, softcap_refused_on_192_rows);
     tcase_add_test(t, device_figures_once);
     tcase_add_loop_test(t, cached_plan_walks_nothing, 0, 4);
     suite_add_tcase(s, t);

@@ -86,11 +86,14 @@ static int t_doc(const tterm *t, int x)
 static int t_allows(const tterm *t, int q, int k, int lq, int lk)
 {
     long long d = (long long)q - k;
+    /* causal, window and causal_window: the query at its place among the
+     * keys, the last of lk (bottom-right, as under a KV prefix) */
+    const long long p = (long long)q + (lk - lq) - k;
     switch (t->kind) {
     case T_DENSE: return 1;
-    case T_CAUSAL: return k <= q + (lk - lq);
-    case T_WINDOW: return llabs(d) <= t->a / 2;
-    case T_CWINDOW: return d >= 0 && d < t->a;
+    case T_CAUSAL: return p >= 0;
+    case T_WINDOW: return llabs(p) <= t->a / 2;
+    case T_CWINDOW: return p >= 0 && p < t->a;
     case T_DILATED: return llabs(d) <= (t->a / 2) * t->b && ((d % t->b) + t->b) % t->b == 0;
     case T_GLOBAL: return q < t->a || k < t->a;
     case T_STRIDED: return k % t->a == t->a - 1;
@@ -277,6 +280,37 @@ static long long count_entries(stof_ctx *ctx, const char *spec, int lq, int lk)
     stof_mask_free(m);
     return info.entries;
 }
+
+/* A KV prefix: 3 queries that are the last 3 of 10 keys stand at
+ * positions 7, 8 and 9, and causal, causal_window and window all count
+ * from there, by hand. */
+START_TEST(windows_align_bottom_right)
+{
+    stof_ctx *ctx = open_ctx();
+    static const struct {
+        const char *spec;
+        const char *rows[3];
+    } cases[] = {
+        {"causal", {"1111111100", "1111111110", "1111111111"}},
+        {"causal_window:4", {"0000111100", "0000011110", "0000001111"}},
+        {"window:4", {"0000011111", "0000001111", "0000000111"}},
+        {"causal&window:2", {"0000001100", "0000000110", "0000000011"}},
+    };
+    for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+        stof_mask *m = NULL;
+        unsigned char *d = NULL;
+        ck_assert_int_eq(stof_mask_parse(ctx, cases[c].spec, 3, 10, &m), STOF_OK);
+        ck_assert_int_eq(mask_to_dense(m, &d), STOF_OK);
+        for (int q = 0; q < 3; q++)
+            for (int k = 0; k < 10; k++)
+                ck_assert_msg(d[q * 10 + k] == (cases[c].rows[q][k] == '1'),
+                              "%s, 3 x 10: cell (%d, %d) is %d", cases[c].spec, q, k, d[q * 10 + k]);
+        free(d);
+        stof_mask_free(m);
+    }
+    stof_close(ctx);
+}
+END_TEST
 
 START_TEST(precedence_and_known_counts)
 {
@@ -1022,6 +1056,7 @@ Suite *suite_mask(void)
     TCase *t = tcase_create("mask");
     tcase_set_timeout(t, 120);
     tcase_add_test(t, each_term_matches_definition);
+    tcase_add_test(t, windows_align_bottom_right);
     tcase_add_test(t, combinations_match_definition);
     tcase_add_test(t, precedence_and_known_counts);
     tcase_add_test(t, random_generator_pinned);

@@ -48,6 +48,8 @@ typedef struct problem {
     void *q, *k, *v;
     unsigned char *allowed;   /* lq x lk, NULL = dense */
     int *lens;                /* NULL = full */
+    int KVH;                  /* heads of k and v; 0 = H */
+    double softcap;           /* 0 = off */
 } problem;
 
 /* Straight from the definition: every key, the mask as a matrix, softmax
@@ -56,9 +58,11 @@ static void naive(const problem *p, double *out)
 {
     double scale = p->scale ? p->scale : 1 / sqrt(p->D);
     double *s = malloc((size_t)p->lk * sizeof *s);
+    const int KVH = p->KVH ? p->KVH : p->H;
     for (int b = 0; b < p->B; b++)
         for (int h = 0; h < p->H; h++)
             for (int i = 0; i < p->lq; i++) {
+                const int kh = h / (p->H / KVH);  /* the KV head query head h reads */
                 int len = p->lens ? p->lens[b] : 1 << 30;
                 double mx = -INFINITY;
                 for (int j = 0; j < p->lk; j++) {
@@ -69,8 +73,10 @@ static void naive(const problem *p, double *out)
                     double dot = 0;
                     for (int d = 0; d < p->D; d++)
                         dot += dtype_load(p->dtype, p->q, at(p->layout, p->B, p->H, p->lq, p->D, b, h, i, d)) *
-                               dtype_load(p->dtype, p->k, at(p->layout, p->B, p->H, p->lk, p->D, b, h, j, d));
+                               dtype_load(p->dtype, p->k, at(p->layout, p->B, KVH, p->lk, p->D, b, kh, j, d));
                     s[j] = dot * scale;
+                    if (p->softcap)
+                        s[j] = p->softcap * tanh(s[j] / p->softcap);
                     if (s[j] > mx)
                         mx = s[j];
                 }
@@ -84,7 +90,7 @@ static void naive(const problem *p, double *out)
                     for (int j = 0; j < p->lk; j++)
                         if (s[j] != 0)
                             acc += s[j] * dtype_load(p->dtype, p->v,
-                                                     at(p->layout, p->B, p->H, p->lk, p->D, b, h, j, d));
+                                                     at(p->layout, p->B, KVH, p->lk, p->D, b, kh, j, d));
                     out[at(p->layout, p->B, p->H, p->lq, p->D, b, h, i, d)] = sum > 0 ? acc / sum : 0;
                 }
             }
@@ -95,7 +101,8 @@ static stof_status run_ref(stof_ctx *ctx, const problem *p, const stof_mask *m, 
 {
     ref_attn_args a = {.batch = p->B, .heads = p->H, .lq = p->lq, .lk = p->lk, .head_dim = p->D,
                        .dtype = p->dtype, .layout = p->layout, .scale = p->scale, .q = p->q,
-                       .k = p->k, .v = p->v, .mask = m, .seq_lens = p->lens};
+                       .k = p->k, .v = p->v, .mask = m, .seq_lens = p->lens,
+                       .kv_heads = p->KVH, .softcap = p->softcap};
     return ref_attention(ctx, &a, out);
 }
 
@@ -145,9 +152,18 @@ START_TEST(matches_naive_loop)
     static const stof_dtype dtypes[] = {STOF_F32, STOF_F16, STOF_BF16};
     static const char *specs[] = {"dense", "causal", "window:8+global:1", "strided:3&causal",
                                   "random:1:4:5+causal_window:4", "dilated:6:2"};
-    for (int it = 0; it < 72; it++) {
+    /* From 72 on: grouped KV heads (1 to 3 query heads on each of 1 to 3
+     * KV heads; k and v hold only those) and half of them softcapped. */
+    for (int it = 0; it < 144; it++) {
         problem p;
         random_problem(&r, &p, dtypes[it % 3], it % 2 ? STOF_LAYOUT_BLHD : STOF_LAYOUT_BHLD);
+        if (it >= 72) {
+            p.KVH = p.H;
+            p.H *= test_rng_int(&r, 1, 3);
+            free(p.q);
+            p.q = random_tensor(&r, p.dtype, (size_t)p.B * p.H * p.lq * p.D, 2);
+            p.softcap = it % 2 ? 0.5 + 10 * test_rng_uniform(&r) : 0;
+        }
         stof_mask *m = NULL;
         const char *spec = specs[(it / 6) % 6];
         int use_matrix = it % 12 == 5;
@@ -175,9 +191,9 @@ START_TEST(matches_naive_loop)
         ck_assert_msg(run_ref(ctx, &p, m, got) == STOF_OK, "%s", stof_last_error(ctx));
         naive(&p, want);
         char what[256];
-        snprintf(what, sizeof what, "%s dtype %d layout %d B%d H%d %dx%d D%d%s",
-                 use_matrix ? "matrix" : spec, p.dtype, p.layout, p.B, p.H, p.lq, p.lk, p.D,
-                 p.lens ? " seq_lens" : "");
+        snprintf(what, sizeof what, "%s dtype %d layout %d B%d H%d KVH%d %dx%d D%d softcap %g%s",
+                 use_matrix ? "matrix" : spec, p.dtype, p.layout, p.B, p.H, p.KVH, p.lq, p.lk,
+                 p.D, p.softcap, p.lens ? " seq_lens" : "");
         assert_close(got, want, n, what);
         free(got);
         free(want);
@@ -382,6 +398,21 @@ START_TEST(bad_arguments)
     a.seq_lens = lens;
     ck_assert_int_eq(ref_attention(ctx, &a, out), STOF_ERR_INVALID_ARG);
     ck_assert_ptr_nonnull(strstr(stof_last_error(ctx), "seq_lens[0] = 5"));
+    a = good;
+    a.heads = 4;
+    a.kv_heads = 3;
+    ck_assert_int_eq(ref_attention(ctx, &a, out), STOF_ERR_INVALID_ARG);
+    ck_assert_ptr_nonnull(strstr(stof_last_error(ctx), "kv_heads 3"));
+    a.kv_heads = -1;
+    ck_assert_int_eq(ref_attention(ctx, &a, out), STOF_ERR_INVALID_ARG);
+    ck_assert_ptr_nonnull(strstr(stof_last_error(ctx), "kv_heads -1"));
+    static const double caps[] = {-1, NAN, INFINITY};
+    for (int i = 0; i < 3; i++) {
+        a = good;
+        a.softcap = caps[i];
+        ck_assert_int_eq(ref_attention(ctx, &a, out), STOF_ERR_INVALID_ARG);
+        ck_assert_ptr_nonnull(strstr(stof_last_error(ctx), "softcap"));
+    }
     stof_mask *m = NULL;
     ck_assert_int_eq(stof_mask_parse(ctx, "causal", 4, 5, &m), STOF_OK);
     a = good;

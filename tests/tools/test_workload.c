@@ -371,7 +371,10 @@ START_TEST(test_mha_lines)
     ck_assert(workload_add_mha(&w, "batch=1,heads=2,lq=128,lk=256,head_dim=64", err, sizeof err) == 0);
     ck_assert(workload_add_mha(&w, "b=1,h=1,l=64,d=32,mask=causal_window:32, ", err, sizeof err) == 0);
     ck_assert(workload_add_mha(&w, "dtype=bf16,b=1,h=1,l=64,d=64,causal+global:4", err, sizeof err) == 0);
-    ck_assert_int_eq(w.n, 5);
+    ck_assert_msg(workload_add_mha(&w, "b=1,h=32,kv=8,lq=2048,lk=30720,d=128,bf16,softcap=50.5,"
+                                   "causal", err, sizeof err) == 0, "%s", err);
+    ck_assert(workload_add_mha(&w, "b=1,h=4,kv_heads=1,l=64,d=64,softcap=0", err, sizeof err) == 0);
+    ck_assert_int_eq(w.n, 7);
     const workload_case *c = &w.cases[0];
     ck_assert(c->op == WORKLOAD_MHA && c->batch == 8 && c->heads == 12 && c->seq_q == 2048 &&
               c->seq_k == 2048 && c->head_dim == 64 && c->dtype == STOF_F16);
@@ -390,7 +393,16 @@ START_TEST(test_mha_lines)
     workload_mha_desc(&w.cases[2], STOF_TUNE_FULL, &d);
     ck_assert(d.batch == 1 && d.heads == 2 && d.seq_q == 128 && d.seq_k == 256 &&
               d.head_dim == 64 && d.dtype == STOF_F16 && d.layout == STOF_LAYOUT_BHLD &&
-              d.tune == STOF_TUNE_FULL && d.scale == 0);
+              d.tune == STOF_TUNE_FULL && d.scale == 0 && d.kv_heads == 0 && d.softcap == 0);
+    /* grouped KV heads and the softcap, into the desc */
+    workload_mha_desc(&w.cases[5], STOF_TUNE_FAST, &d);
+    ck_assert(d.heads == 32 && d.kv_heads == 8 && d.seq_q == 2048 && d.seq_k == 30720 &&
+              d.softcap == 50.5f && d.dtype == STOF_BF16);
+    ck_assert_str_eq(w.cases[5].mask, "causal");
+    ck_assert_str_eq(w.cases[5].name, "mha b=1,h=32,kv=8,lq=2048,lk=30720,d=128,bf16,softcap=50.5,"
+                                      "causal");
+    workload_mha_desc(&w.cases[6], STOF_TUNE_FAST, &d);
+    ck_assert(d.heads == 4 && d.kv_heads == 1 && d.softcap == 0);
     workload_free(&w);
 }
 END_TEST
@@ -425,6 +437,13 @@ static const bad_line BAD_LINES[] = {
     {0, "b=65536,h=1,l=64,d=64", "b=65536 x h=1 is not supported"},
     {0, "b=256,h=256,l=64,d=64", "b x h up to 65535"},
     {0, "b=1,h=1,l=64,d=64,fp32", "dtype fp32 is not supported"},
+    {0, "b=1,h=8,kv=3,l=64,d=64", "kv=3 does not divide h=8"},
+    {0, "b=1,h=8,kv=0,l=64,d=64", "kv=0: expected an integer from 1"},
+    {0, "b=1,h=8,l=64,d=64,softcap=-1", "softcap=-1 is not a finite number >= 0"},
+    {0, "b=1,h=8,l=64,d=64,softcap=nan", "softcap=nan is not"},
+    {0, "b=1,h=8,l=64,d=64,softcap=inf", "softcap=inf is not"},
+    {0, "b=1,h=8,l=64,d=64,softcap=", "softcap= is not"},
+    {0, "b=1,h=8,l=64,d=64,softcap=3x", "softcap=3x is not"},
     {1, "rows=4", "missing hidden="},
     {1, "hidden=8", "missing rows="},
     {1, "rows=4,hidden=8,causal", "unexpected \"causal\""},

@@ -13,8 +13,9 @@ padding (as seq_lens) instead of a dense 4-D mask:
     stof.hf.optimize(model.eval())                  # whole encoder layers, where stof has them
 
 Needs torch and transformers (5.x; AttentionInterface came in 4.48, the
-mask interface in 4.53). Calls stof cannot run yet fall back to HF's sdpa
-and say so once: grouped KV heads, softcap, decoding against a cache.
+mask interface in 4.53). Grouped KV heads and the logit softcap go to stof
+as they are; calls stof cannot run yet fall back to HF's sdpa and say so
+once: decoding against a cache, among others.
 """
 try:
     import torch  # noqa: F401

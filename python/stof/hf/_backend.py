@@ -7,9 +7,10 @@ mask_hook(), through AttentionMaskInterface, stands where the model would
 build its dense 4-D mask, and hands the attention a ModelMask instead: the
 pattern as a spec, padding as seq_lens, worked out once per forward.
 
-A call stof cannot run yet (grouped KV heads, softcap, decoding against a
-cache, float32, a mask that differs across the batch, a backward needed)
-runs HF's sdpa on the same mask instead, and says so once per reason.
+Grouped KV heads (GQA, MQA) and the logit softcap (Gemma-2) go to stof as
+they are. A call stof cannot run yet (decoding against a cache, float32, a
+mask that differs across the batch, a backward needed) runs HF's sdpa on the
+same mask instead, and says so once per reason.
 """
 import functools
 import warnings
@@ -28,8 +29,8 @@ except ImportError:        # transformers before its mask interface (4.53)
 
 HEAD_DIMS = (32, 64, 80, 96, 128)
 # Call arguments that change the scores in ways stof's kernels do not (yet).
-UNSUPPORTED = {"softcap": "softcap (another issue)", "s_aux": "attention sinks",
-               "sinks": "attention sinks", "position_bias": "a position bias"}
+UNSUPPORTED = {"s_aux": "attention sinks", "sinks": "attention sinks",
+               "position_bias": "a position bias"}
 
 DECODING = ("decoding (queries against a longer KV cache): stof has no decode mode yet, and a "
             "stof.hf.mask spec does not apply there")
@@ -141,8 +142,11 @@ def _why_not(module, q, k, v, dropout, kwargs):
     for name, what in UNSUPPORTED.items():
         if kwargs.get(name) is not None:
             return what
-    if k.shape[1] != q.shape[1]:
-        return "grouped KV heads (GQA/MQA; another issue)"
+    if k.shape[1] < 1 or q.shape[1] % k.shape[1] or v.shape[1] != k.shape[1]:
+        return "%d query heads on %d KV heads (not a divisor)" % (q.shape[1], k.shape[1])
+    cap = kwargs.get("softcap")
+    if cap is not None and not (isinstance(cap, (int, float)) and cap >= 0):
+        return "softcap %r (stof takes a number >= 0)" % (cap,)
     if q.shape[-1] not in HEAD_DIMS or v.shape[-1] != q.shape[-1]:
         return "head_dim %d: stof takes %s" % (q.shape[-1], ", ".join(map(str, HEAD_DIMS)))
     if dropout and getattr(module, "training", False):
@@ -217,15 +221,17 @@ def _same_order(q, k, v):
     return tuple(to(t, o) for t, o in zip((q, k, v), orders))
 
 
-def _run(q, k, v, spec, lens, scaling):
+def _run(q, k, v, spec, lens, scaling, softcap=None):
     try:
-        return stof_attention(q, k, v, mask=spec, seq_lens=lens, scale=scaling, layout="bhld")
+        return stof_attention(q, k, v, mask=spec, seq_lens=lens, scale=scaling, layout="bhld",
+                              softcap=softcap)
     except L.InvalidArgumentError as e:
         if "memory order" not in str(e) and "packed QKV" not in str(e):
             raise
     # Strides stof cannot read (views of some other projection): a copy.
     q, k, v = (t.contiguous() for t in (q, k, v))
-    return stof_attention(q, k, v, mask=spec, seq_lens=lens, scale=scaling, layout="bhld")
+    return stof_attention(q, k, v, mask=spec, seq_lens=lens, scale=scaling, layout="bhld",
+                          softcap=softcap)
 
 
 def attention(module, query, key, value, attention_mask, dropout=0.0, scaling=None, **kwargs):
@@ -242,7 +248,7 @@ def attention(module, query, key, value, attention_mask, dropout=0.0, scaling=No
     if isinstance(attention_mask, ModelMask):
         lens = attention_mask.lens_on(query.device)
     try:
-        out = _run(*_same_order(query, key, value), spec, lens, scaling)
+        out = _run(*_same_order(query, key, value), spec, lens, scaling, kwargs.get("softcap"))
     except L.UnsupportedError as e:
         return _fallback("stof cannot run it (%s)" % e, module, query, key, value,
                          attention_mask, dropout, scaling, kwargs)
