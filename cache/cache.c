@@ -1,6 +1,7 @@
 #include "cache/cache.h"
 
 #include <errno.h>
+#include <limits.h>
 #include <pthread.h>
 #include <signal.h>
 #include <stdio.h>
@@ -248,7 +249,13 @@ stof_status cache_open(err_record *err, const char *path, long long max_bytes,
     c->max_bytes = max_bytes > 0 ? max_bytes : 2LL << 30;
     stof_status st = STOF_OK;
     int v = 0;
-    if (sqlite3_open_v2(path, &c->db, SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE | SQLITE_OPEN_FULLMUTEX,
+    /* The file the trust check judged (links resolved), opened without
+     * following a link put in its place since. */
+    char real[PATH_MAX];
+    const char *file = realpath(path, real) ? real : path;
+    if (sqlite3_open_v2(file, &c->db,
+                        SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE | SQLITE_OPEN_FULLMUTEX |
+                            SQLITE_OPEN_NOFOLLOW,
                         NULL) != SQLITE_OK) {
         st = SQL_FAIL(err, c, "cannot open");
         goto fail;

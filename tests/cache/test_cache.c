@@ -16,6 +16,7 @@
 
 #include "cache/cache.h"
 #include "cache/cache_claim.h"
+#include "cache/trust.h"
 #include "codegen/nvrtc_drv.h"
 #include "ctx.h"
 #include "testutil.h"
@@ -1159,6 +1160,86 @@ START_TEST(test_two_processes)
 }
 END_TEST
 
+/* The trust check runs at every stof_open, while other contexts of the same
+ * process hold the file open: it must never open and close the file, the
+ * WAL or the shared memory, since a close drops every POSIX lock this
+ * process holds on them and another process then writes over a reader's
+ * pages. Here a thread checks trust in a loop while this process and a
+ * second one write derived rows; the file must stay sound (it did not:
+ * "row N missing from index sqlite_autoindex_derived_1"). */
+typedef struct trust_loop {
+    const char *path;
+    volatile int stop;
+    int checks;
+} trust_loop;
+
+static void *check_trust(void *arg)
+{
+    trust_loop *t = arg;
+    char why[1600];
+    while (!t->stop) {
+        cache_trusted(t->path, 0, why, sizeof why);
+        t->checks++;
+    }
+    return NULL;
+}
+
+static void write_derived(const char *path, int who, int rows)
+{
+    err_record err = {0};
+    cache *c = NULL;
+    if (cache_open(&err, path, 0, nvrtc_version_string(), &c) != STOF_OK)
+        _exit(3);
+    char data[3000];
+    memset(data, 'a' + who, sizeof data);
+    for (int i = 0; i < rows; i++) {
+        char key[64];
+        snprintf(key, sizeof key, "w%d-%d", who, i);
+        cache_put_derived(&err, c, "test", key, data, sizeof data);
+    }
+    cache_close(c);
+}
+
+START_TEST(test_trust_check_keeps_locks)
+{
+    char *dir = test_tmpdir(), *path = db_path(dir, "locks/cache.db");
+    enum { ROWS = 400 };
+    err_record err = {0};
+    cache *c = NULL;
+    ck_assert_int_eq(cache_open(&err, path, 0, nvrtc_version_string(), &c), STOF_OK);
+    cache_close(c);
+    fflush(NULL);
+    pid_t pid = fork();
+    ck_assert_int_ge(pid, 0);
+    if (pid == 0) {
+        write_derived(path, 1, ROWS);
+        _exit(0);
+    }
+    trust_loop t = {.path = path};
+    pthread_t th;
+    ck_assert_int_eq(pthread_create(&th, NULL, check_trust, &t), 0);
+    write_derived(path, 0, ROWS);
+    int st = 0;
+    ck_assert_int_eq(waitpid(pid, &st, 0), pid);
+    t.stop = 1;
+    pthread_join(th, NULL);
+    ck_assert_msg(WIFEXITED(st) && WEXITSTATUS(st) == 0, "the other writer failed (0x%x)", st);
+    ck_assert_int_gt(t.checks, 0);
+    sqlite3 *db = NULL;
+    sqlite3_stmt *q = NULL;
+    ck_assert_int_eq(sqlite3_open_v2(path, &db, SQLITE_OPEN_READONLY, NULL), SQLITE_OK);
+    ck_assert_int_eq(sqlite3_prepare_v2(db, "PRAGMA integrity_check", -1, &q, NULL), SQLITE_OK);
+    ck_assert_int_eq(sqlite3_step(q), SQLITE_ROW);
+    ck_assert_str_eq((const char *)sqlite3_column_text(q, 0), "ok");
+    sqlite3_finalize(q);
+    sqlite3_close(db);
+    ck_assert_int_eq(sql_int(path, "SELECT count(*) FROM derived"), 2 * ROWS);
+    test_rmtree(dir);
+    free(path);
+    free(dir);
+}
+END_TEST
+
 /* Several processes opening one new cache at the same moment: each gets it. */
 START_TEST(test_concurrent_open)
 {
@@ -1247,6 +1328,7 @@ Suite *suite_cache(void)
     tcase_add_test(tc, test_list_kernels);
     tcase_add_test(tc, test_two_processes);
     tcase_add_test(tc, test_concurrent_open);
+    tcase_add_test(tc, test_trust_check_keeps_locks);
     tcase_add_test(tc, test_wal_mode);
     suite_add_tcase(s, tc);
     return s;
