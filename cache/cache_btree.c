@@ -204,7 +204,8 @@ long long cache_btree_missing(cache_btree_page_fn page, void *arg, uint32_t usab
     if (n_gaps <= 0)
         return n_gaps;
     size_t u = 0;
-    qsort(rowids, n, sizeof *rowids, util_cmp_i64);
+    if (n)   /* no rows read: rowids may be NULL */
+        qsort(rowids, n, sizeof *rowids, util_cmp_i64);
     for (size_t i = 0; i < n; i++)
         if (!u || rowids[u - 1] != rowids[i])
             rowids[u++] = rowids[i];
