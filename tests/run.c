@@ -15,6 +15,7 @@
 #include <time.h>
 #include <unistd.h>
 #include <ftw.h>
+#include <sqlite3.h>
 #include <pthread.h>
 
 #include "stof.h"
@@ -100,6 +101,20 @@ const char *test_kernel_cache(void)
     if (!path[0])
         snprintf(path, sizeof path, "%s/cache.db", test_build_path("test-kernels"));
     return path;
+}
+
+long long test_sql_int(const char *path, const char *query)
+{
+    sqlite3 *db = NULL;
+    sqlite3_stmt *s = NULL;
+    ck_assert_int_eq(sqlite3_open_v2(path, &db, SQLITE_OPEN_READWRITE, NULL), SQLITE_OK);
+    ck_assert_msg(sqlite3_prepare_v2(db, query, -1, &s, NULL) == SQLITE_OK, "%s: %s", query,
+                  sqlite3_errmsg(db));
+    ck_assert_int_eq(sqlite3_step(s), SQLITE_ROW);
+    long long v = sqlite3_column_int64(s, 0);
+    sqlite3_finalize(s);
+    sqlite3_close(db);
+    return v;
 }
 
 int test_run(const char *cmd, char **output)

@@ -22,6 +22,9 @@ int test_rng_int(test_rng *r, int lo, int hi);  /* [lo, hi] */
 
 /* A fresh empty folder under $TMPDIR; the caller owns the string. */
 char *test_tmpdir(void);
+/* The integer the query's first row holds, from the SQLite file at path
+ * (which must exist); fails the test on any error. */
+long long test_sql_int(const char *path, const char *query);
 void test_rmtree(const char *path);
 /* Copies the file at from to to, with its mode; fails the test if it cannot. */
 void test_copy_file(const char *from, const char *to);

@@ -109,19 +109,6 @@ static void sql(const char *path, const char *stmt)
     sqlite3_close(db);
 }
 
-static long long sql_int(const char *path, const char *query)
-{
-    sqlite3 *db = NULL;
-    sqlite3_stmt *s = NULL;
-    ck_assert_int_eq(sqlite3_open(path, &db), SQLITE_OK);
-    ck_assert_int_eq(sqlite3_prepare_v2(db, query, -1, &s, NULL), SQLITE_OK);
-    ck_assert_int_eq(sqlite3_step(s), SQLITE_ROW);
-    long long v = sqlite3_column_int64(s, 0);
-    sqlite3_finalize(s);
-    sqlite3_close(db);
-    return v;
-}
-
 /* Overwrites column col ("cubin", "ptx", ...) of row key with a blob. */
 static void sql_set_blob(const char *path, const char *key, const char *col, const void *data,
                          size_t n)
@@ -204,9 +191,9 @@ START_TEST(test_roundtrip)
     /* Uses are written a batch at a time: the file's rows show them to
      * another reader once the cache hands its database out (the tools'
      * way in) or closes. */
-    ck_assert_int_eq(sql_int(path, "SELECT sum(hits) FROM kernels"), 6);
+    ck_assert_int_eq(test_sql_int(path, "SELECT sum(hits) FROM kernels"), 6);
     ck_assert_ptr_nonnull(cache_db(c));
-    ck_assert_int_eq(sql_int(path, "SELECT sum(hits) FROM kernels"), 9);
+    ck_assert_int_eq(test_sql_int(path, "SELECT sum(hits) FROM kernels"), 9);
     for (int i = 0; i < 3; i++) {
         cache_kernel got;
         ck_assert_int_eq(cache_get_kernel(&err, c, k[i].key, &got, &found, &rejected), STOF_OK);
@@ -215,7 +202,7 @@ START_TEST(test_roundtrip)
         cache_kernel_free(&k[i]);
     }
     cache_close(c);
-    ck_assert_int_eq(sql_int(path, "SELECT sum(hits) FROM kernels"), 12);
+    ck_assert_int_eq(test_sql_int(path, "SELECT sum(hits) FROM kernels"), 12);
     test_rmtree(dir);
     free(path);
     free(dir);
@@ -309,7 +296,7 @@ START_TEST(test_cubin_read_alone)
     cache_kernel k;
     make_kernel(&r, key, 40000, 30000, 500, &k);
     ck_assert_int_eq(cache_put_kernel(&err, c, &k), STOF_OK);
-    ck_assert_int_eq(sql_int(path, "SELECT count(*) FROM derived WHERE kind='" CACHE_CUBIN_SUM "'"), 1);
+    ck_assert_int_eq(test_sql_int(path, "SELECT count(*) FROM derived WHERE kind='" CACHE_CUBIN_SUM "'"), 1);
     cache_kernel got;
     int found = 0, rejected = 0;
     ck_assert_int_eq(cache_get_cubin(&err, c, key, &got, &found, &rejected), STOF_OK);
@@ -344,7 +331,7 @@ START_TEST(test_cubin_read_alone)
     ck_assert_int_eq(cache_put_kernel(&err, c, &k), STOF_OK);
     sql(path, "DELETE FROM derived");
     ck_assert(cubin_found(c, key, &k, 0));
-    ck_assert_int_eq(sql_int(path, "SELECT count(*) FROM derived WHERE kind='" CACHE_CUBIN_SUM "'"), 1);
+    ck_assert_int_eq(test_sql_int(path, "SELECT count(*) FROM derived WHERE kind='" CACHE_CUBIN_SUM "'"), 1);
     /* A sum that does not match a sound row (a kernel replaced by another
      * writer): the whole check passes and the sum is made again. */
     sql(path, "UPDATE derived SET data=CAST(zeroblob(64) AS BLOB)");
@@ -417,7 +404,7 @@ START_TEST(test_damaged_rows_rejected)
         cache_kernel_free(&good);
         cache_kernel_free(&k);
     }
-    ck_assert_int_eq(sql_int(path, "SELECT count(*) FROM kernels"), 6);
+    ck_assert_int_eq(test_sql_int(path, "SELECT count(*) FROM kernels"), 6);
     cache_close(c);
     test_rmtree(dir);
     free(path);
@@ -490,7 +477,7 @@ START_TEST(test_jit_replaces_damaged)
     ck_assert_int_eq(s.nvrtc_compiles, 1);
     ck_assert_int_eq(s.cache_hits, 0);
     /* The row was replaced by a sound one: same key, the compiled bytes. */
-    ck_assert_int_eq(sql_int(path, "SELECT count(*) FROM kernels"), 1);
+    ck_assert_int_eq(test_sql_int(path, "SELECT count(*) FROM kernels"), 1);
     ck_assert_int_eq(cache_open(&err, path, 0, nvrtc_version_string(), &c), STOF_OK);
     cache_kernel now;
     ck_assert_int_eq(cache_get_kernel(&err, c, key, &now, &found, &rejected), STOF_OK);
@@ -549,7 +536,7 @@ START_TEST(test_newer_schema)
     cache *c = NULL;
     ck_assert_int_eq(cache_open(&err, path, 0, nvrtc_version_string(), &c), STOF_OK);
     cache_close(c);
-    ck_assert_int_eq(sql_int(path, "PRAGMA user_version"), CACHE_SCHEMA_VERSION);
+    ck_assert_int_eq(test_sql_int(path, "PRAGMA user_version"), CACHE_SCHEMA_VERSION);
     char q[64];
     snprintf(q, sizeof q, "PRAGMA user_version=%d", CACHE_SCHEMA_VERSION + 1);
     sql(path, q);
@@ -558,7 +545,7 @@ START_TEST(test_newer_schema)
     ck_assert_ptr_nonnull(strstr(err.msg, "newer"));
     opens_uncached(path, "newer");
     /* The newer file was left as it was. */
-    ck_assert_int_eq(sql_int(path, "PRAGMA user_version"), CACHE_SCHEMA_VERSION + 1);
+    ck_assert_int_eq(test_sql_int(path, "PRAGMA user_version"), CACHE_SCHEMA_VERSION + 1);
     test_rmtree(dir);
     free(path);
     free(dir);
@@ -595,8 +582,8 @@ START_TEST(test_foreign_sqlite)
               "INSERT INTO customers (name) VALUES ('x')");
     opens_uncached(path, "not a stof cache");
     /* Nothing of ours was written into it. */
-    ck_assert_int_eq(sql_int(path, "SELECT count(*) FROM sqlite_master WHERE name='kernels'"), 0);
-    ck_assert_int_eq(sql_int(path, "SELECT count(*) FROM customers"), 1);
+    ck_assert_int_eq(test_sql_int(path, "SELECT count(*) FROM sqlite_master WHERE name='kernels'"), 0);
+    ck_assert_int_eq(test_sql_int(path, "SELECT count(*) FROM customers"), 1);
     test_rmtree(dir);
     free(path);
     free(dir);
@@ -674,7 +661,7 @@ START_TEST(test_full_cache_counted)
     ck_assert_msg(strstr(stof_last_error(ctx), "full"), "%s", stof_last_error(ctx));
     ck_assert_str_eq(stof_cache_path(ctx), path);   /* still the cache: a disk may empty */
     stof_close(ctx);
-    ck_assert_int_eq(sql_int(path, "SELECT count(*) FROM kernels"), 0);
+    ck_assert_int_eq(test_sql_int(path, "SELECT count(*) FROM kernels"), 0);
     test_rmtree(dir);
     free(path);
     free(dir);
@@ -685,8 +672,8 @@ END_TEST
  * stof cache) with garbage, as a bad disk or a stray writer would. */
 static void spoil_page_two(const char *path)
 {
-    long long page = sql_int(path, "PRAGMA page_size");
-    ck_assert_int_eq(sql_int(path, "SELECT rootpage FROM sqlite_master WHERE name='kernels'"), 2);
+    long long page = test_sql_int(path, "PRAGMA page_size");
+    ck_assert_int_eq(test_sql_int(path, "SELECT rootpage FROM sqlite_master WHERE name='kernels'"), 2);
     unsigned char junk[65536];
     test_rng r = test_rng_make(0x9a);
     for (long long i = 0; i < page; i++)
@@ -771,7 +758,7 @@ START_TEST(test_eviction)
         ck_assert_int_eq(cache_put_kernel(&err, c, &k), STOF_OK);
         cache_kernel_free(&k);
     }
-    ck_assert_int_eq(sql_int(path, "SELECT count(*) FROM kernels"), 4);
+    ck_assert_int_eq(test_sql_int(path, "SELECT count(*) FROM kernels"), 4);
     /* Give them distinct ages: key 0 oldest, then 2, 3, 1. */
     const int age[4] = {100, 400, 200, 300};
     for (int i = 0; i < 4; i++) {
@@ -785,7 +772,7 @@ START_TEST(test_eviction)
         make_kernel(&r, keys[4 + n], 600, 300, 100, &k);
         ck_assert_int_eq(cache_put_kernel(&err, c, &k), STOF_OK);
         cache_kernel_free(&k);
-        ck_assert_int_eq(sql_int(path, "SELECT count(*) FROM kernels"), 4);
+        ck_assert_int_eq(test_sql_int(path, "SELECT count(*) FROM kernels"), 4);
         ck_assert_msg(!present(&err, c, keys[expect_gone[n]]), "key %d should have been evicted",
                       expect_gone[n]);
     }
@@ -802,10 +789,10 @@ START_TEST(test_eviction)
     make_kernel(&r, keys[7], 5000, 10, 10, &k);
     ck_assert_int_eq(cache_put_kernel(&err, c, &k), STOF_OK);
     cache_kernel_free(&k);
-    ck_assert_int_eq(sql_int(path, "SELECT count(*) FROM kernels"), 1);
+    ck_assert_int_eq(test_sql_int(path, "SELECT count(*) FROM kernels"), 1);
     ck_assert(present(&err, c, keys[7]));
     /* The evicted kernels' binary sums went with them. */
-    ck_assert_int_eq(sql_int(path, "SELECT count(*) FROM derived WHERE kind='" CACHE_CUBIN_SUM "'"), 1);
+    ck_assert_int_eq(test_sql_int(path, "SELECT count(*) FROM derived WHERE kind='" CACHE_CUBIN_SUM "'"), 1);
     cache_close(c);
     test_rmtree(dir);
     free(path);
@@ -860,7 +847,7 @@ START_TEST(test_tuning)
                      STOF_OK);
     ck_assert_str_eq(got.record, rec2);
     cache_tuning_free(&got);
-    ck_assert_int_eq(sql_int(path, "SELECT count(*) FROM tuning"), 1);
+    ck_assert_int_eq(test_sql_int(path, "SELECT count(*) FROM tuning"), 1);
     /* A record written by another stof version is not used. */
     sql(path, "UPDATE tuning SET stof_version='0.0.1'");
     ck_assert_int_eq(cache_get_tuning(&err, c, "mha", hash, t.shape, "fp16", "sm_90a", &got, &found),
@@ -1134,7 +1121,7 @@ START_TEST(test_two_processes)
                       st);
     }
     /* Every kernel of both is there, intact, and the shared one once. */
-    ck_assert_int_eq(sql_int(path, "SELECT count(*) FROM kernels"), 2 * PER_CHILD + 1);
+    ck_assert_int_eq(test_sql_int(path, "SELECT count(*) FROM kernels"), 2 * PER_CHILD + 1);
     err_record err = {0};
     cache *c = NULL;
     ck_assert_int_eq(cache_open(&err, path, 0, nvrtc_version_string(), &c), STOF_OK);
@@ -1233,7 +1220,7 @@ START_TEST(test_trust_check_keeps_locks)
     ck_assert_str_eq((const char *)sqlite3_column_text(q, 0), "ok");
     sqlite3_finalize(q);
     sqlite3_close(db);
-    ck_assert_int_eq(sql_int(path, "SELECT count(*) FROM derived"), 2 * ROWS);
+    ck_assert_int_eq(test_sql_int(path, "SELECT count(*) FROM derived"), 2 * ROWS);
     test_rmtree(dir);
     free(path);
     free(dir);
@@ -1278,7 +1265,7 @@ START_TEST(test_concurrent_open)
                           "round %d: process %d could not open the new cache (status 0x%x)", round,
                           w, st);
         }
-        ck_assert_int_eq(sql_int(path, "PRAGMA user_version"), CACHE_SCHEMA_VERSION);
+        ck_assert_int_eq(test_sql_int(path, "PRAGMA user_version"), CACHE_SCHEMA_VERSION);
     }
     test_rmtree(dir);
     free(dir);

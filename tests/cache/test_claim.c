@@ -44,19 +44,6 @@ static double now_s(void)
     return (double)t.tv_sec + (double)t.tv_nsec * 1e-9;
 }
 
-static long long sql_int(const char *path, const char *query)
-{
-    sqlite3 *db = NULL;
-    sqlite3_stmt *s = NULL;
-    ck_assert_int_eq(sqlite3_open(path, &db), SQLITE_OK);
-    ck_assert_int_eq(sqlite3_prepare_v2(db, query, -1, &s, NULL), SQLITE_OK);
-    ck_assert_int_eq(sqlite3_step(s), SQLITE_ROW);
-    long long v = sqlite3_column_int64(s, 0);
-    sqlite3_finalize(s);
-    sqlite3_close(db);
-    return v;
-}
-
 static void sql(const char *path, const char *stmt)
 {
     sqlite3 *db = NULL;
@@ -153,18 +140,18 @@ START_TEST(test_claim_held_released_stored)
     tell(go, 'r');
     reap(pid);
     ck_assert_int_eq(cache_claim(c, KEY, 60000, 0), CACHE_CLAIM_OURS);
-    ck_assert_int_eq(sql_int(path, "SELECT count(*) FROM claims"), 1);
+    ck_assert_int_eq(test_sql_int(path, "SELECT count(*) FROM claims"), 1);
     /* Our own claim does not stop us; released, no row is left. */
     ck_assert_int_eq(cache_claim(c, KEY, 60000, 0), CACHE_CLAIM_OURS);
     cache_release(c, KEY);
-    ck_assert_int_eq(sql_int(path, "SELECT count(*) FROM claims"), 0);
+    ck_assert_int_eq(test_sql_int(path, "SELECT count(*) FROM claims"), 0);
 
     /* A waiter gets the kernel the claimant stores. */
     pid = claimant(path, KEY, 60000, &go);
     tell(go, 's');
     ck_assert_int_eq(cache_claim(c, KEY, 60000, 1), CACHE_CLAIM_STORED);
     reap(pid);
-    ck_assert_int_eq(sql_int(path, "SELECT count(*) FROM claims"), 0);
+    ck_assert_int_eq(test_sql_int(path, "SELECT count(*) FROM claims"), 0);
     cache_close(c);
     test_rmtree(dir);
     free(path);
@@ -330,10 +317,10 @@ START_TEST(test_processes_compile_once)
     char *p2 = NULL;
     ck_assert_int_ge(asprintf(&p2, "%s/batched.db", dir), 0);
     ck_assert_int_eq(race(path, 0), NKEYS);
-    ck_assert_int_eq(sql_int(path, "SELECT count(*) FROM kernels"), NKEYS);
+    ck_assert_int_eq(test_sql_int(path, "SELECT count(*) FROM kernels"), NKEYS);
     ck_assert_int_eq(race(p2, 1), NKEYS);
-    ck_assert_int_eq(sql_int(p2, "SELECT count(*) FROM kernels"), NKEYS);
-    ck_assert_int_eq(sql_int(p2, "SELECT count(*) FROM claims"), 0);
+    ck_assert_int_eq(test_sql_int(p2, "SELECT count(*) FROM kernels"), NKEYS);
+    ck_assert_int_eq(test_sql_int(p2, "SELECT count(*) FROM claims"), 0);
     test_rmtree(dir);
     free(p2);
     free(path);
@@ -372,8 +359,8 @@ START_TEST(test_killed_claimant_compiled_by_next)
     stof_get_stats(ctx, &st);
     ck_assert_int_eq(st.nvrtc_compiles, 1);
     stof_close(ctx);
-    ck_assert_int_eq(sql_int(path, "SELECT count(*) FROM kernels"), 1);
-    ck_assert_int_eq(sql_int(path, "SELECT count(*) FROM claims"), 0);
+    ck_assert_int_eq(test_sql_int(path, "SELECT count(*) FROM kernels"), 1);
+    ck_assert_int_eq(test_sql_int(path, "SELECT count(*) FROM claims"), 0);
 
     /* Another host's claim on the next key: compiled here once it lapses. */
     struct timespec t;
@@ -389,7 +376,7 @@ START_TEST(test_killed_claimant_compiled_by_next)
     ck_assert_int_eq(o, JIT_COMPILED);
     ck_assert_double_gt(now_s() - t0, 1.0);
     stof_close(ctx);
-    ck_assert_int_eq(sql_int(path, "SELECT count(*) FROM claims"), 0);
+    ck_assert_int_eq(test_sql_int(path, "SELECT count(*) FROM claims"), 0);
     test_rmtree(dir);
     free(path);
     free(dir);

@@ -216,23 +216,9 @@ static long long number_on(const char *out, const char *prefix, const char *labe
 #define SUMMARY(out, label) number_on((out), " cases in ", (label))
 #define REMOTE(out, label) number_on((out), "remote tier: ", (label))
 
-static long long sql_int(const char *path, const char *q)
-{
-    sqlite3 *db = NULL;
-    sqlite3_stmt *s = NULL;
-    ck_assert_int_eq(sqlite3_open_v2(path, &db, SQLITE_OPEN_READWRITE, NULL), SQLITE_OK);
-    ck_assert_msg(sqlite3_prepare_v2(db, q, -1, &s, NULL) == SQLITE_OK, "%s: %s", q,
-                  sqlite3_errmsg(db));
-    ck_assert_int_eq(sqlite3_step(s), SQLITE_ROW);
-    long long v = sqlite3_column_int64(s, 0);
-    sqlite3_finalize(s);
-    sqlite3_close(db);
-    return v;
-}
-
 static long long kernels_in(const char *path)
 {
-    return sql_int(path, "SELECT count(*) FROM kernels");
+    return test_sql_int(path, "SELECT count(*) FROM kernels");
 }
 
 /* Kernels of a and b whose binary and PTX are equal byte for byte. */
