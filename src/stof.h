@@ -164,10 +164,13 @@ stof_status stof_bias_residual_layernorm_prepare(stof_ctx *ctx,
  *                         dimension; more is STOF_ERR_UNSUPPORTED)
  *   STOF_MHA_HEAD_DIMS    attention's head sizes, as a list for an array's
  *                         initializer: static const int d[] = {STOF_MHA_HEAD_DIMS};
+ *   STOF_MAX_BIAS_BUCKETS the most buckets of attention's distance bias
+ *                         (desc.bias_buckets; more is STOF_ERR_INVALID_ARG)
  * Attention's dtype is STOF_F16 or STOF_BF16. */
 #define STOF_MAX_SEQ (65535 * 64)
 #define STOF_MAX_BATCH_HEADS 65535
 #define STOF_MHA_HEAD_DIMS 32, 64, 80, 96, 128
+#define STOF_MAX_BIAS_BUCKETS 4096
 
 /* 1 where head_dim is one of STOF_MHA_HEAD_DIMS, else 0. */
 int stof_mha_head_dim_supported(int head_dim);
@@ -292,8 +295,11 @@ void stof_mask_picture_free(void *data);
 /* ---- end of masks ---- */
 
 /* ---- Masked multi-head attention (src/attn/mha.c) ------------------------
- * out = softmax(cap(Q Kᵀ · scale) + mask) V per (batch, head), fp32
+ * out = softmax(cap(Q Kᵀ · scale) + mods + mask) V per (batch, head), fp32
  * accumulation; cap(s) = softcap · tanh(s / softcap), or s where softcap is 0.
+ * mods, added to the capped logit before the mask: ALiBi's slope[h] · (k - p)
+ * and a distance bias's table[h][bucket(p - k)] (see the desc), for query
+ * position p and key k.
  * A plan is made once for a shape and a mask (cache hit, or model + search)
  * and run as often as wanted, from several streams at once.
  *
@@ -327,6 +333,24 @@ typedef struct stof_mha_desc {
                                                   must be a multiple of it (GQA, MQA) */
     float softcap;                             /* logit softcap (Gemma-2): 0 off, else
                                                   finite and > 0; rendered into the kernel */
+    /* Score modifiers, added to the logit after the softcap and before the
+     * mask, in this order: softcap(s · scale) + alibi + bias. p is a query's
+     * position, q + seq_k - seq_q for query row q (bottom-right, as the masks
+     * align), k a key's. Each is rendered into the kernel when set (whether,
+     * not where: the pointers are read at each run, and must stay valid
+     * while the plan lives). */
+    int alibi;                                 /* nonzero: ALiBi, slope[h] · (k - p) */
+    const float *alibi_slopes;                 /* device float[heads], or NULL: the
+                                                  standard geometric slopes, 2^(-8(h+1)/n)
+                                                  for n the power of two at or below heads,
+                                                  the heads past n interleaved from 2n's
+                                                  (the ALiBi paper, HF build_alibi_tensor);
+                                                  set only with alibi */
+    int bias_buckets;                          /* 0 off; else 1 to 4096 buckets B of a
+                                                  bias on the distance (T5, Swin):
+                                                  table[h][bucket(p - k)], bucket(d) =
+                                                  clamp(d, -(B/2), B - 1 - B/2) + B/2 */
+    const float *bias_table;                   /* device float[heads][bias_buckets] */
 } stof_mha_desc;
 
 typedef struct stof_mha_plan stof_mha_plan;

@@ -25,7 +25,8 @@
 //   GATHER_K   section flag: tile keys come from an index list
 //   BLOCK_K    section flag: tile keys are consecutive (exactly one of the two){{#if GROUP}}
 //   GROUP      query heads per KV head (attn_common.cuh); "0": one each{{/if}}{{#if SOFTCAP}}
-//   SOFTCAP    the logit softcap (attn_common.cuh); "0": none{{/if}}
+//   SOFTCAP    the logit softcap (attn_common.cuh); "0": none{{/if}}{{#if MODS}}
+//   MODS, ALIBI, BIAS   the score modifiers (attn_common.cuh){{/if}}
 
 {{>attn_common.cuh}}
 
@@ -136,7 +137,14 @@ extern "C" __global__ void __launch_bounds__(THREADS) stof_attn(ATTN_ITEM_PARAMS
         m[mt][0] = m[mt][1] = -STOF_INF;
         l[mt][0] = l[mt][1] = 0.f;
     }
-    const int wrow = warp * 16 * MT;  // this warp's first row in the group
+    const int wrow = warp * 16 * MT;  // this warp's first row in the group{{#if MODS}}
+    const stof_mods mods = stof_mods_of(h, scale_log2, alibi_slopes, bias_table);
+    int mpos[MT][2];  // the positions of the thread's rows among the keys
+#pragma unroll
+    for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+        for (int h2 = 0; h2 < 2; h2++)
+            mpos[mt][h2] = qrow(wrow + mt * 16 + g + 8 * h2) + lk - lq;{{/if}}
 
     for (int it = t0; it < t1; it++) {
         const int stage = (it - t0) & 1;
@@ -212,7 +220,12 @@ extern "C" __global__ void __launch_bounds__(THREADS) stof_attn(ATTN_ITEM_PARAMS
 {{#if BLOCK_K}}
         const int kfirst = tile_key[it];
         const bool edge = kfirst + BN > klim;
-{{/if}}
+{{/if}}{{#if MODS}}
+#pragma unroll
+        for (int mt = 0; mt < MT; mt++)
+            stof_score_mods(s[mt], mods, mpos[mt][0], mpos[mt][1], t, [&](int c) {
+                return {{#if GATHER_K}}kix[c]{{/if}}{{#if BLOCK_K}}kfirst + c{{/if}};
+            });{{/if}}
         if (bm >= 0 || edge) {
 #pragma unroll
             for (int mt = 0; mt < MT; mt++) {

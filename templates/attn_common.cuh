@@ -16,7 +16,16 @@
 //
 // SOFTCAP (every engine's; "0" drops what it adds): the logit softcap, a
 // float literal; each engine calls stof_softcap on a tile's raw scores
-// before it masks them.{{/if}}
+// before it masks them.{{/if}}{{#if MODS}}
+//
+// MODS (every engine's; "0" drops what it adds): "1" where the kernel adds
+// score modifiers, each in a section of its own: ALIBI ("1": slope[h] (k -
+// p), the slopes read from alibi_slopes) and BIAS (B, the buckets:
+// table[h][bucket(p - k)] read from bias_table). The kernel then takes
+// both pointers last (the one it does not use NULL), and each engine calls
+// stof_score_mods on a tile's raw scores after the softcap and before the
+// mask, p being a query row's position among the keys, row + lk - lq
+// (bottom-right, as the masks align a KV prefix).{{/if}}
 
 // ---- The work and its addressing --------------------------------------------
 
@@ -51,7 +60,8 @@ __device__ __forceinline__ stof_item stof_work_item(const int *work)
         long long o_sl, int lq, int lk, const int *__restrict__ seq_lens,                    \
         const int *__restrict__ work, const int *__restrict__ qidx,                          \
         const int *__restrict__ tile_key, const int *__restrict__ tile_bits,                 \
-        const int *__restrict__ kidx, const unsigned *__restrict__ bits, float scale_log2
+        const int *__restrict__ kidx, const unsigned *__restrict__ bits, float scale_log2{{#if MODS}}, \
+        const float *__restrict__ alibi_slopes, const float *__restrict__ bias_table{{/if}}
 
 // The length of sequence b: rows and keys at or past it are masked out.
 __device__ __forceinline__ int attn_seq_len(const int *seq_lens, int b)
@@ -132,6 +142,51 @@ __device__ __forceinline__ void stof_softcap(float (&s)[NB][4], float scale_log2
 #pragma unroll
         for (int e = 0; e < 4; e++)
             s[j][e] = (1.f - __fdividef(2.f, 1.f + stof_ex2(s[j][e] * to2))) * back;
+}{{/if}}{{#if MODS}}
+
+// Head h's score modifiers in raw units, as the scores are kept until the
+// softmax multiplies them by scale_log2 = scale log2(e): a modifier x of the
+// logit adds x / scale = x log2(e) / scale_log2 to a raw score.
+struct stof_mods {
+    float slope;      // ALIBI: head h's slope in raw units
+    const float *row; // BIAS: head h's buckets (logit units)
+    float to_raw;     // log2(e) / scale_log2
+};
+__device__ __forceinline__ stof_mods stof_mods_of(int h, float scale_log2, const float *slopes,
+                                                  const float *table)
+{
+    const float to_raw = 1.4426950408889634f / scale_log2;
+    stof_mods m = {0.f, nullptr, to_raw};{{#if ALIBI}}
+    m.slope = __ldg(slopes + h) * to_raw;{{/if}}{{#if BIAS}}
+    m.row = table + (long long)h * {{BIAS}};{{/if}}
+    return m;
+}{{#if BIAS}}
+
+// The bucket of distance d = p - k among BIAS buckets (stof.h).
+__device__ __forceinline__ int stof_bucket(int d)
+{
+    constexpr int B = {{BIAS}};
+    return min(max(d, -(B / 2)), B - 1 - B / 2) + B / 2;
+}{{/if}}
+
+// The score modifiers on one m16 row tile's raw scores (after the softcap,
+// before the mask): p0, p1 the positions of the thread's rows g and g + 8,
+// key_at(c) the key of the tile's column c (garbage for a padding column:
+// the mask drops it, and a bucket is clamped into the table).
+template <int NB, typename KeyAt>
+__device__ __forceinline__ void stof_score_mods(float (&s)[NB][4], const stof_mods &m, int p0,
+                                                int p1, int t, KeyAt key_at)
+{
+#pragma unroll
+    for (int j = 0; j < NB; j++)
+#pragma unroll
+        for (int e = 0; e < 2; e++) {
+            const int k = key_at(j * 8 + 2 * t + e);{{#if ALIBI}}
+            s[j][e] = fmaf(m.slope, (float)(k - p0), s[j][e]);
+            s[j][2 + e] = fmaf(m.slope, (float)(k - p1), s[j][2 + e]);{{/if}}{{#if BIAS}}
+            s[j][e] = fmaf(__ldg(m.row + stof_bucket(p0 - k)), m.to_raw, s[j][e]);
+            s[j][2 + e] = fmaf(__ldg(m.row + stof_bucket(p1 - k)), m.to_raw, s[j][2 + e]);{{/if}}
+        }
 }{{/if}}
 
 // Scores of one m16 row tile as tensor-core accumulators: s[j] holds keys

@@ -24,7 +24,8 @@
 //   MMA_TYPE   f16 or bf16 (wgmma.cuh uses it too)
 //   GATHER_Q / BLOCK_Q, GATHER_K / BLOCK_K   as in attn.cu{{#if GROUP}}
 //   GROUP, SOFTCAP   as in attn.cu{{/if}}{{#if SOFTCAP}}
-//   (SOFTCAP: the scores capped where the softmax step starts){{/if}}
+//   (SOFTCAP: the scores capped where the softmax step starts){{/if}}{{#if MODS}}
+//   MODS, ALIBI, BIAS   the score modifiers (attn_common.cuh), after the cap{{/if}}
 
 {{>attn_common.cuh}}
 
@@ -178,7 +179,10 @@ extern "C" __global__ void __launch_bounds__(THREADS) stof_attn(ATTN_ITEM_PARAMS
 #pragma unroll
     for (int i = 0; i < D / 8; i++)
         o[i][0] = o[i][1] = o[i][2] = o[i][3] = 0.f;
-    const unsigned q_wg = Qs + wg * 64 * 128;  // this warpgroup's rows, in each half
+    const unsigned q_wg = Qs + wg * 64 * 128;  // this warpgroup's rows, in each half{{#if MODS}}
+    const stof_mods mods = stof_mods_of(h, scale_log2, alibi_slopes, bias_table);
+    // The positions of the thread's rows among the keys.
+    const int mpos0 = qrow(wrow + g) + lk - lq, mpos1 = qrow(wrow + g + 8) + lk - lq;{{/if}}
 
 
     // Masks tile it's scores (only where needed: a partial tile's bitmap,
@@ -198,7 +202,10 @@ extern "C" __global__ void __launch_bounds__(THREADS) stof_attn(ATTN_ITEM_PARAMS
         const int kfirst = tile_key[it];
         const bool edge = kfirst + BN > klim;
         auto key_ok = [&](int c) { return kfirst + c < klim; };
-{{/if}}
+{{/if}}{{#if MODS}}
+        stof_score_mods(s, mods, mpos0, mpos1, t, [&](int c) {
+            return {{#if GATHER_K}}kix[c]{{/if}}{{#if BLOCK_K}}kfirst + c{{/if}};
+        });{{/if}}
         if (bm >= 0 || edge) {
             const unsigned *w0 = bm < 0 ? nullptr : bits + ((long long)bm * BM + wrow + g) * WPR;
             stof_mask_scores<BN / 8, WPR>(s, w0, w0 ? w0 + 8 * WPR : nullptr, t, edge, key_ok);

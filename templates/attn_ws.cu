@@ -111,7 +111,8 @@
 //   MMA_TYPE   f16 or bf16 (wgmma.cuh uses it too){{#if GROUP}}
 //   GROUP      query heads per KV head (attn_common.cuh): K and V's descriptors
 //              (or, with GATHER, their pointers) are of heads / GROUP heads{{/if}}{{#if SOFTCAP}}
-//   SOFTCAP    the logit softcap (attn_common.cuh), taken where a tile is masked{{/if}}
+//   SOFTCAP    the logit softcap (attn_common.cuh), taken where a tile is masked{{/if}}{{#if MODS}}
+//   MODS, ALIBI, BIAS   the score modifiers (attn_common.cuh), after the cap{{/if}}
 
 {{>attn_common.cuh}}
 
@@ -238,7 +239,8 @@ stof_attn(const __grid_constant__ stof_tmap tq, const __grid_constant__ stof_tma
           long long q_sb, long long q_sh, long long q_sl, long long k_sb, long long k_sh,
           long long k_sl, long long v_sb, long long v_sh, long long v_sl, long long o_sb,
           long long o_sh, long long o_sl, const int *__restrict__ qidx,
-          const int *__restrict__ kidx)
+          const int *__restrict__ kidx{{#if MODS}}, const float *__restrict__ alibi_slopes,
+          const float *__restrict__ bias_table{{/if}})
 {
     // The launch gives 1 KiB of slack to align the swizzled tiles. Q, the K
     // stages, the V stages, each consumer's O (unless O_IN_P), each
@@ -501,13 +503,20 @@ stof_attn(const __grid_constant__ stof_tmap tq, const __grid_constant__ stof_tma
                      : "r"(Ts + 8 * st)
                      : "memory");
     };
-    // Masks the scores of the tile in stage st where needed: a partial
+{{#if MODS}}    // The item's head's modifiers, the positions of the thread's rows among
+    // the keys (set as each item starts).
+    stof_mods mods;
+    int mpos[2];
+{{/if}}    // Masks the scores of the tile in stage st where needed: a partial
     // tile's bitmap (in the stage's shared memory), keys at or past klim.
     // GATHER: padding keys are in no bitmap and full tiles have none, so
     // only a shortened sequence needs the tile's keys read.
     auto mask = [&](float (&s)[BN / 8][4], int st, int bm, int kfirst, int klim) {
         const bool edge = GATHER ? klim < lk : kfirst + PERIOD * (BN - 1) >= klim;{{#if SOFTCAP}}
-        stof_softcap(s, scale_log2);{{/if}}
+        stof_softcap(s, scale_log2);{{/if}}{{#if MODS}}
+        stof_score_mods(s, mods, mpos[0], mpos[1], t, [&](int col) {
+            return GATHER ? kidx[(long long)kfirst * BN + col] : kfirst + PERIOD * col;
+        });{{/if}}
         if (bm >= 0 || edge) {
             const unsigned *w0 = bm < 0 ? nullptr
                                         : reinterpret_cast<const unsigned *>(
@@ -542,7 +551,13 @@ stof_attn(const __grid_constant__ stof_tmap tq, const __grid_constant__ stof_tma
                      : "memory");
         const int b = bh >> 16, h = bh & 0xffff;
         const int qlim = min(lq, len), klim = min(lk, len);
-        const int row0 = PERIOD > 1 ? group : group * BM;  // the item's first row
+        const int row0 = PERIOD > 1 ? group : group * BM;  // the item's first row{{#if MODS}}
+        mods = stof_mods_of(h, scale_log2, alibi_slopes, bias_table);
+#pragma unroll
+        for (int h2 = 0; h2 < 2; h2++) {
+            const int r = wrow + g + 8 * h2;
+            mpos[h2] = (GATHER ? qidx[(long long)group * BM + r] : row0 + PERIOD * r) + lk - lq;
+        }{{/if}}
         // SIT_OUT: a consumer whose rows all lie at or past lq (warpgroup 0
         // never does) takes the item's turns and nothing else.
         if (SIT_OUT && c > 0 && group * BM + c * 64 >= lq) {

@@ -262,7 +262,7 @@ static void check_slice(stof_ctx *ctx, const demo_args *a, const stof_mask *m, c
         exit(CLI_EXIT_FAILED);
     }
     ref_attn_args ra = {1, 1, a->seq, a->seq, a->head_dim, a->o.dtype, STOF_LAYOUT_BHLD, 0,
-                        q + off, k + off, v + off, m, NULL, NULL, 0, 0};
+                        q + off, k + off, v + off, m, NULL, NULL, 0, 0, 0, NULL, 0, NULL};
     if (ref_attention(ctx, &ra, ref) != STOF_OK)
         die(ctx, "ref_attention");
     double num = 0, den = 0;

@@ -82,6 +82,17 @@ static stof_status check_desc(stof_ctx *ctx, const stof_mha_desc *d, const stof_
     if (!(d->softcap >= 0.f) || isinf(d->softcap))
         return CTX_FAIL(ctx, STOF_ERR_INVALID_ARG,
                         "desc.softcap must be finite and >= 0 (0: off), got %g", (double)d->softcap);
+    if (d->alibi_slopes && !d->alibi)
+        return CTX_FAIL(ctx, STOF_ERR_INVALID_ARG,
+                        "desc.alibi_slopes is set but desc.alibi is 0: set alibi to use them");
+    if (d->bias_buckets < 0 || d->bias_buckets > STOF_MAX_BIAS_BUCKETS)
+        return CTX_FAIL(ctx, STOF_ERR_INVALID_ARG,
+                        "desc.bias_buckets must be 0 (off) to %d, got %d", STOF_MAX_BIAS_BUCKETS,
+                        d->bias_buckets);
+    if (d->bias_table && d->bias_buckets == 0)
+        return CTX_FAIL(ctx, STOF_ERR_INVALID_ARG,
+                        "desc.bias_table is set but desc.bias_buckets is 0: say how many "
+                        "buckets each head's row holds");
     if (d->tune < STOF_TUNE_DEFAULT || d->tune > STOF_TUNE_FULL)
         return CTX_FAIL(ctx, STOF_ERR_INVALID_ARG, "desc.tune %d is not a stof_tune", (int)d->tune);
     if (d->max_candidates < 0 || !(d->max_seconds >= 0))
@@ -95,15 +106,20 @@ static stof_status check_desc(stof_ctx *ctx, const stof_mha_desc *d, const stof_
     return STOF_OK;
 }
 
-/* The tuning record's shape: KV heads and the softcap only where they are
- * set, so that the records of plain multi-head attention keep their keys. */
+/* The tuning record's shape: KV heads and the modifiers only where they
+ * are set, so that the records of plain multi-head attention keep their
+ * keys (ALiBi's slopes, given or standard, run the same kernel). */
 static void shape_string(const stof_mha_desc *d, char *out, size_t n)
 {
-    char kv[24] = "", cap[40] = "";
+    char kv[24] = "", cap[80] = "";
     if (mha_group(d) > 1)
         snprintf(kv, sizeof kv, ",kv=%d", mha_kv_heads(d));
     if (d->softcap > 0.f)
         snprintf(cap, sizeof cap, ",softcap=%.9g", (double)d->softcap);
+    if (d->alibi)
+        snprintf(cap + strlen(cap), sizeof cap - strlen(cap), ",alibi");
+    if (d->bias_buckets > 0)
+        snprintf(cap + strlen(cap), sizeof cap - strlen(cap), ",bias=%d", d->bias_buckets);
     snprintf(out, n, "b=%d,h=%d,lq=%d,lk=%d,d=%d,layout=%s%s%s%s", d->batch, d->heads, d->seq_q,
              d->seq_k, d->head_dim, d->layout == STOF_LAYOUT_BLHD ? "blhd" : "bhld",
              d->qkv_packed ? ",packed" : "", kv, cap);
@@ -309,6 +325,11 @@ stof_status mha_plan_forced(stof_ctx *ctx, const stof_mha_desc *desc, const stof
                         "the warp-specialized engine's 192-row items do not take desc.softcap "
                         "(their registers spill with it); its 128-row items and the other "
                         "engines do");
+    if (desc && (desc->alibi || desc->bias_buckets > 0) && !mha_takes_score_mods(c))
+        return CTX_FAIL(ctx, STOF_ERR_UNSUPPORTED,
+                        "the warp-specialized engine's 192-row items do not take desc.alibi or "
+                        "desc.bias_buckets (their registers spill with them); its 128-row items "
+                        "and the other engines do");
     const int smem_max = mha_kernel_device_smem(ctx);
     if (desc && mha_smem_bytes(c, desc->head_dim) > smem_max)
         return CTX_FAIL(ctx, STOF_ERR_UNSUPPORTED,
@@ -341,6 +362,12 @@ stof_status stof_mha_run(stof_mha_plan *p, const void *q, const void *k, const v
     CTX_ARG(ctx, p->d.qkv_packed || k, "k");
     CTX_ARG(ctx, p->d.qkv_packed || v, "v");
     CTX_ARG(ctx, out, "out");
+    /* The table is data, read only here: a plan (stof-warm's, a search's)
+     * is made for its shape alone. */
+    if (p->d.bias_buckets > 0 && !p->d.bias_table)
+        return CTX_FAIL(ctx, STOF_ERR_INVALID_ARG,
+                        "desc.bias_table is NULL but desc.bias_buckets is %d: the kernel reads "
+                        "table[heads][bias_buckets] on the device", p->d.bias_buckets);
     /* 16-byte loads of rows need 16-byte aligned rows. */
     if (((uintptr_t)q | (uintptr_t)k | (uintptr_t)v | (uintptr_t)out) % 16)
         return CTX_FAIL(ctx, STOF_ERR_INVALID_ARG, "q, k, v and out must be 16-byte aligned");
@@ -365,12 +392,18 @@ stof_status stof_mha_plan_describe(const stof_mha_plan *p, char *buf, size_t n)
         return STOF_ERR_INVALID_ARG;
     /* How the warp-specialized engine reads rows: TMA boxes, boxes of a
      * residue-class view (tma/period), or the producer's copies. */
-    char rows[32] = "", mods[64] = "";
+    char rows[32] = "", mods[128] = "";
     if (mha_group(&p->d) > 1)
         snprintf(mods, sizeof mods, " kv_heads=%d", mha_kv_heads(&p->d));
     if (p->d.softcap > 0.f)
         snprintf(mods + strlen(mods), sizeof mods - strlen(mods), " softcap=%g",
                  (double)p->d.softcap);
+    if (p->d.alibi)
+        snprintf(mods + strlen(mods), sizeof mods - strlen(mods), " alibi=%s",
+                 p->d.alibi_slopes ? "given" : "standard");
+    if (p->d.bias_buckets > 0)
+        snprintf(mods + strlen(mods), sizeof mods - strlen(mods), " bias_buckets=%d",
+                 p->d.bias_buckets);
     if (p->c.wg == MHA_WS && p->L.period > 1)
         snprintf(rows, sizeof rows, " rows=tma/%d", p->L.period);
     else if (p->c.wg == MHA_WS)

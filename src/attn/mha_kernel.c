@@ -6,10 +6,17 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "attn/reference.h"
+
 /* ---- candidates and requests ------------------------------------------- */
 
+mha_mods mha_mods_of(const stof_mha_desc *d)
+{
+    return (mha_mods){d->softcap, d->alibi != 0, d->bias_buckets};
+}
+
 void mha_make_request(const mha_candidate *c, int head_dim, int seq_q, stof_dtype dtype,
-                      int group, float softcap, int period, mha_request *r)
+                      int group, mha_mods mods, int period, mha_request *r)
 {
     const int nums[4] = {head_dim, c->bm, c->bn, c->wg ? c->st : c->mt};
     static const char *const names[2][4] = {{"HEAD_DIM", "BLOCK_M", "BLOCK_N", "M_TILES"},
@@ -25,11 +32,15 @@ void mha_make_request(const mha_candidate *c, int head_dim, int seq_q, stof_dtyp
      * so that a kernel without them renders as it always did. */
     snprintf(r->text[5], sizeof r->text[5], "%d", group > 1 ? group : 0);
     r->vars[n++] = (render_var){"GROUP", r->text[5]};
-    if (softcap > 0.f)
-        snprintf(r->text[6], sizeof r->text[6], "%.9g", (double)softcap);
+    if (mods.softcap > 0.f)
+        snprintf(r->text[6], sizeof r->text[6], "%.9g", (double)mods.softcap);
     else
         snprintf(r->text[6], sizeof r->text[6], "0");
     r->vars[n++] = (render_var){"SOFTCAP", r->text[6]};
+    snprintf(r->text[7], sizeof r->text[7], "%d", mods.bias_buckets > 0 ? mods.bias_buckets : 0);
+    r->vars[n++] = (render_var){"MODS", mods.alibi || mods.bias_buckets > 0 ? "1" : "0"};
+    r->vars[n++] = (render_var){"ALIBI", mods.alibi ? "1" : "0"};
+    r->vars[n++] = (render_var){"BIAS", r->text[7]};
     r->req = (jit_request){"mha", files[c->wg], "stof_attn", r->vars, n,
                            c->wg ? "wgmma.cuh" : NULL};
     if (c->wg == MHA_WS) {
@@ -76,6 +87,17 @@ int mha_sit_out(const mha_candidate *c, int seq_q)
 int mha_takes_softcap(const mha_candidate *c)
 {
     return !(c->wg == MHA_WS && c->bm == 192);
+}
+
+int mha_takes_score_mods(const mha_candidate *c)
+{
+    return !(c->wg == MHA_WS && c->bm == 192);
+}
+
+int mha_takes_mods(const mha_candidate *c, const stof_mha_desc *d)
+{
+    return (!(d->softcap > 0.f) || mha_takes_softcap(c)) &&
+           (!(d->alibi || d->bias_buckets > 0) || mha_takes_score_mods(c));
 }
 
 int mha_smem_bytes(const mha_candidate *c, int head_dim)
@@ -272,7 +294,8 @@ static stof_status tensor_map(stof_ctx *ctx, CUtensorMap *map, CUdeviceptr p, co
 static stof_status launch_ws(stof_ctx *ctx, const stof_mha_desc *d, const mha_launch *L,
                              const mha_strides *s, CUdeviceptr q, CUdeviceptr k, CUdeviceptr v,
                              CUdeviceptr out, CUdeviceptr seq_lens, float scale_log2,
-                             CUstream stream, mha_maps *cache)
+                             CUdeviceptr slopes, CUdeviceptr table, CUstream stream,
+                             mha_maps *cache)
 {
     const CUdeviceptr at[4] = {q, k, v, out};
     /* k and v hold kv_heads heads (GQA): the kernel reads kv head h / GROUP. */
@@ -304,7 +327,7 @@ static stof_status launch_ws(stof_ctx *ctx, const stof_mha_desc *d, const mha_la
                     &scale_log2, &q,      &k,        &v,        &out,       &st[0][0],
                     &st[0][1], &st[0][2], &st[1][0], &st[1][1], &st[1][2],  &st[2][0],
                     &st[2][1], &st[2][2], &st[3][0], &st[3][1], &st[3][2],  &qidx,
-                    &kidx};
+                    &kidx,     &slopes,   &table};
     return jit_launch(ctx, L->fn, (unsigned)L->ctas, 1, 1, (unsigned)L->threads, (unsigned)L->smem,
                       stream, args);
 }
@@ -323,8 +346,16 @@ stof_status mha_kernel_launch(stof_ctx *ctx, const stof_mha_desc *d, const mha_l
     float scale_log2 = scale * 1.4426950408889634f;
     if (L->n_groups == 0)
         return STOF_OK;
+    /* The modifiers' tables come last; a kernel that renders none has fewer
+     * parameters and reads no further (the driver takes their count from
+     * the kernel). */
+    CUdeviceptr slopes = !d->alibi          ? 0
+                         : d->alibi_slopes ? (CUdeviceptr)d->alibi_slopes
+                                           : L->tiles + L->slopes;
+    CUdeviceptr table = d->bias_buckets > 0 ? (CUdeviceptr)d->bias_table : 0;
     if (L->wg == MHA_WS)
-        return launch_ws(ctx, d, L, &s, q, k, v, out, seq_lens, scale_log2, stream, maps);
+        return launch_ws(ctx, d, L, &s, q, k, v, out, seq_lens, scale_log2, slopes, table,
+                         stream, maps);
     CUdeviceptr work = L->tiles + L->lay.work, qidx = L->tiles + L->lay.qidx,
                 tile_key = L->tiles + L->lay.tile_key,
                 tile_bits = L->tiles + L->lay.tile_bits, kidx = L->tiles + L->lay.kidx,
@@ -333,7 +364,7 @@ stof_status mha_kernel_launch(stof_ctx *ctx, const stof_mha_desc *d, const mha_l
                     &s.s[0][0], &s.s[0][1], &s.s[0][2], &s.s[1][0], &s.s[1][1], &s.s[1][2],
                     &s.s[2][0], &s.s[2][1], &s.s[2][2], &s.s[3][0], &s.s[3][1], &s.s[3][2],
                     &lq, &lk, &seq_lens, &work, &qidx, &tile_key,
-                    &tile_bits, &kidx, &bits, &scale_log2};
+                    &tile_bits, &kidx, &bits, &scale_log2, &slopes, &table};
     /* Grid (heads, batch, groups by rank): see stof_work_item. */
     return jit_launch(ctx, L->fn, (unsigned)d->heads, (unsigned)d->batch, (unsigned)L->n_groups,
                       (unsigned)L->threads, (unsigned)L->smem, stream, args);
@@ -345,7 +376,7 @@ stof_status mha_kernel_load(stof_ctx *ctx, const stof_mha_desc *d, const mha_can
     memset(L, 0, sizeof *L);
     mha_request r;
     L->period = mha_view_period(c, t, d->seq_q, d->seq_k);
-    mha_make_request(c, d->head_dim, d->seq_q, d->dtype, mha_group(d), d->softcap, L->period,
+    mha_make_request(c, d->head_dim, d->seq_q, d->dtype, mha_group(d), mha_mods_of(d), L->period,
                      &r);
     TRY(jit_get_known(ctx, &r.req, known, &L->fn, L->key));
     L->wg = c->wg;
@@ -364,7 +395,12 @@ stof_status mha_kernel_load(stof_ctx *ctx, const stof_mha_desc *d, const mha_can
     L->n_items = (int)n_items;
     /* Persistent: one CTA per SM at most, as many as there are items. */
     L->ctas = n_items < ctx->dev.sm_count ? (int)n_items : ctx->dev.sm_count;
-    const size_t total = L->items + 16 * (size_t)n_items + 4 * (size_t)(L->ctas + 1);
+    size_t total = L->items + 16 * (size_t)n_items + 4 * (size_t)(L->ctas + 1);
+    /* ALiBi without slopes of the caller's: the standard ones, after the rest. */
+    if (d->alibi && !d->alibi_slopes) {
+        L->slopes = (total + 15) / 16 * 16;
+        total = L->slopes + 4 * (size_t)d->heads;
+    }
     void *host = malloc(total);
     if (!host)
         return CTX_FAIL(ctx, STOF_ERR_NO_MEMORY, "out of memory packing attention tiles");
@@ -384,6 +420,8 @@ stof_status mha_kernel_load(stof_ctx *ctx, const stof_mha_desc *d, const mha_can
     }
     if (L->period > 1)
         attn_tiles_view(t, items, n_items, (int32_t *)((char *)host + L->lay.tile_key));
+    for (int h = 0; L->slopes && h < d->heads; h++)
+        ((float *)((char *)host + L->slopes))[h] = (float)ref_alibi_slope(h, d->heads);
     stof_status st = jit_push(ctx);
     if (st == STOF_OK) {
         st = CU(ctx, FuncSetAttribute(L->fn, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, L->smem));

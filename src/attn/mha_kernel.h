@@ -28,14 +28,22 @@ typedef struct mha_candidate {
 
 /* The kernel request for a candidate; the strings live in *buf. */
 typedef struct mha_request {
-    char text[7][24];
-    render_var vars[13];
+    char text[8][24];
+    render_var vars[16];
     jit_request req;
 } mha_request;
+/* The score modifiers a kernel renders (stof_mha_desc's softcap, alibi and
+ * bias_buckets; zeros: none): part of its source, and so of its key. */
+typedef struct mha_mods {
+    float softcap;
+    int alibi, bias_buckets;
+} mha_mods;
+/* desc's modifiers. */
+mha_mods mha_mods_of(const stof_mha_desc *d);
 /* period: mha_view_period's for the candidate's tiles (1 elsewhere);
- * group: query heads per KV head (mha_group); softcap: the desc's (0: off). */
+ * group: query heads per KV head (mha_group). */
 void mha_make_request(const mha_candidate *c, int head_dim, int seq_q, stof_dtype dtype,
-                      int group, float softcap, int period, mha_request *r);
+                      int group, mha_mods mods, int period, mha_request *r);
 
 /* The period of the residue-class view (attn_tiles_view_period) that c's
  * kernel reads t's gathered rows and keys through: the warp-specialized
@@ -52,6 +60,14 @@ int mha_sit_out(const mha_candidate *c, int seq_q);
  * warp-specialized engine's 192-row items, whose three consumers (160
  * registers a thread) spill 32 to 116 bytes with it (NVRTC 12, sm_90a). */
 int mha_takes_softcap(const mha_candidate *c);
+
+/* Whether c's kernel takes ALiBi and the distance bias (desc.alibi,
+ * desc.bias_buckets): all but the warp-specialized engine's 192-row items,
+ * which spill with them as with the softcap. */
+int mha_takes_score_mods(const mha_candidate *c);
+
+/* Whether c's kernel takes every modifier desc names. */
+int mha_takes_mods(const mha_candidate *c, const stof_mha_desc *d);
 
 /* Dynamic shared memory of a candidate's kernel, in bytes, and its threads. */
 int mha_smem_bytes(const mha_candidate *c, int head_dim);
@@ -75,6 +91,8 @@ typedef struct mha_launch {
                                 descriptors of a residue-class view (PERIOD) */
     CUdeviceptr tiles;       /* attn_tiles_pack's arrays, then (wg MHA_WS) the items */
     attn_tiles_layout lay;
+    size_t slopes;           /* desc.alibi with no alibi_slopes: byte offset in tiles of the
+                                standard slopes, one per head; else 0 */
     size_t items;            /* MHA_WS: byte offset of the work items in tiles, then
                                 each CTA's first item (attn_tiles_schedule) ... */
     int n_items, ctas;       /* ... how many items, and CTAs */

@@ -25,6 +25,10 @@ typedef struct search_io {
      * with it. pinned[i]: from cuMemAllocHost, else malloc. */
     uint16_t *first, *cur;
     int pinned[2];
+    /* desc.bias_buckets: a random table of the search's own (the caller's
+     * is data, read at run), on the device and on the host. */
+    CUdeviceptr table;
+    float *htable;
 } search_io;
 
 static uint64_t rng_next(uint64_t *s)
@@ -67,6 +71,8 @@ static void io_free(stof_ctx *ctx, search_io *io)
         }
         if (io->out)
             ctx->dev.api.MemFree(io->out);
+        if (io->table)
+            ctx->dev.api.MemFree(io->table);
         uint16_t *h[2] = {io->first, io->cur};
         for (int i = 0; i < 2; i++)
             if (h[i] && io->pinned[i])
@@ -80,6 +86,7 @@ static void io_free(stof_ctx *ctx, search_io *io)
     free(io->hq);
     free(io->hk);
     free(io->hv);
+    free(io->htable);
     memset(io, 0, sizeof *io);
 }
 
@@ -125,6 +132,19 @@ static stof_status io_alloc(stof_ctx *ctx, const stof_mha_desc *d, search_io *io
     }
     if (st == STOF_OK)
         st = CU(ctx, MemAlloc(&io->out, 2 * io->o_elems));
+    /* Biases of -2 to 2 in logit units: enough to move the softmax. */
+    const size_t nb = (size_t)d->heads * (size_t)(d->bias_buckets > 0 ? d->bias_buckets : 0);
+    if (st == STOF_OK && nb) {
+        uint64_t seed = 4000;
+        if (!(io->htable = malloc(nb * sizeof *io->htable)))
+            st = CTX_FAIL(ctx, STOF_ERR_NO_MEMORY, "out of memory for the search's bias table");
+        for (size_t i = 0; st == STOF_OK && i < nb; i++)
+            io->htable[i] = (float)((rng_next(&seed) >> 40) * 0x1.0p-24 * 4.0 - 2.0);
+        if (st == STOF_OK)
+            st = CU(ctx, MemAlloc(&io->table, nb * sizeof *io->htable));
+        if (st == STOF_OK)
+            st = CU(ctx, MemcpyHtoD(io->table, io->htable, nb * sizeof *io->htable));
+    }
     if (st == STOF_OK) {
         jit_pop(ctx);
         return STOF_OK;
@@ -243,8 +263,13 @@ static stof_status cpu_check(stof_ctx *ctx, const stof_mha_desc *d, const mask_s
         memcpy(k + r * D, hk + r * s.s[1][2], 2 * D);
         memcpy(v + r * D, hv + r * s.s[2][2], 2 * D);
     }
+    /* Head 0's modifiers: the search's slopes are the standard ones of
+     * desc.heads heads (search_desc), its table is io's. */
+    const float slope = (float)ref_alibi_slope(0, d->heads);
     ref_attn_args a = {1, 1, d->seq_q, d->seq_k, d->head_dim, d->dtype, STOF_LAYOUT_BHLD,
-                       d->scale, q, k, v, ms->runs, NULL, rows, 0, d->softcap};
+                       d->scale, q, k, v, ms->runs, NULL, rows, 0, d->softcap,
+                       d->alibi, d->alibi ? &slope : NULL, d->bias_buckets > 0 ? d->bias_buckets : 0,
+                       d->bias_buckets > 0 ? io->htable : NULL};
     if ((st = ref_attention(ctx, &a, ref)) != STOF_OK)
         goto done;
     double num = 0, den = 0;
@@ -415,7 +440,7 @@ stof_status mha_search_rank(stof_ctx *ctx, const stof_mha_desc *d, const mask_su
     *n = 0;
     for (int i = 0; i < nc; i++) {
         if ((c[i].kind == ATTN_GATHER && !want_gather) ||
-            (d->softcap > 0.f && !mha_takes_softcap(&c[i])))
+            !mha_takes_mods(&c[i], d))
             continue;
         mha_search_cand *s = &cs[(*n)++];
         memset(s, 0, sizeof *s);
@@ -505,7 +530,7 @@ stof_status mha_search_compile(stof_ctx *ctx, const stof_mha_desc *d,
     } else {
         for (int i = 0; i < m; i++) {
             const mha_search_cand *c = &cs[idx[i]];
-            mha_make_request(&c->c, d->head_dim, d->seq_q, d->dtype, mha_group(d), d->softcap,
+            mha_make_request(&c->c, d->head_dim, d->seq_q, d->dtype, mha_group(d), mha_mods_of(d),
                              mha_view_period(&c->c, &c->tiles, d->seq_q, d->seq_k), &r[i]);
             reqs[i] = r[i].req;
         }
@@ -535,11 +560,17 @@ static int stage_set(const mha_search_cand *cs, int n, int stage, int winner, in
     return m;
 }
 
-stof_status mha_search_run(stof_ctx *ctx, const stof_mha_desc *d, const mask_summary *ms,
+stof_status mha_search_run(stof_ctx *ctx, const stof_mha_desc *desc, const mask_summary *ms,
                            mha_search_cand *cs, int n, stof_tune level, int *winner)
 {
     search_io io;
-    TRY(io_alloc(ctx, d, &io));
+    TRY(io_alloc(ctx, desc, &io));
+    /* The candidates run on the search's own data: the standard ALiBi slopes
+     * (uploaded with each candidate's tiles), io's bias table. */
+    stof_mha_desc sd = *desc;
+    const stof_mha_desc *d = &sd;
+    sd.alibi_slopes = NULL;
+    sd.bias_table = (const float *)(uintptr_t)io.table;
     int have_first = 0;
     double t0 = now_mono_s();
     int budget = d->max_candidates > 0 ? d->max_candidates : 1 << 30, timed = 0;

@@ -56,6 +56,14 @@ static stof_status ref_check(stof_ctx *ctx, const ref_attn_args *a, const double
     if (!(a->softcap >= 0) || isinf(a->softcap))
         return CTX_FAIL(ctx, STOF_ERR_INVALID_ARG,
                         "reference attention: softcap must be finite and >= 0");
+    if (a->alibi_slopes && !a->alibi)
+        return CTX_FAIL(ctx, STOF_ERR_INVALID_ARG,
+                        "reference attention: alibi_slopes given without alibi");
+    if (a->bias_buckets < 0 || a->bias_buckets > STOF_MAX_BIAS_BUCKETS ||
+        (a->bias_buckets > 0) != (a->bias_table != NULL))
+        return CTX_FAIL(ctx, STOF_ERR_INVALID_ARG,
+                        "reference attention: bias_buckets %d (0 to %d) needs bias_table, and "
+                        "only it", a->bias_buckets, STOF_MAX_BIAS_BUCKETS);
     size_t n = (size_t)a->batch, lmax = (size_t)(a->lq > a->lk ? a->lq : a->lk);
     if (__builtin_mul_overflow(n, (size_t)a->heads, &n) || __builtin_mul_overflow(n, lmax, &n) ||
         __builtin_mul_overflow(n, (size_t)a->head_dim, &n) || n > SIZE_MAX / sizeof(double))
@@ -76,6 +84,20 @@ static stof_status ref_check(stof_ctx *ctx, const ref_attn_args *a, const double
     return STOF_OK;
 }
 
+double ref_alibi_slope(int h, int heads)
+{
+    int n = 1;
+    while (n * 2 <= heads)
+        n *= 2;
+    return h < n ? exp2(-8.0 * (h + 1) / n) : exp2(-8.0 * (2 * (h - n) + 1) / (2.0 * n));
+}
+
+int ref_bias_bucket(int d, int buckets)
+{
+    const int lo = -(buckets / 2), hi = buckets - 1 - buckets / 2;
+    return (d < lo ? lo : d > hi ? hi : d) + buckets / 2;
+}
+
 /* Scratch for one (batch, head): K and V decoded once, and one row's scores. */
 typedef struct ref_scratch {
     double *k, *v, *q, *score;
@@ -93,9 +115,12 @@ static void ref_load(const ref_attn_args *a, const void *src, int b, int h, int 
     }
 }
 
-/* One query row over the runs [start[i], start[i]+len[i]) clipped to keys < klen. */
+/* One query row over the runs [start[i], start[i]+len[i]) clipped to keys < klen;
+ * pos: its position among the keys, slope: its head's ALiBi slope (0: none),
+ * bias: its head's row of the bias table (NULL: none). */
 static void ref_row(const ref_attn_args *a, const ref_scratch *s, const int32_t *start,
-                    const int32_t *len, long long n_runs, int klen, double scale, double *o)
+                    const int32_t *len, long long n_runs, int klen, double scale, int pos,
+                    double slope, const float *bias, double *o)
 {
     int D = a->head_dim;
     double mx = -INFINITY;
@@ -109,6 +134,9 @@ static void ref_row(const ref_attn_args *a, const ref_scratch *s, const int32_t 
             s->score[k] = dot * scale;
             if (a->softcap > 0)
                 s->score[k] = a->softcap * tanh(s->score[k] / a->softcap);
+            s->score[k] += slope * (k - pos);
+            if (bias)
+                s->score[k] += bias[ref_bias_bucket(pos - k, a->bias_buckets)];
             mx = s->score[k] > mx ? s->score[k] : mx;
             any = 1;
         }
@@ -147,6 +175,10 @@ static void *ref_rows(void *arg)
     const int b = j->b, h = j->h, len = j->len, klen = j->klen;
     const int32_t all_start = 0, all_len = a->lk;
     double scale = j->scale, *out = j->out;
+    const double slope = !a->alibi        ? 0
+                         : a->alibi_slopes ? a->alibi_slopes[h]
+                                           : ref_alibi_slope(h, a->heads);
+    const float *bias = a->bias_buckets ? a->bias_table + (size_t)h * a->bias_buckets : NULL;
     for (int i = j->r0; i < j->r1; i++) {
         if (a->rows && !a->rows[i])
             continue;
@@ -157,11 +189,12 @@ static void *ref_rows(void *arg)
         }
         for (int d = 0; d < a->head_dim; d++)
             s->q[d] = dtype_load(a->dtype, a->q, ref_offset(a, b, h, i, a->lq) + (size_t)d);
+        const int pos = i + a->lk - a->lq;
         if (rows)
             ref_row(a, s, rows->start + rows->row_ptr[i], rows->len + rows->row_ptr[i],
-                    rows->row_ptr[i + 1] - rows->row_ptr[i], klen, scale, o);
+                    rows->row_ptr[i + 1] - rows->row_ptr[i], klen, scale, pos, slope, bias, o);
         else
-            ref_row(a, s, &all_start, &all_len, 1, klen, scale, o);
+            ref_row(a, s, &all_start, &all_len, 1, klen, scale, pos, slope, bias, o);
     }
     return NULL;
 }

@@ -9,8 +9,10 @@
 
 #include "stof.h"
 
-/* out = softmax(cap(Q K^T * scale) + mask) V for every batch b and head h,
- * cap(s) = softcap tanh(s / softcap) (s where softcap is 0).
+/* out = softmax(cap(Q K^T * scale) + mods + mask) V for every batch b and
+ * head h, cap(s) = softcap tanh(s / softcap) (s where softcap is 0), mods
+ * ALiBi's slope[h] (k - p) and the distance bias table[h][bucket(p - k)]
+ * (stof.h's desc), p = q + lk - lq the position of query row q.
  *
  * q is [batch, heads, lq, head_dim] or [batch, lq, heads, head_dim] as
  * layout says; k and v the same with lk rows and kv_heads heads (0: heads;
@@ -35,7 +37,19 @@ typedef struct ref_attn_args {
                                   NULL: every row */
     int kv_heads;              /* heads of k and v; 0: heads, else a divisor of it */
     double softcap;            /* 0: off, else > 0 */
+    int alibi;                 /* nonzero: ALiBi */
+    const float *alibi_slopes; /* host [heads], or NULL: ref_alibi_slope's */
+    int bias_buckets;          /* 0: off, else the table's buckets B */
+    const float *bias_table;   /* host [heads][bias_buckets] */
 } ref_attn_args;
+
+/* The standard ALiBi slope of head h of heads (stof.h): 2^(-8(h+1)/n) for
+ * n the power of two at or below heads, and for the heads past n the odd
+ * powers of 2n's base, 2^(-8(2(h-n)+1)/(2n)). */
+double ref_alibi_slope(int h, int heads);
+
+/* The distance bias's bucket of d = p - k among B. */
+int ref_bias_bucket(int d, int buckets);
 
 stof_status ref_attention(stof_ctx *ctx, const ref_attn_args *a, double *out);
 
