@@ -768,11 +768,13 @@ int workload_add_mha(workload *w, const char *line, char *err, size_t errlen)
     field f[] = {{{"b", "batch", NULL}, 1, MAX_BATCH, -1},   {{"h", "heads", NULL}, 1, MAX_HEADS, -1},
                  {{"l", "seq", NULL}, 1, MAX_SEQ, -1},       {{"lq", "seq_q", NULL}, 1, MAX_SEQ, -1},
                  {{"lk", "seq_k", NULL}, 1, MAX_SEQ, -1},    {{"d", "head_dim", NULL}, 1, MAX_HEAD_DIM, -1},
-                 {{"kv", "kv_heads", NULL}, 1, MAX_HEADS, -1}};
+                 {{"kv", "kv_heads", NULL}, 1, MAX_HEADS, -1},
+                 {{"alibi", NULL, NULL}, 0, 1, -1},
+                 {{"bias", "bias_buckets", NULL}, 0, STOF_MAX_BIAS_BUCKETS, -1}};
     workload_case c = {.op = WORKLOAD_MHA};
     char *mask = NULL;
     err[0] = 0;
-    if (!parse_line("--mha", line, f, 7, &c.dtype, &c.softcap, 1, &mask, err, errlen))
+    if (!parse_line("--mha", line, f, 9, &c.dtype, &c.softcap, 1, &mask, err, errlen))
         return -1;
     const char *missing = f[0].value < 0 ? "b=" : f[1].value < 0 ? "h=" : f[5].value < 0 ? "d=" : NULL;
     if (!missing && f[2].value < 0 && (f[3].value < 0 || f[4].value < 0))
@@ -791,6 +793,8 @@ int workload_add_mha(workload *w, const char *line, char *err, size_t errlen)
     c.seq_k = (int)(f[2].value >= 0 ? f[2].value : f[4].value);
     c.head_dim = (int)f[5].value;
     c.kv_heads = f[6].value >= 0 ? (int)f[6].value : 0;
+    c.alibi = f[7].value > 0;
+    c.bias_buckets = f[8].value > 0 ? (int)f[8].value : 0;
     if (c.dtype == STOF_DTYPE_INVALID)
         c.dtype = STOF_F16;
     c.mask = mask ? mask : "dense";
@@ -852,6 +856,10 @@ void workload_mha_desc(const workload_case *c, stof_tune tune, stof_mha_desc *d)
     d->tune = tune;
     d->kv_heads = c->kv_heads;
     d->softcap = (float)c->softcap;
+    /* A plan is made for the modifiers' shape: no slopes (the standard
+     * ones) and no table, which only a run reads. */
+    d->alibi = c->alibi;
+    d->bias_buckets = c->bias_buckets;
 }
 
 void workload_ln_desc(const workload_case *c, stof_ln_desc *d)

@@ -6,6 +6,9 @@
  *   --mha "b=8,h=12,l=2048,d=64,fp16,window:256"
  *   --mha "b=1,h=32,kv=8,lq=2048,lk=30720,d=128,bf16,softcap=50,causal"
  *         (kv= or kv_heads=: grouped KV heads; softcap=: the logit softcap)
+ *   --mha "b=1,h=32,l=8192,d=128,bf16,alibi=1,bias=32,causal"
+ *         (alibi=1: ALiBi, standard slopes; bias= or bias_buckets=: a distance
+ *         bias of that many buckets; a plan needs neither's data)
  *   --ln  "rows=16384,hidden=768,fp16"
  * Reading is strict: unknown members, wrong types, out-of-range sizes and
  * sizes attention does not support are refused with the file, line, column
@@ -34,6 +37,8 @@ typedef struct workload_case {
     int heads, head_dim; /* mha, layer (head_dim = hidden / heads) */
     int kv_heads;        /* mha: KV heads (GQA, MQA), 0 meaning heads */
     double softcap;      /* mha: the logit softcap, 0 off */
+    int alibi;           /* mha: ALiBi (1) or not (0) */
+    int bias_buckets;    /* mha: the distance bias's buckets, 0 off */
     char *mask;          /* mha, layer: the spec; NULL for ln */
     char *model;         /* layer */
     int hidden;          /* layer, ln */

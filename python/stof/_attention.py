@@ -3,7 +3,8 @@
 It owns the mapping of arrays onto stof_mha_desc (shapes, dtypes, layouts
 read from strides, packed QKV recognised from pointers), the checks that
 must pass before anything is launched, and the process's plans: one per
-(device, shapes, strides, dtypes, layout, mask, scale, softcap), so a repeated call
+(device, shapes, strides, dtypes, layout, mask, scale, softcap, alibi, bias: the
+modifiers' tensors by address, as the plan reads them), so a repeated call
 is a dict lookup, an output allocation and one launch call (through
 _native where it was built, else ctypes).
 """
@@ -25,7 +26,7 @@ class _Entry:
 
     __slots__ = ("ctx", "plan", "call", "run", "lock", "mask", "packed", "k_off", "v_off",
                  "out_shape", "out_stride", "out_swapped", "like_q", "batch", "device", "tdevice",
-                 "desc", "_free")
+                 "desc", "mods", "_free")
 
     def __del__(self):
         p, self.plan = getattr(self, "plan", None), None
@@ -148,7 +149,80 @@ def _supported(b, h, lq, lk, d):
                                  % (b, h, L.MAX_BATCH_HEADS))
 
 
-def _entry(key, arrays, ptrs, itemsize, layout, mask, scale, tune, softcap=None):
+def _mod_array(x, name, shape, device):
+    """A modifier's table (ALiBi's slopes, the bias's): a contiguous float32
+    array of `shape` (None for a dimension taken as it is) on the device;
+    returns its shape and address."""
+    t = _Tensor
+    if t is not None and isinstance(x, t):
+        got = (tuple(x.shape), _TORCH_DTYPES.get(x.dtype, str(x.dtype)), x.get_device(),
+               x.is_contiguous())
+        ok = str(x.dtype) == "torch.float32"
+        ptr = x.data_ptr()
+    else:
+        d = getattr(x, "__cuda_array_interface__", None)
+        if d is None:
+            raise L.InvalidArgumentError("%s must be a float32 torch tensor or CUDA array, got %s"
+                                         % (name, type(x).__name__))
+        sh = tuple(d["shape"])
+        st = d.get("strides")
+        contiguous = st is None or _fits(sh, st, tuple(4 * s for s in _row_major(sh)))
+        dev = getattr(getattr(x, "device", None), "id", None)
+        got = (sh, d["typestr"], device if dev is None else dev, contiguous)
+        ok = d["typestr"][1:] == "f4"
+        ptr = d["data"][0]
+    sh, _, dev, contiguous = got
+    if (not ok or len(sh) != len(shape) or any(w is not None and n != w for n, w in zip(sh, shape))
+            or not contiguous or dev != device):
+        want = ", ".join("B" if w is None else str(w) for w in shape)
+        raise L.InvalidArgumentError("%s must be a contiguous float32 [%s] array on q's device "
+                                     "(cuda:%d), got shape %s" % (name, want, device, list(sh)))
+    return sh, ptr
+
+
+def _row_major(shape):
+    st, acc = [], 1
+    for n in reversed(shape):
+        st.append(acc)
+        acc *= n
+    return tuple(reversed(st))
+
+
+def _mods(alibi, bias, heads, device):
+    """(alibi, slopes address or None, buckets, table address or None) for
+    stof_mha_desc, from stof.attention's alibi= and bias=."""
+    slopes = table = None
+    buckets = 0
+    if alibi is True:
+        on = 1
+    elif alibi is None or alibi is False:
+        on = 0
+    else:
+        on = 1
+        slopes = _mod_array(alibi, "alibi's slopes", (heads,), device)[1]
+    if bias is not None:
+        sh, table = _mod_array(bias, "bias", (heads, None), device)
+        buckets = sh[1]
+        if not 1 <= buckets <= L.MAX_BIAS_BUCKETS:
+            raise L.InvalidArgumentError("bias must have 1 to %d buckets (STOF_MAX_BIAS_BUCKETS), "
+                                         "got %d" % (L.MAX_BIAS_BUCKETS, buckets))
+    return on, slopes, buckets, table
+
+
+def _mod_key(x):
+    """What a modifier adds to a plan's key: the table's address, as the plan
+    reads it (None and True as they are)."""
+    if x is None or x is True or x is False:
+        return x
+    t = _Tensor
+    if t is not None and isinstance(x, t):
+        return ("t", x.data_ptr(), tuple(x.shape), x.dtype)
+    d = getattr(x, "__cuda_array_interface__", None)
+    return ("a", d["data"][0], tuple(d["shape"]), d["typestr"]) if d else ("?", id(x))
+
+
+def _entry(key, arrays, ptrs, itemsize, layout, mask, scale, tune, softcap=None, alibi=None,
+           bias=None):
     """Checks everything about a call that does not change between calls with
     the same key, then makes (or finds) its plan."""
     e = _plans.get(key)
@@ -190,9 +264,11 @@ def _entry(key, arrays, ptrs, itemsize, layout, mask, scale, tune, softcap=None)
     if not cap >= 0.0 or cap == float("inf"):
         raise L.InvalidArgumentError("softcap must be None, 0 or a finite number > 0, got %r"
                                      % (softcap,))
+    on, slopes, buckets, table = _mods(alibi, bias, h, dev)
     desc = L.MhaDesc(batch=b, heads=h, seq_q=lq, seq_k=lk, head_dim=d, dtype=arrays[0][2],
                      layout=lay, qkv_packed=int(packed), scale=float(scale or 0.0),
-                     tune=L.TUNE[tune], kv_heads=hk if hk != h else 0, softcap=cap)
+                     tune=L.TUNE[tune], kv_heads=hk if hk != h else 0, softcap=cap,
+                     alibi=on, alibi_slopes=slopes, bias_buckets=buckets, bias_table=table)
     ctx = L.Context.for_device(dev)
     with _plans_lock:
         e = _plans.get(key)
@@ -203,6 +279,8 @@ def _entry(key, arrays, ptrs, itemsize, layout, mask, scale, tune, softcap=None)
             ctx.check(ctx._lib.mha_plan_create(ctx.handle, byref(desc), m._handle, byref(handle)))
         e = _Entry()
         e.ctx, e.plan, e.lock, e.mask, e.desc = ctx, handle.value, ctx.lock, m, desc
+        # The plan reads the modifiers' tables at every run: they live as long as it.
+        e.mods = (alibi, bias)
         e.call, e.run = ctx._lib.launcher("mha_run")
         e._free = ctx._lib.mha_plan_free
         e.packed = packed
@@ -267,12 +345,15 @@ def _setup_torch():
     _torch = torch
 
 
-def attention_torch(q, k, v, mask, seq_lens, scale, layout, tune=None, out=None, softcap=None):
+def attention_torch(q, k, v, mask, seq_lens, scale, layout, tune=None, out=None, softcap=None,
+                    alibi=None, bias=None):
     """The eager path for torch tensors: what the custom op runs, too."""
     try:
         key = (q.shape, q.stride(), k.shape, k.stride(), v.shape, v.stride(), q.dtype, k.dtype,
                v.dtype, q.get_device(), k.get_device(), v.get_device(), layout, mask, scale,
                tune, softcap)
+        if alibi is not None or bias is not None:
+            key += (_mod_key(alibi), _mod_key(bias))
         qp, kp, vp = q.data_ptr(), k.data_ptr(), v.data_ptr()
     except (AttributeError, TypeError):
         raise L.InvalidArgumentError("q, k and v must all be torch tensors, got %s"
@@ -283,7 +364,7 @@ def attention_torch(q, k, v, mask, seq_lens, scale, layout, tune=None, out=None,
         arrays = [(t.shape, t.stride(), td.get(t.dtype, t.dtype), t.get_device())
                   for t in (q, k, v)]
         e = _entry(key, arrays, (qp, kp, vp), q.element_size(), layout, mask, scale, tune,
-                   softcap)
+                   softcap, alibi, bias)
         e.tdevice = q.device
     if e.packed:
         _check_packed(e, qp, kp, vp)
@@ -376,15 +457,16 @@ def _stream_handle(stream):
 
 
 def attention_array(q, k, v, mask, seq_lens, scale, layout, tune, out, stream, device,
-                    softcap=None):
+                    softcap=None, alibi=None, bias=None):
     if not hasattr(q, "__cuda_array_interface__") and hasattr(q, "__dlpack__"):
         return _via_dlpack(q, k, v, mask, seq_lens, scale, layout, tune, out, stream, device,
-                           softcap)
+                           softcap, alibi, bias)
     (qa, qp, size, qstream), (ka, kp, _, _), (va, vp, _, _) = (
         _cai(x, n, device) for x, n in ((q, "q"), (k, "k"), (v, "v")))
     key = ("cai", qa[:2], ka[:2], va[:2], qa[2], ka[2], va[2], qa[3], ka[3], va[3], layout,
-           mask, scale, tune, softcap)
-    e = _entry(key, [qa, ka, va], (qp, kp, vp), size, layout, mask, scale, tune, softcap)
+           mask, scale, tune, softcap, _mod_key(alibi), _mod_key(bias))
+    e = _entry(key, [qa, ka, va], (qp, kp, vp), size, layout, mask, scale, tune, softcap, alibi,
+               bias)
     if e.packed:
         _check_packed(e, qp, kp, vp)
     cupy = type(q).__module__.split(".")[0] == "cupy" and sys.modules.get("cupy")
@@ -422,7 +504,8 @@ def attention_array(q, k, v, mask, seq_lens, scale, layout, tune, out, stream, d
     return out
 
 
-def _via_dlpack(q, k, v, mask, seq_lens, scale, layout, tune, out, stream, device, softcap):
+def _via_dlpack(q, k, v, mask, seq_lens, scale, layout, tune, out, stream, device, softcap,
+                alibi=None, bias=None):
     cupy = sys.modules.get("cupy")
     if cupy is not None:
         conv = cupy.from_dlpack
@@ -432,17 +515,19 @@ def _via_dlpack(q, k, v, mask, seq_lens, scale, layout, tune, out, stream, devic
         except ImportError:
             raise L.InvalidArgumentError("a DLPack array needs torch or CuPy to be read") from None
         conv = torch.from_dlpack
+    mods = [x if x is None or x is True or x is False else conv(x) for x in (alibi, bias)]
     args = [None if x is None else conv(x) for x in (q, k, v, seq_lens, out)]
     return attention(args[0], args[1], args[2], mask, args[3], scale, layout, tune=tune,
-                     out=args[4], stream=stream, device=device, softcap=softcap)
+                     out=args[4], stream=stream, device=device, softcap=softcap, alibi=mods[0],
+                     bias=mods[1])
 
 
 # ---- the entry point --------------------------------------------------------------------------
 
 
 def attention(q, k, v, mask="dense", seq_lens=None, scale=None, layout="bhld", *, tune=None,
-              out=None, stream=None, device=None, softcap=None):
-    """Masked multi-head attention: softmax(cap(q kᵀ · scale) + mask) v.
+              out=None, stream=None, device=None, softcap=None, alibi=None, bias=None):
+    """Masked multi-head attention: softmax(cap(q kᵀ · scale) + mods + mask) v.
 
     q: [B, H, Lq, D] ("bhld") or [B, Lq, H, D] ("blhd"); k and v likewise
     with Lk, and with Hk heads where Hk divides H (grouped KV heads, GQA or
@@ -450,6 +535,13 @@ def attention(q, k, v, mask="dense", seq_lens=None, scale=None, layout="bhld", *
     Where Lk > Lq the queries are the last Lq positions (a KV prefix):
     causal, causal_window and window align bottom-right. softcap: None or 0,
     or the logit softcap c > 0 (Gemma-2): cap(s) = c tanh(s / c).
+    mods, added after the cap: alibi=True (the standard slopes of H heads) or
+    a float32 [H] array of slopes, adding slope[h] (k - p); bias= a float32
+    [H, B] array (B <= 4096), adding bias[h, bucket(p - k)], bucket(x) =
+    clamp(x, -(B // 2), B - 1 - B // 2) + B // 2; p = i + Lk - Lq is query
+    i's position, k a key's. Both are read at each call from the arrays'
+    addresses, which are part of the plan: pass the same arrays (a model's
+    parameters) call after call, as a new one plans again (from the cache).
     fp16 or bf16, on one CUDA device; each contiguous in BHLD or
     BLHD memory order whatever the layout named (a transposed view is read in
     place), or the q, k, v slices of one [B, L, 3, H, D] QKV projection
@@ -476,16 +568,17 @@ def attention(q, k, v, mask="dense", seq_lens=None, scale=None, layout="bhld", *
     if tt is not None and isinstance(q, tt):
         if _is_compiling():
             from . import _torch as op
-            return op.call(q, k, v, mask, seq_lens, scale, layout, softcap)
+            return op.call(q, k, v, mask, seq_lens, scale, layout, softcap, alibi, bias)
         if stream is not None:
             if not isinstance(stream, _torch.cuda.Stream):
                 stream = _torch.cuda.ExternalStream(_stream_handle(stream), device=q.device)
             with _torch.cuda.stream(stream):
                 return attention_torch(q, k, v, mask, seq_lens, scale, layout, tune, out,
-                                       softcap)
-        return attention_torch(q, k, v, mask, seq_lens, scale, layout, tune, out, softcap)
+                                       softcap, alibi, bias)
+        return attention_torch(q, k, v, mask, seq_lens, scale, layout, tune, out, softcap,
+                               alibi, bias)
     return attention_array(q, k, v, mask, seq_lens, scale, layout, tune, out, stream, device,
-                           softcap)
+                           softcap, alibi, bias)
 
 
 # Last, so that what the op is handed is defined.

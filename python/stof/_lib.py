@@ -89,6 +89,7 @@ _BY_STATUS = [None, InvalidArgumentError, UnsupportedError, NoDeviceError, CudaE
 MAX_SEQ = 65535 * 64                  # STOF_MAX_SEQ
 MAX_BATCH_HEADS = 65535               # STOF_MAX_BATCH_HEADS
 MHA_HEAD_DIMS = (32, 64, 80, 96, 128)  # STOF_MHA_HEAD_DIMS
+MAX_BIAS_BUCKETS = 4096               # STOF_MAX_BIAS_BUCKETS
 
 F16, BF16 = 2, 3                      # stof_dtype
 LAYOUT_BHLD, LAYOUT_BLHD = 1, 2       # stof_layout
@@ -140,7 +141,9 @@ class MhaDesc(Structure):
                 ("head_dim", c_int), ("dtype", c_int), ("layout", c_int),
                 ("qkv_packed", c_int), ("scale", c_float), ("tune", c_int),
                 ("max_candidates", c_int), ("max_seconds", c_double),
-                ("kv_heads", c_int), ("softcap", c_float)]
+                ("kv_heads", c_int), ("softcap", c_float),
+                ("alibi", c_int), ("alibi_slopes", c_void_p),
+                ("bias_buckets", c_int), ("bias_table", c_void_p)]
 
 
 class LayerDesc(Structure):

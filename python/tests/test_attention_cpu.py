@@ -66,6 +66,27 @@ class AttentionChecks(unittest.TestCase):
         for bad in (-1.0, float("nan"), float("inf")):
             self.fails(stof.InvalidArgumentError, "softcap must be", q, q, q, softcap=bad)
 
+    def test_alibi_and_bias(self):
+        q = arr((2, 4, 128, 64))
+        slopes, table = arr((4,), "<f4"), arr((4, 32), "<f4")
+        self.fails(stof.InvalidArgumentError, "alibi's slopes must be a contiguous float32 [4]",
+                   q, q, q, alibi=arr((3,), "<f4"))
+        self.fails(stof.InvalidArgumentError, "alibi's slopes must be", q, q, q,
+                   alibi=arr((4,), "<f2"))
+        self.fails(stof.InvalidArgumentError, "float32 torch tensor or CUDA array", q, q, q,
+                   alibi=[0.5] * 4)
+        self.fails(stof.InvalidArgumentError, "bias must be a contiguous float32 [4, B]", q, q, q,
+                   bias=arr((4,), "<f4"))
+        self.fails(stof.InvalidArgumentError, "bias must be", q, q, q,
+                   bias=arr((4, 32), "<f4", strides=(4, 16)))
+        self.fails(stof.InvalidArgumentError, "1 to 4096 buckets", q, q, q,
+                   bias=arr((4, 4097), "<f4"))
+        if not has_gpu():
+            # Well-formed: the library is reached, and says there is no GPU.
+            self.fails(stof.NoDeviceError, "no GPU", q, q, q, alibi=True)
+            self.fails(stof.NoDeviceError, "no GPU", q, q, q, alibi=slopes, bias=table,
+                       softcap=30.0, mask="causal")
+
     def test_not_arrays(self):
         self.fails(stof.InvalidArgumentError, "CUDA array", [1, 2], [1, 2], [1, 2])
 

@@ -50,7 +50,8 @@ class Binding(unittest.TestCase):
     def test_limits_match_header(self):
         src = ('#include <stdio.h>\n#include "stof.h"\n'
                'static const int d[] = {STOF_MHA_HEAD_DIMS};\n'
-               'int main(void){printf("%d %d", STOF_MAX_SEQ, STOF_MAX_BATCH_HEADS);'
+               'int main(void){printf("%d %d %d", STOF_MAX_SEQ, STOF_MAX_BATCH_HEADS,'
+               ' STOF_MAX_BIAS_BUCKETS);'
                'for (unsigned i = 0; i < sizeof d / sizeof d[0]; i++) printf(" %d", d[i]);'
                'return 0;}\n')
         with tempfile.TemporaryDirectory() as d:
@@ -60,8 +61,8 @@ class Binding(unittest.TestCase):
             subprocess.run(["cc", "-I", os.path.join(REPO, "src"), "-o", exe, c], check=True)
             out = subprocess.run([exe], capture_output=True, text=True, check=True).stdout
         got = [int(x) for x in out.split()]
-        self.assertEqual(got[:2], [_lib.MAX_SEQ, _lib.MAX_BATCH_HEADS])
-        self.assertEqual(tuple(got[2:]), _lib.MHA_HEAD_DIMS)
+        self.assertEqual(got[:3], [_lib.MAX_SEQ, _lib.MAX_BATCH_HEADS, _lib.MAX_BIAS_BUCKETS])
+        self.assertEqual(tuple(got[3:]), _lib.MHA_HEAD_DIMS)
         # And the library's own answer agrees, where it has the call.
         f = getattr(_lib.lib(), "mha_head_dim_supported", None)
         if f is not None:

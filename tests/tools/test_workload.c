@@ -374,7 +374,10 @@ START_TEST(test_mha_lines)
     ck_assert_msg(workload_add_mha(&w, "b=1,h=32,kv=8,lq=2048,lk=30720,d=128,bf16,softcap=50.5,"
                                    "causal", err, sizeof err) == 0, "%s", err);
     ck_assert(workload_add_mha(&w, "b=1,h=4,kv_heads=1,l=64,d=64,softcap=0", err, sizeof err) == 0);
-    ck_assert_int_eq(w.n, 7);
+    ck_assert_msg(workload_add_mha(&w, "b=1,h=32,l=8192,d=128,bf16,softcap=30,alibi=1,bias=32,"
+                                   "causal", err, sizeof err) == 0, "%s", err);
+    ck_assert(workload_add_mha(&w, "b=1,h=4,l=64,d=64,alibi=0,bias_buckets=0", err, sizeof err) == 0);
+    ck_assert_int_eq(w.n, 9);
     const workload_case *c = &w.cases[0];
     ck_assert(c->op == WORKLOAD_MHA && c->batch == 8 && c->heads == 12 && c->seq_q == 2048 &&
               c->seq_k == 2048 && c->head_dim == 64 && c->dtype == STOF_F16);
@@ -402,7 +405,15 @@ START_TEST(test_mha_lines)
     ck_assert_str_eq(w.cases[5].name, "mha b=1,h=32,kv=8,lq=2048,lk=30720,d=128,bf16,softcap=50.5,"
                                       "causal");
     workload_mha_desc(&w.cases[6], STOF_TUNE_FAST, &d);
-    ck_assert(d.heads == 4 && d.kv_heads == 1 && d.softcap == 0);
+    ck_assert(d.heads == 4 && d.kv_heads == 1 && d.softcap == 0 && !d.alibi &&
+              !d.bias_buckets);
+    /* ALiBi and the bias, into the desc with no data: a plan needs none */
+    workload_mha_desc(&w.cases[7], STOF_TUNE_FAST, &d);
+    ck_assert(d.alibi == 1 && !d.alibi_slopes && d.bias_buckets == 32 && !d.bias_table &&
+              d.softcap == 30.f);
+    ck_assert_str_eq(w.cases[7].mask, "causal");
+    workload_mha_desc(&w.cases[8], STOF_TUNE_FAST, &d);
+    ck_assert(!d.alibi && !d.bias_buckets);
     workload_free(&w);
 }
 END_TEST
@@ -444,6 +455,9 @@ static const bad_line BAD_LINES[] = {
     {0, "b=1,h=8,l=64,d=64,softcap=inf", "softcap=inf is not"},
     {0, "b=1,h=8,l=64,d=64,softcap=", "softcap= is not"},
     {0, "b=1,h=8,l=64,d=64,softcap=3x", "softcap=3x is not"},
+    {0, "b=1,h=8,l=64,d=64,alibi=2", "alibi=2: expected an integer from 0 to 1"},
+    {0, "b=1,h=8,l=64,d=64,bias=4097", "bias=4097: expected an integer from 0 to 4096"},
+    {0, "b=1,h=8,l=64,d=64,bias=-1", "bias=-1"},
     {1, "rows=4", "missing hidden="},
     {1, "hidden=8", "missing rows="},
     {1, "rows=4,hidden=8,causal", "unexpected \"causal\""},
