@@ -89,15 +89,15 @@ int mha_takes_softcap(const mha_candidate *c)
     return !(c->wg == MHA_WS && c->bm == 192);
 }
 
-int mha_takes_score_mods(const mha_candidate *c)
+int mha_takes_score_mods(const mha_candidate *c, int head_dim)
 {
-    return !(c->wg == MHA_WS && c->bm == 192);
+    return !(c->wg == MHA_WS && (c->bm == 192 || head_dim > 64));
 }
 
 int mha_takes_mods(const mha_candidate *c, const stof_mha_desc *d)
 {
     return (!(d->softcap > 0.f) || mha_takes_softcap(c)) &&
-           (!(d->alibi || d->bias_buckets > 0) || mha_takes_score_mods(c));
+           (!(d->alibi || d->bias_buckets > 0) || mha_takes_score_mods(c, d->head_dim));
 }
 
 int mha_smem_bytes(const mha_candidate *c, int head_dim)

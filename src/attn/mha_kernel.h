@@ -62,9 +62,10 @@ int mha_sit_out(const mha_candidate *c, int seq_q);
 int mha_takes_softcap(const mha_candidate *c);
 
 /* Whether c's kernel takes ALiBi and the distance bias (desc.alibi,
- * desc.bias_buckets): all but the warp-specialized engine's 192-row items,
- * which spill with them as with the softcap. */
-int mha_takes_score_mods(const mha_candidate *c);
+ * desc.bias_buckets) at head_dim: all but the warp-specialized engine's
+ * 192-row items (656 bytes of spill with both at head_dim 64) and its items
+ * past head_dim 64 (164 bytes at 128 with the softcap too; NVRTC 13, sm_90a). */
+int mha_takes_score_mods(const mha_candidate *c, int head_dim);
 
 /* Whether c's kernel takes every modifier desc names. */
 int mha_takes_mods(const mha_candidate *c, const stof_mha_desc *d);
