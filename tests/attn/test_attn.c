@@ -711,6 +711,17 @@ START_TEST(bad_arguments_before_the_device)
           .softcap = NAN}, STOF_ERR_INVALID_ARG, "desc.softcap"},
         {{.batch = 2, .heads = 2, .seq_q = 256, .seq_k = 256, .head_dim = 64, .dtype = STOF_F16,
           .softcap = INFINITY}, STOF_ERR_INVALID_ARG, "desc.softcap"},
+        /* ALiBi's slopes only with alibi; 0 to 4096 buckets, a table only with them
+         * (a NULL table with buckets is refused by the run: plans take shapes) */
+        {{.batch = 2, .heads = 2, .seq_q = 256, .seq_k = 256, .head_dim = 64, .dtype = STOF_F16,
+          .alibi_slopes = (const float *)16}, STOF_ERR_INVALID_ARG, "desc.alibi_slopes"},
+        {{.batch = 2, .heads = 2, .seq_q = 256, .seq_k = 256, .head_dim = 64, .dtype = STOF_F16,
+          .bias_buckets = -1}, STOF_ERR_INVALID_ARG, "desc.bias_buckets"},
+        {{.batch = 2, .heads = 2, .seq_q = 256, .seq_k = 256, .head_dim = 64, .dtype = STOF_F16,
+          .bias_buckets = 4097, .bias_table = (const float *)16}, STOF_ERR_INVALID_ARG,
+         "desc.bias_buckets must be 0 (off) to 4096, got 4097"},
+        {{.batch = 2, .heads = 2, .seq_q = 256, .seq_k = 256, .head_dim = 64, .dtype = STOF_F16,
+          .bias_table = (const float *)16}, STOF_ERR_INVALID_ARG, "desc.bias_table"},
     };
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
         ck_assert_int_eq(stof_mha_plan_create(ctx, &bad[i].d, m, &p), bad[i].want);
@@ -827,13 +838,14 @@ END_TEST
 
 /* Every variant the search can pick, for both architectures CI can name,
  * compiled on several threads (NVRTC programs are independent). */
-#define MAX_VARIANTS 640
+#define MAX_VARIANTS 720
 typedef struct variant_job {
     const char *arch;
     mha_candidate c[MAX_VARIANTS];
     int dim[MAX_VARIANTS], dtype[MAX_VARIANTS], seq[MAX_VARIANTS], period[MAX_VARIANTS];
     int group[MAX_VARIANTS];      /* query heads per KV head (GQA); 0 or 1: none */
     float softcap[MAX_VARIANTS];  /* 0: none */
+    int alibi[MAX_VARIANTS], bias[MAX_VARIANTS];  /* ALiBi; the bias's buckets (0: none) */
     stof_status st[MAX_VARIANTS];
     int spills[MAX_VARIANTS], spill_bytes[MAX_VARIANTS];
     char err[MAX_VARIANTS][320], global[MAX_VARIANTS][96];
@@ -853,8 +865,9 @@ static void *compile_variants(void *arg)
     for (int i; (i = test_take(&j->lock, &j->next, j->n)) >= 0;) {
         mha_request r;
         char key[65];
+        mha_mods mods = {j->softcap[i], j->alibi[i], j->bias[i]};
         mha_make_request(&j->c[i], j->dim[i], j->seq[i], j->dtype[i] ? STOF_BF16 : STOF_F16,
-                         j->group[i], j->softcap[i], j->period[i] ? j->period[i] : 1, &r);
+                         j->group[i], mods, j->period[i] ? j->period[i] : 1, &r);
         j->st[i] = jit_prepare(ctx, &r.req, key, NULL);
         snprintf(j->err[i], sizeof j->err[i], "%s", stof_last_error(ctx));
         cache_kernel k;
@@ -885,9 +898,14 @@ static void *compile_variants(void *arg)
              * 1.9% faster than with the sums in the softmax), 32 where
              * consumers sit out (dense L 1024 9% faster than without). */
             /* The softcap's pass over the scores costs the two-consumer
-             * kernel at head_dim 128 (232 registers) 16 bytes of spill. */
+             * kernel at head_dim 128 (232 registers) 16 bytes of spill;
+             * ALiBi and the bias with it (their slope, row, positions)
+             * cost the wgmma engine's 128 x 128 tiles at head_dim 128 (255
+             * registers) 8 (not yet timed on a GPU). */
             const int ws192 = j->c[i].wg == MHA_WS && j->c[i].bm == 192;
-            const int allowed = j->softcap[i] > 0 ? (j->c[i].wg == MHA_WS ? 16 : 0)
+            const int score_mods = j->alibi[i] || j->bias[i];
+            const int allowed = score_mods && j->c[i].wg ? 16
+                                : j->softcap[i] > 0 ? (j->c[i].wg == MHA_WS ? 16 : 0)
                                 : !ws192           ? 0
                                 : j->dim[i] > 64 ? 16
                                 : j->c[i].bn == 128 && !j->c[i].qs
@@ -952,6 +970,21 @@ START_TEST(every_variant_compiles)
                 j.group[j.n] = 4;
                 j.softcap[j.n] = mha_takes_softcap(&c[i]) ? 30.f : 0.f;
                 j.dtype[j.n++] = (i + d) % 2;
+                /* And ALiBi with the distance bias, after the softcap
+                 * (issue 54), where the kernel takes them; the other dtype,
+                 * gathered rows read through a view where there are some. */
+                if (!mha_takes_score_mods(&c[i], dims[d]))
+                    continue;
+                ck_assert_int_lt(j.n, MAX_VARIANTS);
+                j.c[j.n] = c[i];
+                j.dim[j.n] = dims[d];
+                j.seq[j.n] = 1536;
+                j.period[j.n] = c[i].wg == MHA_WS && c[i].kind == ATTN_GATHER ? 2 : 1;
+                j.group[j.n] = 4;
+                j.softcap[j.n] = mha_takes_softcap(&c[i]) ? 30.f : 0.f;
+                j.alibi[j.n] = 1;
+                j.bias[j.n] = 32;
+                j.dtype[j.n++] = (i + d + 1) % 2;
             }
         }
     }
@@ -959,9 +992,11 @@ START_TEST(every_variant_compiles)
     int wg_allowed = 0, wg_most = 0;  /* wgmma variants that spill within their allowance */
     pthread_mutex_destroy(&j.lock);
     for (int i = 0; i < j.n; i++) {
-        ck_assert_msg(j.st[i] == STOF_OK, "%s d%d %s %dx%d mt%d qs%d seq %d group %d softcap %g: %s",
+        ck_assert_msg(j.st[i] == STOF_OK,
+                      "%s d%d %s %dx%d mt%d qs%d seq %d group %d softcap %g alibi %d bias %d: %s",
                       j.arch, j.dim[i], j.dtype[i] ? "bf16" : "fp16", j.c[i].bm, j.c[i].bn,
-                      j.c[i].mt, j.c[i].qs, j.seq[i], j.group[i], (double)j.softcap[i], j.err[i]);
+                      j.c[i].mt, j.c[i].qs, j.seq[i], j.group[i], (double)j.softcap[i],
+                      j.alibi[i], j.bias[i], j.err[i]);
         /* Spilled registers or serialized products cost a wgmma kernel half
          * its speed or more; the mma.sync engine's spills are counted and
          * shown. */
@@ -973,9 +1008,10 @@ START_TEST(every_variant_compiles)
             wg_most = j.spill_bytes[i] > wg_most ? j.spill_bytes[i] : wg_most;
         }
         ck_assert_msg(!(j.spills[i] && j.c[i].wg),
-                      "%s d%d %s %dx%d stages %d seq %d group %d softcap %g spills or "
-                      "serializes: %s", j.arch, j.dim[i], j.dtype[i] ? "bf16" : "fp16", j.c[i].bm,
-                      j.c[i].bn, j.c[i].st, j.seq[i], j.group[i], (double)j.softcap[i], j.err[i]);
+                      "%s d%d %s %dx%d stages %d seq %d group %d softcap %g alibi %d bias %d "
+                      "spills or serializes: %s", j.arch, j.dim[i], j.dtype[i] ? "bf16" : "fp16",
+                      j.c[i].bm, j.c[i].bn, j.c[i].st, j.seq[i], j.group[i],
+                      (double)j.softcap[i], j.alibi[i], j.bias[i], j.err[i]);
         ck_assert_msg(!j.global[i][0], "%s d%d %s %dx%d: a variable in device memory: %s", j.arch,
                       j.dim[i], j.dtype[i] ? "bf16" : "fp16", j.c[i].bm, j.c[i].bn, j.global[i]);
     }

@@ -34,6 +34,13 @@ typedef struct mmods {
 } mmods;
 static mmods case_mods;
 
+/* And the score modifiers (0: off): ALiBi, its slopes given (random) or
+ * standard, and the distance bias's buckets (a random table). */
+typedef struct smods {
+    int alibi, given, buckets;
+} smods;
+static smods case_smods;
+
 /* Whether this GPU runs the warpgroup MMA kernels; says so when it does not. */
 static int has_wgmma(void)
 {
@@ -104,10 +111,24 @@ static double run_case(const mcase *c, uint64_t salt)
                     memcpy(packed + (((b * c->lq + l) * 3 + w) * H) * D,
                            (w == 0 ? q : w == 1 ? k : v) + (b * c->lq + l) * H * D, 2 * H * D);
 
+    /* The modifiers' tables: slopes of 1/64 to 1/2, biases of -2 to 2. */
+    const smods sm = case_smods;
+    float *slopes = malloc(sizeof(float) * H);
+    float *table = malloc(sizeof(float) * H * (size_t)(sm.buckets ? sm.buckets : 1));
+    ck_assert(slopes && table);
+    for (size_t h = 0; h < H; h++)
+        slopes[h] = (float)(1.0 / 64 + test_rng_uniform(&r) * (0.5 - 1.0 / 64));
+    for (size_t i = 0; i < H * (size_t)sm.buckets; i++)
+        table[i] = (float)(test_rng_uniform(&r) * 4 - 2);
+    CUdeviceptr dslopes = sm.alibi && sm.given ? upload(ctx, slopes, sizeof(float) * H) : 0;
+    CUdeviceptr dtable = sm.buckets ? upload(ctx, table, sizeof(float) * H * sm.buckets) : 0;
+
     stof_mha_desc d = {.batch = c->batch, .heads = c->heads, .seq_q = c->lq, .seq_k = c->lk,
                        .head_dim = c->d, .dtype = c->dtype, .layout = c->layout,
                        .qkv_packed = c->packed, .scale = case_mods.scale, .tune = STOF_TUNE_FAST,
-                       .kv_heads = case_mods.kv, .softcap = case_mods.softcap};
+                       .kv_heads = case_mods.kv, .softcap = case_mods.softcap,
+                       .alibi = sm.alibi, .alibi_slopes = (const float *)dslopes,
+                       .bias_buckets = sm.buckets, .bias_table = (const float *)dtable};
     stof_mha_plan *plan = NULL;
     stof_status st;
     long long walks = mask_summaries_made();
@@ -134,26 +155,38 @@ static double run_case(const mcase *c, uint64_t salt)
     if (dv) ctx->dev.api.MemFree(dv);
     ctx->dev.api.MemFree(dout);
     if (dlens) ctx->dev.api.MemFree(dlens);
+    if (dslopes) ctx->dev.api.MemFree(dslopes);
+    if (dtable) ctx->dev.api.MemFree(dtable);
     jit_pop(ctx);
 
     ref_attn_args a = {c->batch, c->heads, c->lq, c->lk, c->d, c->dtype,
                        c->layout ? c->layout : STOF_LAYOUT_BHLD, case_mods.scale, q, k, v, m,
-                       c->lens ? lens : NULL, NULL, case_mods.kv, case_mods.softcap};
+                       c->lens ? lens : NULL, NULL, case_mods.kv, case_mods.softcap,
+                       sm.alibi, sm.alibi && sm.given ? slopes : NULL, sm.buckets,
+                       sm.buckets ? table : NULL};
     ck_assert_int_eq(ref_attention(ctx, &a, ref), STOF_OK);
     double tol = c->dtype == STOF_BF16 ? 1.5e-2 : 5e-3;
-    if (case_mods.softcap > 0) {
-        /* The case must tell a capped kernel from one that ignores the cap:
-         * the reference without it lies well outside the tolerance. */
+    /* The case must tell a kernel with each modifier from one that ignores
+     * it: the reference without it lies well outside the tolerance. */
+    for (int mod = 0; mod < 3; mod++) {
+        ref_attn_args without = a;
+        if (mod == 0 && case_mods.softcap > 0)
+            without.softcap = 0;
+        else if (mod == 1 && sm.alibi)
+            without.alibi = 0, without.alibi_slopes = NULL;
+        else if (mod == 2 && sm.buckets)
+            without.bias_buckets = 0, without.bias_table = NULL;
+        else
+            continue;
         double *plain = malloc(sizeof(double) * nq), pn = 0, pd = 0;
         ck_assert_ptr_nonnull(plain);
-        a.softcap = 0;
-        ck_assert_int_eq(ref_attention(ctx, &a, plain), STOF_OK);
+        ck_assert_int_eq(ref_attention(ctx, &without, plain), STOF_OK);
         for (size_t i = 0; i < nq; i++) {
             pn += (plain[i] - ref[i]) * (plain[i] - ref[i]);
             pd += ref[i] * ref[i];
         }
-        ck_assert_msg(sqrt(pn / pd) > 5 * tol, "%s: softcap %g changes the output by only %.3g",
-                      c->spec, (double)case_mods.softcap, sqrt(pn / pd));
+        ck_assert_msg(sqrt(pn / pd) > 5 * tol, "%s: %s changes the output by only %.3g", c->spec,
+                      mod == 0 ? "the softcap" : mod == 1 ? "ALiBi" : "the bias", sqrt(pn / pd));
         free(plain);
     }
     double num = 0, den = 0;
@@ -166,10 +199,11 @@ static double run_case(const mcase *c, uint64_t salt)
     double err = den > 0 ? sqrt(num / den) : sqrt(num);
     char desc[512];
     stof_mha_plan_describe(plan, desc, sizeof desc);
-    printf("mha %-28s b%d h%d kv%d %dx%d d%d %s %s%s%s softcap %g: rel L2 %.2e  [%s]\n", c->spec,
-           c->batch, c->heads, (int)KVH, c->lq, c->lk, c->d, dtype_name(c->dtype),
-           c->layout == STOF_LAYOUT_BLHD ? "blhd" : "bhld", c->packed ? " packed" : "",
-           c->lens ? " lens" : "", (double)case_mods.softcap, err, desc);
+    printf("mha %-28s b%d h%d kv%d %dx%d d%d %s %s%s%s softcap %g alibi %s bias %d: rel L2 %.2e  "
+           "[%s]\n", c->spec, c->batch, c->heads, (int)KVH, c->lq, c->lk, c->d,
+           dtype_name(c->dtype), c->layout == STOF_LAYOUT_BLHD ? "blhd" : "bhld",
+           c->packed ? " packed" : "", c->lens ? " lens" : "", (double)case_mods.softcap,
+           !sm.alibi ? "off" : sm.given ? "given" : "standard", sm.buckets, err, desc);
     ck_assert_msg(err <= tol, "%s: relative L2 error %.3g above %.3g (%s)", c->spec, err, tol, desc);
     if (case_view) {
         char want[32];
@@ -178,7 +212,7 @@ static double run_case(const mcase *c, uint64_t salt)
     }
     stof_mha_plan_free(plan);
     stof_mask_free(m);
-    free(q); free(k); free(v); free(out); free(packed); free(ref);
+    free(q); free(k); free(v); free(out); free(packed); free(ref); free(slopes); free(table);
     stof_close(ctx);
     return err;
 }
@@ -413,7 +447,8 @@ START_TEST(ws_runs_follow_pointers)
         out[s] = upload(ctx, NULL, 2 * n);
         ref[s] = malloc(sizeof(double) * n);
         ref_attn_args a = {B, H, L, L, D, STOF_F16, STOF_LAYOUT_BHLD, 0,
-                           host[s][0], host[s][1], host[s][2], m, NULL, NULL, 0, 0};
+                           host[s][0], host[s][1], host[s][2], m, NULL, NULL, 0, 0, 0, NULL, 0,
+                           NULL};
         ck_assert_int_eq(ref_attention(ctx, &a, ref[s]), STOF_OK);
     }
     /* (inputs, output): new both, new both, old inputs into a used output,
@@ -543,6 +578,95 @@ START_TEST(softcap_refused_on_192_rows)
 }
 END_TEST
 
+/* Issue 54's score modifiers, ALiBi and the distance bias, each engine
+ * forced as above and then the planner's choice: ALiBi with the standard
+ * slopes (8 heads: 2^-1 .. 2^-8; 12 heads: 8 and 4 interleaved) and with
+ * slopes given, the bias with an odd count of buckets (the clamp at both
+ * ends: lengths past B/2) and with a large one, each with GQA and a KV
+ * prefix (positions q + lk - lq) and the softcap before them; odd lengths,
+ * both layouts and dtypes, outputs poisoned. */
+static const struct {
+    mcase c;
+    mmods mods;
+    smods sm;
+} MOD_CASES[] = {
+    /* mma.sync: block and gathered rows */
+    {{"causal", 2, 8, 377, 377, 64, STOF_F16, STOF_LAYOUT_BHLD, 0, 0, ATTN_BLOCK, 64, 64, 1, 0, 0, 0}, {2, 0, 0}, {1, 0, 0}},
+    {{"window:64+global:16", 2, 12, 377, 377, 128, STOF_BF16, STOF_LAYOUT_BLHD, 0, 1, ATTN_GATHER, 128, 64, 2, 1, 0, 0}, {4, 0, 0}, {1, 0, 31}},
+    {{"dense", 1, 4, 301, 301, 80, STOF_F16, STOF_LAYOUT_BLHD, 0, 0, ATTN_BLOCK, 128, 64, 2, 1, 0, 0}, {0, 0, 0}, {0, 0, 33}},
+    /* wgmma: block and gathered */
+    {{"causal", 2, 8, 257, 1000, 128, STOF_BF16, STOF_LAYOUT_BHLD, 0, 0, ATTN_BLOCK, 128, 128, 1, 0, 1, 3}, {2, 0, 0}, {1, 1, 0}},
+    {{"dilated:64:2", 2, 4, 377, 377, 64, STOF_F16, STOF_LAYOUT_BLHD, 0, 0, ATTN_GATHER, 128, 64, 1, 0, 1, 3}, {0, 0, 0}, {1, 0, 64}},
+    /* warp-specialized 128-row items at head_dim 64 (the others refuse them):
+     * by TMA, by copies, through a view */
+    {{"causal_window:256", 2, 8, 1000, 1000, 64, STOF_F16, STOF_LAYOUT_BLHD, 0, 1, ATTN_BLOCK, 128, 128, 1, 0, MHA_WS, 2}, {2, 0, 0}, {1, 0, 0}},
+    {{"dense", 1, 4, 1000, 1000, 64, STOF_BF16, STOF_LAYOUT_BHLD, 0, 0, ATTN_BLOCK, 128, 128, 1, 0, MHA_WS, 3}, {0, 0, 0}, {0, 0, 257}},
+    {{"window:256+strided:8", 2, 4, 1000, 1000, 64, STOF_BF16, STOF_LAYOUT_BLHD, 0, 0, ATTN_GATHER, 128, 128, 1, 0, MHA_WS, 3}, {0, 0, 0}, {1, 1, 31}},
+    {{"dilated:256:2", 2, 4, 1024, 1024, 64, STOF_F16, STOF_LAYOUT_BHLD, 0, 0, ATTN_GATHER, 128, 128, 1, 0, MHA_WS, 2}, {1, 0, 0}, {1, 0, 101}},
+    /* with the softcap before them, under a KV prefix */
+    {{"causal_window:256", 2, 8, 257, 1000, 128, STOF_BF16, STOF_LAYOUT_BLHD, 0, 0, ATTN_BLOCK, 64, 64, 1, 0, 0, 0}, {2, 30, 8}, {1, 0, 32}},
+    {{"causal_window:256", 2, 8, 257, 1000, 128, STOF_BF16, STOF_LAYOUT_BLHD, 0, 0, ATTN_BLOCK, 128, 128, 1, 0, 1, 3}, {2, 30, 8}, {1, 1, 32}},
+    {{"causal", 2, 8, 257, 1000, 64, STOF_F16, STOF_LAYOUT_BHLD, 0, 0, ATTN_BLOCK, 128, 128, 1, 0, MHA_WS, 2}, {2, 30, 8}, {1, 0, 4096}},
+    /* the planner's choice */
+    {{"causal", 1, 8, 1000, 1000, 128, STOF_BF16, STOF_LAYOUT_BHLD, 0, 0, -1, 0, 0, 0, 0, 0, 0}, {2, 0, 0}, {1, 0, 0}},
+    {{"window:128", 2, 4, 377, 377, 64, STOF_F16, STOF_LAYOUT_BLHD, 0, 0, -1, 0, 0, 0, 0, 0, 0}, {0, 0, 0}, {0, 0, 32}},
+};
+#define NMOD (int)(sizeof MOD_CASES / sizeof MOD_CASES[0])
+
+START_TEST(alibi_and_bias)
+{
+    if (MOD_CASES[_i].c.wg && !has_wgmma())
+        return;
+    case_mods = MOD_CASES[_i].mods;
+    case_smods = MOD_CASES[_i].sm;
+    run_case(&MOD_CASES[_i].c, 1700 + _i);
+    case_mods = (mmods){0};
+    case_smods = (smods){0};
+}
+END_TEST
+
+/* ALiBi and the bias on the warp-specialized engine's 192-row items and
+ * past head_dim 64 are refused (spills); a run without the bias's table is refused
+ * with the field named, and nothing runs. */
+START_TEST(mods_refused)
+{
+    if (!has_wgmma())
+        return;
+    stof_ctx *ctx;
+    stof_options o = {.no_cache = 1};
+    ck_assert_int_eq(stof_open(&ctx, &o), STOF_OK);
+    stof_mask *m;
+    ck_assert_int_eq(stof_mask_parse(ctx, "causal", 1000, 1000, &m), STOF_OK);
+    for (int i = 0; i < 3; i++) {
+        stof_mha_desc d = {.batch = 1, .heads = 4, .seq_q = 1000, .seq_k = 1000,
+                           .head_dim = i == 2 ? 128 : 64, .dtype = STOF_F16, .alibi = i != 1,
+                           .bias_buckets = 8 * (i > 0)};
+        mha_candidate cand = {ATTN_BLOCK, i == 2 ? 128 : 192, 128, 1, 0, MHA_WS, 2};
+        stof_mha_plan *plan = (stof_mha_plan *)1;
+        ck_assert_int_eq(mha_plan_forced(ctx, &d, m, &cand, &plan), STOF_ERR_UNSUPPORTED);
+        ck_assert_ptr_null(plan);
+        ck_assert_ptr_nonnull(strstr(stof_last_error(ctx), "desc.alibi or desc.bias_buckets"));
+    }
+    /* A plan for the bias's shape needs no table; its run does. */
+    stof_mha_desc d = {.batch = 1, .heads = 4, .seq_q = 1000, .seq_k = 1000, .head_dim = 64,
+                       .dtype = STOF_F16, .bias_buckets = 8};
+    mha_candidate cand = {ATTN_BLOCK, 64, 64, 1, 0, 0, 0};
+    stof_mha_plan *plan;
+    ck_assert_msg(mha_plan_forced(ctx, &d, m, &cand, &plan) == STOF_OK, "%s", stof_last_error(ctx));
+    size_t n = 4 * 1000 * 64;
+    CUdeviceptr x = upload(ctx, NULL, 2 * n);
+    ck_assert_int_eq(stof_mha_run(plan, (void *)x, (void *)x, (void *)x, (void *)x, NULL, NULL),
+                     STOF_ERR_INVALID_ARG);
+    ck_assert_ptr_nonnull(strstr(stof_last_error(ctx), "desc.bias_table"));
+    ck_assert_int_eq(jit_push(ctx), STOF_OK);
+    ctx->dev.api.MemFree(x);
+    jit_pop(ctx);
+    stof_mha_plan_free(plan);
+    stof_mask_free(m);
+    stof_close(ctx);
+}
+END_TEST
+
 /* The planner's own choice (model + search) is right too. */
 START_TEST(planner_choice)
 {
@@ -644,6 +768,8 @@ Suite *suite_gpu_mha(void)
     tcase_add_loop_test(t, planner_choice, 0, 3);
     tcase_add_loop_test(t, gqa_prefix_softcap, 0, NLLM);
     tcase_add_test(t, softcap_refused_on_192_rows);
+    tcase_add_loop_test(t, alibi_and_bias, 0, NMOD);
+    tcase_add_test(t, mods_refused);
     tcase_add_test(t, device_figures_once);
     tcase_add_loop_test(t, cached_plan_walks_nothing, 0, 4);
     suite_add_tcase(s, t);

@@ -227,6 +227,78 @@ START_TEST(hand_computed)
 }
 END_TEST
 
+/* The score modifiers by their formulas (stof.h) on a tiny case: 3 heads
+ * (standard slopes 2^-4, 2^-8 and, interleaved, 2^-2), 3 queries after 2
+ * keys of prefix (positions 2, 3, 4), causal bottom-right, the softcap
+ * first, a bias of 5 buckets (clamped at both ends); then slopes given. */
+START_TEST(modifiers_by_formula)
+{
+    stof_ctx *ctx = open_ctx();
+    ck_assert_double_eq(ref_alibi_slope(0, 3), exp2(-4));
+    ck_assert_double_eq(ref_alibi_slope(1, 3), exp2(-8));
+    ck_assert_double_eq(ref_alibi_slope(2, 3), exp2(-2));
+    for (int h = 0; h < 8; h++)
+        ck_assert_double_eq(ref_alibi_slope(h, 8), exp2(-(h + 1)));
+    for (int h = 8; h < 12; h++) /* HF's extra heads: 2^(-1/2) to the odd powers */
+        ck_assert_double_eq_tol(ref_alibi_slope(h, 12), pow(2, -0.5 * (2 * (h - 8) + 1)), 1e-15);
+    ck_assert_int_eq(ref_bias_bucket(-7, 5), 0);
+    ck_assert_int_eq(ref_bias_bucket(0, 5), 2);
+    ck_assert_int_eq(ref_bias_bucket(9, 5), 4);
+    ck_assert_int_eq(ref_bias_bucket(-5, 4), 0);
+    ck_assert_int_eq(ref_bias_bucket(0, 4), 2);
+    ck_assert_int_eq(ref_bias_bucket(5, 4), 3);
+    ck_assert_int_eq(ref_bias_bucket(3, 1), 0);
+    enum { H = 3, LQ = 3, LK = 5, D = 2, B = 5 };
+    test_rng r = test_rng_make(205);
+    float q[H * LQ * D], k[H * LK * D], v[H * LK * D], table[H * B];
+    for (int i = 0; i < H * LQ * D; i++)
+        q[i] = (float)(test_rng_uniform(&r) * 4 - 2);
+    for (int i = 0; i < H * LK * D; i++)
+        k[i] = (float)(test_rng_uniform(&r) * 4 - 2), v[i] = (float)(test_rng_uniform(&r) * 2 - 1);
+    for (int i = 0; i < H * B; i++)
+        table[i] = (float)(test_rng_uniform(&r) * 2 - 1);
+    stof_mask *m = NULL;
+    ck_assert_int_eq(stof_mask_parse(ctx, "causal", LQ, LK, &m), STOF_OK);
+    const double scale = 0.7, cap = 2;
+    ref_attn_args a = {.batch = 1, .heads = H, .lq = LQ, .lk = LK, .head_dim = D,
+                       .dtype = STOF_F32, .layout = STOF_LAYOUT_BHLD, .scale = scale, .q = q,
+                       .k = k, .v = v, .mask = m, .softcap = cap, .alibi = 1,
+                       .bias_buckets = B, .bias_table = table};
+    double out[H * LQ * D], given[H * LQ * D];
+    ck_assert_int_eq(ref_attention(ctx, &a, out), STOF_OK);
+    static const double slope[H] = {0x1p-4, 0x1p-8, 0x1p-2};
+    for (int h = 0; h < H; h++)
+        for (int i = 0; i < LQ; i++) {
+            const int p = i + LK - LQ;
+            double sc[LK], mx = -INFINITY, sum = 0;
+            for (int j = 0; j <= p; j++) {
+                double dot = 0;
+                for (int d = 0; d < D; d++)
+                    dot += (double)q[(h * LQ + i) * D + d] * k[(h * LK + j) * D + d];
+                const int dist = p - j, bucket = (dist < -2 ? -2 : dist > 2 ? 2 : dist) + 2;
+                sc[j] = cap * tanh(dot * scale / cap) + slope[h] * (j - p) + table[h * B + bucket];
+                mx = sc[j] > mx ? sc[j] : mx;
+            }
+            for (int j = 0; j <= p; j++)
+                sum += (sc[j] = exp(sc[j] - mx));
+            for (int d = 0; d < D; d++) {
+                double acc = 0;
+                for (int j = 0; j <= p; j++)
+                    acc += sc[j] * v[(h * LK + j) * D + d];
+                ck_assert_double_eq_tol(out[(h * LQ + i) * D + d], acc / sum, 1e-12);
+            }
+        }
+    /* The same slopes given: the same output. */
+    const float slopes[H] = {0x1p-4f, 0x1p-8f, 0x1p-2f};
+    a.alibi_slopes = slopes;
+    ck_assert_int_eq(ref_attention(ctx, &a, given), STOF_OK);
+    for (int i = 0; i < H * LQ * D; i++)
+        ck_assert_double_eq(given[i], out[i]);
+    stof_mask_free(m);
+    stof_close(ctx);
+}
+END_TEST
+
 static int all_zero(const double *x, size_t n)
 {
     for (size_t i = 0; i < n; i++)
@@ -413,6 +485,25 @@ START_TEST(bad_arguments)
         ck_assert_int_eq(ref_attention(ctx, &a, out), STOF_ERR_INVALID_ARG);
         ck_assert_ptr_nonnull(strstr(stof_last_error(ctx), "softcap"));
     }
+    /* the modifiers: slopes only with alibi, 0 to 4096 buckets with their
+     * table and a table only with them */
+    float table[8] = {0};
+    a = good;
+    a.alibi_slopes = x;
+    ck_assert_int_eq(ref_attention(ctx, &a, out), STOF_ERR_INVALID_ARG);
+    ck_assert_ptr_nonnull(strstr(stof_last_error(ctx), "alibi_slopes"));
+    a.alibi = 1;
+    ck_assert_int_eq(ref_attention(ctx, &a, out), STOF_OK);
+    static const int buckets[] = {-1, 4097, 8, 0};
+    for (int i = 0; i < 4; i++) {
+        a = good;
+        a.bias_buckets = buckets[i];
+        a.bias_table = i == 2 ? NULL : table;
+        ck_assert_int_eq(ref_attention(ctx, &a, out), STOF_ERR_INVALID_ARG);
+        ck_assert_ptr_nonnull(strstr(stof_last_error(ctx), "bias_buckets"));
+    }
+    a.bias_buckets = 8;
+    ck_assert_int_eq(ref_attention(ctx, &a, out), STOF_OK);
     stof_mask *m = NULL;
     ck_assert_int_eq(stof_mask_parse(ctx, "causal", 4, 5, &m), STOF_OK);
     a = good;
@@ -553,6 +644,7 @@ Suite *suite_reference(void)
     tcase_set_timeout(t, 120);
     tcase_add_test(t, matches_naive_loop);
     tcase_add_test(t, hand_computed);
+    tcase_add_test(t, modifiers_by_formula);
     tcase_add_test(t, masked_rows_are_zero);
     tcase_add_test(t, layouts_agree);
     tcase_add_test(t, chosen_rows_only);
