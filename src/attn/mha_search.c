@@ -268,7 +268,8 @@ static stof_status cpu_check(stof_ctx *ctx, const stof_mha_desc *d, const mask_s
     const float slope = (float)ref_alibi_slope(0, d->heads);
     ref_attn_args a = {1, 1, d->seq_q, d->seq_k, d->head_dim, d->dtype, STOF_LAYOUT_BHLD,
                        d->scale, q, k, v, ms->runs, NULL, rows, 0, d->softcap,
-                       d->alibi, d->alibi ? &slope : NULL, d->bias_buckets > 0 ? d->bias_buckets : 0,
+                       d->alibi, d->alibi ? &slope : NULL,
+                       d->bias_buckets > 0 ? d->bias_buckets : 0,
                        d->bias_buckets > 0 ? io->htable : NULL};
     if ((st = ref_attention(ctx, &a, ref)) != STOF_OK)
         goto done;

@@ -376,7 +376,8 @@ START_TEST(test_mha_lines)
     ck_assert(workload_add_mha(&w, "b=1,h=4,kv_heads=1,l=64,d=64,softcap=0", err, sizeof err) == 0);
     ck_assert_msg(workload_add_mha(&w, "b=1,h=32,l=8192,d=128,bf16,softcap=30,alibi=1,bias=32,"
                                    "causal", err, sizeof err) == 0, "%s", err);
-    ck_assert(workload_add_mha(&w, "b=1,h=4,l=64,d=64,alibi=0,bias_buckets=0", err, sizeof err) == 0);
+    ck_assert(workload_add_mha(&w, "b=1,h=4,l=64,d=64,alibi=0,bias_buckets=0", err,
+                               sizeof err) == 0);
     ck_assert_int_eq(w.n, 9);
     const workload_case *c = &w.cases[0];
     ck_assert(c->op == WORKLOAD_MHA && c->batch == 8 && c->heads == 12 && c->seq_q == 2048 &&
