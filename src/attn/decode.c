@@ -61,7 +61,8 @@ static stof_status check_desc(stof_ctx *ctx, const stof_decode_desc *d)
         return CTX_FAIL(ctx, STOF_ERR_INVALID_ARG, "desc.scale must be finite and >= 0");
     if (!(d->softcap >= 0.f) || isinf(d->softcap))
         return CTX_FAIL(ctx, STOF_ERR_INVALID_ARG,
-                        "desc.softcap must be finite and >= 0 (0: off), got %g", (double)d->softcap);
+                        "desc.softcap must be finite and >= 0 (0: off), got %g",
+                        (double)d->softcap);
     if (d->window < 0)
         return CTX_FAIL(ctx, STOF_ERR_INVALID_ARG, "desc.window %d must be >= 0 (0: none)",
                         d->window);
@@ -112,7 +113,8 @@ void decode_make_request(const stof_decode_desc *d, decode_request *r)
 int decode_choose_splits(int sm_count, int resident, long long ctas, int span)
 {
     const int tiles = span > 0 ? (span + DECODE_BLOCK_N - 1) / DECODE_BLOCK_N : 1;
-    const long long slots = (long long)(sm_count > 0 ? sm_count : 1) * (resident > 0 ? resident : 1);
+    const long long slots =
+        (long long)(sm_count > 0 ? sm_count : 1) * (resident > 0 ? resident : 1);
     if (ctas < 1)
         ctas = 1;
     int best = 1;
