@@ -163,7 +163,6 @@ extern "C" __global__ void __launch_bounds__(THREADS) stof_attn_decode(
 
     float o[D / 8][4];
     float m[2] = {-STOF_INF, -STOF_INF}, l[2] = {0.f, 0.f};
-    unsigned qf[D / 16][4];
 #pragma unroll
     for (int i = 0; i < D / 8; i++)
         o[i][0] = o[i][1] = o[i][2] = o[i][3] = 0.f;
@@ -175,26 +174,24 @@ extern "C" __global__ void __launch_bounds__(THREADS) stof_attn_decode(
         if (it + STAGES - 1 < ntiles)
             load_tile(it + STAGES - 1);
         stof_cp_commit();
-        if (it == 0) {
-#pragma unroll
-            for (int kk = 0; kk < D / 16; kk++)
-                dec_ldsm_x4(qf[kk], Qs + ((lane % 8) + 8 * ((lane / 8) % 2)) * LDS + kk * 16 +
-                                        8 * (lane / 16));
-        }
         const elem_t *Kt = ring + (it % STAGES) * 2 * BN * LDS, *Vt = Kt + BN * LDS;
 
-        // S = Q Kᵀ: the 16 rows against this warp's 16 keys of the tile.
+        // S = Q Kᵀ: the 16 rows against this warp's 16 keys of the tile. Q's
+        // fragments are read again each tile: kept in registers (32 more at
+        // head_dim 128) the kernel spilled, and shared memory has time to spare.
         float s[2][4];
 #pragma unroll
         for (int j = 0; j < 2; j++)
             s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.f;
 #pragma unroll
         for (int kk = 0; kk < D / 16; kk++) {
-            unsigned bfr[4];
+            unsigned qf[4], bfr[4];
+            dec_ldsm_x4(qf, Qs + ((lane % 8) + 8 * ((lane / 8) % 2)) * LDS + kk * 16 +
+                                8 * (lane / 16));
             dec_ldsm_x4(bfr, Kt + (warp * 16 + (lane % 8) + 8 * (lane / 16)) * LDS + kk * 16 +
                                  8 * ((lane / 8) % 2));
-            dec_mma(s[0], qf[kk], bfr[0], bfr[1]);
-            dec_mma(s[1], qf[kk], bfr[2], bfr[3]);
+            dec_mma(s[0], qf, bfr[0], bfr[1]);
+            dec_mma(s[1], qf, bfr[2], bfr[3]);
         }{{#if SOFTCAP}}
         stof_softcap(s, scale_log2);{{/if}}
 
