@@ -251,6 +251,60 @@ START_TEST(every_split_count)
 }
 END_TEST
 
+/* A run's own arguments are checked before anything is launched, each
+ * failure naming what was wrong. */
+START_TEST(run_checks_its_arguments)
+{
+    stof_ctx *ctx;
+    stof_options o = {.cache_path = test_kernel_cache()};
+    ck_assert_int_eq(stof_open(&ctx, &o), STOF_OK);
+    stof_decode_desc d = {.batch = 4, .heads = 8, .kv_heads = 2, .head_dim = 64, .seq_q = 4,
+                          .max_seq_k = 1000, .dtype = STOF_F16};
+    stof_decode_plan *plan;
+    ck_assert_msg(stof_decode_plan_create(ctx, &d, &plan) == STOF_OK, "%s", stof_last_error(ctx));
+    const size_t nq = 4 * 8 * 4 * 64, nk = 4 * 2 * 1000 * 64;
+    CUdeviceptr q = upload(ctx, NULL, 2 * nq), k = upload(ctx, NULL, 2 * nk),
+                v = upload(ctx, NULL, 2 * nk), out = upload(ctx, NULL, 2 * nq);
+    void *Q = (void *)q, *K = (void *)k, *V = (void *)v, *O = (void *)out;
+    struct {
+        void *q, *k, *v, *o;
+        int batch, cap;
+        const char *says;
+    } bad[] = {
+        {NULL, K, V, O, 0, 0, "'q'"},
+        {Q, NULL, V, O, 0, 0, "'k'"},
+        {Q, K, NULL, O, 0, 0, "'v'"},
+        {Q, K, V, NULL, 0, 0, "'out'"},
+        {(char *)Q + 2, K, V, O, 0, 0, "16-byte aligned"},
+        {Q, K, V, O, 5, 0, "batch 5"},
+        {Q, K, V, O, -1, 0, "batch -1"},
+        {Q, K, V, O, 0, 1001, "kv_capacity 1001"},
+        {Q, K, V, O, 0, 3, "kv_capacity 3"},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        ck_assert_int_eq(stof_decode_run(plan, bad[i].q, bad[i].k, bad[i].v, bad[i].o, NULL,
+                                         bad[i].batch, bad[i].cap, NULL),
+                         STOF_ERR_INVALID_ARG);
+        ck_assert_msg(strstr(stof_last_error(ctx), bad[i].says), "case %zu: %s", i,
+                      stof_last_error(ctx));
+    }
+    ck_assert_int_eq(stof_decode_run(plan, Q, K, V, O, NULL, 0, 0, NULL), STOF_OK);
+    char desc[512];
+    ck_assert_int_eq(stof_decode_plan_describe(plan, desc, sizeof desc), STOF_OK);
+    ck_assert_ptr_nonnull(strstr(desc, "kernel=decode"));
+    ck_assert_ptr_nonnull(strstr(desc, "kv_heads=2"));
+    ck_assert_int_eq(jit_push(ctx), STOF_OK);
+    ck_assert_int_eq(CU(ctx, CtxSynchronize()), STOF_OK);
+    ctx->dev.api.MemFree(q);
+    ctx->dev.api.MemFree(k);
+    ctx->dev.api.MemFree(v);
+    ctx->dev.api.MemFree(out);
+    jit_pop(ctx);
+    stof_decode_plan_free(plan);
+    stof_close(ctx);
+}
+END_TEST
+
 Suite *suite_gpu_decode(void)
 {
     Suite *s = suite_create("gpu_decode");
@@ -258,6 +312,7 @@ Suite *suite_gpu_decode(void)
     tcase_set_timeout(t, 900);
     tcase_add_loop_test(t, matches_the_reference, 0, NCASES);
     tcase_add_loop_test(t, every_split_count, 0, 8);
+    tcase_add_test(t, run_checks_its_arguments);
     suite_add_tcase(s, t);
     return s;
 }
