@@ -287,8 +287,10 @@ stof_status stof_decode_run(stof_decode_plan *p, const void *q, const void *k, c
                 ws_lse = p->ws + (CUdeviceptr)((size_t)p->ws_seq_splits * H * LQ * D * 4);
     CUdeviceptr qp = (CUdeviceptr)q, kp = (CUdeviceptr)k, vp = (CUdeviceptr)v,
                 op = (CUdeviceptr)out, lens = (CUdeviceptr)seqused_k;
-    int heads = d->heads, group = d->heads / d->kv_heads, seq_q = d->seq_q, window = d->window,
-        row_chunks = p->row_chunks;
+    /* A window as long as the cache is none (and keeps the kernel's
+     * arithmetic on key positions within int). */
+    int heads = d->heads, group = d->heads / d->kv_heads, seq_q = d->seq_q,
+        window = d->window < cap ? d->window : 0, row_chunks = p->row_chunks;
     float scale_log2 = d->scale * 1.4426950408889634f;
     void *args[] = {&qp,     &kp,      &vp,    &op,    &ws_o,       &ws_lse, &q_sb, &q_sh,
                     &q_sl,   &kv_sb,   &kv_sh, &kv_sl, &heads,      &group,  &seq_q, &cap,
