@@ -374,6 +374,63 @@ void stof_mha_plan_free(stof_mha_plan *plan);
 stof_status stof_mha_prepare(stof_ctx *ctx, const stof_mha_desc *desc,
                              const stof_mask *mask);
 
+/* ---- Decoding (src/attn/decode.c) ----------------------------------------
+ * A generation step: each sequence brings seq_q new query rows (1 .. 16)
+ * that attend to its KV cache, the new rows' keys included. One plan serves
+ * every step up to max_seq_k keys: each run gives the cache's capacity and,
+ * on the device, each sequence's length, so a new length costs no plan, no
+ * compile and no host synchronisation, and a step can be captured in a CUDA
+ * graph (the plan owns its workspace; run allocates nothing).
+ *
+ * q and out are [batch, heads, seq_q, head_dim] (BHLD) or [batch, seq_q,
+ * heads, head_dim] (BLHD); k and v [batch, kv_heads, kv_capacity, head_dim]
+ * (BHLD) or [batch, kv_capacity, kv_heads, head_dim] (BLHD), as HF's caches
+ * hold them; query head h reads KV head h / (heads / kv_heads). New row i
+ * of sequence b stands at key position seqused_k[b] - seq_q + i and reads
+ * keys 0 .. that position (causal among the new rows), or with window W only
+ * the last W of them. A row with no key to read comes out as zeros.
+ *
+ * The cache is cut into splits that CTAs read in parallel and a second
+ * kernel merges; their number is chosen on the host at each run from batch,
+ * kv_heads, kv_capacity (and the window) and the SM count, never from the
+ * lengths. $STOF_DECODE_SPLITS=N at plan creation forces N splits on every
+ * run of that plan (tests use it to cover each count). */
+typedef struct stof_decode_desc {
+    int batch;            /* the most sequences a run may pass */
+    int heads, kv_heads;  /* kv_heads 0 means heads; heads must be a multiple of it */
+    int head_dim;         /* one of STOF_MHA_HEAD_DIMS */
+    int seq_q;            /* new rows per sequence, 1 .. 16 */
+    int max_seq_k;        /* the largest kv_capacity a run may pass, seq_q .. STOF_MAX_SEQ */
+    stof_dtype dtype;     /* STOF_F16 or STOF_BF16 */
+    stof_layout layout;   /* of q and out, and of k and v: 0 means BHLD */
+    float scale;          /* 0 means 1/sqrt(head_dim) */
+    float softcap;        /* logit softcap: 0 off, else finite and > 0 (rendered in) */
+    int window;           /* 0: a new row reads the whole cache up to itself; W > 0:
+                             causal_window:W, only the last W keys up to the row */
+} stof_decode_desc;
+
+typedef struct stof_decode_plan stof_decode_plan;
+
+/* Loads (from the kernel cache, else compiles) the plan's two kernels and
+ * allocates its workspace; no search, no timing. */
+stof_status stof_decode_plan_create(stof_ctx *ctx, const stof_decode_desc *desc,
+                                    stof_decode_plan **plan);
+/* One step. batch: 1 .. desc.batch (0 means desc.batch). kv_capacity: the
+ * rows allocated per sequence in k and v, seq_q .. desc.max_seq_k (0 means
+ * desc.max_seq_k). seqused_k: NULL (every sequence is kv_capacity long) or a
+ * device array of batch int32 lengths, the new rows included, read on the
+ * device and clamped to [0, kv_capacity], not checked (that would cost a
+ * synchronisation). q, k, v and out must be 16-byte aligned device memory. */
+stof_status stof_decode_run(stof_decode_plan *plan, const void *q, const void *k,
+                            const void *v, void *out, const int *seqused_k, int batch,
+                            int kv_capacity, stof_stream stream);
+/* The kernels, their tiles, registers and shared memory, the splits: a line. */
+stof_status stof_decode_plan_describe(const stof_decode_plan *plan, char *buf, size_t n);
+void stof_decode_plan_free(stof_decode_plan *plan);
+/* Compiles the plan's kernels for the context's arch into the cache, with
+ * no GPU. */
+stof_status stof_decode_prepare(stof_ctx *ctx, const stof_decode_desc *desc);
+
 /* ---- Encoder layer (src/layer/layer.c) -----------------------------------
  * One Transformer encoder layer over x [batch, seq, hidden] (row-major, rows
  * = batch * seq), attention restricted by a mask:
