@@ -32,7 +32,7 @@ int decode_choose_splits(int sm_count, int resident, long long ctas, int span);
 /* The two kernel requests of a desc (checked); the strings live in *r. */
 typedef struct decode_request {
     char text[4][24];
-    render_var vars[6], cvars[2];
+    render_var vars[10], cvars[2];
     jit_request main, combine;
 } decode_request;
 void decode_make_request(const stof_decode_desc *d, decode_request *r);
