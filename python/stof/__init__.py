@@ -16,13 +16,14 @@ from ._lib import (CacheError, CompileError, Context, CudaError, Error, Internal
                    ToolError, UnsupportedError, library_path, version)
 from ._mask import Mask
 from ._attention import attention, clear_plans, plans
+from ._decode import decode, decode_plans
 from ._layer import EncoderLayer
 from ._tools import (WarmReport, cache_check, cache_list, cache_stats, cache_tuning, stats,
                      tool_path, warm)
 
 __version__ = "0.1.0"
 
-__all__ = ["attention", "Mask", "EncoderLayer", "Context", "Error", "InvalidArgumentError",
+__all__ = ["attention", "decode", "decode_plans", "Mask", "EncoderLayer", "Context", "Error", "InvalidArgumentError",
            "UnsupportedError", "NoDeviceError", "CudaError", "CompileError", "CacheError",
            "OutOfMemoryError", "InternalError", "LibraryNotFoundError", "ToolError",
            "library_path", "version", "plans", "clear_plans", "warm", "WarmReport", "stats",

@@ -146,6 +146,12 @@ class MhaDesc(Structure):
                 ("bias_buckets", c_int), ("bias_table", c_void_p)]
 
 
+class DecodeDesc(Structure):
+    _fields_ = [("batch", c_int), ("heads", c_int), ("kv_heads", c_int), ("head_dim", c_int),
+                ("seq_q", c_int), ("max_seq_k", c_int), ("dtype", c_int), ("layout", c_int),
+                ("scale", c_float), ("softcap", c_float), ("window", c_int)]
+
+
 class LayerDesc(Structure):
     _fields_ = [("batch", c_int), ("seq", c_int), ("hidden", c_int), ("heads", c_int),
                 ("ffn_hidden", c_int), ("activation", c_int), ("norm", c_int),
@@ -163,8 +169,8 @@ class LayerWeights(Structure):
 
 # For the test that holds these mirrors against stof.h.
 STRUCTS = {"stof_options": Options, "stof_stats": Stats, "stof_mask_info": MaskInfo,
-           "stof_mha_desc": MhaDesc, "stof_layer_desc": LayerDesc,
-           "stof_layer_weights": LayerWeights}
+           "stof_mha_desc": MhaDesc, "stof_decode_desc": DecodeDesc,
+           "stof_layer_desc": LayerDesc, "stof_layer_weights": LayerWeights}
 
 # name: (restype, argtypes)
 _PROTOS = {
@@ -207,6 +213,11 @@ _OPTIONAL = {
                                   POINTER(c_size_t)]),
     "stof_mask_picture_free": (None, [c_void_p]),
     "stof_mha_head_dim_supported": (c_int, [c_int]),
+    "stof_decode_plan_create": (c_int, [c_void_p, POINTER(DecodeDesc), POINTER(c_void_p)]),
+    "stof_decode_run": (c_int, [c_void_p] * 6 + [c_int, c_int, c_void_p]),
+    "stof_decode_plan_describe": (c_int, [c_void_p, c_char_p, c_size_t]),
+    "stof_decode_plan_free": (None, [c_void_p]),
+    "stof_decode_prepare": (c_int, [c_void_p, POINTER(DecodeDesc)]),
 }
 
 # ---- finding the library ------------------------------------------------------------

@@ -261,6 +261,94 @@ class Attention(unittest.TestCase):
         self.assertTrue(all("kernel=" in line for _, line in stof.plans()))
 
 
+def decode_reference(q, k, v, lens, window=0, softcap=None):
+    """stof.decode's result in float32: q [B, H, S, D], k/v [B, KVH, C, D]."""
+    b, h, sq, d = q.shape
+    g = h // k.shape[1]
+    out = torch.zeros(b, h, sq, d, dtype=torch.float32, device=q.device)
+    for i in range(b):
+        n = lens[i]
+        kk = k[i, :, :n].float().repeat_interleave(g, 0)
+        vv = v[i, :, :n].float().repeat_interleave(g, 0)
+        s = q[i].float() @ kk.transpose(-1, -2) / d ** 0.5
+        if softcap:
+            s = softcap * torch.tanh(s / softcap)
+        pos = torch.arange(n - sq, n, device=q.device)[:, None]
+        key = torch.arange(n, device=q.device)[None, :]
+        ok = (key <= pos) & ((key > pos - window) if window else True)
+        s = s.masked_fill(~ok, float("-inf"))
+        p = torch.softmax(s, -1).nan_to_num(0.0)
+        out[i] = p @ vv
+    return out
+
+
+class Decode(unittest.TestCase):
+    def check(self, out, want, name):
+        err = _ref.rel_l2(out.float(), want)
+        print("decode %-51s %s rel L2 %.2e" % (name, str(out.dtype)[6:], err))
+        self.assertLessEqual(err, _ref.tol(out.dtype), name)
+
+    def test_against_reference(self):
+        for dt, b, h, hk, sq, d, cap, lens, window, cap_ in (
+                (BF16, 3, 32, 8, 1, 128, 5000, [1, 4097, 5000], 0, None),
+                (F16, 2, 8, 1, 4, 64, 777, [777, 100], 0, None),
+                (BF16, 4, 16, 4, 2, 128, 9000, [9000, 33, 4100, 8191], 1000, None),
+                (F16, 2, 8, 8, 1, 80, 300, [300, 299], 0, 30.0)):
+            g = gen(300 + cap)
+            q = randn(b, h, sq, d, dtype=dt, gen=g)
+            k = randn(b, hk, cap, d, dtype=dt, gen=g)
+            v = randn(b, hk, cap, d, dtype=dt, gen=g)
+            t = torch.tensor(lens, dtype=torch.int32, device="cuda")
+            out = stof.decode(q, k, v, t, window=window, softcap=cap_)
+            name = "b%d h%d/%d s%d d%d cap%d w%d%s" % (b, h, hk, sq, d, cap, window,
+                                                       " softcap" if cap_ else "")
+            self.check(out, decode_reference(q, k, v, lens, window, cap_), name)
+
+    def test_blhd_and_growing_cache_in_a_graph(self):
+        b, h, hk, d, cap = 2, 32, 8, 128, 2048
+        g = gen(400)
+        k = randn(b, cap, hk, d, dtype=BF16, gen=g)
+        v = randn(b, cap, hk, d, dtype=BF16, gen=g)
+        q = randn(b, 1, h, d, dtype=BF16, gen=g)
+        lens = torch.tensor([1000, 17], dtype=torch.int32, device="cuda")
+        out = torch.empty_like(q)
+        s = torch.cuda.Stream()
+        s.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(s):
+            stof.decode(q, k, v, lens, layout="blhd", out=out)
+        torch.cuda.current_stream().wait_stream(s)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            stof.decode(q, k, v, lens, layout="blhd", out=out)
+        for step in range(3):
+            lens += 1
+            graph.replay()
+            torch.cuda.synchronize()
+            n = lens.tolist()
+            want = decode_reference(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), n)
+            self.check(out.transpose(1, 2), want, "graph step %d lens %s" % (step, n))
+        # A DynamicCache's steps: a new tensor one key longer each time, one plan.
+        n0 = len(stof.decode_plans())
+        for c in range(3000, 3005):
+            kk = randn(1, 8, c, 64, dtype=F16, gen=g)
+            qq = randn(1, 32, 1, 64, dtype=F16, gen=g)
+            got = stof.decode(qq, kk, kk)
+            self.check(got, decode_reference(qq, kk, kk, [c]), "dynamic cache %d" % c)
+        self.assertLessEqual(len(stof.decode_plans()), n0 + 1)
+
+    def test_refusals(self):
+        q = torch.zeros(1, 8, 17, 64, dtype=F16, device="cuda")
+        k = torch.zeros(1, 8, 100, 64, dtype=F16, device="cuda")
+        with self.assertRaisesRegex(stof.InvalidArgumentError, "1 to 16 new rows"):
+            stof.decode(q, k, k)
+        q = torch.zeros(1, 8, 1, 64, dtype=F16, device="cuda")
+        k3 = torch.zeros(1, 3, 100, 64, dtype=F16, device="cuda")
+        with self.assertRaisesRegex(stof.InvalidArgumentError, "must divide"):
+            stof.decode(q, k3, k3)
+        with self.assertRaisesRegex(stof.InvalidArgumentError, "seqused_k"):
+            stof.decode(q, k, k, torch.zeros(2, dtype=torch.int32, device="cuda"))
+
+
 class Layers(unittest.TestCase):
     def compare(self, layer, module, x, mask_spec, seq_lens=None, name=""):
         """stof's layer against module in float32 on the same rounded weights."""
