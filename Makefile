@@ -189,7 +189,8 @@ build/asan/embed: codegen/embed.c
 	$(CC) $(CPPFLAGS) $(CFLAGS) $(WARN) $(SAN) -o $@ $<
 
 sanitize: build/asan/stof-tests build/asan/embed $(TOOLS:build/%=build/asan/%)
-	STOF_BUILD=build/asan ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=halt_on_error=1 build/asan/stof-tests
+	STOF_BUILD=build/asan STOF_TEST_KERNELS=build/test-kernels ASAN_OPTIONS=detect_leaks=1 \
+	    UBSAN_OPTIONS=halt_on_error=1 build/asan/stof-tests
 
 fuzz:
 	@bash tools/fuzz.sh $(FUZZ_SECONDS)

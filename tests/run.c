@@ -95,11 +95,21 @@ void test_copy_file(const char *from, const char *to)
     free(data);
 }
 
+const char *test_kernels_dir(void)
+{
+    static char dir[1024];
+    if (!dir[0]) {
+        const char *env = getenv("STOF_TEST_KERNELS");
+        snprintf(dir, sizeof dir, "%s", env && *env ? env : test_build_path("test-kernels"));
+    }
+    return dir;
+}
+
 const char *test_kernel_cache(void)
 {
-    static char path[1024];
+    static char path[1024 + 16];
     if (!path[0])
-        snprintf(path, sizeof path, "%s/cache.db", test_build_path("test-kernels"));
+        snprintf(path, sizeof path, "%s/cache.db", test_kernels_dir());
     return path;
 }
 
@@ -459,7 +469,7 @@ int main(void)
      * cache refuses a looser one). */
     char kdir[1024];
     struct stat kst;
-    snprintf(kdir, sizeof kdir, "%s", test_build_path("test-kernels"));
+    snprintf(kdir, sizeof kdir, "%s", test_kernels_dir());
     int kept = stat(test_kernel_cache(), &kst) == 0;
     if (mkdir(kdir, 0700) != 0 && errno != EEXIST)
         printf("stof tests: cannot make %s: %s\n", kdir, strerror(errno));

@@ -30,13 +30,17 @@ void test_rmtree(const char *path);
 void test_copy_file(const char *from, const char *to);
 
 /* The kernel cache shared by tests that need kernels compiled and their
- * logs, but not a compile of their own: $STOF_BUILD/test-kernels/cache.db,
+ * logs, but not a compile of their own: cache.db in test_kernels_dir(),
  * kept across runs. Its keys cover the rendered source, the options, the
  * architecture and NVRTC's version, so what a test finds there is what a
  * compile now would give; removing the folder makes the next run compile
  * everything afresh. Tests of cold compiles or of the cache itself keep a
  * cache of their own. */
 const char *test_kernel_cache(void);
+/* Its folder: $STOF_TEST_KERNELS, else $STOF_BUILD/test-kernels. make
+ * sanitize points it at the plain build's, whose kernels are the same (NVRTC
+ * is not instrumented), so that the sweeps compile nothing twice. */
+const char *test_kernels_dir(void);
 
 /* Runs sh -c cmd; returns its exit status and its stdout+stderr (malloc'd). */
 int test_run(const char *cmd, char **output);
