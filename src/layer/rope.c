@@ -13,8 +13,8 @@ stof_status rope_check(stof_ctx *ctx, const rope_params *p, int head_dim)
                         "desc.head_dim must be even and within 2..%d for RoPE (got %d)",
                         ROPE_MAX_HEAD_DIM, head_dim);
     if (!(p->theta > 0.f) || isinf(p->theta))
-        return CTX_FAIL(ctx, STOF_ERR_INVALID_ARG, "desc.rope_theta must be finite and > 0 (got %g)",
-                        (double)p->theta);
+        return CTX_FAIL(ctx, STOF_ERR_INVALID_ARG,
+                        "desc.rope_theta must be finite and > 0 (got %g)", (double)p->theta);
     if (p->factor == 0.f)
         return STOF_OK;
     if (!(p->factor >= 1.f) || isinf(p->factor))
