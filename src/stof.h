@@ -315,10 +315,10 @@ typedef struct stof_mha_desc {
                                                   one of STOF_MHA_HEAD_DIMS */
     stof_dtype dtype;                          /* STOF_F16 or STOF_BF16 */
     stof_layout layout;                        /* 0 means BHLD; out has q's layout */
-    int qkv_packed;                            /* nonzero: q points at [batch, seq, 3,
-                                                  heads, head_dim] from a QKV projection;
-                                                  k and v are ignored; layout must be BLHD;
-                                                  kv_heads must be heads (or 0) */
+    int qkv_packed;                            /* nonzero: q points at [batch, seq, heads
+                                                  + 2 kv_heads, head_dim] from a QKV
+                                                  projection (q's heads, k's, v's); k and
+                                                  v are ignored; layout must be BLHD */
     float scale;                               /* 0 means 1/sqrt(head_dim) */
     stof_tune tune;
     int max_candidates;                        /* search budget; 0: no cap */
