@@ -321,10 +321,10 @@ typedef struct stof_mha_desc {
                                                   one of STOF_MHA_HEAD_DIMS */
     stof_dtype dtype;                          /* STOF_F16 or STOF_BF16 */
     stof_layout layout;                        /* 0 means BHLD; out has q's layout */
-    int qkv_packed;                            /* nonzero: q points at [batch, seq, 3,
-                                                  heads, head_dim] from a QKV projection;
-                                                  k and v are ignored; layout must be BLHD;
-                                                  kv_heads must be heads (or 0) */
+    int qkv_packed;                            /* nonzero: q points at [batch, seq, heads
+                                                  + 2 kv_heads, head_dim] from a QKV
+                                                  projection (q's heads, k's, v's); k and
+                                                  v are ignored; layout must be BLHD */
     float scale;                               /* 0 means 1/sqrt(head_dim) */
     stof_tune tune;
     int max_candidates;                        /* search budget; 0: no cap */
@@ -526,6 +526,95 @@ stof_status stof_layer_tune(stof_ctx *ctx, const stof_layer_desc *desc, const st
  * (with default parameters) and its attention's, for the context's arch. */
 stof_status stof_layer_prepare(stof_ctx *ctx, const stof_layer_desc *desc,
                                const stof_mask *mask);
+
+/* ---- Decoder layer (src/layer/decoder.c) ---------------------------------
+ * The pre-norm decoder block of Llama, Mistral and Qwen2 over x [batch, seq,
+ * hidden] (row-major, rows = batch * seq), causal:
+ *   h   = x + o_proj(attn(rope(q), rope(k), v)),  q, k, v = q/k/v_proj(RMSNorm1(x))
+ *   out = h + down_proj(silu(gate_proj(a)) * up_proj(a)),  a = RMSNorm2(h)
+ * RMSNorm(v) = v * rsqrt(mean(v^2) + eps) * weight, in fp32. RoPE in Hugging
+ * Face's rotate-half form, inv_freq = theta^(-2i / head_dim) computed in
+ * double (with Llama-3's frequency scaling where rope_factor is set, as HF's
+ * _compute_llama3_parameters), cos and sin in fp32. Attention has kv_heads
+ * K/V heads (GQA; query head h reads kv head h / (heads / kv_heads)) under
+ * the mask causal, or causal_window:window. The plan keeps its own copies
+ * of q/k/v_proj stacked ([q; k; v]) and of gate/up stacked, made once at
+ * create. Every group of operators (QKV projection; o_proj + residual;
+ * gate/up; down_proj + residual) runs the scheme a two-stage search chose
+ * for this shape, kept in the cache as the encoder layer's are. */
+typedef struct stof_decoder_desc {
+    int batch, seq;
+    int hidden, heads;          /* hidden == heads * head_dim */
+    int kv_heads;               /* 0 means heads; must divide heads */
+    int head_dim;               /* one of STOF_MHA_HEAD_DIMS */
+    int ffn_hidden;             /* the MLP's width (intermediate_size), > 0 */
+    stof_dtype dtype;           /* STOF_F16 or STOF_BF16: weights, x and out */
+    float eps;                  /* RMSNorm epsilon (rms_norm_eps); 0 means 1e-6 */
+    float rope_theta;           /* RoPE base, finite and > 0 (Llama-3: 500000) */
+    /* Llama-3 frequency scaling, off while rope_factor is 0; else factor
+     * >= 1, 0 < low_freq_factor < high_freq_factor, original_max_positions
+     * > 0 (Llama-3.1: 8, 1, 4, 8192). */
+    float rope_factor, rope_low_freq_factor, rope_high_freq_factor;
+    int rope_original_max_positions;
+    int window;                 /* 0: causal; W > 0: causal_window:W (Mistral's sliding window) */
+    int qkv_bias;               /* nonzero: q/k/v_proj have biases (Qwen2) */
+    stof_tune tune;             /* as for attention */
+    int max_candidates;         /* search budget per group; 0: no cap */
+    double max_seconds;         /* search budget for the whole layer; 0: no cap */
+} stof_decoder_desc;
+
+/* Device pointers in desc.dtype, Hugging Face's layouts ([out, in],
+ * row-major); 16-byte aligned. They are copied at create (the projections'
+ * and the biases') or read by every run (the rest: keep them valid while the
+ * plan lives). The biases only where desc.qkv_bias is set, else ignored. */
+typedef struct stof_decoder_weights {
+    const void *q_proj;                     /* [heads * head_dim, hidden] */
+    const void *k_proj, *v_proj;            /* [kv_heads * head_dim, hidden] */
+    const void *q_bias, *k_bias, *v_bias;   /* [heads * head_dim], [kv_heads * head_dim] x 2 */
+    const void *o_proj;                     /* [hidden, heads * head_dim] */
+    const void *gate_proj, *up_proj;        /* [ffn_hidden, hidden] */
+    const void *down_proj;                  /* [hidden, ffn_hidden] */
+    const void *input_layernorm;            /* [hidden] */
+    const void *post_attention_layernorm;   /* [hidden] */
+} stof_decoder_weights;
+
+typedef struct stof_decoder_plan stof_decoder_plan;
+
+/* Plans the layer (cache hit, or the model and the search on scratch
+ * buffers of its own) and copies the stacked weights. */
+stof_status stof_decoder_plan_create(stof_ctx *ctx, const stof_decoder_desc *desc,
+                                     const stof_decoder_weights *w, stof_decoder_plan **plan);
+
+/* Bytes of device workspace stof_decoder_run needs: batch * seq * (3 *
+ * hidden + max((heads + 2 kv_heads) * head_dim, 2 * ffn_hidden) +
+ * max(hidden, ffn_hidden)) elements of dtype, each of the four buffers
+ * rounded up to 256 bytes. */
+stof_status stof_decoder_workspace_size(const stof_decoder_plan *plan, size_t *bytes);
+
+/* out = layer(x); x and out [batch, seq, hidden], out not aliasing x.
+ * positions: NULL, then token t of each sequence stands at position
+ * offset + t; or a device array of batch * seq int32 positions, one per
+ * row (the varlen form; offset is then ignored). workspace: 256-byte
+ * aligned device memory of stof_decoder_workspace_size bytes. Streams,
+ * graphs and their reuse as stof_layer_run's (the offset is part of a
+ * graph's buffer set). */
+stof_status stof_decoder_run(stof_decoder_plan *plan, const void *x, void *out,
+                             const int *positions, int offset, void *workspace,
+                             stof_stream stream);
+
+/* The chosen scheme and parameters per group, their timings, the attention
+ * plan, the passes and whether the layer runs as a CUDA Graph. */
+stof_status stof_decoder_plan_describe(const stof_decoder_plan *plan, char *buf, size_t n);
+void stof_decoder_plan_free(stof_decoder_plan *plan);
+
+/* Plans the layer without weights, so that its record (and its
+ * attention's) lands in the cache. */
+stof_status stof_decoder_tune(stof_ctx *ctx, const stof_decoder_desc *desc);
+
+/* Compiles, with no GPU, the generated kernels the layer's schemes use
+ * (GEMMs with default parameters, RMSNorm, RoPE, SwiGLU) and its
+ * attention's, for the context's arch. */
+stof_status stof_decoder_prepare(stof_ctx *ctx, const stof_decoder_desc *desc);
 
 #ifdef __cplusplus
 }

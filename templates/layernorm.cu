@@ -1,11 +1,14 @@
-// layernorm.cu — fused bias + residual add + LayerNorm over rows x HIDDEN.
+// layernorm.cu — fused bias + residual add + LayerNorm (or RMSNorm) over
+// rows x HIDDEN.
 //
 // Tiling: a CTA of THREADS_PER_ROW * ROWS_PER_CTA threads; each group of
 // THREADS_PER_ROW consecutive threads owns one row and holds it in registers
 // (ITEMS vectors of VEC elements per thread), so the row is read once and
 // written once; out may alias x or residual (x and residual are therefore
 // not __restrict__). Mean, then the sum of squared deviations (two passes over
-// registers, not memory) for a variance that does not cancel.
+// registers, not memory) for a variance that does not cancel. RMSNorm (the
+// decoder layer's) is the same row with the mean held at zero and no beta:
+// out = v * rsqrt(mean(v^2) + eps) * gamma.
 //
 // Parameters:
 //   ELEM             storage type: float, stof_f16 or stof_bf16
@@ -19,12 +22,14 @@
 //   HAS_RESIDUAL     section flag: add residual[rows, HIDDEN]
 //   WRITE_SUM        section flag: also store x + bias + residual to sum_out
 //                    (a pre-LN layer keeps it as its residual stream)
+//   RMS              1: RMSNorm (no mean, beta unused and may be NULL)
 
 #define HIDDEN {{HIDDEN}}
 #define VEC {{VEC}}
 #define TPR {{THREADS_PER_ROW}}
 #define RPC {{ROWS_PER_CTA}}
 #define ITEMS {{ITEMS}}
+#define RMS {{RMS}}
 #define WARPS_PER_ROW (TPR > 32 ? TPR / 32 : 1)
 
 typedef {{ELEM}} elem_t;
@@ -102,7 +107,7 @@ stof_layernorm(const elem_t *x, const elem_t *__restrict__ bias,
                 sum += v[i][j];
         }
     }
-    const float mean = row_sum(sum, scratch) * (1.f / HIDDEN);
+    const float mean = RMS ? 0.f : row_sum(sum, scratch) * (1.f / HIDDEN);
 
     float sq = 0.f;
 #pragma unroll
@@ -122,9 +127,10 @@ stof_layernorm(const elem_t *x, const elem_t *__restrict__ bias,
     for (int i = 0; i < ITEMS; i++) {
         const int col = (i * TPR + lane) * VEC;
         if (active && col < HIDDEN) {
-            float g[VEC], b[VEC];
+            float g[VEC], b[VEC] = {};
             load_vec(gamma + col, g);
-            load_vec(beta + col, b);
+            if (!RMS)
+                load_vec(beta + col, b);
             vec_t t;
 #pragma unroll
             for (int j = 0; j < VEC; j++)

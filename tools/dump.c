@@ -306,13 +306,15 @@ static int arch_like(const char *a)
 
 static int known_filters(dump_cmd *d)
 {
-    static const char *const ops[] = {"layernorm", "mha", "layer", "layer-group", NULL};
+    static const char *const ops[] = {"layernorm", "mha", "layer", "layer-group", "decoder",
+                                      NULL};
     const char *op = d->a->op, *arch = d->a->arch;
     int ok = !op;
     for (const char *const *p = ops; op && *p && !ok; p++)
         ok = strcmp(*p, op) == 0;
     if (!ok && !cache_admin_has_op(d->c, op))
-        return cli_error(DUMP_PROG, "unknown op \"%s\" (known: layernorm, mha, layer, layer-group)",
+        return cli_error(DUMP_PROG,
+                         "unknown op \"%s\" (known: layernorm, mha, layer, layer-group, decoder)",
                          op);
     if (arch && !arch_like(arch))
         return cli_error(DUMP_PROG, "unknown arch \"%s\" (expected sm_NN, e.g. sm_90a)", arch);

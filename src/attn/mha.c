@@ -72,11 +72,6 @@ static stof_status check_desc(stof_ctx *ctx, const stof_mha_desc *d, const stof_
     if (d->qkv_packed && (d->layout != STOF_LAYOUT_BLHD || d->seq_q != d->seq_k))
         return CTX_FAIL(ctx, STOF_ERR_INVALID_ARG,
                         "desc.qkv_packed needs layout STOF_LAYOUT_BLHD and seq_q == seq_k");
-    if (d->qkv_packed && mha_kv_heads(d) != d->heads)
-        return CTX_FAIL(ctx, STOF_ERR_INVALID_ARG,
-                        "desc.qkv_packed holds as many K and V heads as Q heads: desc.kv_heads "
-                        "%d must be 0 or %d there",
-                        d->kv_heads, d->heads);
     if (!(d->scale >= 0.f) || isinf(d->scale))
         return CTX_FAIL(ctx, STOF_ERR_INVALID_ARG, "desc.scale must be finite and >= 0");
     if (!(d->softcap >= 0.f) || isinf(d->softcap))

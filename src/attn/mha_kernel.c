@@ -226,19 +226,24 @@ int mha_group(const stof_mha_desc *d)
 mha_strides mha_kernel_strides(const stof_mha_desc *d)
 {
     mha_strides s = {0};
+    /* Packed: a row holds q's heads, then k's and v's kv_heads each (GQA). */
+    const long long W = ((long long)d->heads + 2ll * mha_kv_heads(d)) * d->head_dim;
     for (int i = 0; i < 4; i++) {
         const int kv = i == 1 || i == 2;
         long long L = kv ? d->seq_k : d->seq_q, D = d->head_dim;
-        long long H = kv && !d->qkv_packed ? mha_kv_heads(d) : d->heads;
+        long long H = kv ? mha_kv_heads(d) : d->heads;
         if (d->qkv_packed && i < 3) {
-            s.s[i][0] = L * 3 * H * D, s.s[i][1] = D, s.s[i][2] = 3 * H * D;
+            s.s[i][0] = L * W, s.s[i][1] = D, s.s[i][2] = W;
         } else if (d->layout == STOF_LAYOUT_BLHD) {
             s.s[i][0] = L * H * D, s.s[i][1] = D, s.s[i][2] = H * D;
         } else {
             s.s[i][0] = H * L * D, s.s[i][1] = L * D, s.s[i][2] = D;
         }
     }
-    s.kv_offset = d->qkv_packed ? (long long)d->heads * d->head_dim : 0;
+    if (d->qkv_packed) {
+        s.k_offset = (long long)d->heads * d->head_dim;
+        s.v_offset = s.k_offset + (long long)mha_kv_heads(d) * d->head_dim;
+    }
     return s;
 }
 
@@ -338,8 +343,8 @@ stof_status mha_kernel_launch(stof_ctx *ctx, const stof_mha_desc *d, const mha_l
 {
     mha_strides s = mha_kernel_strides(d);
     if (d->qkv_packed) {
-        k = q + (CUdeviceptr)(s.kv_offset * 2);
-        v = q + (CUdeviceptr)(s.kv_offset * 4);
+        k = q + (CUdeviceptr)(s.k_offset * 2);
+        v = q + (CUdeviceptr)(s.v_offset * 2);
     }
     int lq = d->seq_q, lk = d->seq_k;
     float scale = d->scale > 0.f ? d->scale : 1.f / sqrtf((float)d->head_dim);

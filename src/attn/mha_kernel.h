@@ -111,7 +111,8 @@ typedef struct mha_maps {
 
 typedef struct mha_strides {
     long long s[4][3];   /* q, k, v, out: batch, head, row strides in elements */
-    long long kv_offset; /* packed QKV: k = q + offset, v = q + 2 * offset */
+    long long k_offset;  /* packed QKV: k = q + k_offset, v = q + v_offset (elements) */
+    long long v_offset;
 } mha_strides;
 
 /* Shared memory a block may opt in to: the device's, or an H100's where

@@ -94,7 +94,9 @@ static stof_status io_alloc(stof_ctx *ctx, const stof_mha_desc *d, search_io *io
 {
     memset(io, 0, sizeof *io);
     size_t bh = (size_t)d->batch * d->heads, D = (size_t)d->head_dim;
-    io->q_elems = bh * (size_t)d->seq_q * D * (d->qkv_packed ? 3 : 1);
+    io->q_elems = d->qkv_packed ? (size_t)d->batch * (d->heads + 2 * (size_t)mha_kv_heads(d)) *
+                                      (size_t)d->seq_q * D
+                                : bh * (size_t)d->seq_q * D;
     io->kv_elems = d->qkv_packed ? 0 : (size_t)d->batch * mha_kv_heads(d) * (size_t)d->seq_k * D;
     io->o_elems = bh * (size_t)d->seq_q * D;
     size_t set_bytes = 2 * (io->q_elems + 2 * io->kv_elems);
@@ -255,8 +257,8 @@ static stof_status cpu_check(stof_ctx *ctx, const stof_mha_desc *d, const mask_s
         st = CTX_FAIL(ctx, STOF_ERR_NO_MEMORY, "out of memory for the CPU check");
         goto done;
     }
-    const uint16_t *hk = d->qkv_packed ? io->hq + s.kv_offset : io->hk;
-    const uint16_t *hv = d->qkv_packed ? io->hq + 2 * s.kv_offset : io->hv;
+    const uint16_t *hk = d->qkv_packed ? io->hq + s.k_offset : io->hk;
+    const uint16_t *hv = d->qkv_packed ? io->hq + s.v_offset : io->hv;
     for (size_t r = 0; r < lq; r++)
         memcpy(q + r * D, io->hq + r * s.s[0][2], 2 * D);
     for (size_t r = 0; r < lk; r++) {

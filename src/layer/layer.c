@@ -11,7 +11,7 @@
 #include "base/strbuf.h"
 #include "base/util.h"
 #include "cache/cache.h"
-#include "gpu/timing.h"
+#include "layer/layer_graph.h"
 #include "layer/layer_group.h"
 #include "layer/layer_search.h"
 
@@ -64,15 +64,6 @@ void layer_shape_string(const stof_layer_desc *d, char *out, size_t n)
 
 /* ---- plans ------------------------------------------------------------------------ */
 
-/* A graph of the layer captured on one set of buffers. */
-#define LAYER_GRAPHS 4
-typedef struct layer_graph {
-    CUgraphExec exec;
-    const void *x, *out, *ws;
-    const int *lens;
-    unsigned long long used;      /* the plan's graph_clock at its last launch */
-} layer_graph;
-
 struct stof_layer_plan {
     stof_ctx *ctx;
     stof_layer_desc d;
@@ -86,13 +77,7 @@ struct stof_layer_plan {
     const char *origin;           /* "cache", "search", "model" */
     int group_record[LG_COUNT];   /* search: the group's choice came from its own record */
     int timed;                    /* candidates timed by the search */
-    /* Captured graphs, each with the buffers it was captured on, so that a
-     * caller rotating a few buffer sets replays instead of capturing again;
-     * a new set takes a free slot, else the least recently used. */
-    CUstream cap_stream;
-    layer_graph graphs[LAYER_GRAPHS];
-    unsigned long long graph_clock;
-    char graph_note[300];         /* why the graph was given up, if it was */
+    layer_graphs graphs;          /* captured per set of buffers */
 };
 
 /* The workspace: buffers of rows x width elements, each 256-byte aligned.
@@ -142,94 +127,6 @@ static stof_status forward(stof_layer_plan *p, const stof_layer_weights *w, CUde
                    p->blas_ws};
     return group_run(ctx, &p->ex[LG_FFN2], &f2, s);
 #undef D
-}
-
-static void drop_graph(stof_layer_plan *p, layer_graph *g)
-{
-    if (g->exec && jit_push(p->ctx) == STOF_OK) {
-        /* One still in flight is freed when it completes. */
-        p->ctx->dev.api.GraphExecDestroy(g->exec);
-        jit_pop(p->ctx);
-    }
-    memset(g, 0, sizeof *g);
-}
-
-static void drop_graphs(stof_layer_plan *p)
-{
-    for (int i = 0; i < LAYER_GRAPHS; i++)
-        drop_graph(p, &p->graphs[i]);
-}
-
-/* The graph captured on these buffers, or NULL. */
-static layer_graph *find_graph(stof_layer_plan *p, const void *x, const void *out, const int *lens,
-                               const void *ws)
-{
-    for (int i = 0; i < LAYER_GRAPHS; i++) {
-        layer_graph *g = &p->graphs[i];
-        if (g->exec && g->x == x && g->out == out && g->lens == lens && g->ws == ws) {
-            g->used = ++p->graph_clock;
-            return g;
-        }
-    }
-    return NULL;
-}
-
-/* Captures the layer on these buffers into a free slot or the least
- * recently used one, *slot. A new capture stream runs the layer once
- * first, uncaptured, after the work already queued on `after` (the
- * caller's stream): libraries set themselves up per stream on first use,
- * which a capture does not allow. */
-static stof_status capture(stof_layer_plan *p, const stof_layer_weights *w, CUdeviceptr x,
-                           CUdeviceptr out, const int *lens, CUdeviceptr ws, CUstream after,
-                           layer_graph **slot)
-{
-    stof_ctx *ctx = p->ctx;
-    layer_graph *g = &p->graphs[0];
-    for (int i = 1; i < LAYER_GRAPHS && g->exec; i++)
-        if (!p->graphs[i].exec || p->graphs[i].used < g->used)
-            g = &p->graphs[i];
-    drop_graph(p, g);
-    TRY(jit_push(ctx));
-    stof_status st = STOF_OK;
-    if (!p->cap_stream) {
-        CUevent ev = NULL;
-        st = CU(ctx, StreamCreate(&p->cap_stream, CU_STREAM_NON_BLOCKING));
-        if (st == STOF_OK)
-            st = CU(ctx, EventCreate(&ev, CU_EVENT_DISABLE_TIMING));
-        if (st == STOF_OK)
-            st = CU(ctx, EventRecord(ev, after));
-        if (st == STOF_OK)
-            st = CU(ctx, StreamWaitEvent(p->cap_stream, ev, 0));
-        if (st == STOF_OK)
-            st = forward(p, w, x, out, lens, ws, p->cap_stream);
-        if (st == STOF_OK)
-            st = CU(ctx, StreamSynchronize(p->cap_stream));
-        if (ev)
-            ctx->dev.api.EventDestroy(ev);
-    }
-    if (st == STOF_OK)
-        st = CU(ctx, StreamBeginCapture(p->cap_stream, CU_STREAM_CAPTURE_MODE_THREAD_LOCAL));
-    if (st == STOF_OK) {
-        st = forward(p, w, x, out, lens, ws, p->cap_stream);
-        CUgraph graph = NULL;
-        /* Ends the capture whatever happened; the first failure is the one told. */
-        CUresult r = ctx->dev.api.StreamEndCapture(p->cap_stream, &graph);
-        if (st == STOF_OK && r != CUDA_SUCCESS)
-            st = jit_cu_check(ctx, r, "StreamEndCapture", __FILE__, __LINE__);
-        if (st == STOF_OK)
-            st = CU(ctx, GraphInstantiate(&g->exec, graph, 0));
-        if (graph)
-            ctx->dev.api.GraphDestroy(graph);
-    }
-    jit_pop(ctx);
-    if (st != STOF_OK) {
-        g->exec = NULL;
-        return st;
-    }
-    *g = (layer_graph){g->exec, (void *)x, (void *)out, (void *)ws, lens, ++p->graph_clock};
-    ctx->stats.graph_captures++;
-    *slot = g;
-    return STOF_OK;
 }
 
 /* Scratch for timing whole layers: random weights, two inputs, workspace. */
@@ -282,24 +179,16 @@ static stof_status lscratch_alloc(stof_layer_plan *p, lscratch *s)
     return st;
 }
 
-typedef struct timed_layer {
+/* The layer on the search's scratch, run i on input set i % 2. */
+typedef struct scratch_run {
     stof_layer_plan *p;
     const lscratch *s;
-    CUgraphExec graph;            /* run_graph's */
-} timed_layer;
+} scratch_run;
 
-static stof_status run_plain(stof_ctx *ctx, void *arg, int i)
+static stof_status scratch_body(void *arg, int i, CUstream st)
 {
-    (void)ctx;
-    const timed_layer *t = arg;
-    return forward(t->p, &t->s->w, t->s->x[i % 2], t->s->out, NULL, t->s->ws, NULL);
-}
-
-static stof_status run_graph(stof_ctx *ctx, void *arg, int i)
-{
-    (void)i;
-    const timed_layer *t = arg;
-    return CU(ctx, GraphLaunch(t->graph, NULL));
+    const scratch_run *t = arg;
+    return forward(t->p, &t->s->w, t->s->x[i % 2], t->s->out, NULL, t->s->ws, st);
 }
 
 /* Times the whole layer with and without a CUDA Graph and keeps the faster. */
@@ -307,17 +196,9 @@ static stof_status choose_graph(stof_layer_plan *p)
 {
     lscratch s;
     TRY(lscratch_alloc(p, &s));
-    timed_layer t = {p, &s, NULL};
-    stof_status st = timing_median(p->ctx, run_plain, &t, &p->rec.plain_ms);
-    if (st == STOF_OK) {
-        layer_graph *g = NULL;
-        st = capture(p, &s.w, s.x[0], s.out, NULL, s.ws, NULL, &g);
-        if (st == STOF_OK) {
-            t.graph = g->exec;
-            st = timing_median(p->ctx, run_graph, &t, &p->rec.graph_ms);
-        }
-        drop_graphs(p);
-    }
+    scratch_run t = {p, &s};
+    stof_status st =
+        graphs_time(p->ctx, &p->graphs, scratch_body, &t, &p->rec.plain_ms, &p->rec.graph_ms);
     p->timed += 2;
     lscratch_free(p->ctx, &s);
     if (st == STOF_OK)
@@ -328,7 +209,7 @@ static stof_status choose_graph(stof_layer_plan *p)
 void layer_plan_force_graph(stof_layer_plan *p, int graph)
 {
     p->rec.graph = graph;
-    drop_graphs(p);
+    graphs_drop(p->ctx, &p->graphs);
 }
 
 /* Loads the groups' kernels, and the libraries' workspace (32 MiB) where a
@@ -515,6 +396,20 @@ stof_status stof_layer_workspace_size(const stof_layer_plan *p, size_t *bytes)
     return STOF_OK;
 }
 
+/* A run on the caller's buffers. */
+typedef struct run_args {
+    stof_layer_plan *p;
+    const int *lens;
+    CUdeviceptr x, out, ws;
+} run_args;
+
+static stof_status run_body(void *arg, int i, CUstream s)
+{
+    (void)i;
+    const run_args *a = arg;
+    return forward(a->p, &a->p->w, a->x, a->out, a->lens, a->ws, s);
+}
+
 stof_status stof_layer_run(stof_layer_plan *p, const void *x, void *out, const int *seq_lens,
                            void *workspace, stof_stream stream)
 {
@@ -531,27 +426,9 @@ stof_status stof_layer_run(stof_layer_plan *p, const void *x, void *out, const i
                         "x and out must be 16-byte aligned and workspace 256-byte aligned");
     if (x == out)
         return CTX_FAIL(ctx, STOF_ERR_INVALID_ARG, "out must not alias x");
-    if (!p->rec.graph)
-        return forward(p, &p->w, (CUdeviceptr)x, (CUdeviceptr)out, seq_lens,
-                       (CUdeviceptr)workspace, (CUstream)stream);
-    layer_graph *g = find_graph(p, x, out, seq_lens, workspace);
-    if (!g) {
-        stof_status st = capture(p, &p->w, (CUdeviceptr)x, (CUdeviceptr)out, seq_lens,
-                                 (CUdeviceptr)workspace, (CUstream)stream, &g);
-        if (st == STOF_ERR_CUDA) {
-            /* A layer that cannot be captured still runs, launch by launch. */
-            snprintf(p->graph_note, sizeof p->graph_note, "%.280s", ctx->err.msg);
-            p->rec.graph = 0;
-            ctx->err.msg[0] = 0;
-            return forward(p, &p->w, (CUdeviceptr)x, (CUdeviceptr)out, seq_lens,
-                           (CUdeviceptr)workspace, (CUstream)stream);
-        }
-        TRY(st);
-    }
-    TRY(jit_push(ctx));
-    stof_status st = CU(ctx, GraphLaunch(g->exec, (CUstream)stream));
-    jit_pop(ctx);
-    return st;
+    run_args a = {p, seq_lens, (CUdeviceptr)x, (CUdeviceptr)out, (CUdeviceptr)workspace};
+    const graph_key key = {x, out, seq_lens, workspace, 0};
+    return graphs_run(ctx, &p->graphs, &p->rec.graph, &key, run_body, &a, (CUstream)stream);
 }
 
 stof_status stof_layer_plan_describe(const stof_layer_plan *p, char *buf, size_t n)
@@ -567,8 +444,8 @@ stof_status stof_layer_plan_describe(const stof_layer_plan *p, char *buf, size_t
                   acts[p->d.activation], p->d.norm == STOF_POST_LN ? "post_ln" : "pre_ln",
                   dtype_name(p->d.dtype), p->origin, p->timed, p->rec.graph ? "yes" : "no",
                   p->rec.plain_ms, p->rec.graph_ms);
-    if (p->graph_note[0])
-        strbuf_printf(&b, "  graph capture failed, runs launch by launch: %s\n", p->graph_note);
+    if (p->graphs.note[0])
+        strbuf_printf(&b, "  graph capture failed, runs launch by launch: %s\n", p->graphs.note);
     for (int g = 0; g < LG_COUNT; g++) {
         const layer_choice *c = &p->rec.c[g];
         char params[64] = "-";
@@ -601,12 +478,9 @@ void stof_layer_plan_free(stof_layer_plan *p)
     stof_ctx *ctx = p->ctx;
     for (int g = 0; g < LG_COUNT; g++)
         group_free(ctx, &p->ex[g]);
-    drop_graphs(p);
-    if ((p->blas_ws || p->cap_stream) && jit_push(ctx) == STOF_OK) {
-        if (p->blas_ws)
-            ctx->dev.api.MemFree(p->blas_ws);
-        if (p->cap_stream)
-            ctx->dev.api.StreamDestroy(p->cap_stream);
+    graphs_free(ctx, &p->graphs);
+    if (p->blas_ws && jit_push(ctx) == STOF_OK) {
+        ctx->dev.api.MemFree(p->blas_ws);
         jit_pop(ctx);
     }
     stof_mha_plan_free(p->mha);

@@ -80,7 +80,9 @@ group_aux group_aux_of(const layer_group *g, layer_scheme s)
 {
     const gemm_epilogue *p = &g->epi;
     switch (s) {
-    case LS_BLAS: /* the GEMM alone: the whole epilogue follows */
+    case LS_BLAS: /* the GEMM alone: the whole epilogue follows, where there is one */
+        if (!p->ln && !p->bias && !p->residual && p->act == GEMM_ACT_NONE)
+            return (group_aux){0, 0, 0, 0};
         return p->ln ? (group_aux){1, 0, p->bias, p->residual}
                      : (group_aux){0, 1, p->bias, p->residual};
     case LS_LT: /* bias, residual and ReLU or tanh GELU inside; LN and erf GELU follow */
@@ -140,9 +142,12 @@ stof_status group_run(stof_ctx *ctx, const group_exec *e, const group_io *io, CU
         if (e->has_ln)
             return ln_launch(ctx, &e->ln, (void *)y, bias, res, (void *)io->gamma,
                              (void *)io->beta, (void *)io->out, (void *)io->sum_out, s);
+        if (!e->has_ba)
+            return STOF_OK;
         return ba_launch(ctx, &e->ba, g->m, (void *)y, bias, res, (void *)io->out, s);
     case LS_LT:
-        bg.epi = BLAS_EPI_BIAS;  /* any but NONE: the bias pointer is set */
+        /* Any but NONE sets the bias pointer: where the group has a bias. */
+        bg.epi = g->epi.bias ? BLAS_EPI_BIAS : BLAS_EPI_NONE;
         TRY(blas_lt_run(ctx, &e->lt, &bg, s));
         break;
     default: {

@@ -54,8 +54,12 @@ static double predict(const layer_group *g, layer_scheme s, const model_device *
     const double bw = md->mem_gbs;
     /* The elementwise rest reads the product (and the residual) and writes. */
     const double rest = 2 + g->epi.residual + g->epi.ln_sum;
+    const int bare = !g->epi.bias && !g->epi.residual && !g->epi.ln && g->epi.act == GEMM_ACT_NONE;
     switch (s) {
     case LS_BLAS:
+        /* A bare product (the decoder's gate/up) leaves no pass behind. */
+        if (bare)
+            return gemm_ms(g, lib, bw) + LAUNCH_MS;
         return gemm_ms(g, lib, bw) + pass_ms(g, rest, bw) + 2 * LAUNCH_MS;
     case LS_LT:
         if (g->epi.ln)
@@ -207,7 +211,8 @@ static stof_status reference_rows(stof_ctx *ctx, const layer_group *g, const gin
                     part[u] += (double)x[j + u] * wc[j + u];
             for (; j < k; j++)
                 part[0] += (double)x[j] * wc[j];
-            double a = dtype_load(t, in->b, c) + (part[0] + part[1]) + (part[2] + part[3]);
+            double a = (g->epi.bias ? dtype_load(t, in->b, c) : 0) + (part[0] + part[1]) +
+                       (part[2] + part[3]);
             switch (g->epi.act) {
             case GEMM_ACT_GELU: a = 0.5 * a * (1 + erf(a / sqrt(2.0))); break;
             case GEMM_ACT_GELU_TANH:

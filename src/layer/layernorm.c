@@ -72,7 +72,7 @@ static const char *elem(stof_dtype t)
 }
 
 static void make_request(const stof_ln_desc *d, const ln_config *c, int has_bias, int has_res,
-                         int write_sum, ln_request *r)
+                         int write_sum, int rms, ln_request *r)
 {
     const int nums[5] = {d->hidden, c->vec, c->threads_per_row, c->rows_per_cta, c->items};
     static const char *const names[5] = {"HIDDEN", "VEC", "THREADS_PER_ROW", "ROWS_PER_CTA", "ITEMS"};
@@ -86,25 +86,48 @@ static void make_request(const stof_ln_desc *d, const ln_config *c, int has_bias
     r->vars[8] = (render_var){"HAS_BIAS", has_bias ? "1" : "0"};
     r->vars[9] = (render_var){"HAS_RESIDUAL", has_res ? "1" : "0"};
     r->vars[10] = (render_var){"WRITE_SUM", write_sum ? "1" : "0"};
-    r->req = (jit_request){"layernorm", "layernorm.cu", "stof_layernorm", r->vars, 11, NULL};
+    /* Last, so that the recorded parameters of LayerNorm kernels start as
+     * they did before RMSNorm joined. */
+    r->vars[11] = (render_var){"RMS", rms ? "1" : "0"};
+    r->req = (jit_request){"layernorm", "layernorm.cu", "stof_layernorm", r->vars, 12, NULL};
 }
 
 void ln_make_request(const stof_ln_desc *desc, int align_bytes, int has_bias, int has_residual,
                      int write_sum, ln_request *r)
 {
     ln_config c = ln_choose(desc->hidden, desc->dtype, align_bytes);
-    make_request(desc, &c, has_bias, has_residual, write_sum, r);
+    make_request(desc, &c, has_bias, has_residual, write_sum, 0, r);
 }
 
-stof_status ln_prepare(stof_ctx *ctx, const stof_ln_desc *desc, int align_bytes, int has_bias,
-                       int has_residual, int write_sum, char *key)
+void ln_rms_make_request(const stof_ln_desc *desc, int align_bytes, int has_residual,
+                         int write_sum, ln_request *r)
+{
+    ln_config c = ln_choose(desc->hidden, desc->dtype, align_bytes);
+    make_request(desc, &c, 0, has_residual, write_sum, 1, r);
+}
+
+static stof_status prepare(stof_ctx *ctx, const stof_ln_desc *desc, int align_bytes, int has_bias,
+                           int has_residual, int write_sum, int rms, char *key)
 {
     if (!ctx)
         return STOF_ERR_INVALID_ARG;
     TRY(check(ctx, desc));
     ln_request r;
-    ln_make_request(desc, align_bytes, has_bias, has_residual, write_sum, &r);
+    ln_config c = ln_choose(desc->hidden, desc->dtype, align_bytes);
+    make_request(desc, &c, has_bias, has_residual, write_sum, rms, &r);
     return jit_prepare(ctx, &r.req, key, NULL);
+}
+
+stof_status ln_prepare(stof_ctx *ctx, const stof_ln_desc *desc, int align_bytes, int has_bias,
+                       int has_residual, int write_sum, char *key)
+{
+    return prepare(ctx, desc, align_bytes, has_bias, has_residual, write_sum, 0, key);
+}
+
+stof_status ln_rms_prepare(stof_ctx *ctx, const stof_ln_desc *desc, int align_bytes,
+                           int has_residual, int write_sum, char *key)
+{
+    return prepare(ctx, desc, align_bytes, 0, has_residual, write_sum, 1, key);
 }
 
 stof_status stof_bias_residual_layernorm_prepare(stof_ctx *ctx, const stof_ln_desc *desc)
@@ -113,15 +136,27 @@ stof_status stof_bias_residual_layernorm_prepare(stof_ctx *ctx, const stof_ln_de
     return ln_prepare(ctx, desc, 16, 1, 1, 0, NULL);
 }
 
-stof_status ln_load(stof_ctx *ctx, const stof_ln_desc *desc, int align_bytes, int has_bias,
-                    int has_residual, int write_sum, ln_kernel *k)
+static stof_status load(stof_ctx *ctx, const stof_ln_desc *desc, int align_bytes, int has_bias,
+                        int has_residual, int write_sum, int rms, ln_kernel *k)
 {
     k->c = ln_choose(desc->hidden, desc->dtype, align_bytes);
     k->rows = desc->rows;
     k->eps = desc->eps > 0.f ? desc->eps : 1e-5f;
     ln_request r;
-    make_request(desc, &k->c, has_bias, has_residual, write_sum, &r);
+    make_request(desc, &k->c, has_bias, has_residual, write_sum, rms, &r);
     return jit_get(ctx, &r.req, &k->fn, NULL, NULL);
+}
+
+stof_status ln_load(stof_ctx *ctx, const stof_ln_desc *desc, int align_bytes, int has_bias,
+                    int has_residual, int write_sum, ln_kernel *k)
+{
+    return load(ctx, desc, align_bytes, has_bias, has_residual, write_sum, 0, k);
+}
+
+stof_status ln_rms_load(stof_ctx *ctx, const stof_ln_desc *desc, int align_bytes,
+                        int has_residual, int write_sum, ln_kernel *k)
+{
+    return load(ctx, desc, align_bytes, 0, has_residual, write_sum, 1, k);
 }
 
 stof_status ln_launch(stof_ctx *ctx, const ln_kernel *k, const void *x, const void *bias,
@@ -140,9 +175,11 @@ stof_status ln_launch(stof_ctx *ctx, const ln_kernel *k, const void *x, const vo
     return st;
 }
 
-stof_status ln_run(stof_ctx *ctx, const stof_ln_desc *desc, const void *x, const void *bias,
-                   const void *residual, const void *gamma, const void *beta, void *out,
-                   void *sum_out, stof_stream stream)
+/* ln_run and ln_rms_run: gamma is named `name_g` in messages; RMSNorm has
+ * no bias and no beta. */
+static stof_status run(stof_ctx *ctx, const stof_ln_desc *desc, const void *x, const void *bias,
+                       const void *residual, const void *gamma, const void *beta, void *out,
+                       void *sum_out, int rms, const char *name_g, stof_stream stream)
 {
     if (!ctx)
         return STOF_ERR_INVALID_ARG;
@@ -151,8 +188,8 @@ stof_status ln_run(stof_ctx *ctx, const stof_ln_desc *desc, const void *x, const
     TRY(check_ptr(ctx, x, "x", es, 0));
     TRY(check_ptr(ctx, bias, "bias", es, 1));
     TRY(check_ptr(ctx, residual, "residual", es, 1));
-    TRY(check_ptr(ctx, gamma, "gamma", es, 0));
-    TRY(check_ptr(ctx, beta, "beta", es, 0));
+    TRY(check_ptr(ctx, gamma, name_g, es, 0));
+    TRY(check_ptr(ctx, beta, "beta", es, rms));
     TRY(check_ptr(ctx, out, "out", es, 0));
     TRY(check_ptr(ctx, sum_out, "sum_out", es, 1));
     TRY(ctx_need_device(ctx));
@@ -163,8 +200,22 @@ stof_status ln_run(stof_ctx *ctx, const stof_ln_desc *desc, const void *x, const
     while (align > es && all % (uintptr_t)align)
         align /= 2;
     ln_kernel k;
-    TRY(ln_load(ctx, desc, align, bias != NULL, residual != NULL, sum_out != NULL, &k));
+    TRY(load(ctx, desc, align, bias != NULL, residual != NULL, sum_out != NULL, rms, &k));
     return ln_launch(ctx, &k, x, bias, residual, gamma, beta, out, sum_out, (CUstream)stream);
+}
+
+stof_status ln_run(stof_ctx *ctx, const stof_ln_desc *desc, const void *x, const void *bias,
+                   const void *residual, const void *gamma, const void *beta, void *out,
+                   void *sum_out, stof_stream stream)
+{
+    return run(ctx, desc, x, bias, residual, gamma, beta, out, sum_out, 0, "gamma", stream);
+}
+
+stof_status ln_rms_run(stof_ctx *ctx, const stof_ln_desc *desc, const void *x,
+                       const void *residual, const void *weight, void *out, void *sum_out,
+                       stof_stream stream)
+{
+    return run(ctx, desc, x, NULL, residual, weight, NULL, out, sum_out, 1, "weight", stream);
 }
 
 stof_status stof_bias_residual_layernorm(stof_ctx *ctx, const stof_ln_desc *desc, const void *x,

@@ -1,7 +1,9 @@
 /*
- * layernorm — the fused bias + residual + LayerNorm operator: checks its
- * arguments, picks the template's parameters for the shape and alignment,
- * and launches the kernel through jit.
+ * layernorm — the fused bias + residual + LayerNorm operator, and RMSNorm
+ * (the decoder layer's, the same kernel with the mean held at zero and no
+ * bias or beta: the ln_rms_* calls): checks its arguments, picks the
+ * template's parameters for the shape and alignment, and launches the
+ * kernel through jit.
  */
 #ifndef STOF_LAYERNORM_H
 #define STOF_LAYERNORM_H
@@ -56,6 +58,20 @@ stof_status ln_load(stof_ctx *ctx, const stof_ln_desc *desc, int align_bytes, in
 stof_status ln_launch(stof_ctx *ctx, const ln_kernel *k, const void *x, const void *bias,
                       const void *residual, const void *gamma, const void *beta, void *out,
                       void *sum_out, CUstream stream);
+
+/* RMSNorm: out = v * rsqrt(mean(v^2) + eps) * weight with v = x + residual
+ * (residual may be NULL), v stored to sum_out when not NULL (the pre-norm
+ * block's "add, then norm"); math in fp32, desc.eps 0 meaning 1e-5. Its
+ * kernels launch through ln_launch with bias and beta NULL. */
+void ln_rms_make_request(const stof_ln_desc *desc, int align_bytes, int has_residual,
+                         int write_sum, ln_request *r);
+stof_status ln_rms_prepare(stof_ctx *ctx, const stof_ln_desc *desc, int align_bytes,
+                           int has_residual, int write_sum, char *key);
+stof_status ln_rms_load(stof_ctx *ctx, const stof_ln_desc *desc, int align_bytes,
+                        int has_residual, int write_sum, ln_kernel *k);
+stof_status ln_rms_run(stof_ctx *ctx, const stof_ln_desc *desc, const void *x,
+                       const void *residual, const void *weight, void *out, void *sum_out,
+                       stof_stream stream);
 
 /* stof_bias_residual_layernorm that also stores x + bias + residual to
  * sum_out (when not NULL). */

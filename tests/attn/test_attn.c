@@ -694,16 +694,16 @@ START_TEST(bad_arguments_before_the_device)
           .layout = 7}, STOF_ERR_INVALID_ARG, "layout"},
         {{.batch = 2, .heads = 2, .seq_q = 256, .seq_k = 256, .head_dim = 64, .dtype = STOF_F16,
           .scale = -1}, STOF_ERR_INVALID_ARG, "scale"},
-        /* grouped KV heads: a divisor of heads, and none with packed QKV */
+        /* grouped KV heads: a divisor of heads, packed QKV or not */
         {{.batch = 2, .heads = 8, .seq_q = 256, .seq_k = 256, .head_dim = 64, .dtype = STOF_F16,
           .kv_heads = 3}, STOF_ERR_INVALID_ARG, "desc.kv_heads 3"},
         {{.batch = 2, .heads = 2, .seq_q = 256, .seq_k = 256, .head_dim = 64, .dtype = STOF_F16,
           .kv_heads = 4}, STOF_ERR_INVALID_ARG, "desc.kv_heads 4"},
         {{.batch = 2, .heads = 2, .seq_q = 256, .seq_k = 256, .head_dim = 64, .dtype = STOF_F16,
           .kv_heads = -1}, STOF_ERR_INVALID_ARG, "desc.kv_heads -1"},
-        {{.batch = 2, .heads = 2, .seq_q = 256, .seq_k = 256, .head_dim = 64, .dtype = STOF_F16,
-          .layout = STOF_LAYOUT_BLHD, .qkv_packed = 1, .kv_heads = 1},
-         STOF_ERR_INVALID_ARG, "qkv_packed holds as many K and V heads as Q heads: desc.kv_heads"},
+        {{.batch = 2, .heads = 8, .seq_q = 256, .seq_k = 256, .head_dim = 64, .dtype = STOF_F16,
+          .layout = STOF_LAYOUT_BLHD, .qkv_packed = 1, .kv_heads = 3},
+         STOF_ERR_INVALID_ARG, "desc.kv_heads 3 must be 0 or divide desc.heads 8"},
         /* the softcap: 0 (off) or finite and positive */
         {{.batch = 2, .heads = 2, .seq_q = 256, .seq_k = 256, .head_dim = 64, .dtype = STOF_F16,
           .softcap = -30}, STOF_ERR_INVALID_ARG, "desc.softcap"},
@@ -742,6 +742,10 @@ START_TEST(bad_arguments_before_the_device)
     if (!has) {
         ck_assert_int_eq(stof_mha_plan_create(ctx, &ok, m, &p), STOF_ERR_NO_DEVICE);
         ck_assert_ptr_nonnull(strstr(stof_last_error(ctx), "GPU"));
+        /* packed QKV with grouped KV heads ([B, L, H + 2 KVH, D]) passes the checks */
+        stof_mha_desc gqa = ok;
+        gqa.layout = STOF_LAYOUT_BLHD, gqa.qkv_packed = 1, gqa.kv_heads = 1;
+        ck_assert_int_eq(stof_mha_plan_create(ctx, &gqa, m, &p), STOF_ERR_NO_DEVICE);
     }
     stof_mask_free(m);
     stof_close(ctx);

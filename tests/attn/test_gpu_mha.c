@@ -95,7 +95,9 @@ static double run_case(const mcase *c, uint64_t salt)
     size_t KVH = case_mods.kv ? (size_t)case_mods.kv : H;
     size_t nq = B * H * c->lq * D, nk = B * KVH * c->lk * D;
     uint16_t *q = malloc(2 * nq), *k = malloc(2 * nk), *v = malloc(2 * nk), *out = malloc(2 * nq);
-    uint16_t *packed = c->packed ? malloc(2 * 3 * nq) : NULL;
+    /* Packed rows: q's H heads, then k's and v's KVH heads each. */
+    const size_t W = (H + 2 * KVH) * D, npk = B * (size_t)c->lq * W;
+    uint16_t *packed = c->packed ? malloc(2 * npk) : NULL;
     double *ref = malloc(sizeof(double) * nq);
     ck_assert(q && k && v && out && ref && (!c->packed || packed));
     random_fill(&r, c->dtype, q, nq);
@@ -104,12 +106,14 @@ static double run_case(const mcase *c, uint64_t salt)
     int lens[64];
     for (int b = 0; b < c->batch; b++)
         lens[b] = c->lens ? test_rng_int(&r, 1, c->lq) : c->lq;
-    if (c->packed) /* [B, L, 3, H, D] from the BLHD tensors */
+    if (c->packed) /* [B, L, H + 2 KVH, D] from the BLHD tensors */
         for (size_t b = 0; b < B; b++)
-            for (size_t l = 0; l < (size_t)c->lq; l++)
-                for (int w = 0; w < 3; w++)
-                    memcpy(packed + (((b * c->lq + l) * 3 + w) * H) * D,
-                           (w == 0 ? q : w == 1 ? k : v) + (b * c->lq + l) * H * D, 2 * H * D);
+            for (size_t l = 0; l < (size_t)c->lq; l++) {
+                uint16_t *row = packed + (b * c->lq + l) * W;
+                memcpy(row, q + (b * c->lq + l) * H * D, 2 * H * D);
+                memcpy(row + H * D, k + (b * c->lq + l) * KVH * D, 2 * KVH * D);
+                memcpy(row + (H + KVH) * D, v + (b * c->lq + l) * KVH * D, 2 * KVH * D);
+            }
 
     /* The modifiers' tables: slopes of 1/64 to 1/2, biases of -2 to 2. */
     const smods sm = case_smods;
@@ -141,7 +145,7 @@ static double run_case(const mcase *c, uint64_t salt)
     }
     ck_assert_msg(st == STOF_OK, "plan %s: %s", c->spec, stof_last_error(ctx));
     case_walks = mask_summaries_made() - walks;
-    CUdeviceptr dq = upload(ctx, c->packed ? (void *)packed : (void *)q, 2 * nq * (c->packed ? 3 : 1));
+    CUdeviceptr dq = upload(ctx, c->packed ? (void *)packed : (void *)q, 2 * (c->packed ? npk : nq));
     CUdeviceptr dk = c->packed ? 0 : upload(ctx, k, 2 * nk), dv = c->packed ? 0 : upload(ctx, v, 2 * nk);
     CUdeviceptr dout = upload(ctx, NULL, 2 * nq);
     CUdeviceptr dlens = c->lens ? upload(ctx, lens, sizeof(int) * B) : 0;
@@ -518,6 +522,12 @@ static const struct {
     {{"causal_window:256", 2, 8, 1000, 1000, 64, STOF_F16, STOF_LAYOUT_BHLD, 0, 0, ATTN_BLOCK, 192, 128, 1, 0, MHA_WS, 3}, {2, 0, 0}},
     {{"window:256+strided:8", 2, 8, 1000, 1000, 64, STOF_BF16, STOF_LAYOUT_BLHD, 0, 1, ATTN_GATHER, 128, 128, 1, 0, MHA_WS, 3}, {2, 0, 0}},
     {{"dilated:256:2", 2, 8, 1024, 1024, 128, STOF_F16, STOF_LAYOUT_BHLD, 0, 0, ATTN_GATHER, 128, 128, 1, 0, MHA_WS, 2}, {1, 0, 0}},
+    /* GQA from one packed QKV projection, [B, L, H + 2 KVH, D] (the decoder layer's) */
+    {{"causal", 2, 8, 377, 377, 64, STOF_F16, STOF_LAYOUT_BLHD, 1, 0, ATTN_BLOCK, 64, 64, 1, 0, 0, 0}, {2, 0, 0}},
+    {{"causal_window:96", 1, 8, 301, 301, 128, STOF_BF16, STOF_LAYOUT_BLHD, 1, 1, ATTN_BLOCK, 128, 64, 1, 0, 1, 3}, {2, 0, 0}},
+    {{"causal", 2, 8, 1000, 1000, 128, STOF_BF16, STOF_LAYOUT_BLHD, 1, 0, ATTN_BLOCK, 128, 128, 1, 0, MHA_WS, 2}, {2, 0, 0}},
+    {{"causal_window:256", 1, 8, 1000, 1000, 64, STOF_F16, STOF_LAYOUT_BLHD, 1, 0, ATTN_GATHER, 128, 128, 1, 0, MHA_WS, 3}, {1, 0, 0}},
+    {{"causal", 1, 8, 1000, 1000, 128, STOF_BF16, STOF_LAYOUT_BLHD, 1, 0, -1, 0, 0, 0, 0, 0, 0}, {2, 0, 0}},
     /* a KV prefix: 257 queries after 743 keys of context */
     {{"causal", 2, 4, 257, 1000, 64, STOF_F16, STOF_LAYOUT_BHLD, 0, 0, ATTN_BLOCK, 64, 64, 1, 0, 0, 0}, {0, 0, 0}},
     {{"causal_window:128", 2, 4, 257, 1000, 64, STOF_BF16, STOF_LAYOUT_BLHD, 0, 0, ATTN_GATHER, 64, 64, 1, 0, 0, 0}, {0, 0, 0}},

@@ -3,7 +3,8 @@
  * kernel against a double-precision CPU reference computed from the very
  * values stored on the device, for every dtype over many row lengths and row
  * counts, with and without bias and residual, out aliasing an input, and
- * pointers misaligned by whole elements. Every device buffer sits between
+ * pointers misaligned by whole elements; RMSNorm (the same kernel's decoder
+ * form) with and without the residual and the stored sum. Every device buffer sits between
  * poisoned guard bytes (0xFF, a NaN in every dtype) and outputs start
  * poisoned, so an element left unwritten or written out of bounds fails.
  * The runner adds this suite only where a GPU is usable.
@@ -96,10 +97,11 @@ static void dfree(stof_ctx *ctx, dbuf *d)
 
 /* ---- reference ---------------------------------------------------------- */
 
-/* LayerNorm in double over the stored values. */
+/* LayerNorm in double over the stored values; with rms, RMSNorm (no mean,
+ * no beta). sum (may be NULL) receives the normalized row's input. */
 static void ref_layernorm(stof_dtype t, int rows, int hidden, const void *x, const void *bias,
                           const void *res, const void *gamma, const void *beta, double eps,
-                          double *out)
+                          int rms, double *out, double *sum)
 {
     double *v = malloc(sizeof(double) * (size_t)hidden);
     ck_assert_ptr_nonnull(v);
@@ -113,15 +115,17 @@ static void ref_layernorm(stof_dtype t, int rows, int hidden, const void *x, con
             if (bias)
                 v[i] += dtype_load(t, bias, (size_t)i);
             mean += v[i];
+            if (sum)
+                sum[base + (size_t)i] = v[i];
         }
-        mean /= hidden;
+        mean = rms ? 0 : mean / hidden;
         for (int i = 0; i < hidden; i++)
             var += (v[i] - mean) * (v[i] - mean);
         var /= hidden;
         double rstd = 1 / sqrt(var + eps);
         for (int i = 0; i < hidden; i++)
             out[base + (size_t)i] = (v[i] - mean) * rstd * dtype_load(t, gamma, (size_t)i) +
-                                    dtype_load(t, beta, (size_t)i);
+                                    (rms ? 0 : dtype_load(t, beta, (size_t)i));
     }
     free(v);
 }
@@ -154,6 +158,8 @@ typedef struct ln_case {
     int offset;       /* elements every pointer is moved by */
     int out_offset;   /* elements only out is moved by (after offset) */
     float eps;        /* 0: the default 1e-5 */
+    int rms;          /* RMSNorm through ln_rms_run (bias must be 0) */
+    int sum;          /* with rms: also store x + residual to sum_out */
 } ln_case;
 
 static void fill(test_rng *r, stof_dtype t, void *p, size_t n, double lo, double hi)
@@ -171,8 +177,9 @@ static double run_case(stof_ctx *ctx, const ln_case *c, uint64_t salt, void *out
     test_rng r = test_rng_make(salt);
     unsigned char *x = malloc(n * es), *res = malloc(n * es), *out = malloc(n * es);
     unsigned char *bias = malloc(h * es), *g = malloc(h * es), *b = malloc(h * es);
-    double *ref = malloc(n * sizeof(double));
-    ck_assert(x && res && out && bias && g && b && ref);
+    double *ref = malloc(n * sizeof(double)), *ref_sum = malloc(n * sizeof(double));
+    ck_assert(x && res && out && bias && g && b && ref && ref_sum);
+    ck_assert(!c->rms || !c->bias);
     /* Rows with their own offset and scale, so the mean matters. */
     for (int row = 0; row < c->rows; row++) {
         double shift = 4 * test_rng_uniform(&r) - 2, scale = 0.25 + 2 * test_rng_uniform(&r);
@@ -184,12 +191,12 @@ static double run_case(stof_ctx *ctx, const ln_case *c, uint64_t salt, void *out
     fill(&r, c->t, b, h, -0.5, 0.5);
     double eps = c->eps > 0 ? c->eps : 1e-5;
     ref_layernorm(c->t, c->rows, c->hidden, x, c->bias ? bias : NULL, c->res ? res : NULL, g, b, eps,
-                  ref);
+                  c->rms, ref, ref_sum);
 
     const size_t off = (size_t)c->offset * es;
     dbuf dx = dnew(ctx, n * es, off), dres = dnew(ctx, n * es, off), dbias = dnew(ctx, h * es, off);
     dbuf dg = dnew(ctx, h * es, off), db = dnew(ctx, h * es, off);
-    dbuf dout = {0};
+    dbuf dout = {0}, dsum = c->sum ? dnew(ctx, n * es, off) : (dbuf){0};
     dput(ctx, &dx, x);
     dput(ctx, &dres, res);
     dput(ctx, &dbias, bias);
@@ -210,16 +217,31 @@ static double run_case(stof_ctx *ctx, const ln_case *c, uint64_t salt, void *out
         out_buf = &dout;
     }
     stof_ln_desc d = {.rows = c->rows, .hidden = c->hidden, .dtype = c->t, .eps = c->eps};
-    stof_status st = stof_bias_residual_layernorm(ctx, &d, dptr(&dx), c->bias ? dptr(&dbias) : NULL,
-                                                  c->res ? dptr(&dres) : NULL, dptr(&dg), dptr(&db),
-                                                  out_ptr, NULL);
-    check_st(ctx, st, "stof_bias_residual_layernorm");
+    stof_status st;
+    if (c->rms) {
+        st = ln_rms_run(ctx, &d, dptr(&dx), c->res ? dptr(&dres) : NULL, dptr(&dg), out_ptr,
+                        c->sum ? dptr(&dsum) : NULL, NULL);
+        check_st(ctx, st, "ln_rms_run");
+    } else {
+        st = stof_bias_residual_layernorm(ctx, &d, dptr(&dx), c->bias ? dptr(&dbias) : NULL,
+                                          c->res ? dptr(&dres) : NULL, dptr(&dg), dptr(&db),
+                                          out_ptr, NULL);
+        check_st(ctx, st, "stof_bias_residual_layernorm");
+    }
+    if (c->sum) {
+        /* The stored sum is x + residual rounded once to the dtype. */
+        dget(ctx, &dsum, out);
+        double se = rel_l2(c->t, out, ref_sum, n);
+        ck_assert_msg(se <= tolerance(c->t) / 2, "%s rows %d hidden %d: sum_out rel L2 %.3g",
+                      dtype_name(c->t), c->rows, c->hidden, se);
+    }
     dget(ctx, out_buf, out);
     double err = rel_l2(c->t, out, ref, n);
     ck_assert_msg(err <= tolerance(c->t),
-                  "%s rows %d hidden %d bias %d residual %d alias %d offset %d/%d: rel L2 %.3g > %.1g",
-                  dtype_name(c->t), c->rows, c->hidden, c->bias, c->res, c->alias, c->offset,
-                  c->out_offset, err, tolerance(c->t));
+                  "%s%s rows %d hidden %d bias %d residual %d alias %d offset %d/%d: "
+                  "rel L2 %.3g > %.1g", c->rms ? "RMSNorm " : "", dtype_name(c->t), c->rows,
+                  c->hidden, c->bias, c->res, c->alias, c->offset, c->out_offset, err,
+                  tolerance(c->t));
     /* The inputs that were not the output are untouched. */
     if (c->alias != 1) {
         dget(ctx, &dx, out);
@@ -227,10 +249,10 @@ static double run_case(stof_ctx *ctx, const ln_case *c, uint64_t salt, void *out
     }
     if (out_host)
         dget(ctx, out_buf, out_host);
-    dbuf *all[] = {&dx, &dres, &dbias, &dg, &db, &dout};
-    for (int i = 0; i < 6; i++)
+    dbuf *all[] = {&dx, &dres, &dbias, &dg, &db, &dout, &dsum};
+    for (int i = 0; i < 7; i++)
         dfree(ctx, all[i]);
-    free(x); free(res); free(out); free(bias); free(g); free(b); free(ref);
+    free(x); free(res); free(out); free(bias); free(g); free(b); free(ref); free(ref_sum);
     return err;
 }
 
@@ -258,6 +280,32 @@ START_TEST(test_sizes)
     }
     printf("gpu_layernorm: %s: %d cases, worst rel L2 %.3g (limit %.1g)\n", dtype_name(t), cases,
            worst, tolerance(t));
+    stof_close(ctx);
+}
+END_TEST
+
+/* RMSNorm: row lengths up to 16384 (odd ones too), each residual / sum
+ * combination, out aliasing x, pointers moved by an element. */
+START_TEST(test_rmsnorm)
+{
+    const stof_dtype t = TYPES[_i];
+    const int hidden[] = {1, 33, 1000, 1002, 2048, 4096, 8192, 16384};
+    stof_ctx *ctx = open_gpu(&(stof_options){.cache_path = shared_cache});
+    double worst = 0;
+    int cases = 0;
+    for (int hi = 0; hi < (int)(sizeof hidden / sizeof hidden[0]); hi++) {
+        for (int k = 0; k < 6; k++) {
+            ln_case c = {.t = t, .hidden = hidden[hi], .rows = k == 4 ? 1 : k == 5 ? 1001 : 7,
+                         .res = k != 0, .sum = k >= 2, .alias = k == 3, .offset = k == 5,
+                         .eps = k == 1 ? 1e-6f : 0.f, .rms = 1};
+            double e = run_case(ctx, &c, 0xa00 + (uint64_t)(hi * 16 + k) + 1000 * (uint64_t)t,
+                                NULL);
+            worst = e > worst ? e : worst;
+            cases++;
+        }
+    }
+    printf("gpu_layernorm: RMSNorm %s: %d cases, worst rel L2 %.3g (limit %.1g)\n",
+           dtype_name(t), cases, worst, tolerance(t));
     stof_close(ctx);
 }
 END_TEST
@@ -417,6 +465,7 @@ Suite *suite_gpu_layernorm(void)
     TCase *tc = tcase_create("gpu_layernorm");
     tcase_add_unchecked_fixture(tc, shared_cache_setup, shared_cache_teardown);
     tcase_add_loop_test(tc, test_sizes, 0, 3);
+    tcase_add_loop_test(tc, test_rmsnorm, 0, 3);
     tcase_add_loop_test(tc, test_many_rows, 0, 3);
     tcase_add_loop_test(tc, test_aliasing, 0, 3);
     tcase_add_loop_test(tc, test_misaligned, 0, 3);

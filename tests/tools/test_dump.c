@@ -316,6 +316,10 @@ START_TEST(test_list)
     free(out);
     ck_assert_int_eq(dump(&out, f.cache, "list --op bogus"), 2);
     ck_assert_ptr_nonnull(strstr(out, "unknown op \"bogus\""));
+    ck_assert_ptr_nonnull(strstr(out, "decoder"));
+    free(out);
+    /* the decoder layer's records are an op stof-dump knows, none here yet */
+    ck_assert_int_eq(dump(&out, f.cache, "tuning --op decoder"), 0);
     free(out);
     ck_assert_int_eq(dump(&out, f.cache, "list --arch hopper"), 2);
     ck_assert_ptr_nonnull(strstr(out, "unknown arch \"hopper\""));
