@@ -30,7 +30,6 @@ peak. Writes a markdown table under bench/results/ (and $OUT) named by device.
     PYTHONPATH=python STOF_LIB=build/libstof.so python3 bench/peers_llm.py \
         [--workload FILE] [--case SUBSTR]... [--peers a,b,...] [--kind prefill|decode]
     python3 bench/peers_llm.py --dry-run      # the cases, on any machine (no torch)
-    python3 bench/peers_llm.py --warm-lines   # stof-warm --mha lines of what stof runs
 """
 import argparse
 import datetime
@@ -58,7 +57,12 @@ REF_ELEMS = 1 << 28       # float32 scores the reference holds at once (1 GiB)
 
 
 def _term(spec):
-    name, _, arg = spec.partition(":")
+    """(name, W) of the spec's attention term: causal, dense or causal_window:W,
+    which a docs:L1,L2,... term may follow ('&': within each document)."""
+    base, _, rest = spec.partition("&")
+    name, _, arg = base.partition(":")
+    if rest and not (rest.startswith("docs:") and _docs(spec)):
+        raise ValueError("mask %r: only a docs:L1,L2,... term may follow '&'" % spec)
     if name in ("causal", "dense") and not arg:
         return name, 0
     if name == "causal_window" and arg.isdigit() and int(arg) > 0:
@@ -66,45 +70,52 @@ def _term(spec):
     raise ValueError("mask %r: llm.json's cases take causal, dense or causal_window:W" % spec)
 
 
+def _docs(spec):
+    """The document lengths of a spec's docs term, else None."""
+    _, _, rest = spec.partition("&docs:")
+    lens = rest.split(",") if rest else []
+    return [int(x) for x in lens] if lens and all(x.isdigit() for x in lens) else None
+
+
+def _case(kind, s, m, spec, b, lq, lk):
+    _term(spec)
+    if kind == "decode":
+        name = "%s/%s/b=%d,cache=%d" % (s["name"], m, b, lk)
+    else:
+        name = "%s/%s/%s" % (s["name"], m, "l=%d" % lq if lq == lk else "lq=%d,lk=%d" % (lq, lk))
+    c = dict(kind=kind, name=name, mask=m, spec=spec, b=b, h=s["heads"],
+             hk=s.get("kv_heads", s["heads"]), d=s["head_dim"], dtype=s["dtype"], lq=lq, lk=lk,
+             softcap=s.get("softcap", 0), alibi=bool(s.get("alibi")), docs=_docs(spec))
+    if c["h"] % c["hk"] or lk < lq or (c["docs"] and (sum(c["docs"]) != lq or lk != lq)):
+        raise ValueError("%s: heads not a multiple of kv_heads, seq_k below seq, or documents "
+                         "not summing to seq" % name)
+    return c
+
+
 def load(path):
-    """llm.json's cases, each a dict: kind, name, b, h, hk, d, dtype, lq, lk,
-    mask (its name), spec, softcap, alibi, docs (lengths or None)."""
+    """llm.json's cases, each a dict: kind (prefill, decode), name (as stof-warm
+    names it), b, h, hk, d, dtype, lq, lk, mask (its name), spec, softcap,
+    alibi, docs (lengths, or None). Prefill: "suites" and "pending"."suites"
+    (stof-warm's attention suites, with alibi); decode: "pending"."decode"."""
     doc = json.load(open(path))
+    pending = doc.get("pending", {})
+    common = {"name", "heads", "kv_heads", "head_dim", "dtype", "masks", "about", "batch"}
     cases = []
-    common = ("name", "heads", "kv_heads", "head_dim", "dtype", "masks", "about")
-    for s in doc.get("prefill", []):
-        extra = set(s) - set(common) - {"batch", "seq", "seq_k", "softcap", "alibi", "docs"}
+    for s in doc.get("suites", []) + pending.get("suites", []):
+        extra = set(s) - common - {"seq", "seq_k", "softcap", "alibi"}
         if extra:
-            raise ValueError("%s: unknown members %s" % (path, sorted(extra)))
-        for l in s["seq"]:
-            lk = s.get("seq_k", l)
-            docs = s.get("docs")
-            if lk < l or (docs and (sum(docs) != l or lk != l)):
-                raise ValueError("%s: %s: seq_k below seq, or docs not summing to seq"
-                                 % (path, s["name"]))
+            raise ValueError("%s: %s: unknown members %s" % (path, s["name"], sorted(extra)))
+        for l in ([s["seq"]] if isinstance(s["seq"], int) else s["seq"]):
             for m, spec in s["masks"].items():
-                _term(spec)
-                cases.append(dict(kind="prefill", name="%s/%s/l=%d" % (s["name"], m, l), mask=m,
-                                  spec=spec, b=s["batch"], h=s["heads"],
-                                  hk=s.get("kv_heads", s["heads"]), d=s["head_dim"],
-                                  dtype=s["dtype"], lq=l, lk=lk, softcap=s.get("softcap", 0),
-                                  alibi=bool(s.get("alibi")), docs=docs))
-    for s in doc.get("decode", []):
-        extra = set(s) - set(common) - {"batch", "cache", "new"}
+                cases.append(_case("prefill", s, m, spec, s["batch"], l, s.get("seq_k", l)))
+    for s in pending.get("decode", []):
+        extra = set(s) - common - {"cache", "new"}
         if extra:
-            raise ValueError("%s: unknown members %s" % (path, sorted(extra)))
+            raise ValueError("%s: %s: unknown members %s" % (path, s["name"], sorted(extra)))
         for b in s["batch"]:
             for lk in s["cache"]:
                 for m, spec in s["masks"].items():
-                    _term(spec)
-                    cases.append(dict(kind="decode", mask=m, spec=spec, b=b, h=s["heads"],
-                                      name="%s/%s/b=%d,cache=%d" % (s["name"], m, b, lk),
-                                      hk=s.get("kv_heads", s["heads"]), d=s["head_dim"],
-                                      dtype=s["dtype"], lq=s["new"], lk=lk, softcap=0,
-                                      alibi=False, docs=None))
-    for c in cases:
-        if c["h"] % c["hk"]:
-            raise ValueError("%s: %s: heads not a multiple of kv_heads" % (path, c["name"]))
+                    cases.append(_case("decode", s, m, spec, b, s["new"], lk))
     return cases
 
 
@@ -134,23 +145,7 @@ def kv_bytes(c):
 
 def stof_spec(c):
     """What stof runs: packed documents as a docs spec until the varlen form lands."""
-    if c["docs"]:
-        return "%s&docs:%s" % (c["spec"], ",".join(map(str, c["docs"])))
     return c["spec"]
-
-
-def warm_line(c):
-    """The stof-warm --mha line of a case stof runs today, else None."""
-    if c["kind"] != "prefill" or c["alibi"]:
-        return None
-    f = ["b=%d" % c["b"], "h=%d" % c["h"]]
-    if c["hk"] != c["h"]:
-        f.append("kv=%d" % c["hk"])
-    f.append("l=%d" % c["lq"] if c["lq"] == c["lk"] else "lq=%d,lk=%d" % (c["lq"], c["lk"]))
-    f += ["d=%d" % c["d"], c["dtype"]]
-    if c["softcap"]:
-        f.append("softcap=%g" % c["softcap"])
-    return ",".join(f + [stof_spec(c)])
 
 
 def dry_run(cases):
@@ -159,9 +154,8 @@ def dry_run(cases):
             work = "%.3f TFLOP" % (4.0 * c["b"] * c["h"] * c["d"] * entries(c) / 1e12)
         else:
             work = "%.1f MB of K/V" % (kv_bytes(c) / 1e6)
-        extra = "".join([" softcap=%g" % c["softcap"] if c["softcap"] else "",
-                         " alibi" if c["alibi"] else "",
-                         " docs=%s" % c["docs"] if c["docs"] else ""])
+        extra = (" softcap=%g" % c["softcap"] if c["softcap"] else "") + (
+            " alibi" if c["alibi"] else "")
         print("%-44s b=%d h=%d/%d d=%d %s lq=%d lk=%d %s%s; %s" % (
             c["name"], c["b"], c["h"], c["hk"], c["d"], c["dtype"], c["lq"], c["lk"],
             c["spec"], extra, work))
@@ -522,7 +516,7 @@ def gpu_main(args, cases):
                 print("  %-10s %s" % (who, r["na"][who]))
         print("  " + summary_line(c, r, peak_gbs), flush=True)
         torch.cuda.empty_cache()
-    report(args, gpu, rows, peak_gbs, pm)
+    report(args, gpu, rows, peak_gbs)
 
 
 def _cumsum(xs):
@@ -597,10 +591,20 @@ def gates(rows, peak_gbs):
          not c["alibi"] and (c["spec"].startswith("causal_window") or c["docs"]), 1.1)
     gate("softcap and ALiBi", lambda c: pre(c) and (c["softcap"] or c["alibi"]), 1.1)
     gate("decode", lambda c: c["kind"] == "decode", 1.0)
+    # A window reads only the window: cache 32768 under causal_window:4096 within
+    # 1.3x of a cache-4096 step at the same batch.
+    t = {(c["kind"], c["spec"], c["b"], c["lq"], c["lk"]): r["times"].get("stof")
+         for c, r in rows}
+    for (kind, spec, b, lq, lk), st in sorted(t.items(), key=str):
+        base = t.get(("decode", "causal", b, lq, 4096))
+        if kind == "decode" and spec.startswith("causal_window") and lk == 32768 and st and base:
+            out.append("summary: decode %s b=%d cache 32768 / causal cache 4096: %.2fx, %s "
+                       "(gate 1.3x)" % (spec, b, st / base, "met" if st / base <= 1.3
+                                        else "not met"))
     return out
 
 
-def report(args, gpu, rows, peak_gbs, pm):
+def report(args, gpu, rows, peak_gbs):
     stamp = datetime.datetime.now()
     lines = ["# stof vs every peer, decoder-model attention (llm.json), %s, %s"
              % (gpu, stamp.strftime("%Y-%m-%d %H:%M")), "",
@@ -651,19 +655,12 @@ def main():
     ap.add_argument("--stof-prefill", action="store_true",
                     help="decode cases: time stof's prefill path (a plan per cache length)")
     ap.add_argument("--dry-run", action="store_true", help="print the cases and stop")
-    ap.add_argument("--warm-lines", action="store_true",
-                    help="print one stof-warm --mha line per prefill case stof runs, and stop")
     args = ap.parse_args()
     cases = [c for c in load(args.workload) if (not args.kind or c["kind"] == args.kind)
              and (not args.case or any(s in c["name"] for s in args.case))]
     unknown = set(args.peers.split(",")) - set(ALL_PEERS)
     if unknown:
         ap.error("unknown peers %s (known: %s)" % (sorted(unknown), ",".join(ALL_PEERS)))
-    if args.warm_lines:
-        for c in cases:
-            if warm_line(c):
-                print(warm_line(c))
-        return
     if args.dry_run:
         return dry_run(cases)
     gpu_main(args, cases)
