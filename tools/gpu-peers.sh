@@ -4,14 +4,15 @@
 # device has no package registry, so FA4's wheels travel with the working
 # tree in .peers/ (git-ignored). The CUTLASS DSL's CUDA 13 wheel (92 MB) is
 # more than one call may carry (64 MiB): it travels alone first, unpacked
-# and packed again as an xz tar (about 63.5 MB, its aarch64 stubs left out),
+# and packed again as an xz tar (about 62 MB, its aarch64 stubs left out),
 # and the other wheels (about 10 MB) follow with build/ in a second call
 # while the machine is still warm (about 30 s). ../shared/peers/FA4.md has
 # the versions that worked together (python 3.12 on the device).
 #
 # On the build machine (PyPI reachable; DIR defaults to /work/fa4):
 #   bash tools/gpu-peers.sh fetch [DIR]   pip download the wheels into DIR/wheels and
-#                                         pack DIR/cu13.tar.xz (xz -9e: minutes)
+#                                         pack DIR/cu13.tar.xz (xz -9e on one thread, 62.2 MB:
+#                                         8 minutes; XZ_THREADS=2, 63.5 MB, cuts blocks)
 #   bash tools/gpu-peers.sh stage [DIR]   copy DIR/wheels/*.whl into .peers/wheels/ and
 #                                         DIR/cu13.tar.xz into .peers/, build/ must be made
 # On the device, through the run tool, one call after the other:
@@ -65,8 +66,8 @@ fetch() {
     tmp=$(mktemp -d) || die "mktemp failed"
     python3 -m zipfile -e "${whl[0]}" "$tmp" || die "cannot unzip ${whl[0]}"
     rm -rf "$tmp/nvidia_cutlass_dsl/cu13/lib/stubs"
-    say "packing $dir/cu13.tar.xz (xz -9e on ${XZ_THREADS:-2} threads: minutes)"
-    if ! (cd "$tmp" && tar cf - .) | xz -T"${XZ_THREADS:-2}" -9e > "$dir/cu13.tar.xz.part"; then
+    say "packing $dir/cu13.tar.xz (xz -9e on ${XZ_THREADS:-1} threads: minutes)"
+    if ! (cd "$tmp" && tar cf - .) | xz -T"${XZ_THREADS:-1}" -9e > "$dir/cu13.tar.xz.part"; then
         die "packing failed"
     fi
     mv "$dir/cu13.tar.xz.part" "$dir/cu13.tar.xz" || die "cannot name $dir/cu13.tar.xz"
