@@ -351,18 +351,24 @@ static char *origin_of(reader *r, const json_value *v, const char *path)
     return s;
 }
 
-/* Expands one case per (seq, mask); c carries the fields they share. */
+/* Expands one case per (seq, mask); c carries the fields they share. seq_k:
+ * 0, or the keys of every case (a KV prefix: the queries are its last seq). */
 static int expand(reader *r, workload_case c, const char *prefix, const int_list *seqs,
-                  const mask_list *masks, int name_by_mask)
+                  int seq_k, const mask_list *masks, int name_by_mask)
 {
     for (int i = 0; i < seqs->n; i++) {
         for (int j = 0; j < masks->n; j++) {
-            char name[512];
-            if (name_by_mask)
-                snprintf(name, sizeof name, "%s/%s/l=%d", prefix, masks->name[j], seqs->v[i]);
+            char name[512], len[64];
+            if (seq_k && seq_k != seqs->v[i])
+                snprintf(len, sizeof len, "lq=%d,lk=%d", seqs->v[i], seq_k);
             else
-                snprintf(name, sizeof name, "%s/l=%d/%s", prefix, seqs->v[i], masks->spec[j]);
-            c.seq_q = c.seq_k = seqs->v[i];
+                snprintf(len, sizeof len, "l=%d", seqs->v[i]);
+            if (name_by_mask)
+                snprintf(name, sizeof name, "%s/%s/%s", prefix, masks->name[j], len);
+            else
+                snprintf(name, sizeof name, "%s/%s/%s", prefix, len, masks->spec[j]);
+            c.seq_q = seqs->v[i];
+            c.seq_k = seq_k ? seq_k : seqs->v[i];
             c.rows = c.batch * seqs->v[i];
             char *origin = origin_of(r, masks->at[j], masks->path[j]);
             if (!origin)
@@ -379,16 +385,52 @@ static int expand(reader *r, workload_case c, const char *prefix, const int_list
     return 1;
 }
 
+/* A suite's decoder-model members, each optional: "kv_heads" (grouped KV
+ * heads, a divisor of heads), "softcap" (the logit softcap, a number >= 0)
+ * and "seq_k" (keys, at least every seq: a KV prefix). */
+static int get_decoder(reader *r, const json_value *s, const char *path, workload_case *c,
+                       const int_list *seqs, int *seq_k)
+{
+    const json_value *v;
+    char p[300];
+    if ((v = json_get(s, "kv_heads"))) {
+        child(p, sizeof p, path, "kv_heads");
+        if (!int_value(r, v, p, 1, MAX_HEADS, &c->kv_heads))
+            return 0;
+        if (c->heads % c->kv_heads)
+            return bad(r, v, p, "kv_heads %d does not divide heads %d: each KV head serves "
+                       "heads / kv_heads query heads", c->kv_heads, c->heads);
+    }
+    if ((v = json_get(s, "softcap"))) {
+        child(p, sizeof p, path, "softcap");
+        if (v->type != JSON_NUMBER || !(v->number >= 0) || isinf(v->number))
+            return bad(r, v, p, "expected the logit softcap, a finite number >= 0 (0: off)");
+        c->softcap = v->number;
+    }
+    *seq_k = 0;
+    if ((v = json_get(s, "seq_k"))) {
+        child(p, sizeof p, path, "seq_k");
+        if (!int_value(r, v, p, 1, MAX_SEQ, seq_k) || !seq_supported(r, v, p, *seq_k))
+            return 0;
+        for (int i = 0; i < seqs->n; i++)
+            if (seqs->v[i] > *seq_k)
+                return bad(r, v, p, "seq_k %d is shorter than seq %d: the queries are the last "
+                           "seq of the seq_k keys", *seq_k, seqs->v[i]);
+    }
+    return 1;
+}
+
 static int read_suite(reader *r, const json_value *s, const char *path)
 {
-    static const char *const keys[] = {"name", "batch", "heads", "head_dim", "dtype", "seq",
-                                       "masks", NULL};
+    static const char *const keys[] = {"name", "batch", "heads", "kv_heads", "head_dim",
+                                       "dtype", "softcap", "seq", "seq_k", "masks", NULL};
     if (s->type != JSON_OBJECT)
         return bad(r, s, path, "expected an attention suite object, got %s",
                    json_type_name(s->type));
     workload_case c = {.op = WORKLOAD_MHA};
     int_list seqs;
     mask_list masks;
+    int seq_k;
     const json_value *name;
     if (!only_keys(r, s, path, keys) || !(name = need(r, s, path, "name", JSON_STRING)) ||
         !get_int(r, s, path, "batch", 1, MAX_BATCH, &c.batch) ||
@@ -396,9 +438,10 @@ static int read_suite(reader *r, const json_value *s, const char *path)
         !get_int(r, s, path, "head_dim", 1, MAX_HEAD_DIM, &c.head_dim) ||
         !get_dtype(r, s, path, &c.dtype) ||
         !mha_shape_supported(r, s, path, &c, json_get(s, "head_dim"), "head_dim") ||
-        !get_seqs(r, s, path, &seqs) || !get_masks(r, s, path, &masks))
+        !get_seqs(r, s, path, &seqs) || !get_decoder(r, s, path, &c, &seqs, &seq_k) ||
+        !get_masks(r, s, path, &masks))
         return 0;
-    return expand(r, c, name->str, &seqs, &masks, 1);
+    return expand(r, c, name->str, &seqs, seq_k, &masks, 1);
 }
 
 static int read_suites(reader *r, const json_value *v)
@@ -510,7 +553,7 @@ static int read_layer_case(reader *r, const json_value *models, const json_value
     for (int i = 0; i < seqs.n; i++)
         if ((long long)c.batch * seqs.v[i] > MAX_ROWS)
             return bad(r, seqs.at[i], path, "batch x seq is too large");
-    return expand(r, c, model->str, &seqs, &masks, 0);
+    return expand(r, c, model->str, &seqs, 0, &masks, 0);
 }
 
 static int read_layers(reader *r, const json_value *models, const json_value *cases)
@@ -529,13 +572,20 @@ static int read_layers(reader *r, const json_value *models, const json_value *ca
     return 1;
 }
 
+/* "pending": cases the library cannot plan yet (bench/workloads/llm.json's
+ * ALiBi and decode cases), there for the benchmarks; passed over, as long as
+ * it is an object. */
 static int read_doc(reader *r, const json_value *root)
 {
-    static const char *const keys[] = {"suites", "models", "cases", NULL};
+    static const char *const keys[] = {"suites", "models", "cases", "pending", NULL};
     if (root->type != JSON_OBJECT)
         return bad(r, root, "$", "expected a workload object, got %s", json_type_name(root->type));
     if (!only_keys(r, root, "$", keys))
         return 0;
+    const json_value *pending = json_get(root, "pending");
+    if (pending && pending->type != JSON_OBJECT)
+        return bad(r, pending, "$.pending", "expected an object of cases for the benchmarks "
+                   "alone, got %s", json_type_name(pending->type));
     const json_value *suites = json_get(root, "suites"), *models = json_get(root, "models"),
                      *cases = json_get(root, "cases");
     if (!suites && !models && !cases)

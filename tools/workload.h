@@ -1,8 +1,9 @@
 /*
  * workload — what stof-warm (and benchmarks) must cover, read into plain
- * cases: attention suites (workloads/attention.json: each suite's seqs x
- * masks), encoder-layer cases (workloads/layers.json: each case's seqs x
- * masks, with its model's sizes), and the one-line forms
+ * cases: attention suites (workloads/attention.json and llm.json: each
+ * suite's seqs x masks; a decoder model's suite may name kv_heads, softcap
+ * and seq_k, a KV prefix), encoder-layer cases (workloads/layers.json: each
+ * case's seqs x masks, with its model's sizes), and the one-line forms
  *   --mha "b=8,h=12,l=2048,d=64,fp16,window:256"
  *   --mha "b=1,h=32,kv=8,lq=2048,lk=30720,d=128,bf16,softcap=50,causal"
  *         (kv= or kv_heads=: grouped KV heads; softcap=: the logit softcap)
@@ -10,6 +11,8 @@
  *         (alibi=1: ALiBi, standard slopes; bias= or bias_buckets=: a distance
  *         bias of that many buckets; a plan needs neither's data)
  *   --ln  "rows=16384,hidden=768,fp16"
+ * A file's "pending" object holds cases the library cannot plan yet, for the
+ * benchmarks alone (llm.json's ALiBi and decode cases): it is passed over.
  * Reading is strict: unknown members, wrong types, out-of-range sizes and
  * sizes attention does not support are refused with the file, line, column
  * and JSON path. Mask specs are checked against the library (workload_check)

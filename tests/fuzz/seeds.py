@@ -175,7 +175,7 @@ def json_seeds():
 
 
 def workload_seeds():
-    for name in ("attention.json", "layers.json"):
+    for name in ("attention.json", "layers.json", "llm.json"):
         shutil.copy(os.path.join(ROOT, "bench", "workloads", name),
                     os.path.join(OUT, "workload", name))
     put("workload", "small-suite.json", json.dumps({

@@ -123,6 +123,31 @@ static void check_layers(const workload *w)
     ck_assert_ptr_nonnull(strstr(c->origin, "$.cases[2].masks[0]"));
 }
 
+/* bench/workloads/llm.json's suites, what stof plans today (its ALiBi and
+ * decode cases are "pending", for the benchmarks alone). */
+static void check_llm(const workload *w)
+{
+    ck_assert_int_eq(w->n, 3 + 2 + 1 + 2 + 2 + 1);
+    const workload_case *c = find(w, "llama3-8b/causal/l=32768");
+    ck_assert_ptr_nonnull(c);
+    ck_assert_int_eq(c->heads, 32);
+    ck_assert_int_eq(c->kv_heads, 8);
+    ck_assert_int_eq(c->head_dim, 128);
+    ck_assert_int_eq(c->dtype, STOF_BF16);
+    c = find(w, "llama3-8b/docs/l=16384");
+    ck_assert_ptr_nonnull(c);
+    ck_assert_str_eq(c->mask, "causal&docs:2253,2629,2310,722,1197,5859,1078,336");
+    c = find(w, "gemma2-like/window/l=8192");
+    ck_assert_ptr_nonnull(c);
+    ck_assert(c->softcap == 50.0);
+    ck_assert_int_eq(c->kv_heads, 16);
+    ck_assert_str_eq(c->mask, "causal_window:4096");
+    c = find(w, "chunked-prefill/causal/lq=2048,lk=30720");
+    ck_assert_ptr_nonnull(c);
+    ck_assert_int_eq(c->seq_k, 30720);
+    ck_assert_ptr_null(find(w, "alibi/causal/l=8192"));
+}
+
 START_TEST(test_embedded_copies)
 {
     workload w = {0};
@@ -178,6 +203,8 @@ START_TEST(test_shared_files)
             check_attention(&w);
         if (strcmp(e->d_name, "layers.json") == 0)
             check_layers(&w);
+        if (strcmp(e->d_name, "llm.json") == 0)
+            check_llm(&w);
         /* Every mask of every case parses for its lengths. */
         stof_ctx *ctx = NULL;
         ck_assert_int_eq(stof_open(&ctx, &(stof_options){.no_cache = 1}), STOF_OK);
@@ -213,6 +240,54 @@ START_TEST(test_both_formats_append)
     ck_assert_str_eq(w.cases[0].name, "s/causal/l=128");
     ck_assert_str_eq(w.cases[2].name, "m/l=128/dense");
     ck_assert_int_eq(w.cases[2].rows, 256);
+    workload_free(&w);
+}
+END_TEST
+
+/* A decoder model's suite: grouped KV heads, the softcap and a KV prefix reach
+ * each case and its desc; "pending" is passed over. */
+START_TEST(test_decoder_suites)
+{
+    const char *text =
+        "{\"suites\": [{\"name\": \"chunk\", \"batch\": 1, \"heads\": 32, \"kv_heads\": 8,"
+        " \"head_dim\": 128, \"dtype\": \"bf16\", \"softcap\": 50, \"seq\": [2048, 30720],"
+        " \"seq_k\": 30720, \"masks\": {\"causal\": \"causal\"}},"
+        " {\"name\": \"plain\", \"batch\": 2, \"heads\": 4, \"head_dim\": 64, \"dtype\":"
+        " \"fp16\", \"seq\": 100, \"masks\": [\"causal_window:32\"]}],"
+        " \"pending\": {\"about\": \"for the benchmarks\", \"decode\": [{\"x\": [1, {}]}]}}";
+    workload w = {0};
+    char err[1024];
+    ck_assert_msg(read_text(&w, text, err) == 0, "%s", err);
+    ck_assert_int_eq(w.n, 3);
+    const workload_case *c = find(&w, "chunk/causal/lq=2048,lk=30720");
+    ck_assert_ptr_nonnull(c);
+    ck_assert_int_eq(c->seq_q, 2048);
+    ck_assert_int_eq(c->seq_k, 30720);
+    ck_assert_int_eq(c->kv_heads, 8);
+    ck_assert(c->softcap == 50.0);
+    stof_mha_desc d;
+    workload_mha_desc(c, STOF_TUNE_OFF, &d);
+    ck_assert_int_eq(d.heads, 32);
+    ck_assert_int_eq(d.kv_heads, 8);
+    ck_assert_int_eq(d.seq_q, 2048);
+    ck_assert_int_eq(d.seq_k, 30720);
+    ck_assert(d.softcap == 50.0f);
+    /* seq equal to seq_k: one length, named as before. */
+    c = find(&w, "chunk/causal/l=30720");
+    ck_assert_ptr_nonnull(c);
+    ck_assert_int_eq(c->seq_q, 30720);
+    ck_assert_int_eq(c->seq_k, 30720);
+    /* A suite without them: plain multi-head attention, as before. */
+    c = find(&w, "plain/causal_window:32/l=100");
+    ck_assert_ptr_nonnull(c);
+    ck_assert_int_eq(c->kv_heads, 0);
+    ck_assert(c->softcap == 0.0);
+    ck_assert_int_eq(c->seq_k, 100);
+    /* The library takes every mask at its lengths (bottom-right under the prefix). */
+    stof_ctx *ctx = NULL;
+    ck_assert_int_eq(stof_open(&ctx, &(stof_options){.no_cache = 1}), STOF_OK);
+    ck_assert_msg(workload_check(ctx, &w, err, sizeof err) == STOF_OK, "%s", err);
+    stof_close(ctx);
     workload_free(&w);
 }
 END_TEST
@@ -310,6 +385,23 @@ static const bad_doc BAD_DOCS[] = {
     {"{\"models\": {\"m\": {" MODEL_OK "}}, \"cases\": [{\"model\": \"m\", \"batch\": 1,"
      " \"seq\": 4194304, \"dtype\": \"fp16\", \"masks\": [\"dense\"]}]}",
      "$.cases[0].seq", "sequence length 4194304 is not supported"},
+    /* A decoder model's members (llm.json): kv_heads, softcap, seq_k; and "pending". */
+    {"{\"suites\": [{" SUITE_OK ", \"kv_heads\": 3, \"seq\": 64, \"masks\": [\"causal\"]}]}",
+     "$.suites[0].kv_heads", "kv_heads 3 does not divide heads 2"},
+    {"{\"suites\": [{" SUITE_OK ", \"kv_heads\": 0, \"seq\": 64, \"masks\": [\"causal\"]}]}",
+     "$.suites[0].kv_heads", "expected an integer from 1 to"},
+    {"{\"suites\": [{" SUITE_OK ", \"softcap\": -1, \"seq\": 64, \"masks\": [\"causal\"]}]}",
+     "$.suites[0].softcap", "a finite number >= 0"},
+    {"{\"suites\": [{" SUITE_OK ", \"softcap\": \"50\", \"seq\": 64, \"masks\": [\"causal\"]}]}",
+     "$.suites[0].softcap", "the logit softcap"},
+    {"{\"suites\": [{" SUITE_OK ", \"seq\": [64, 256], \"seq_k\": 128, \"masks\": [\"causal\"]}]}",
+     "$.suites[0].seq_k", "seq_k 128 is shorter than seq 256"},
+    {"{\"suites\": [{" SUITE_OK ", \"seq\": 64, \"seq_k\": 4194304, \"masks\": [\"causal\"]}]}",
+     "$.suites[0].seq_k", "sequence length 4194304 is not supported"},
+    {"{\"suites\": [{" SUITE_OK ", \"seq\": 64, \"masks\": [\"causal\"], \"alibi\": true}]}",
+     "$.suites[0].alibi", "unknown member \"alibi\""},
+    {"{\"suites\": [], \"pending\": []}", "$.pending", "expected an object of cases"},
+    {"{\"pending\": {}}", "t.json:1:1: $", "neither an attention workload"},
 };
 
 START_TEST(test_bad_docs)
@@ -607,6 +699,7 @@ Suite *suite_workload(void)
     tcase_add_test(tc, test_embedded_copies);
     tcase_add_test(tc, test_shared_files);
     tcase_add_test(tc, test_both_formats_append);
+    tcase_add_test(tc, test_decoder_suites);
     tcase_add_loop_test(tc, test_bad_docs, 0, (int)(sizeof BAD_DOCS / sizeof BAD_DOCS[0]));
     tcase_add_test(tc, test_missing_file);
     tcase_add_test(tc, test_masks_checked);
