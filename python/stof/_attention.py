@@ -526,7 +526,8 @@ def _via_dlpack(q, k, v, mask, seq_lens, scale, layout, tune, out, stream, devic
 
 
 def attention(q, k, v, mask="dense", seq_lens=None, scale=None, layout="bhld", *, tune=None,
-              out=None, stream=None, device=None, softcap=None, alibi=None, bias=None):
+              out=None, stream=None, device=None, softcap=None, alibi=None, bias=None,
+              seqused_k=None):
     """Masked multi-head attention: softmax(cap(q kᵀ · scale) + mods + mask) v.
 
     q: [B, H, Lq, D] ("bhld") or [B, Lq, H, D] ("blhd"); k and v likewise
@@ -558,9 +559,21 @@ def attention(q, k, v, mask="dense", seq_lens=None, scale=None, layout="bhld", *
     with .ptr/.cuda_stream), else the array's own __cuda_array_interface__
     stream. out= writes into a given array instead. The first call of a
     shape plans (a cache hit, or a search); later ones only launch.
+
+    seqused_k= (an int32 CUDA tensor [B] of cache lengths, the new rows
+    included) makes it a decoding step against a KV cache: stof.decode, with
+    mask "causal" or "causal_window:W" (torch tensors; no seq_lens, alibi or
+    bias), one plan for every length.
     """
     if mask is None:
         mask = "dense"
+    if seqused_k is not None:
+        from . import _decode
+        if seq_lens is not None or alibi is not None or bias is not None:
+            raise L.InvalidArgumentError("a decoding step (seqused_k=) takes no seq_lens, alibi "
+                                         "or bias")
+        return _decode.decode(q, k, v, seqused_k, window=_decode.window_of(mask),
+                              softcap=softcap, scale=scale, layout=layout, out=out)
     tt = _Tensor
     if tt is None and "torch" in sys.modules:
         _setup_torch()

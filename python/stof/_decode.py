@@ -163,6 +163,19 @@ def decode(q, k, v, seqused_k=None, *, window=0, softcap=None, scale=None, layou
     return out
 
 
+def window_of(mask):
+    """decode's window for a mask spec of stof.attention: "causal" 0,
+    "causal_window:W" W; anything else cannot be a decoding step's."""
+    spec = mask if isinstance(mask, str) else getattr(mask, "spec", None)
+    spec = (spec or "").replace(" ", "")
+    if spec == "causal":
+        return 0
+    if spec.startswith("causal_window:") and spec[14:].isdigit() and int(spec[14:]) > 0:
+        return int(spec[14:])
+    raise L.InvalidArgumentError("a decoding step's mask is causal or causal_window:W, got %r"
+                                 % (mask,))
+
+
 def decode_plans():
     """The process's decode plans: [(key, describe line)]."""
     return [(k, p.describe()) for k, p in list(_plans.items())]
