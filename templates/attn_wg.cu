@@ -24,7 +24,8 @@
 //   MMA_TYPE   f16 or bf16 (wgmma.cuh uses it too)
 //   GATHER_Q / BLOCK_Q, GATHER_K / BLOCK_K   as in attn.cu{{#if GROUP}}
 //   GROUP, SOFTCAP   as in attn.cu{{/if}}{{#if SOFTCAP}}
-//   (SOFTCAP: the scores capped where the softmax step starts){{/if}}
+//   (SOFTCAP: the scores capped where the softmax step starts){{/if}}{{#if VARLEN}}
+//   VARLEN     as in attn.cu: rows and keys copied row by row, within the sequence{{/if}}
 
 {{>attn_common.cuh}}
 
@@ -112,28 +113,40 @@ extern "C" __global__ void __launch_bounds__(THREADS) stof_attn(ATTN_ITEM_PARAMS
     if (threadIdx.x == 0 && t1 > t0 + 1)
         asm volatile("prefetch.global.L1 [%0];\n"
                      "prefetch.global.L1 [%1];\n" ::"l"(tile_key + t0 + 1), "l"(tile_bits + t0 + 1));
-    ATTN_ITEM_SLICES(b, h);  // qlim, klim; qb, kb, vb, ob
+    ATTN_ITEM_SLICES(b, h);  // qlim, klim; qb, kb, vb, ob{{#if VARLEN}}
+    if (attn_group_idle<GATHER_Q, BM>(group, qlo, qlim))
+        return;  // the sequence is shorter: nothing to read, nothing to write{{/if}}
 
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     const int g = lane / 4, t = lane % 4;
     const int wg = warp / 4;           // warpgroup: rows 64 wg .. 64 wg + 63
     const int wrow = warp * 16;        // this warp's first row in the group
-
-    auto qrow = [&](int r) -> int { return attn_row<GATHER_Q>(qidx, group * BM, r, lq); };
+{{#unless VARLEN}}
+    auto qrow = [&](int r) -> int { return attn_row<GATHER_Q>(qidx, group * BM, r, lq); };{{/if}}{{#if VARLEN}}
+    // Only the sequence's own rows are read and written, never a neighbour's.
+    auto qrow = [&](int r) -> int {
+        return attn_from(attn_row<GATHER_Q>(qidx, group * BM, r, qlim), qlo);
+    };{{/if}}
 
     // The first tile's key comes with the work item.
     auto load_tile = [&](int it, int stage) {
         const int key = it == t0 ? item.key0 : tile_key[it];
 {{#if GATHER_K}}
-        const int *ix = kidx + (long long)key * BN;  // key: the tile's offset into kidx, in tiles
-        auto row = [&](int r) -> int { return attn_row<true>(ix, 0, r, lk); };
+        const int *ix = kidx + (long long)key * BN;  // key: the tile's offset into kidx, in tiles{{#unless VARLEN}}
+        auto row = [&](int r) -> int { return attn_row<true>(ix, 0, r, lk); };{{/if}}{{#if VARLEN}}
+        auto row = [&](int r) -> int { return attn_from(attn_row<true>(ix, 0, r, klim), klo); };{{/if}}
         load_rows<BN>(Ks + stage * BN * D * 2, kb, k_sl, row);
         load_rows<BN>(Vs + stage * BN * D * 2, vb, v_sl, row);
 {{/if}}
 {{#if BLOCK_K}}
-        // key is the tile's first key.
+        // key is the tile's first key.{{#unless VARLEN}}
         load_block<BN>(Ks + stage * BN * D * 2, kb, k_sl, key, lk);
-        load_block<BN>(Vs + stage * BN * D * 2, vb, v_sl, key, lk);
+        load_block<BN>(Vs + stage * BN * D * 2, vb, v_sl, key, lk);{{/if}}{{#if VARLEN}}
+        auto row = [&](int r) -> int {
+            return attn_from(attn_key<false, BN>(kidx, key, r, klim), klo);
+        };
+        load_rows<BN>(Ks + stage * BN * D * 2, kb, k_sl, row);
+        load_rows<BN>(Vs + stage * BN * D * 2, vb, v_sl, row);{{/if}}
 {{/if}}
     };
 
@@ -162,8 +175,9 @@ extern "C" __global__ void __launch_bounds__(THREADS) stof_attn(ATTN_ITEM_PARAMS
 {{#if GATHER_Q}}
             load_rows<BM>(Qs, qb, q_sl, qrow);
 {{/if}}
-{{#if BLOCK_Q}}
-            load_block<BM>(Qs, qb, q_sl, group * BM, lq);
+{{#if BLOCK_Q}}{{#unless VARLEN}}
+            load_block<BM>(Qs, qb, q_sl, group * BM, lq);{{/if}}{{#if VARLEN}}
+            load_rows<BM>(Qs, qb, q_sl, qrow);{{/if}}
 {{/if}}
         }
         load_tile(t0 + j, stage);
@@ -191,13 +205,13 @@ extern "C" __global__ void __launch_bounds__(THREADS) stof_attn(ATTN_ITEM_PARAMS
         const int *kix = kidx + (long long)tile_key[it] * BN;
         // Padding keys (-1) are never in a bitmap and full tiles have none:
         // only a shortened sequence needs the keys checked.
-        const bool edge = klim < lk;
-        auto key_ok = [&](int c) { return kix[c] >= 0 && kix[c] < klim; };
+        const bool edge = {{#if VARLEN}}klo > 0 || {{/if}}klim < lk;
+        auto key_ok = [&](int c) { return kix[c] >= {{#if VARLEN}}klo{{/if}}{{#unless VARLEN}}0{{/if}} && kix[c] < klim; };
 {{/if}}
 {{#if BLOCK_K}}
         const int kfirst = tile_key[it];
-        const bool edge = kfirst + BN > klim;
-        auto key_ok = [&](int c) { return kfirst + c < klim; };
+        const bool edge = {{#if VARLEN}}kfirst < klo || {{/if}}kfirst + BN > klim;
+        auto key_ok = [&](int c) { return {{#if VARLEN}}kfirst + c >= klo && {{/if}}kfirst + c < klim; };
 {{/if}}
         if (bm >= 0 || edge) {
             const unsigned *w0 = bm < 0 ? nullptr : bits + ((long long)bm * BM + wrow + g) * WPR;

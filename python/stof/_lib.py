@@ -140,7 +140,7 @@ class MhaDesc(Structure):
                 ("head_dim", c_int), ("dtype", c_int), ("layout", c_int),
                 ("qkv_packed", c_int), ("scale", c_float), ("tune", c_int),
                 ("max_candidates", c_int), ("max_seconds", c_double),
-                ("kv_heads", c_int), ("softcap", c_float)]
+                ("kv_heads", c_int), ("softcap", c_float), ("varlen", c_int)]
 
 
 class LayerDesc(Structure):

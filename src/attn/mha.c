@@ -77,6 +77,10 @@ static stof_status check_desc(stof_ctx *ctx, const stof_mha_desc *d, const stof_
                         "desc.qkv_packed holds as many K and V heads as Q heads: desc.kv_heads "
                         "%d must be 0 or %d there",
                         d->kv_heads, d->heads);
+    if (d->varlen && (d->layout != STOF_LAYOUT_BLHD || d->qkv_packed))
+        return CTX_FAIL(ctx, STOF_ERR_INVALID_ARG,
+                        "desc.varlen needs layout STOF_LAYOUT_BLHD (rows back to back) and "
+                        "qkv_packed 0");
     if (!(d->scale >= 0.f) || isinf(d->scale))
         return CTX_FAIL(ctx, STOF_ERR_INVALID_ARG, "desc.scale must be finite and >= 0");
     if (!(d->softcap >= 0.f) || isinf(d->softcap))
@@ -95,8 +99,9 @@ static stof_status check_desc(stof_ctx *ctx, const stof_mha_desc *d, const stof_
     return STOF_OK;
 }
 
-/* The tuning record's shape: KV heads and the softcap only where they are
- * set, so that the records of plain multi-head attention keep their keys. */
+/* The tuning record's shape: KV heads, the softcap and varlen only where
+ * they are set, so that the records of plain multi-head attention keep
+ * their keys. */
 static void shape_string(const stof_mha_desc *d, char *out, size_t n)
 {
     char kv[24] = "", cap[40] = "";
@@ -104,9 +109,9 @@ static void shape_string(const stof_mha_desc *d, char *out, size_t n)
         snprintf(kv, sizeof kv, ",kv=%d", mha_kv_heads(d));
     if (d->softcap > 0.f)
         snprintf(cap, sizeof cap, ",softcap=%.9g", (double)d->softcap);
-    snprintf(out, n, "b=%d,h=%d,lq=%d,lk=%d,d=%d,layout=%s%s%s%s", d->batch, d->heads, d->seq_q,
-             d->seq_k, d->head_dim, d->layout == STOF_LAYOUT_BLHD ? "blhd" : "bhld",
-             d->qkv_packed ? ",packed" : "", kv, cap);
+    snprintf(out, n, "b=%d,h=%d,lq=%d,lk=%d,d=%d,layout=%s%s%s%s%s", d->batch, d->heads,
+             d->seq_q, d->seq_k, d->head_dim, d->layout == STOF_LAYOUT_BLHD ? "blhd" : "bhld",
+             d->qkv_packed ? ",packed" : "", kv, cap, d->varlen ? ",varlen" : "");
 }
 
 /* ---- public calls ------------------------------------------------------- */
@@ -147,8 +152,16 @@ static stof_status finish_plan(stof_ctx *ctx, stof_mha_plan *p, const stof_mask 
         TRY(attn_tiles_build(ctx, *ms, p->c.kind, p->c.bm, p->c.bn, &made));
         tiles = &made;
     }
+    /* Varlen: whether a sequence may move along the mask's diagonal. */
+    int diagonal = 0;
+    if (p->d.varlen && mask_diagonal(mask, &diagonal) != STOF_OK) {
+        if (tiles == &made)
+            attn_tiles_free(&made);
+        return CTX_FAIL(ctx, STOF_ERR_NO_MEMORY, "out of memory walking the mask");
+    }
     mha_launch L;
     stof_status st = mha_kernel_load(ctx, &p->d, &p->c, tiles, known, &L);
+    L.shift = diagonal;
     if (st == STOF_OK && !from_cache)
         memo_put_tiles(ctx, p->mask_hash, tiles);
     if (tiles == &made)
@@ -304,6 +317,10 @@ stof_status mha_plan_forced(stof_ctx *ctx, const stof_mha_desc *desc, const stof
                         "wgmma attention kernels need sm_90a and head_dim 64 or 128 (80 and 96 on "
                         "the warp-specialized engine; this context compiles for %s, head_dim %d)",
                         ctx->arch, desc ? desc->head_dim : 0);
+    if (desc && desc->varlen && !mha_takes_varlen(c))
+        return CTX_FAIL(ctx, STOF_ERR_UNSUPPORTED,
+                        "the warp-specialized engine does not take desc.varlen; the mma.sync "
+                        "and wgmma engines do");
     if (desc && desc->softcap > 0.f && !mha_takes_softcap(c))
         return CTX_FAIL(ctx, STOF_ERR_UNSUPPORTED,
                         "the warp-specialized engine's 192-row items do not take desc.softcap "
@@ -331,16 +348,13 @@ stof_status mha_plan_forced(stof_ctx *ctx, const stof_mha_desc *desc, const stof
     return STOF_OK;
 }
 
-stof_status stof_mha_run(stof_mha_plan *p, const void *q, const void *k, const void *v, void *out,
-                         const int *seq_lens, stof_stream stream)
+/* The launch of a run whose arguments are checked (vl: a varlen run's
+ * sequences, else NULL). */
+static stof_status run_plan(stof_mha_plan *p, const void *q, const void *k, const void *v,
+                            void *out, CUdeviceptr seq_lens, const mha_varlen *vl,
+                            stof_stream stream)
 {
-    if (!p)
-        return STOF_ERR_INVALID_ARG;
     stof_ctx *ctx = p->ctx;
-    CTX_ARG(ctx, q, "q");
-    CTX_ARG(ctx, p->d.qkv_packed || k, "k");
-    CTX_ARG(ctx, p->d.qkv_packed || v, "v");
-    CTX_ARG(ctx, out, "out");
     /* 16-byte loads of rows need 16-byte aligned rows. */
     if (((uintptr_t)q | (uintptr_t)k | (uintptr_t)v | (uintptr_t)out) % 16)
         return CTX_FAIL(ctx, STOF_ERR_INVALID_ARG, "q, k, v and out must be 16-byte aligned");
@@ -352,11 +366,60 @@ stof_status stof_mha_run(stof_mha_plan *p, const void *q, const void *k, const v
     if (push)
         TRY(jit_push(ctx));
     stof_status st = mha_kernel_launch(ctx, &p->d, &p->L, (CUdeviceptr)q, (CUdeviceptr)k,
-                                       (CUdeviceptr)v, (CUdeviceptr)out, (CUdeviceptr)seq_lens,
+                                       (CUdeviceptr)v, (CUdeviceptr)out, seq_lens, vl,
                                        (CUstream)stream, &p->maps);
     if (push)
         jit_pop(ctx);
     return st;
+}
+
+stof_status stof_mha_run(stof_mha_plan *p, const void *q, const void *k, const void *v, void *out,
+                         const int *seq_lens, stof_stream stream)
+{
+    if (!p)
+        return STOF_ERR_INVALID_ARG;
+    stof_ctx *ctx = p->ctx;
+    CTX_ARG(ctx, q, "q");
+    CTX_ARG(ctx, p->d.qkv_packed || k, "k");
+    CTX_ARG(ctx, p->d.qkv_packed || v, "v");
+    CTX_ARG(ctx, out, "out");
+    if (p->d.varlen)
+        return CTX_FAIL(ctx, STOF_ERR_INVALID_ARG,
+                        "this plan was made with desc.varlen: run it with stof_mha_run_varlen");
+    return run_plan(p, q, k, v, out, (CUdeviceptr)seq_lens, NULL, stream);
+}
+
+stof_status stof_mha_run_varlen(stof_mha_plan *p, const void *q, const void *k, const void *v,
+                                void *out, const int *cu_seqlens_q, const int *cu_seqlens_k,
+                                int batch, long long total_q, long long total_k,
+                                stof_stream stream)
+{
+    if (!p)
+        return STOF_ERR_INVALID_ARG;
+    stof_ctx *ctx = p->ctx;
+    if (!p->d.varlen)
+        return CTX_FAIL(ctx, STOF_ERR_INVALID_ARG,
+                        "the plan was made without desc.varlen: stof_mha_run_varlen needs a "
+                        "varlen plan (stof_mha_run runs this one)");
+    CTX_ARG(ctx, q, "q");
+    CTX_ARG(ctx, k, "k");
+    CTX_ARG(ctx, v, "v");
+    CTX_ARG(ctx, out, "out");
+    CTX_ARG(ctx, cu_seqlens_q, "cu_seqlens_q");
+    CTX_ARG(ctx, cu_seqlens_k, "cu_seqlens_k");
+    if (batch < 0 || batch > p->d.batch)
+        return CTX_FAIL(ctx, STOF_ERR_INVALID_ARG,
+                        "batch %d must be within 0 .. desc.batch %d, the plan's most sequences",
+                        batch, p->d.batch);
+    if (total_q < 0 || total_k < 0)
+        return CTX_FAIL(ctx, STOF_ERR_INVALID_ARG, "%s %lld must be >= 0",
+                        total_q < 0 ? "total_q" : "total_k", total_q < 0 ? total_q : total_k);
+    if (((uintptr_t)cu_seqlens_q | (uintptr_t)cu_seqlens_k) % 4)
+        return CTX_FAIL(ctx, STOF_ERR_INVALID_ARG,
+                        "cu_seqlens_q and cu_seqlens_k must be 4-byte aligned int32 arrays");
+    mha_varlen vl = {(CUdeviceptr)cu_seqlens_q, (CUdeviceptr)cu_seqlens_k, batch, total_q,
+                     total_k};
+    return run_plan(p, q, k, v, out, 0, &vl, stream);
 }
 
 stof_status stof_mha_plan_describe(const stof_mha_plan *p, char *buf, size_t n)
@@ -371,6 +434,9 @@ stof_status stof_mha_plan_describe(const stof_mha_plan *p, char *buf, size_t n)
     if (p->d.softcap > 0.f)
         snprintf(mods + strlen(mods), sizeof mods - strlen(mods), " softcap=%g",
                  (double)p->d.softcap);
+    if (p->d.varlen)
+        snprintf(mods + strlen(mods), sizeof mods - strlen(mods), " varlen%s",
+                 p->L.shift ? "" : "=corner");
     if (p->c.wg == MHA_WS && p->L.period > 1)
         snprintf(rows, sizeof rows, " rows=tma/%d", p->L.period);
     else if (p->c.wg == MHA_WS)

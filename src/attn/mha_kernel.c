@@ -9,7 +9,7 @@
 /* ---- candidates and requests ------------------------------------------- */
 
 void mha_make_request(const mha_candidate *c, int head_dim, int seq_q, stof_dtype dtype,
-                      int group, float softcap, int period, mha_request *r)
+                      int group, float softcap, int varlen, int period, mha_request *r)
 {
     const int nums[4] = {head_dim, c->bm, c->bn, c->wg ? c->st : c->mt};
     static const char *const names[2][4] = {{"HEAD_DIM", "BLOCK_M", "BLOCK_N", "M_TILES"},
@@ -30,6 +30,7 @@ void mha_make_request(const mha_candidate *c, int head_dim, int seq_q, stof_dtyp
     else
         snprintf(r->text[6], sizeof r->text[6], "0");
     r->vars[n++] = (render_var){"SOFTCAP", r->text[6]};
+    r->vars[n++] = (render_var){"VARLEN", varlen && c->wg != MHA_WS ? "1" : "0"};
     r->req = (jit_request){"mha", files[c->wg], "stof_attn", r->vars, n,
                            c->wg ? "wgmma.cuh" : NULL};
     if (c->wg == MHA_WS) {
@@ -76,6 +77,11 @@ int mha_sit_out(const mha_candidate *c, int seq_q)
 int mha_takes_softcap(const mha_candidate *c)
 {
     return !(c->wg == MHA_WS && c->bm == 192);
+}
+
+int mha_takes_varlen(const mha_candidate *c)
+{
+    return c->wg != MHA_WS;
 }
 
 int mha_smem_bytes(const mha_candidate *c, int head_dim)
@@ -311,7 +317,8 @@ static stof_status launch_ws(stof_ctx *ctx, const stof_mha_desc *d, const mha_la
 
 stof_status mha_kernel_launch(stof_ctx *ctx, const stof_mha_desc *d, const mha_launch *L,
                               CUdeviceptr q, CUdeviceptr k, CUdeviceptr v, CUdeviceptr out,
-                              CUdeviceptr seq_lens, CUstream stream, mha_maps *maps)
+                              CUdeviceptr seq_lens, const mha_varlen *vl, CUstream stream,
+                              mha_maps *maps)
 {
     mha_strides s = mha_kernel_strides(d);
     if (d->qkv_packed) {
@@ -321,22 +328,32 @@ stof_status mha_kernel_launch(stof_ctx *ctx, const stof_mha_desc *d, const mha_l
     int lq = d->seq_q, lk = d->seq_k;
     float scale = d->scale > 0.f ? d->scale : 1.f / sqrtf((float)d->head_dim);
     float scale_log2 = scale * 1.4426950408889634f;
-    if (L->n_groups == 0)
+    if (L->n_groups == 0 || (vl && vl->batch == 0))
         return STOF_OK;
+    if (L->wg == MHA_WS && vl)
+        return CTX_FAIL(ctx, STOF_ERR_INTERNAL, "a varlen run on the warp-specialized engine");
     if (L->wg == MHA_WS)
         return launch_ws(ctx, d, L, &s, q, k, v, out, seq_lens, scale_log2, stream, maps);
     CUdeviceptr work = L->tiles + L->lay.work, qidx = L->tiles + L->lay.qidx,
                 tile_key = L->tiles + L->lay.tile_key,
                 tile_bits = L->tiles + L->lay.tile_bits, kidx = L->tiles + L->lay.kidx,
                 bits = L->tiles + L->lay.bits;
+    /* Varlen: cu_q where seq_lens goes, then cu_k, the buffers' rows and
+     * the mask's shift (ATTN_ITEM_PARAMS); a grid row per sequence. */
+    CUdeviceptr cu_k = vl ? vl->cu_k : 0;
+    long long total_q = vl ? vl->total_q : 0, total_k = vl ? vl->total_k : 0;
+    int shift = L->shift;
+    if (vl)
+        seq_lens = vl->cu_q;
     void *args[] = {&q, &k, &v, &out,
                     &s.s[0][0], &s.s[0][1], &s.s[0][2], &s.s[1][0], &s.s[1][1], &s.s[1][2],
                     &s.s[2][0], &s.s[2][1], &s.s[2][2], &s.s[3][0], &s.s[3][1], &s.s[3][2],
                     &lq, &lk, &seq_lens, &work, &qidx, &tile_key,
-                    &tile_bits, &kidx, &bits, &scale_log2};
+                    &tile_bits, &kidx, &bits, &scale_log2, &cu_k, &total_q, &total_k, &shift};
     /* Grid (heads, batch, groups by rank): see stof_work_item. */
-    return jit_launch(ctx, L->fn, (unsigned)d->heads, (unsigned)d->batch, (unsigned)L->n_groups,
-                      (unsigned)L->threads, (unsigned)L->smem, stream, args);
+    return jit_launch(ctx, L->fn, (unsigned)d->heads, (unsigned)(vl ? vl->batch : d->batch),
+                      (unsigned)L->n_groups, (unsigned)L->threads, (unsigned)L->smem, stream,
+                      args);
 }
 
 stof_status mha_kernel_load(stof_ctx *ctx, const stof_mha_desc *d, const mha_candidate *c,
@@ -345,8 +362,8 @@ stof_status mha_kernel_load(stof_ctx *ctx, const stof_mha_desc *d, const mha_can
     memset(L, 0, sizeof *L);
     mha_request r;
     L->period = mha_view_period(c, t, d->seq_q, d->seq_k);
-    mha_make_request(c, d->head_dim, d->seq_q, d->dtype, mha_group(d), d->softcap, L->period,
-                     &r);
+    mha_make_request(c, d->head_dim, d->seq_q, d->dtype, mha_group(d), d->softcap, d->varlen,
+                     L->period, &r);
     TRY(jit_get_known(ctx, &r.req, known, &L->fn, L->key));
     L->wg = c->wg;
     L->gather = c->wg == MHA_WS && c->kind == ATTN_GATHER && L->period == 1;

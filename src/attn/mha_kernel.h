@@ -29,13 +29,14 @@ typedef struct mha_candidate {
 /* The kernel request for a candidate; the strings live in *buf. */
 typedef struct mha_request {
     char text[7][24];
-    render_var vars[13];
+    render_var vars[14];
     jit_request req;
 } mha_request;
 /* period: mha_view_period's for the candidate's tiles (1 elsewhere);
- * group: query heads per KV head (mha_group); softcap: the desc's (0: off). */
+ * group: query heads per KV head (mha_group); softcap: the desc's (0: off);
+ * varlen: the desc's (packed variable-length sequences; 0: off). */
 void mha_make_request(const mha_candidate *c, int head_dim, int seq_q, stof_dtype dtype,
-                      int group, float softcap, int period, mha_request *r);
+                      int group, float softcap, int varlen, int period, mha_request *r);
 
 /* The period of the residue-class view (attn_tiles_view_period) that c's
  * kernel reads t's gathered rows and keys through: the warp-specialized
@@ -52,6 +53,12 @@ int mha_sit_out(const mha_candidate *c, int seq_q);
  * warp-specialized engine's 192-row items, whose three consumers (160
  * registers a thread) spill 32 to 116 bytes with it (NVRTC 12, sm_90a). */
 int mha_takes_softcap(const mha_candidate *c);
+
+/* Whether c's kernel takes packed variable-length sequences (desc.varlen):
+ * the mma.sync and wgmma engines. The warp-specialized engine's persistent
+ * items, dealt on the host, and its TMA stores of whole boxes of rows
+ * (which would write a neighbour's rows) do not. */
+int mha_takes_varlen(const mha_candidate *c);
 
 /* Dynamic shared memory of a candidate's kernel, in bytes, and its threads. */
 int mha_smem_bytes(const mha_candidate *c, int head_dim);
@@ -78,6 +85,9 @@ typedef struct mha_launch {
     size_t items;            /* MHA_WS: byte offset of the work items in tiles, then
                                 each CTA's first item (attn_tiles_schedule) ... */
     int n_items, ctas;       /* ... how many items, and CTAs */
+    int shift;               /* varlen: the mask depends on q - k alone, so a sequence
+                                whose KV prefix differs from the plan's moves along
+                                the diagonal (attn_common.cuh) */
     char key[65];            /* the kernel's cache key */
 } mha_launch;
 
@@ -110,11 +120,22 @@ int mha_group(const stof_mha_desc *d);
 /* The strides of desc's q, k, v and out. */
 mha_strides mha_kernel_strides(const stof_mha_desc *d);
 
+/* A varlen run's sequences (stof_mha_run_varlen): the device arrays of
+ * batch + 1 boundaries, the sequences (at most desc.batch) and the rows the
+ * buffers hold; shift: the mask depends on q - k alone (mha_launch). */
+typedef struct mha_varlen {
+    CUdeviceptr cu_q, cu_k;
+    int batch;
+    long long total_q, total_k;
+} mha_varlen;
+
 /* Enqueues one run; the context must be current. maps: the TMA
- * descriptors kept from the last run, or NULL to make them anew. */
+ * descriptors kept from the last run, or NULL to make them anew. vl: the
+ * sequences of a varlen desc's run (then seq_lens is 0), else NULL. */
 stof_status mha_kernel_launch(stof_ctx *ctx, const stof_mha_desc *d, const mha_launch *L,
                               CUdeviceptr q, CUdeviceptr k, CUdeviceptr v, CUdeviceptr out,
-                              CUdeviceptr seq_lens, CUstream stream, mha_maps *maps);
+                              CUdeviceptr seq_lens, const mha_varlen *vl, CUstream stream,
+                              mha_maps *maps);
 
 /* Loads c's kernel (looked for under `known` first: jit_get_known) and
  * uploads t for it. */

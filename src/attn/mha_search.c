@@ -25,6 +25,11 @@ typedef struct search_io {
      * with it. pinned[i]: from cuMemAllocHost, else malloc. */
     uint16_t *first, *cur;
     int pinned[2];
+    /* A varlen desc's runs: batch sequences of seq_q rows and seq_k keys
+     * (cu_q, then cu_k: batch + 1 boundaries each), which lay the rows out
+     * as the padded batch in BLHD does. */
+    CUdeviceptr cu;
+    mha_varlen vl;
 } search_io;
 
 static uint64_t rng_next(uint64_t *s)
@@ -67,6 +72,8 @@ static void io_free(stof_ctx *ctx, search_io *io)
         }
         if (io->out)
             ctx->dev.api.MemFree(io->out);
+        if (io->cu)
+            ctx->dev.api.MemFree(io->cu);
         uint16_t *h[2] = {io->first, io->cur};
         for (int i = 0; i < 2; i++)
             if (h[i] && io->pinned[i])
@@ -125,6 +132,19 @@ static stof_status io_alloc(stof_ctx *ctx, const stof_mha_desc *d, search_io *io
     }
     if (st == STOF_OK)
         st = CU(ctx, MemAlloc(&io->out, 2 * io->o_elems));
+    if (st == STOF_OK && d->varlen) {
+        const size_t n = (size_t)d->batch + 1;
+        int *cu = malloc(2 * n * sizeof *cu);
+        for (size_t b = 0; cu && b < n; b++)
+            cu[b] = (int)b * d->seq_q, cu[n + b] = (int)b * d->seq_k;
+        st = cu ? CU(ctx, MemAlloc(&io->cu, 2 * n * sizeof *cu))
+                : CTX_FAIL(ctx, STOF_ERR_NO_MEMORY, "out of memory for the search's inputs");
+        if (st == STOF_OK)
+            st = CU(ctx, MemcpyHtoD(io->cu, cu, 2 * n * sizeof *cu));
+        free(cu);
+        io->vl = (mha_varlen){io->cu, io->cu + n * sizeof(int), d->batch,
+                              (long long)d->batch * d->seq_q, (long long)d->batch * d->seq_k};
+    }
     if (st == STOF_OK) {
         jit_pop(ctx);
         return STOF_OK;
@@ -145,7 +165,7 @@ static stof_status run_timed(stof_ctx *ctx, void *arg, int i)
     const timed_launch *t = arg;
     const int s = i % t->io->nsets;
     return mha_kernel_launch(ctx, t->d, t->L, t->io->q[s], t->io->k[s], t->io->v[s], t->io->out,
-                             0, NULL, NULL);
+                             0, t->d->varlen ? &t->io->vl : NULL, NULL, NULL);
 }
 
 /* Median milliseconds of one run; the output left in io->out is input set 0's. */
@@ -415,7 +435,8 @@ stof_status mha_search_rank(stof_ctx *ctx, const stof_mha_desc *d, const mask_su
     *n = 0;
     for (int i = 0; i < nc; i++) {
         if ((c[i].kind == ATTN_GATHER && !want_gather) ||
-            (d->softcap > 0.f && !mha_takes_softcap(&c[i])))
+            (d->softcap > 0.f && !mha_takes_softcap(&c[i])) ||
+            (d->varlen && !mha_takes_varlen(&c[i])))
             continue;
         mha_search_cand *s = &cs[(*n)++];
         memset(s, 0, sizeof *s);
@@ -506,7 +527,7 @@ stof_status mha_search_compile(stof_ctx *ctx, const stof_mha_desc *d,
         for (int i = 0; i < m; i++) {
             const mha_search_cand *c = &cs[idx[i]];
             mha_make_request(&c->c, d->head_dim, d->seq_q, d->dtype, mha_group(d), d->softcap,
-                             mha_view_period(&c->c, &c->tiles, d->seq_q, d->seq_k), &r[i]);
+                             d->varlen, mha_view_period(&c->c, &c->tiles, d->seq_q, d->seq_k), &r[i]);
             reqs[i] = r[i].req;
         }
         st = jit_prepare_all(ctx, reqs, m);

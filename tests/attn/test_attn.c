@@ -569,6 +569,28 @@ START_TEST(wgmma_needs_sm90a)
     n = mha_candidates(96, 227 * 1024, 1, cs, 64);
     for (int i = 0; i < n; i++)
         ck_assert(!(cs[i].wg == MHA_WS && cs[i].kind == ATTN_GATHER));
+    /* Varlen: refused on the warp-specialized engine before any device
+     * work, rendered by the others' requests (and by none unasked). */
+    mha_candidate ws = {ATTN_BLOCK, 128, 128, 1, 0, MHA_WS, 2};
+    stof_mha_desc dv = {.batch = 3, .heads = 4, .seq_q = 256, .seq_k = 256, .head_dim = 64,
+                        .dtype = STOF_F16, .layout = STOF_LAYOUT_BLHD, .varlen = 1};
+    ck_assert_int_eq(mha_plan_forced(ctx, &dv, m, &ws, &p), STOF_ERR_UNSUPPORTED);
+    ck_assert_ptr_null(p);
+    ck_assert_ptr_nonnull(strstr(stof_last_error(ctx), "does not take desc.varlen"));
+    n = mha_candidates(64, 227 * 1024, 1, cs, 64);
+    for (int i = 0; i < n; i++) {
+        ck_assert_int_eq(mha_takes_varlen(&cs[i]), cs[i].wg != MHA_WS);
+        for (int vl = 0; vl < 2; vl++) {
+            mha_request r;
+            mha_make_request(&cs[i], 64, 256, STOF_F16, 1, 0.f, vl, 1, &r);
+            const char *val = NULL;
+            for (int k = 0; k < r.req.nvars; k++)
+                if (strcmp(r.req.vars[k].name, "VARLEN") == 0)
+                    val = r.req.vars[k].value;
+            ck_assert_ptr_nonnull(val);
+            ck_assert_str_eq(val, vl && cs[i].wg != MHA_WS ? "1" : "0");
+        }
+    }
     stof_mask_free(m);
     stof_close(ctx);
 }
@@ -711,6 +733,14 @@ START_TEST(bad_arguments_before_the_device)
           .softcap = NAN}, STOF_ERR_INVALID_ARG, "desc.softcap"},
         {{.batch = 2, .heads = 2, .seq_q = 256, .seq_k = 256, .head_dim = 64, .dtype = STOF_F16,
           .softcap = INFINITY}, STOF_ERR_INVALID_ARG, "desc.softcap"},
+        /* packed variable-length sequences: rows back to back (BLHD), not packed QKV */
+        {{.batch = 2, .heads = 2, .seq_q = 256, .seq_k = 256, .head_dim = 64, .dtype = STOF_F16,
+          .varlen = 1}, STOF_ERR_INVALID_ARG, "desc.varlen needs layout STOF_LAYOUT_BLHD"},
+        {{.batch = 2, .heads = 2, .seq_q = 256, .seq_k = 256, .head_dim = 64, .dtype = STOF_F16,
+          .layout = STOF_LAYOUT_BHLD, .varlen = 1}, STOF_ERR_INVALID_ARG, "desc.varlen"},
+        {{.batch = 2, .heads = 2, .seq_q = 256, .seq_k = 256, .head_dim = 64, .dtype = STOF_F16,
+          .layout = STOF_LAYOUT_BLHD, .qkv_packed = 1, .varlen = 1}, STOF_ERR_INVALID_ARG,
+         "qkv_packed 0"},
     };
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
         ck_assert_int_eq(stof_mha_plan_create(ctx, &bad[i].d, m, &p), bad[i].want);
@@ -723,6 +753,8 @@ START_TEST(bad_arguments_before_the_device)
     ck_assert_ptr_nonnull(strstr(stof_last_error(ctx), "mask"));
     ck_assert_int_eq(stof_mha_plan_create(ctx, &ok, m, NULL), STOF_ERR_INVALID_ARG);
     ck_assert_int_eq(stof_mha_run(NULL, NULL, NULL, NULL, NULL, NULL, NULL), STOF_ERR_INVALID_ARG);
+    ck_assert_int_eq(stof_mha_run_varlen(NULL, NULL, NULL, NULL, NULL, NULL, NULL, 1, 0, 0, NULL),
+                     STOF_ERR_INVALID_ARG);
     char buf[8];
     ck_assert_int_eq(stof_mha_plan_describe(NULL, buf, sizeof buf), STOF_ERR_INVALID_ARG);
     stof_mha_plan_free(NULL);
@@ -827,13 +859,14 @@ END_TEST
 
 /* Every variant the search can pick, for both architectures CI can name,
  * compiled on several threads (NVRTC programs are independent). */
-#define MAX_VARIANTS 640
+#define MAX_VARIANTS 672
 typedef struct variant_job {
     const char *arch;
     mha_candidate c[MAX_VARIANTS];
     int dim[MAX_VARIANTS], dtype[MAX_VARIANTS], seq[MAX_VARIANTS], period[MAX_VARIANTS];
     int group[MAX_VARIANTS];      /* query heads per KV head (GQA); 0 or 1: none */
     float softcap[MAX_VARIANTS];  /* 0: none */
+    int varlen[MAX_VARIANTS];     /* packed variable-length sequences; 0: none */
     stof_status st[MAX_VARIANTS];
     int spills[MAX_VARIANTS], spill_bytes[MAX_VARIANTS];
     char err[MAX_VARIANTS][320], global[MAX_VARIANTS][96];
@@ -854,7 +887,8 @@ static void *compile_variants(void *arg)
         mha_request r;
         char key[65];
         mha_make_request(&j->c[i], j->dim[i], j->seq[i], j->dtype[i] ? STOF_BF16 : STOF_F16,
-                         j->group[i], j->softcap[i], j->period[i] ? j->period[i] : 1, &r);
+                         j->group[i], j->softcap[i], j->varlen[i],
+                         j->period[i] ? j->period[i] : 1, &r);
         j->st[i] = jit_prepare(ctx, &r.req, key, NULL);
         snprintf(j->err[i], sizeof j->err[i], "%s", stof_last_error(ctx));
         cache_kernel k;
@@ -953,15 +987,30 @@ START_TEST(every_variant_compiles)
                 j.softcap[j.n] = mha_takes_softcap(&c[i]) ? 30.f : 0.f;
                 j.dtype[j.n++] = (i + d) % 2;
             }
+            /* Packed variable-length sequences (issue 54), on the engines
+             * that take them: each engine and kind's first size, alone at
+             * odd head sizes, with grouped heads and the softcap at even. */
+            if (first && mha_takes_varlen(&c[i])) {
+                ck_assert_int_lt(j.n, MAX_VARIANTS);
+                j.c[j.n] = c[i];
+                j.dim[j.n] = dims[d];
+                j.seq[j.n] = 1536;
+                j.period[j.n] = 1;
+                j.group[j.n] = d % 2 ? 0 : 4;
+                j.softcap[j.n] = d % 2 ? 0.f : 30.f;
+                j.varlen[j.n] = 1;
+                j.dtype[j.n++] = (i + d + 1) % 2;
+            }
         }
     }
     int nthreads = test_on_threads(compile_variants, &j), mma_spills = 0, wg = 0;
     int wg_allowed = 0, wg_most = 0;  /* wgmma variants that spill within their allowance */
     pthread_mutex_destroy(&j.lock);
     for (int i = 0; i < j.n; i++) {
-        ck_assert_msg(j.st[i] == STOF_OK, "%s d%d %s %dx%d mt%d qs%d seq %d group %d softcap %g: %s",
+        ck_assert_msg(j.st[i] == STOF_OK, "%s d%d %s %dx%d mt%d qs%d seq %d group %d softcap %g varlen %d: %s",
                       j.arch, j.dim[i], j.dtype[i] ? "bf16" : "fp16", j.c[i].bm, j.c[i].bn,
-                      j.c[i].mt, j.c[i].qs, j.seq[i], j.group[i], (double)j.softcap[i], j.err[i]);
+                      j.c[i].mt, j.c[i].qs, j.seq[i], j.group[i], (double)j.softcap[i],
+                      j.varlen[i], j.err[i]);
         /* Spilled registers or serialized products cost a wgmma kernel half
          * its speed or more; the mma.sync engine's spills are counted and
          * shown. */
@@ -973,9 +1022,10 @@ START_TEST(every_variant_compiles)
             wg_most = j.spill_bytes[i] > wg_most ? j.spill_bytes[i] : wg_most;
         }
         ck_assert_msg(!(j.spills[i] && j.c[i].wg),
-                      "%s d%d %s %dx%d stages %d seq %d group %d softcap %g spills or "
-                      "serializes: %s", j.arch, j.dim[i], j.dtype[i] ? "bf16" : "fp16", j.c[i].bm,
-                      j.c[i].bn, j.c[i].st, j.seq[i], j.group[i], (double)j.softcap[i], j.err[i]);
+                      "%s d%d %s %dx%d stages %d seq %d group %d softcap %g varlen %d spills "
+                      "or serializes: %s", j.arch, j.dim[i], j.dtype[i] ? "bf16" : "fp16",
+                      j.c[i].bm, j.c[i].bn, j.c[i].st, j.seq[i], j.group[i],
+                      (double)j.softcap[i], j.varlen[i], j.err[i]);
         ck_assert_msg(!j.global[i][0], "%s d%d %s %dx%d: a variable in device memory: %s", j.arch,
                       j.dim[i], j.dtype[i] ? "bf16" : "fp16", j.c[i].bm, j.c[i].bn, j.global[i]);
     }
