@@ -379,7 +379,7 @@ stof_status stof_mha_run(stof_mha_plan *plan, const void *q, const void *k,
                          const void *v, void *out, const int *seq_lens,
                          stof_stream stream);
 /* A varlen plan's run (desc.varlen; the header above says what it does):
- * batch sequences, 0 <= batch <= desc.batch (0 runs nothing); cu_seqlens_q
+ * batch sequences, 1 <= batch <= desc.batch; cu_seqlens_q
  * and cu_seqlens_k device int32[batch + 1]; total_q and total_k >= 0 the rows
  * q and out, and k and v, hold (q.shape[0]), passed so that no host read of
  * cu_seqlens is needed. A plan without desc.varlen gets STOF_ERR_INVALID_ARG,

@@ -407,9 +407,9 @@ stof_status stof_mha_run_varlen(stof_mha_plan *p, const void *q, const void *k, 
     CTX_ARG(ctx, out, "out");
     CTX_ARG(ctx, cu_seqlens_q, "cu_seqlens_q");
     CTX_ARG(ctx, cu_seqlens_k, "cu_seqlens_k");
-    if (batch < 0 || batch > p->d.batch)
+    if (batch < 1 || batch > p->d.batch)
         return CTX_FAIL(ctx, STOF_ERR_INVALID_ARG,
-                        "batch %d must be within 0 .. desc.batch %d, the plan's most sequences",
+                        "batch %d must be within 1 .. desc.batch %d, the plan's most sequences",
                         batch, p->d.batch);
     if (total_q < 0 || total_k < 0)
         return CTX_FAIL(ctx, STOF_ERR_INVALID_ARG, "%s %lld must be >= 0",

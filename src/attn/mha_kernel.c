@@ -328,7 +328,7 @@ stof_status mha_kernel_launch(stof_ctx *ctx, const stof_mha_desc *d, const mha_l
     int lq = d->seq_q, lk = d->seq_k;
     float scale = d->scale > 0.f ? d->scale : 1.f / sqrtf((float)d->head_dim);
     float scale_log2 = scale * 1.4426950408889634f;
-    if (L->n_groups == 0 || (vl && vl->batch == 0))
+    if (L->n_groups == 0)
         return STOF_OK;
     if (L->wg == MHA_WS && vl)
         return CTX_FAIL(ctx, STOF_ERR_INTERNAL, "a varlen run on the warp-specialized engine");

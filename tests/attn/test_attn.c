@@ -1007,7 +1007,8 @@ START_TEST(every_variant_compiles)
     int wg_allowed = 0, wg_most = 0;  /* wgmma variants that spill within their allowance */
     pthread_mutex_destroy(&j.lock);
     for (int i = 0; i < j.n; i++) {
-        ck_assert_msg(j.st[i] == STOF_OK, "%s d%d %s %dx%d mt%d qs%d seq %d group %d softcap %g varlen %d: %s",
+        ck_assert_msg(j.st[i] == STOF_OK,
+                      "%s d%d %s %dx%d mt%d qs%d seq %d group %d softcap %g varlen %d: %s",
                       j.arch, j.dim[i], j.dtype[i] ? "bf16" : "fp16", j.c[i].bm, j.c[i].bn,
                       j.c[i].mt, j.c[i].qs, j.seq[i], j.group[i], (double)j.softcap[i],
                       j.varlen[i], j.err[i]);
