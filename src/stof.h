@@ -334,8 +334,12 @@ void stof_mask_picture_free(void *data);
  * seq_k (a longer sequence keeps its first seq_q queries and seq_k keys; its
  * later query rows are not written). A run writes out's rows of its
  * sequences only: rows between or past them are left as they were, and
- * nothing is read outside [0, total_q) of q or [0, total_k) of k and v. The
- * warp-specialized engine does not take varlen (the search leaves it out). */
+ * nothing is read outside [0, total_q) of q or [0, total_k) of k and v.
+ * Every engine takes varlen (the warp-specialized one on its 128-row block
+ * items); a plan's work is laid out for desc.batch
+ * sequences of the longest length, so the work of a run is that of its
+ * longest sequences: a shorter one's query groups and key tiles outside it
+ * cost a check each, not a walk. */
 typedef enum stof_tune {
     STOF_TUNE_DEFAULT = 0,  /* $STOF_TUNE (off|fast|full), else fast */
     STOF_TUNE_OFF,          /* the model's first choice, default parameters */

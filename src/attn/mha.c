@@ -319,19 +319,21 @@ stof_status mha_plan_forced(stof_ctx *ctx, const stof_mha_desc *desc, const stof
                         ctx->arch, desc ? desc->head_dim : 0);
     if (desc && desc->varlen && !mha_takes_varlen(c))
         return CTX_FAIL(ctx, STOF_ERR_UNSUPPORTED,
-                        "the warp-specialized engine does not take desc.varlen; the mma.sync "
-                        "and wgmma engines do");
+                        "the warp-specialized engine takes desc.varlen on 128-row block "
+                        "items only (its 192-row and gathered items spill with it); the "
+                        "other engines take it on every size");
     if (desc && desc->softcap > 0.f && !mha_takes_softcap(c))
         return CTX_FAIL(ctx, STOF_ERR_UNSUPPORTED,
                         "the warp-specialized engine's 192-row items do not take desc.softcap "
                         "(their registers spill with it); its 128-row items and the other "
                         "engines do");
     const int smem_max = mha_kernel_device_smem(ctx);
-    if (desc && mha_smem_bytes(c, desc->head_dim) > smem_max)
+    if (desc && mha_smem_bytes(c, desc->head_dim, desc->varlen) > smem_max)
         return CTX_FAIL(ctx, STOF_ERR_UNSUPPORTED,
                         "this attention kernel needs %d bytes of shared memory at head_dim %d; "
                         "the device gives a block %d",
-                        mha_smem_bytes(c, desc->head_dim), desc->head_dim, smem_max);
+                        mha_smem_bytes(c, desc->head_dim, desc->varlen), desc->head_dim,
+                        smem_max);
     stof_mha_plan *p;
     const mask_summary *ms = NULL;
     mask_summary own;

@@ -30,7 +30,7 @@ void mha_make_request(const mha_candidate *c, int head_dim, int seq_q, stof_dtyp
     else
         snprintf(r->text[6], sizeof r->text[6], "0");
     r->vars[n++] = (render_var){"SOFTCAP", r->text[6]};
-    r->vars[n++] = (render_var){"VARLEN", varlen && c->wg != MHA_WS ? "1" : "0"};
+    r->vars[n++] = (render_var){"VARLEN", varlen ? "1" : "0"};
     r->req = (jit_request){"mha", files[c->wg], "stof_attn", r->vars, n,
                            c->wg ? "wgmma.cuh" : NULL};
     if (c->wg == MHA_WS) {
@@ -81,24 +81,25 @@ int mha_takes_softcap(const mha_candidate *c)
 
 int mha_takes_varlen(const mha_candidate *c)
 {
-    return c->wg != MHA_WS;
+    return c->wg != MHA_WS || (c->bm == 128 && c->kind == ATTN_BLOCK);
 }
 
-int mha_smem_bytes(const mha_candidate *c, int head_dim)
+int mha_smem_bytes(const mha_candidate *c, int head_dim, int varlen)
 {
     if (c->wg == MHA_WS) { /* Q (two where warpgroup 1 lags: LAG in attn_ws.cu), K and V
                               stages, each consumer's O in whole swizzle atoms (80 columns
                               laid out as 96) unless it is staged in P's tile (O_IN_P), P
                               in atoms of 64 keys; each stage's bitmap and tile, the
                               ones (192 rows at head_dim 64, P in registers), the item (one
-                              per Q); barriers; alignment slack */
+                              per Q; with varlen its sequence too); barriers; alignment
+                              slack */
         const int qb = c->bm == 128 && c->bn == 128 && c->st >= 3 ? 2 : 1;
         const int da = (head_dim + 31) / 32 * 32, pk = (c->bn + 63) / 64 * 64;
         const int o_in_p = c->qs && pk >= da;
         return ((qb + !o_in_p) * c->bm + 2 * c->st * c->bn) * da * 2 +
                (c->qs ? c->bm * pk * 2 : 0) + c->st * (c->bm * ((c->bn + 31) / 32) * 4 + 8) +
-               (head_dim == 64 && !c->qs && c->bm == 192 ? c->bn * 128 : 0) + 16 * qb +
-               8 * (2 * qb + 4 * c->st) + 1024;
+               (head_dim == 64 && !c->qs && c->bm == 192 ? c->bn * 128 : 0) +
+               (varlen ? 32 : 16) * qb + 8 * (2 * qb + 4 * c->st) + 1024;
     }
     if (c->wg) /* unpadded swizzled tiles, 1 KiB of alignment slack */
         return (c->bm + 2 * c->st * c->bn) * head_dim * 2 + 16 * c->st + 1024;
@@ -136,7 +137,7 @@ int mha_candidates(int head_dim, int smem_max, int wgmma, mha_candidate *out, in
              * Q left in shared memory. */
             if (head_dim > 64 && (c.bn == 128 || (c.mt == 2 && !c.qs)))
                 continue;
-            if (mha_smem_bytes(&c, head_dim) > smem_max)
+            if (mha_smem_bytes(&c, head_dim, 0) > smem_max)
                 continue;
             out[n++] = c;
         }
@@ -144,7 +145,7 @@ int mha_candidates(int head_dim, int smem_max, int wgmma, mha_candidate *out, in
         for (size_t i = 0; i < nwg && n < cap; i++) {
             mha_candidate c = {(attn_kind)kind, wg_sizes[i][0], wg_sizes[i][1], 1, 0, 1,
                                wg_sizes[i][2]};
-            if (mha_smem_bytes(&c, head_dim) <= smem_max)
+            if (mha_smem_bytes(&c, head_dim, 0) <= smem_max)
                 out[n++] = c;
         }
         /* Warp-specialized: S of 64 x bn and O of 64 x head_dim in each
@@ -173,7 +174,7 @@ int mha_candidates(int head_dim, int smem_max, int wgmma, mha_candidate *out, in
              * with O staged in P's tile.) */
             if (fits && !(c.bn == 192 && head_dim > 64) && !(c.bn == 96 && head_dim <= 64) &&
                 !(c.bn == 144 && head_dim != 80 && head_dim != 96) &&
-                mha_smem_bytes(&c, head_dim) <= smem_max)
+                mha_smem_bytes(&c, head_dim, 0) <= smem_max)
                 out[n++] = c;
         }
     }
@@ -274,28 +275,46 @@ static stof_status tensor_map(stof_ctx *ctx, CUtensorMap *map, CUdeviceptr p, co
 
 /* The warp-specialized engine's launch: descriptors for this run's
  * pointers (none where it gathers rows: it reads the pointers and strides
- * then), the persistent grid mha_kernel_load dealt the work to. */
+ * then), the persistent grid mha_kernel_load dealt the work to. A varlen
+ * run's tensors are one batch of its total rows (at least one row: a map
+ * has no empty dimension, and a run with none reads none), and the kernel
+ * takes its sequences after the others' arguments. */
 static stof_status launch_ws(stof_ctx *ctx, const stof_mha_desc *d, const mha_launch *L,
                              const mha_strides *s, CUdeviceptr q, CUdeviceptr k, CUdeviceptr v,
-                             CUdeviceptr out, CUdeviceptr seq_lens, float scale_log2,
-                             CUstream stream, mha_maps *cache)
+                             CUdeviceptr out, CUdeviceptr seq_lens, const mha_varlen *vl,
+                             float scale_log2, CUstream stream, mha_maps *cache)
 {
     const CUdeviceptr at[4] = {q, k, v, out};
     /* k and v hold kv_heads heads (GQA): the kernel reads kv head h / GROUP. */
-    const int rows[4] = {d->seq_q, d->seq_k, d->seq_k, d->seq_q},
-              heads[4] = {d->heads, mha_kv_heads(d), mha_kv_heads(d), d->heads},
+    int rows[4] = {d->seq_q, d->seq_k, d->seq_k, d->seq_q};
+    const int heads[4] = {d->heads, mha_kv_heads(d), mha_kv_heads(d), d->heads},
               box[4] = {L->bm, L->bn, L->bn, 64};
+    stof_mha_desc one = *d;
+    if (vl) {
+        /* TMA coordinates are int32: a sequence's rows are addressed from
+         * the buffer's row 0. */
+        if (vl->total_q > INT_MAX - d->seq_q || vl->total_k > INT_MAX - d->seq_k)
+            return CTX_FAIL(ctx, STOF_ERR_UNSUPPORTED,
+                            "the warp-specialized engine addresses fewer rows than total_q "
+                            "%lld and total_k %lld",
+                            vl->total_q, vl->total_k);
+        one.batch = 1;
+        rows[0] = rows[3] = vl->total_q > 0 ? (int)vl->total_q : 1;
+        rows[1] = rows[2] = vl->total_k > 0 ? (int)vl->total_k : 1;
+    }
     CUtensorMap t[4];
     memset(t, 0, sizeof t);
     for (int i = 0; i < 4 && !L->gather; i++) {
-        if (cache && cache->at[i] == at[i]) {
+        if (cache && cache->at[i] == at[i] && cache->rows[i] == rows[i]) {
             memcpy(&t[i], cache->map[i], sizeof t[i]);
             continue;
         }
-        TRY(tensor_map(ctx, &t[i], at[i], d, rows[i], heads[i], &s->s[i], box[i], L->period));
+        TRY(tensor_map(ctx, &t[i], at[i], &one, rows[i], heads[i], &s->s[i], box[i],
+                       L->period));
         if (cache) {
             memcpy(cache->map[i], &t[i], sizeof t[i]);
             cache->at[i] = at[i];
+            cache->rows[i] = rows[i];
         }
     }
     int lq = d->seq_q, lk = d->seq_k;
@@ -305,12 +324,19 @@ static stof_status launch_ws(stof_ctx *ctx, const stof_mha_desc *d, const mha_la
                 kidx = L->tiles + L->lay.kidx;
     long long st[4][3];
     memcpy(st, s->s, sizeof st);
+    /* Varlen: cu_q where seq_lens goes, then cu_k, the buffers' rows, the
+     * mask's shift and the run's sequences (the items of later slots idle). */
+    CUdeviceptr cu_k = vl ? vl->cu_k : 0;
+    long long total_q = vl ? vl->total_q : 0, total_k = vl ? vl->total_k : 0;
+    int shift = L->shift, nseq = vl ? vl->batch : 0;
+    if (vl)
+        seq_lens = vl->cu_q;
     void *args[] = {&t[0],     &t[1],     &t[2],     &t[3],     &lq,        &lk,
                     &seq_lens, &items,    &first,    &tile_key, &tile_bits, &bits,
                     &scale_log2, &q,      &k,        &v,        &out,       &st[0][0],
                     &st[0][1], &st[0][2], &st[1][0], &st[1][1], &st[1][2],  &st[2][0],
                     &st[2][1], &st[2][2], &st[3][0], &st[3][1], &st[3][2],  &qidx,
-                    &kidx};
+                    &kidx,     &cu_k,     &total_q,  &total_k,  &shift,     &nseq};
     return jit_launch(ctx, L->fn, (unsigned)L->ctas, 1, 1, (unsigned)L->threads, (unsigned)L->smem,
                       stream, args);
 }
@@ -330,10 +356,8 @@ stof_status mha_kernel_launch(stof_ctx *ctx, const stof_mha_desc *d, const mha_l
     float scale_log2 = scale * 1.4426950408889634f;
     if (L->n_groups == 0)
         return STOF_OK;
-    if (L->wg == MHA_WS && vl)
-        return CTX_FAIL(ctx, STOF_ERR_INTERNAL, "a varlen run on the warp-specialized engine");
     if (L->wg == MHA_WS)
-        return launch_ws(ctx, d, L, &s, q, k, v, out, seq_lens, scale_log2, stream, maps);
+        return launch_ws(ctx, d, L, &s, q, k, v, out, seq_lens, vl, scale_log2, stream, maps);
     CUdeviceptr work = L->tiles + L->lay.work, qidx = L->tiles + L->lay.qidx,
                 tile_key = L->tiles + L->lay.tile_key,
                 tile_bits = L->tiles + L->lay.tile_bits, kidx = L->tiles + L->lay.kidx,
@@ -361,7 +385,7 @@ stof_status mha_kernel_load(stof_ctx *ctx, const stof_mha_desc *d, const mha_can
 {
     memset(L, 0, sizeof *L);
     mha_request r;
-    L->period = mha_view_period(c, t, d->seq_q, d->seq_k);
+    L->period = d->varlen ? 1 : mha_view_period(c, t, d->seq_q, d->seq_k);
     mha_make_request(c, d->head_dim, d->seq_q, d->dtype, mha_group(d), d->softcap, d->varlen,
                      L->period, &r);
     TRY(jit_get_known(ctx, &r.req, known, &L->fn, L->key));
@@ -370,7 +394,7 @@ stof_status mha_kernel_load(stof_ctx *ctx, const stof_mha_desc *d, const mha_can
     L->bm = c->bm;
     L->bn = c->bn;
     L->threads = mha_threads(c);
-    L->smem = mha_smem_bytes(c, d->head_dim);
+    L->smem = mha_smem_bytes(c, d->head_dim, d->varlen);
     L->n_groups = t->n_groups;
     L->lay = attn_tiles_layout_of(t);
     long long n_items = c->wg == MHA_WS ? (long long)t->n_groups * d->batch * d->heads : 0;

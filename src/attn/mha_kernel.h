@@ -32,7 +32,8 @@ typedef struct mha_request {
     render_var vars[14];
     jit_request req;
 } mha_request;
-/* period: mha_view_period's for the candidate's tiles (1 elsewhere);
+/* period: mha_view_period's for the candidate's tiles (1 elsewhere, and
+ * with varlen, whose sequences start at any row);
  * group: query heads per KV head (mha_group); softcap: the desc's (0: off);
  * varlen: the desc's (packed variable-length sequences; 0: off). */
 void mha_make_request(const mha_candidate *c, int head_dim, int seq_q, stof_dtype dtype,
@@ -55,13 +56,17 @@ int mha_sit_out(const mha_candidate *c, int seq_q);
 int mha_takes_softcap(const mha_candidate *c);
 
 /* Whether c's kernel takes packed variable-length sequences (desc.varlen):
- * the mma.sync and wgmma engines. The warp-specialized engine's persistent
- * items, dealt on the host, and its TMA stores of whole boxes of rows
- * (which would write a neighbour's rows) do not. */
+ * all but the warp-specialized engine's 192-row and gathered items, whose
+ * consumers spill with the sequence's bounds (NVRTC 12, sm_90a, head_dim
+ * 64: 192 x 128 28 bytes, 56 with consumers sitting out, 192 x 64 4; the
+ * gathered 128 x 128 12 at head_dim 128). */
 int mha_takes_varlen(const mha_candidate *c);
 
-/* Dynamic shared memory of a candidate's kernel, in bytes, and its threads. */
-int mha_smem_bytes(const mha_candidate *c, int head_dim);
+/* Dynamic shared memory of a candidate's kernel, in bytes, and its threads;
+ * varlen: a desc.varlen kernel's (the warp-specialized engine keeps each
+ * item's sequence beside it, 16 bytes more a Q buffer; mha_candidates
+ * counts without them: every candidate leaves more than that free). */
+int mha_smem_bytes(const mha_candidate *c, int head_dim, int varlen);
 int mha_threads(const mha_candidate *c);
 
 /* At most this many candidates: both kinds, every engine, every size. */
@@ -91,13 +96,15 @@ typedef struct mha_launch {
     char key[65];            /* the kernel's cache key */
 } mha_launch;
 
-/* TMA descriptors of q, k, v and out and the addresses they were made
- * for: a plan's repeated runs on the same tensors skip re-encoding them
- * (0.22 us of host time each on an H100 host). Bytes, not CUtensorMap, so that
- * a malloc'd plan needs no 128-byte alignment. */
+/* TMA descriptors of q, k, v and out and the addresses (and rows: a
+ * varlen run's totals) they were made for: a plan's repeated runs on the
+ * same tensors skip re-encoding them (0.22 us of host time each on an H100
+ * host). Bytes, not CUtensorMap, so that a malloc'd plan needs no 128-byte
+ * alignment. */
 typedef struct mha_maps {
     unsigned char map[4][sizeof(CUtensorMap)];
     CUdeviceptr at[4];
+    long long rows[4];
 } mha_maps;
 
 typedef struct mha_strides {

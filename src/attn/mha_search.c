@@ -527,7 +527,9 @@ stof_status mha_search_compile(stof_ctx *ctx, const stof_mha_desc *d,
         for (int i = 0; i < m; i++) {
             const mha_search_cand *c = &cs[idx[i]];
             mha_make_request(&c->c, d->head_dim, d->seq_q, d->dtype, mha_group(d), d->softcap,
-                             d->varlen, mha_view_period(&c->c, &c->tiles, d->seq_q, d->seq_k),
+                             d->varlen,
+                             d->varlen ? 1
+                                       : mha_view_period(&c->c, &c->tiles, d->seq_q, d->seq_k),
                              &r[i]);
             reqs[i] = r[i].req;
         }

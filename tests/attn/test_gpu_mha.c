@@ -570,6 +570,24 @@ static const vcase VARLEN_CASES[] = {
      {513, 200, 600}},
     {"causal_window:128", 600, 600, 8, 2, 64, STOF_F16, ATTN_BLOCK, 128, 128, 1, 3, 3,
      {63, 200, 17}, {500, 201, 513}},
+    /* the warp-specialized engine (MHA_WS): odd lengths, a truncated
+     * sequence, boxes of O that cross a sequence's ends, GQA, the lagging
+     * consumer (128 x 128, 3 stages), KV prefixes both ways, tiles outside
+     * a sequence's keys skipped, sequences of one or two keys */
+    {"causal", 600, 600, 4, 0, 128, STOF_BF16, ATTN_BLOCK, 128, 128, MHA_WS, 2, 5,
+     {1, 63, 200, 513, 700}, {0}},
+    {"dense", 600, 600, 4, 0, 80, STOF_F16, ATTN_BLOCK, 128, 128, MHA_WS, 2, 4, {200, 513, 1, 63},
+     {0}},
+    {"causal_window:128", 600, 600, 8, 2, 64, STOF_F16, ATTN_BLOCK, 128, 128, MHA_WS, 3, 4,
+     {513, 1, 200, 63}, {0}},
+    {"causal", 256, 600, 8, 2, 64, STOF_F16, ATTN_BLOCK, 128, 64, MHA_WS, 3, 4, {1, 63, 200, 256},
+     {100, 363, 513, 600}},
+    {"causal", 600, 600, 4, 0, 128, STOF_BF16, ATTN_BLOCK, 128, 64, MHA_WS, 3, 4,
+     {100, 1, 63, 200}, {400, 513, 63, 599}},
+    {"window:64", 256, 600, 8, 2, 96, STOF_F16, ATTN_BLOCK, 128, 128, MHA_WS, 2, 3, {200, 63, 1},
+     {513, 200, 600}},
+    {"dense", 600, 600, 4, 0, 64, STOF_BF16, ATTN_BLOCK, 128, 128, MHA_WS, 2, 3, {130, 7, 300},
+     {300, 1, 2}},
     /* the planner's choice */
     {"causal", 600, 600, 8, 2, 64, STOF_BF16, -1, 0, 0, 0, 0, 4, {513, 1, 200, 63}, {0}},
     {"causal_window:128", 256, 600, 8, 2, 128, STOF_F16, -1, 0, 0, 0, 0, 3, {200, 1, 63},
@@ -713,7 +731,9 @@ START_TEST(varlen_equal_lengths_match_the_batch)
     static const mha_candidate cands[] = {{ATTN_BLOCK, 64, 64, 1, 0, 0, 0},
                                           {ATTN_GATHER, 64, 64, 1, 0, 0, 0},
                                           {ATTN_BLOCK, 128, 64, 1, 0, 1, 4},
-                                          {ATTN_GATHER, 128, 64, 1, 0, 1, 4}};
+                                          {ATTN_GATHER, 128, 64, 1, 0, 1, 4},
+                                          {ATTN_BLOCK, 128, 128, 1, 0, MHA_WS, 3},
+                                          {ATTN_BLOCK, 128, 64, 1, 0, MHA_WS, 3}};
     const mha_candidate *cand = &cands[_i];
     if (cand->wg && !has_wgmma())
         return;
@@ -766,7 +786,7 @@ START_TEST(varlen_equal_lengths_match_the_batch)
     for (size_t i = 0; i < nq; i++)
         ck_assert_msg(o1[i] == o2[i] && o1[i] != 0xffff,
                       "%s %s: element %zu: padded 0x%04x, varlen 0x%04x", spec,
-                      cand->wg ? "wgmma" : "mma.sync", i, o1[i], o2[i]);
+                      mha_kernel_engine_name(cand), i, o1[i], o2[i]);
     free(q);
     free(k);
     free(v);
@@ -904,7 +924,7 @@ Suite *suite_gpu_mha(void)
     tcase_add_loop_test(t, gqa_prefix_softcap, 0, NLLM);
     tcase_add_test(t, softcap_refused_on_192_rows);
     tcase_add_loop_test(t, varlen_sequences, 0, NVARLEN);
-    tcase_add_loop_test(t, varlen_equal_lengths_match_the_batch, 0, 4);
+    tcase_add_loop_test(t, varlen_equal_lengths_match_the_batch, 0, 6);
     tcase_add_test(t, device_figures_once);
     tcase_add_loop_test(t, cached_plan_walks_nothing, 0, 4);
     suite_add_tcase(s, t);
