@@ -94,12 +94,19 @@ extern "C" __global__ void __launch_bounds__(THREADS) stof_attn(ATTN_ITEM_PARAMS
     int *Kix = reinterpret_cast<int *>(Vs + 2 * BN * LDS);  // 2 x BN key indices
 {{/if}}
 
-    const stof_item item = stof_work_item(work);
-    const int group = item.group, t0 = item.t0, t1 = item.t1;
+    const stof_item item = stof_work_item(work);{{#unless VARLEN}}
+    const int group = item.group, t0 = item.t0, t1 = item.t1;{{/if}}{{#if VARLEN}}
+    const int group = item.group;
+    int t0 = item.t0, t1 = item.t1;  // cut to the sequence's keys below{{/if}}
     const int b = blockIdx.y, h = blockIdx.x;
     ATTN_ITEM_SLICES(b, h);  // qlim, klim; qb, kb, vb, ob{{#if VARLEN}}
     if (attn_group_idle<GATHER_Q, BM>(group, qlo, qlim))
-        return;  // the sequence is shorter: nothing to read, nothing to write{{/if}}
+        return;  // the sequence is shorter: nothing to read, nothing to write{{/if}}{{#if VARLEN}}{{#if BLOCK_K}}
+    {  // tiles wholly outside the sequence's keys are not walked
+        const int2 w = attn_tiles_within<BN>(tile_key, t0, t1, klo, klim, lk);
+        t0 = w.x;
+        t1 = w.y;
+    }{{/if}}{{/if}}
 
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     const int g = lane / 4, t = lane % 4;
@@ -112,7 +119,7 @@ extern "C" __global__ void __launch_bounds__(THREADS) stof_attn(ATTN_ITEM_PARAMS
 
     // The first tile's key comes with the work item.
     auto load_tile = [&](int it, int stage) {
-        const int key = it == t0 ? item.key0 : tile_key[it];{{#unless VARLEN}}
+        const int key = it == {{#if VARLEN}}item.{{/if}}t0 ? item.key0 : tile_key[it];{{#unless VARLEN}}
         auto row = [&](int r) -> int { return attn_key<GATHER_K, BN>(kidx, key, r, lk); };{{/if}}{{#if VARLEN}}
         auto row = [&](int r) -> int {
             return attn_from(attn_key<GATHER_K, BN>(kidx, key, r, klim), klo);

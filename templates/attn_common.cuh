@@ -128,6 +128,29 @@ __device__ __forceinline__ int attn_from(int i, int lo)
     return i >= lo ? i : -1;
 }
 
+// The part of a group's block tiles t0 .. t1 - 1 (in increasing key order,
+// as mask_build_blocks lists them) whose keys key .. key + BN - 1 meet the
+// sequence's [klo, klim): the tiles before and after it hold none of its
+// keys and are not walked. The CTA's threads count them together, a tile
+// each per pass; a sequence holding all lk keys reads nothing.
+template <int BN>
+__device__ __forceinline__ int2 attn_tiles_within(const int *tile_key, int t0, int t1, int klo,
+                                                  int klim, int lk)
+{
+    if (klo >= klim)
+        return make_int2(t0, t0);
+    if (klo == 0 && klim >= lk)
+        return make_int2(t0, t1);
+    int before = 0, after = 0;
+    for (int i = t0; i < t1; i += blockDim.x) {
+        const int j = i + threadIdx.x;
+        const int key = j < t1 ? tile_key[j] : 0;
+        before += __syncthreads_count(j < t1 && key + BN <= klo);
+        after += __syncthreads_count(j < t1 && key >= klim);
+    }
+    return make_int2(t0 + before, max(t0 + before, t1 - after));
+}
+
 // Whether query group `group` of ROWS rows (consecutive unless GATHER)
 // holds none of the sequence's rows: its CTA exits before any copy.
 template <bool GATHER, int ROWS>
