@@ -180,9 +180,10 @@ static stof_status render_body(render_state *rs, const char *name, const char *t
         const char *s = tag + 2;
         size_t n = (size_t)(end - s);
         int line = line_of(text, tag);
-        if (n >= 4 && memcmp(s, "#if ", 4) == 0) {
-            s += 4;
-            n -= 4;
+        const int unless = n >= 8 && memcmp(s, "#unless ", 8) == 0;
+        if (unless || (n >= 4 && memcmp(s, "#if ", 4) == 0)) {
+            s += unless ? 8 : 4;
+            n -= unless ? 8 : 4;
             if (!valid_name(s, n)) {
                 st = ERR_FAIL(err, STOF_ERR_INTERNAL, "template %s line %d: malformed \"{{%.*s}}\"",
                               name, line, (int)(end - tag - 2), tag + 2);
@@ -198,7 +199,7 @@ static stof_status render_body(render_state *rs, const char *name, const char *t
                 } else {
                     rs->used[v] = 1;
                     depth++;
-                    keep[depth] = keep[depth - 1] && truthy(vars[v].value);
+                    keep[depth] = keep[depth - 1] && truthy(vars[v].value) != unless;
                     open_at[depth] = tag;
                 }
             }

@@ -1,7 +1,8 @@
 /*
  * render — CUDA C text templates: finding them (embedded at build time, or
  * $STOF_TEMPLATE_DIR during development) and rendering `{{NAME}}`
- * placeholders, `{{#if NAME}} ... {{/if}}` sections (nestable) and
+ * placeholders, `{{#if NAME}} ... {{/if}}` sections (nestable; `{{#unless
+ * NAME}} ... {{/if}}` keeps its text where NAME's section would drop it) and
  * `{{>file.cuh}}` includes: the named template rendered in place with the
  * same values (a value only it names counts as used), once per rendering
  * (a later include of it adds nothing), never inside a section. Rendering

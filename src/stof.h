@@ -196,7 +196,11 @@ int stof_mha_head_dim_supported(int head_dim);
  *                      columns (the last key block may be short), drawn by the
  *                      generator documented in src/attn/mask.h; B > 0,
  *                      0 < R <= ceil(Lk / B); SEED < 2^64
- *   docs:N1,N2,...     q and k lie in the same document; Ni > 0, sum = Lq = Lk
+ *   docs:N1,N2,...     q and k lie in the same document; Ni > 0, sum = Lq = Lk.
+ *                      Its run-time form needs no new mask per composition: a
+ *                      plan made with desc.varlen on a causal (or dense) mask,
+ *                      run by stof_mha_run_varlen with the documents'
+ *                      boundaries as cu_seqlens_q and cu_seqlens_k
  * Example: "window:192+global:64+random:3:64:1" (BigBird).
  * Per-sequence valid lengths (key padding) are not part of a mask: attention
  * takes them at run time. */
@@ -308,7 +312,40 @@ void stof_mask_picture_free(void *data);
  * head_dim] in BLHD), and query head h reads kv head h / (heads / kv_heads).
  * A KV prefix: where seq_k > seq_q the queries are the last seq_q positions,
  * and causal, causal_window and window align to the bottom right (query row
- * q stands at position q + seq_k - seq_q). */
+ * q stands at position q + seq_k - seq_q).
+ *
+ * Packed variable-length batches (desc.varlen, stof_mha_run_varlen): q is
+ * [total_q, heads, head_dim], k and v [total_k, kv_heads, head_dim], out
+ * like q: the rows of all sequences back to back (BLHD with batch 1).
+ * cu_seqlens_q and cu_seqlens_k are device int32 arrays of batch + 1
+ * entries: sequence b's rows are cu[b] .. cu[b+1]-1. The plan is made with
+ * desc.batch the most sequences a run takes, desc.seq_q and desc.seq_k the
+ * longest sequence, desc.layout BLHD; a new composition costs no plan, no
+ * compile and no host synchronisation: the kernel reads cu_seqlens itself.
+ * Sequence b has len_q = cu_q[b+1] - cu_q[b] queries and len_k keys, its
+ * queries being its last len_q positions (a KV prefix per sequence), and the
+ * plan's mask applies inside it:
+ *   - where len_k - len_q equals seq_k - seq_q (equal lengths, on a plan with
+ *     seq_q == seq_k, the common case), it takes the mask's top-left len_q x
+ *     len_k corner, as seq_lens does;
+ *   - otherwise, where the mask depends on q - k alone (dense, causal,
+ *     causal_window, window, dilated and their unions, checked when the plan
+ *     is made), it stands on the mask moved along the diagonal so that its
+ *     queries align bottom-right: d = (len_k - len_q) - (seq_k - seq_q), query
+ *     rows moved down by d where d > 0, keys right by -d where d < 0;
+ *   - for other masks it takes the top-left corner all the same (its queries
+ *     then do not align bottom-right).
+ * Boundaries are read on the device and clamped, not checked: each to the
+ * buffer's rows [0, total] and to the one before it, lengths to seq_q and
+ * seq_k (a longer sequence keeps its first seq_q queries and seq_k keys; its
+ * later query rows are not written). A run writes out's rows of its
+ * sequences only: rows between or past them are left as they were, and
+ * nothing is read outside [0, total_q) of q or [0, total_k) of k and v.
+ * Every engine takes varlen (the warp-specialized one on its 128-row block
+ * items); a plan's work is laid out for desc.batch
+ * sequences of the longest length, so the work of a run is that of its
+ * longest sequences: a shorter one's query groups and key tiles outside it
+ * cost a check each, not a walk. */
 typedef enum stof_tune {
     STOF_TUNE_DEFAULT = 0,  /* $STOF_TUNE (off|fast|full), else fast */
     STOF_TUNE_OFF,          /* the model's first choice, default parameters */
@@ -351,6 +388,10 @@ typedef struct stof_mha_desc {
                                                   table[h][bucket(p - k)], bucket(d) =
                                                   clamp(d, -(B/2), B - 1 - B/2) + B/2 */
     const float *bias_table;                   /* device float[heads][bias_buckets] */
+    int varlen;                                /* nonzero: packed variable-length
+                                                  sequences, run only by
+                                                  stof_mha_run_varlen; layout must be
+                                                  BLHD, qkv_packed 0 */
 } stof_mha_desc;
 
 typedef struct stof_mha_plan stof_mha_plan;
@@ -365,6 +406,16 @@ stof_status stof_mha_plan_create(stof_ctx *ctx, const stof_mha_desc *desc,
 stof_status stof_mha_run(stof_mha_plan *plan, const void *q, const void *k,
                          const void *v, void *out, const int *seq_lens,
                          stof_stream stream);
+/* A varlen plan's run (desc.varlen; the header above says what it does):
+ * batch sequences, 1 <= batch <= desc.batch; cu_seqlens_q
+ * and cu_seqlens_k device int32[batch + 1]; total_q and total_k >= 0 the rows
+ * q and out, and k and v, hold (q.shape[0]), passed so that no host read of
+ * cu_seqlens is needed. A plan without desc.varlen gets STOF_ERR_INVALID_ARG,
+ * as does a varlen plan given to stof_mha_run. */
+stof_status stof_mha_run_varlen(stof_mha_plan *plan, const void *q, const void *k,
+                                const void *v, void *out, const int *cu_seqlens_q,
+                                const int *cu_seqlens_k, int batch, long long total_q,
+                                long long total_k, stof_stream stream);
 /* Which kernel, its parameters, and why: a line of text. */
 stof_status stof_mha_plan_describe(const stof_mha_plan *plan, char *buf, size_t n);
 void stof_mha_plan_free(stof_mha_plan *plan);

@@ -25,7 +25,8 @@
 //   GATHER_K   section flag: tile keys come from an index list
 //   BLOCK_K    section flag: tile keys are consecutive (exactly one of the two){{#if GROUP}}
 //   GROUP      query heads per KV head (attn_common.cuh); "0": one each{{/if}}{{#if SOFTCAP}}
-//   SOFTCAP    the logit softcap (attn_common.cuh); "0": none{{/if}}{{#if MODS}}
+//   SOFTCAP    the logit softcap (attn_common.cuh); "0": none{{/if}}{{#if VARLEN}}
+//   VARLEN     packed variable-length sequences (attn_common.cuh); "0": a padded batch{{/if}}{{#if MODS}}
 //   MODS, ALIBI, BIAS   the score modifiers (attn_common.cuh){{/if}}
 
 {{>attn_common.cuh}}
@@ -94,20 +95,36 @@ extern "C" __global__ void __launch_bounds__(THREADS) stof_attn(ATTN_ITEM_PARAMS
     int *Kix = reinterpret_cast<int *>(Vs + 2 * BN * LDS);  // 2 x BN key indices
 {{/if}}
 
-    const stof_item item = stof_work_item(work);
-    const int group = item.group, t0 = item.t0, t1 = item.t1;
+    const stof_item item = stof_work_item(work);{{#unless VARLEN}}
+    const int group = item.group, t0 = item.t0, t1 = item.t1;{{/if}}{{#if VARLEN}}
+    const int group = item.group;
+    int t0 = item.t0, t1 = item.t1;  // cut to the sequence's keys below{{/if}}
     const int b = blockIdx.y, h = blockIdx.x;
-    ATTN_ITEM_SLICES(b, h);  // qlim, klim; qb, kb, vb, ob
+    ATTN_ITEM_SLICES(b, h);  // qlim, klim; qb, kb, vb, ob{{#if VARLEN}}
+    if (attn_group_idle<GATHER_Q, BM>(group, qlo, qlim))
+        return;  // the sequence is shorter: nothing to read, nothing to write{{/if}}{{#if VARLEN}}{{#if BLOCK_K}}
+    {  // tiles wholly outside the sequence's keys are not walked
+        const int2 w = attn_tiles_within<BN>(tile_key, t0, t1, klo, klim, lk);
+        t0 = w.x;
+        t1 = w.y;
+    }{{/if}}{{/if}}
 
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     const int g = lane / 4, t = lane % 4;
-
-    auto qrow = [&](int r) -> int { return attn_row<GATHER_Q>(qidx, group * BM, r, lq); };
+{{#unless VARLEN}}
+    auto qrow = [&](int r) -> int { return attn_row<GATHER_Q>(qidx, group * BM, r, lq); };{{/if}}{{#if VARLEN}}
+    // Only the sequence's own rows are read and written, never a neighbour's.
+    auto qrow = [&](int r) -> int {
+        return attn_from(attn_row<GATHER_Q>(qidx, group * BM, r, qlim), qlo);
+    };{{/if}}
 
     // The first tile's key comes with the work item.
     auto load_tile = [&](int it, int stage) {
-        const int key = it == t0 ? item.key0 : tile_key[it];
-        auto row = [&](int r) -> int { return attn_key<GATHER_K, BN>(kidx, key, r, lk); };
+        const int key = it == {{#if VARLEN}}item.{{/if}}t0 ? item.key0 : tile_key[it];{{#unless VARLEN}}
+        auto row = [&](int r) -> int { return attn_key<GATHER_K, BN>(kidx, key, r, lk); };{{/if}}{{#if VARLEN}}
+        auto row = [&](int r) -> int {
+            return attn_from(attn_key<GATHER_K, BN>(kidx, key, r, klim), klo);
+        };{{/if}}
 {{#if GATHER_K}}
         if (threadIdx.x < BN)
             Kix[stage * BN + threadIdx.x] = row(threadIdx.x);
@@ -215,11 +232,11 @@ extern "C" __global__ void __launch_bounds__(THREADS) stof_attn(ATTN_ITEM_PARAMS
         const int *kix = Kix + stage * BN;
         // Padding keys (-1) are never in a bitmap and full tiles have none:
         // only a shortened sequence needs the keys checked.
-        const bool edge = klim < lk;
+        const bool edge = {{#if VARLEN}}klo > 0 || {{/if}}klim < lk;
 {{/if}}
 {{#if BLOCK_K}}
         const int kfirst = tile_key[it];
-        const bool edge = kfirst + BN > klim;
+        const bool edge = {{#if VARLEN}}kfirst < klo || {{/if}}kfirst + BN > klim;
 {{/if}}{{#if MODS}}
 #pragma unroll
         for (int mt = 0; mt < MT; mt++)
@@ -235,7 +252,7 @@ extern "C" __global__ void __launch_bounds__(THREADS) stof_attn(ATTN_ITEM_PARAMS
                 auto key_ok = [&](int c) { return kix[c] >= 0 && kix[c] < klim; };
 {{/if}}
 {{#if BLOCK_K}}
-                auto key_ok = [&](int c) { return kfirst + c < klim; };
+                auto key_ok = [&](int c) { return {{#if VARLEN}}kfirst + c >= klo && {{/if}}kfirst + c < klim; };
 {{/if}}
                 stof_mask_scores<BN / 8, WPR>(s[mt], w0, w0 ? w0 + 8 * WPR : nullptr, t, edge,
                                               key_ok);

@@ -25,7 +25,14 @@
 // both pointers last (the one it does not use NULL), and each engine calls
 // stof_score_mods on a tile's raw scores after the softcap and before the
 // mask, p being a query row's position among the keys, row + lk - lq
-// (bottom-right, as the masks align a KV prefix).{{/if}}
+// (bottom-right, as the masks align a KV prefix).{{/if}}{{#if VARLEN}}
+//
+// VARLEN (attn.cu's and attn_wg.cu's; "0" renders the padded batch): packed
+// variable-length sequences. Batch b's sequence is rows cu_q[b] ..
+// cu_q[b + 1] - 1 of q and out and rows cu_k[b] .. cu_k[b + 1] - 1 of k and
+// v, and it holds the plan's rows [qlo, qlim) and keys [klo, klim): the
+// kernel walks the plan's tiles as ever, reads only those rows and keys and
+// writes only those rows.{{/if}}
 
 // ---- The work and its addressing --------------------------------------------
 
@@ -57,13 +64,14 @@ __device__ __forceinline__ stof_item stof_work_item(const int *work)
         const elem_t *__restrict__ v, elem_t *__restrict__ out, long long q_sb,             \
         long long q_sh, long long q_sl, long long k_sb, long long k_sh, long long k_sl,     \
         long long v_sb, long long v_sh, long long v_sl, long long o_sb, long long o_sh,     \
-        long long o_sl, int lq, int lk, const int *__restrict__ seq_lens,                    \
+        long long o_sl, int lq, int lk, const int *__restrict__ {{#unless VARLEN}}seq_lens{{/if}}{{#if VARLEN}}cu_q{{/if}},                    \
         const int *__restrict__ work, const int *__restrict__ qidx,                          \
         const int *__restrict__ tile_key, const int *__restrict__ tile_bits,                 \
         const int *__restrict__ kidx, const unsigned *__restrict__ bits, float scale_log2{{#if MODS}}, \
-        const float *__restrict__ alibi_slopes, const float *__restrict__ bias_table{{/if}}
+        const float *__restrict__ alibi_slopes, const float *__restrict__ bias_table{{/if}}{{#if VARLEN}} \
+        , const int *__restrict__ cu_k, long long total_q, long long total_k, int shift{{/if}}
 
-// The length of sequence b: rows and keys at or past it are masked out.
+{{#unless VARLEN}}// The length of sequence b: rows and keys at or past it are masked out.
 __device__ __forceinline__ int attn_seq_len(const int *seq_lens, int b)
 {
     return seq_lens ? seq_lens[b] : 0x7fffffff;
@@ -79,7 +87,88 @@ __device__ __forceinline__ int attn_seq_len(const int *seq_lens, int b)
     const elem_t *kb = k + (b) * k_sb + (h){{#if GROUP}} / {{GROUP}}{{/if}} * k_sh;              \
     const elem_t *vb = v + (b) * v_sb + (h){{#if GROUP}} / {{GROUP}}{{/if}} * v_sh;              \
     elem_t *ob = out + (b) * o_sb + (h) * o_sh
+{{/if}}{{#if VARLEN}}
+// VARLEN: sequence b's rows and keys in the buffers, clamped to them (the
+// ends read on the device are not checked), and its lengths, clamped to the
+// plan's (a longer sequence keeps its first lq rows and lk keys). Its
+// queries are its last rows among its keys, as the plan's are: where its
+// offset nk - nq differs from the plan's lk - lq and shift is set (a mask
+// that depends on q - k alone), it stands on the plan's mask moved along the
+// diagonal, rows down by d or keys right by -d; else it takes the mask's
+// top-left corner. q0 and k0: the buffer rows of the plan's row and key 0,
+// which may lie before the sequence (never read there).
+struct attn_span {
+    long long q0, k0;
+    int qlo, qhi, klo, khi;
+};
+__device__ __forceinline__ long long attn_clamp(long long x, long long lo, long long hi)
+{
+    return x < lo ? lo : x > hi ? hi : x;
+}
+__device__ __forceinline__ attn_span attn_varlen_span(const int *cu_q, const int *cu_k, int b,
+                                                      int lq, int lk, long long total_q,
+                                                      long long total_k, int shift)
+{
+    const long long q0 = attn_clamp(cu_q[b], 0, total_q);
+    const long long q1 = attn_clamp(cu_q[b + 1], q0, total_q);
+    const long long k0 = attn_clamp(cu_k[b], 0, total_k);
+    const long long k1 = attn_clamp(cu_k[b + 1], k0, total_k);
+    const int nq = (int)attn_clamp(q1 - q0, 0, lq), nk = (int)attn_clamp(k1 - k0, 0, lk);
+    const int d = shift ? (nk - nq) - (lk - lq) : 0;
+    const int s = d > 0 ? d : 0, t = d < 0 ? -d : 0;
+    return {q0 - s, k0 - t, s, s + nq, t, t + nk};
+}
 
+// Declares, from ATTN_ITEM_PARAMS, the plan's rows [qlo, qlim) and keys
+// [klo, klim) that batch b's sequence holds, and the head h slices of q, k,
+// v and out (qb, kb, vb, ob), addressed by the plan's rows and keys.
+#define ATTN_ITEM_SLICES(b, h)                                                          \
+    const attn_span span =                                                              \
+        attn_varlen_span(cu_q, cu_k, (b), lq, lk, total_q, total_k, shift);             \
+    const int qlo = span.qlo, qlim = span.qhi, klo = span.klo, klim = span.khi;        \
+    const elem_t *qb = q + span.q0 * q_sl + (h) * q_sh;                                \
+    const elem_t *kb = k + span.k0 * k_sl + (h){{#if GROUP}} / {{GROUP}}{{/if}} * k_sh; \
+    const elem_t *vb = v + span.k0 * v_sl + (h){{#if GROUP}} / {{GROUP}}{{/if}} * v_sh; \
+    elem_t *ob = out + span.q0 * o_sl + (h) * o_sh
+
+// A row or key index (attn_row, attn_key: -1 or below the upper limit)
+// that the sequence holds: -1 below lo too.
+__device__ __forceinline__ int attn_from(int i, int lo)
+{
+    return i >= lo ? i : -1;
+}
+
+// The part of a group's block tiles t0 .. t1 - 1 (in increasing key order,
+// as mask_build_blocks lists them) whose keys key .. key + BN - 1 meet the
+// sequence's [klo, klim): the tiles before and after it hold none of its
+// keys and are not walked. The CTA's threads count them together, a tile
+// each per pass; a sequence holding all lk keys reads nothing.
+template <int BN>
+__device__ __forceinline__ int2 attn_tiles_within(const int *tile_key, int t0, int t1, int klo,
+                                                  int klim, int lk)
+{
+    if (klo >= klim)
+        return make_int2(t0, t0);
+    if (klo == 0 && klim >= lk)
+        return make_int2(t0, t1);
+    int before = 0, after = 0;
+    for (int i = t0; i < t1; i += blockDim.x) {
+        const int j = i + threadIdx.x;
+        const int key = j < t1 ? tile_key[j] : 0;
+        before += __syncthreads_count(j < t1 && key + BN <= klo);
+        after += __syncthreads_count(j < t1 && key >= klim);
+    }
+    return make_int2(t0 + before, max(t0 + before, t1 - after));
+}
+
+// Whether query group `group` of ROWS rows (consecutive unless GATHER)
+// holds none of the sequence's rows: its CTA exits before any copy.
+template <bool GATHER, int ROWS>
+__device__ __forceinline__ bool attn_group_idle(int group, int qlo, int qlim)
+{
+    return qlo >= qlim || (!GATHER && (group * ROWS >= qlim || group * ROWS + ROWS <= qlo));
+}
+{{/if}}
 // Row r of a query group whose rows are consecutive from `first`, or listed
 // at idx[first ..] (GATHER, -1 for padding): its index, or -1 where it is
 // padding or at or past lim.

@@ -24,7 +24,8 @@
 //   MMA_TYPE   f16 or bf16 (wgmma.cuh uses it too)
 //   GATHER_Q / BLOCK_Q, GATHER_K / BLOCK_K   as in attn.cu{{#if GROUP}}
 //   GROUP, SOFTCAP   as in attn.cu{{/if}}{{#if SOFTCAP}}
-//   (SOFTCAP: the scores capped where the softmax step starts){{/if}}{{#if MODS}}
+//   (SOFTCAP: the scores capped where the softmax step starts){{/if}}{{#if VARLEN}}
+//   VARLEN     as in attn.cu: rows and keys copied row by row, within the sequence{{/if}}{{#if MODS}}
 //   MODS, ALIBI, BIAS   the score modifiers (attn_common.cuh), after the cap{{/if}}
 
 {{>attn_common.cuh}}
@@ -92,7 +93,27 @@ __device__ __forceinline__ void load_block(unsigned dst, const elem_t *base, lon
         p += STEP * stride;
     }
 }
-
+{{#if VARLEN}}
+// load_block for a sequence's rows [lo, lim): rows outside it (a
+// neighbour's) as zeros; a tile wholly inside copies as load_block does.
+template <int R>
+__device__ __forceinline__ void load_span(unsigned dst, const elem_t *base, long long stride,
+                                          int first, int lo, int lim)
+{
+    const int c = threadIdx.x % CHUNKS, r0 = threadIdx.x / CHUNKS;
+    const unsigned d0 = chunk_dst<R>(dst);
+    const elem_t *p = base + (long long)(first + r0) * stride + c * 8;
+#pragma unroll
+    for (int k = 0; k < (R + STEP - 1) / STEP; k++) {
+        const int r = r0 + k * STEP;
+        if (R % STEP != 0 && r >= R)
+            break;
+        const bool ok = first + r >= lo && first + r < lim;
+        stof_cp16(d0 + k * STEP * 128, ok ? p : base, ok ? 16 : 0);
+        p += STEP * stride;
+    }
+}
+{{/if}}
 extern "C" __global__ void __launch_bounds__(THREADS) stof_attn(ATTN_ITEM_PARAMS)
 {
     stof_grid_wait();  // common.cuh: the kernel before this one is done
@@ -106,35 +127,51 @@ extern "C" __global__ void __launch_bounds__(THREADS) stof_attn(ATTN_ITEM_PARAMS
     // warp done reading) barriers.
     const unsigned bar_full = Vs + STAGES * BN * D * 2, bar_empty = bar_full + STAGES * 8;
 
-    const stof_item item = stof_work_item(work);
-    const int group = item.group, t0 = item.t0, t1 = item.t1;
+    const stof_item item = stof_work_item(work);{{#unless VARLEN}}
+    const int group = item.group, t0 = item.t0, t1 = item.t1;{{/if}}{{#if VARLEN}}
+    const int group = item.group;
+    int t0 = item.t0, t1 = item.t1;  // cut to the sequence's keys below{{/if}}
     const int b = blockIdx.y, h = blockIdx.x;
     // The rest of the tile list into L1 while the first copies fly.
     if (threadIdx.x == 0 && t1 > t0 + 1)
         asm volatile("prefetch.global.L1 [%0];\n"
                      "prefetch.global.L1 [%1];\n" ::"l"(tile_key + t0 + 1), "l"(tile_bits + t0 + 1));
-    ATTN_ITEM_SLICES(b, h);  // qlim, klim; qb, kb, vb, ob
+    ATTN_ITEM_SLICES(b, h);  // qlim, klim; qb, kb, vb, ob{{#if VARLEN}}
+    if (attn_group_idle<GATHER_Q, BM>(group, qlo, qlim))
+        return;  // the sequence is shorter: nothing to read, nothing to write{{/if}}{{#if VARLEN}}{{#if BLOCK_K}}
+    {  // tiles wholly outside the sequence's keys are not walked
+        const int2 w = attn_tiles_within<BN>(tile_key, t0, t1, klo, klim, lk);
+        t0 = w.x;
+        t1 = w.y;
+    }{{/if}}{{/if}}
 
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     const int g = lane / 4, t = lane % 4;
     const int wg = warp / 4;           // warpgroup: rows 64 wg .. 64 wg + 63
     const int wrow = warp * 16;        // this warp's first row in the group
-
-    auto qrow = [&](int r) -> int { return attn_row<GATHER_Q>(qidx, group * BM, r, lq); };
+{{#unless VARLEN}}
+    auto qrow = [&](int r) -> int { return attn_row<GATHER_Q>(qidx, group * BM, r, lq); };{{/if}}{{#if VARLEN}}
+    // Only the sequence's own rows are read and written, never a neighbour's.
+    auto qrow = [&](int r) -> int {
+        return attn_from(attn_row<GATHER_Q>(qidx, group * BM, r, qlim), qlo);
+    };{{/if}}
 
     // The first tile's key comes with the work item.
     auto load_tile = [&](int it, int stage) {
-        const int key = it == t0 ? item.key0 : tile_key[it];
+        const int key = it == {{#if VARLEN}}item.{{/if}}t0 ? item.key0 : tile_key[it];
 {{#if GATHER_K}}
-        const int *ix = kidx + (long long)key * BN;  // key: the tile's offset into kidx, in tiles
-        auto row = [&](int r) -> int { return attn_row<true>(ix, 0, r, lk); };
+        const int *ix = kidx + (long long)key * BN;  // key: the tile's offset into kidx, in tiles{{#unless VARLEN}}
+        auto row = [&](int r) -> int { return attn_row<true>(ix, 0, r, lk); };{{/if}}{{#if VARLEN}}
+        auto row = [&](int r) -> int { return attn_from(attn_row<true>(ix, 0, r, klim), klo); };{{/if}}
         load_rows<BN>(Ks + stage * BN * D * 2, kb, k_sl, row);
         load_rows<BN>(Vs + stage * BN * D * 2, vb, v_sl, row);
 {{/if}}
 {{#if BLOCK_K}}
-        // key is the tile's first key.
+        // key is the tile's first key.{{#unless VARLEN}}
         load_block<BN>(Ks + stage * BN * D * 2, kb, k_sl, key, lk);
-        load_block<BN>(Vs + stage * BN * D * 2, vb, v_sl, key, lk);
+        load_block<BN>(Vs + stage * BN * D * 2, vb, v_sl, key, lk);{{/if}}{{#if VARLEN}}
+        load_span<BN>(Ks + stage * BN * D * 2, kb, k_sl, key, klo, klim);
+        load_span<BN>(Vs + stage * BN * D * 2, vb, v_sl, key, klo, klim);{{/if}}
 {{/if}}
     };
 
@@ -163,8 +200,9 @@ extern "C" __global__ void __launch_bounds__(THREADS) stof_attn(ATTN_ITEM_PARAMS
 {{#if GATHER_Q}}
             load_rows<BM>(Qs, qb, q_sl, qrow);
 {{/if}}
-{{#if BLOCK_Q}}
-            load_block<BM>(Qs, qb, q_sl, group * BM, lq);
+{{#if BLOCK_Q}}{{#unless VARLEN}}
+            load_block<BM>(Qs, qb, q_sl, group * BM, lq);{{/if}}{{#if VARLEN}}
+            load_span<BM>(Qs, qb, q_sl, group * BM, qlo, qlim);{{/if}}
 {{/if}}
         }
         load_tile(t0 + j, stage);
@@ -195,13 +233,13 @@ extern "C" __global__ void __launch_bounds__(THREADS) stof_attn(ATTN_ITEM_PARAMS
         const int *kix = kidx + (long long)tile_key[it] * BN;
         // Padding keys (-1) are never in a bitmap and full tiles have none:
         // only a shortened sequence needs the keys checked.
-        const bool edge = klim < lk;
-        auto key_ok = [&](int c) { return kix[c] >= 0 && kix[c] < klim; };
+        const bool edge = {{#if VARLEN}}klo > 0 || {{/if}}klim < lk;
+        auto key_ok = [&](int c) { return kix[c] >= {{#if VARLEN}}klo{{/if}}{{#unless VARLEN}}0{{/if}} && kix[c] < klim; };
 {{/if}}
 {{#if BLOCK_K}}
         const int kfirst = tile_key[it];
-        const bool edge = kfirst + BN > klim;
-        auto key_ok = [&](int c) { return kfirst + c < klim; };
+        const bool edge = {{#if VARLEN}}kfirst < klo || {{/if}}kfirst + BN > klim;
+        auto key_ok = [&](int c) { return {{#if VARLEN}}kfirst + c >= klo && {{/if}}kfirst + c < klim; };
 {{/if}}{{#if MODS}}
         stof_score_mods(s, mods, mpos0, mpos1, t, [&](int c) {
             return {{#if GATHER_K}}kix[c]{{/if}}{{#if BLOCK_K}}kfirst + c{{/if}};

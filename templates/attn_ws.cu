@@ -111,7 +111,23 @@
 //   MMA_TYPE   f16 or bf16 (wgmma.cuh uses it too){{#if GROUP}}
 //   GROUP      query heads per KV head (attn_common.cuh): K and V's descriptors
 //              (or, with GATHER, their pointers) are of heads / GROUP heads{{/if}}{{#if SOFTCAP}}
-//   SOFTCAP    the logit softcap (attn_common.cuh), taken where a tile is masked{{/if}}{{#if MODS}}
+//   SOFTCAP    the logit softcap (attn_common.cuh), taken where a tile is masked{{/if}}{{#if VARLEN}}
+//   VARLEN     packed variable-length sequences (attn_common.cuh; PERIOD 1): below
+//
+// VARLEN: q, k, v and out are one batch of the packed rows (the tensor maps'
+// batch is 1), and an item's "batch" is its sequence's slot, the host's deal
+// being the same for every composition (a query group of the longest
+// sequence, a head, a slot). The producer reads the slot's boundaries
+// (attn_varlen_span) and publishes, with the item, the buffer row of the
+// plan's row 0 and the sequence's rows [qlo, qlim) and keys [klo, klim); an
+// item holding none of the sequence's rows (a shorter sequence, a slot past
+// the run's nseq) loads nothing and has no tiles (-1): the consumers give Q's
+// buffer back and take its turns as an empty item's. Tiles holding none of
+// the sequence's keys are not loaded (the item's count is of the others);
+// the keys of a loaded tile outside [klo, klim), a neighbour's, are masked.
+// A warpgroup's 64 rows go out as a TMA box only where all of them are the
+// sequence's (a box writes whole): the box that would cross its first or
+// last row is stored row by row from registers, the sequence's rows only.{{/if}}{{#if MODS}}
 //   MODS, ALIBI, BIAS   the score modifiers (attn_common.cuh), after the cap{{/if}}
 
 {{>attn_common.cuh}}
@@ -207,7 +223,59 @@ __device__ __forceinline__ void gather_index(int (&ix)[R / PSTEP], const int *id
         const int i = idx[pr + k * PSTEP];
         ix[k] = i < lim ? i : -1;
     }
+}{{#if VARLEN}}
+
+enum : int { IREC = 32 };  // the item's bytes in shared memory: two 16-byte words
+static_assert(PERIOD == 1, "VARLEN: a sequence's rows are read from its own first row on");
+
+// gather_index for the sequence's rows or keys [lo, lim): -1 below lo too.
+template <int R>
+__device__ __forceinline__ void gather_index_in(int (&ix)[R / PSTEP], const int *idx, int lo,
+                                                int lim)
+{
+    const int pr = threadIdx.x / CPR;
+#pragma unroll
+    for (int k = 0; k < R / PSTEP; k++) {
+        const int i = idx[pr + k * PSTEP];
+        ix[k] = i >= lo && i < lim ? i : -1;
+    }
 }
+
+// Slot seq's sequence (attn_varlen_span); none past the run's nseq.
+__device__ __forceinline__ attn_span ws_span(const int *cu_q, const int *cu_k, int seq, int nseq,
+                                             int lq, int lk, long long total_q,
+                                             long long total_k, int shift)
+{
+    if (seq >= nseq)
+        return {0, 0, 0, 0, 0, 0};
+    return attn_varlen_span(cu_q, cu_k, seq, lq, lk, total_q, total_k, shift);
+}
+
+// Whether a tile's keys kf .. kf + BN - 1 meet the sequence's [klo, klim).
+__device__ __forceinline__ bool ws_tile_in(int kf, int klo, int klim)
+{
+    return klo < klim && kf + BN > klo && kf < klim;
+}
+
+// The columns of such a tile that are the sequence's keys, [a, b) as a |
+// b << 16: what the consumers mask by (block tiles), in place of its first
+// key, so that they keep none of the sequence's bounds in registers.
+__device__ __forceinline__ int ws_tile_cols(int kf, int klo, int klim)
+{
+    return max(0, klo - kf) | min(BN, klim - kf) << 16;
+}
+
+// The item for the consumers: its group, its tiles (-1: it holds none of
+// the sequence's rows), slot << 16 | head and the buffer row of the plan's
+// row 0; then the sequence's rows and keys.
+__device__ __forceinline__ void ws_publish(unsigned at, int4 w, int ntiles, const attn_span &sp)
+{
+    asm volatile("st.shared.v4.b32 [%0], {%1, %2, %3, %4};\n"
+                 "st.shared.v4.b32 [%0+16], {%5, %6, %7, %8};\n" ::"r"(at), "r"(w.x),
+                 "r"(ntiles), "r"(w.w), "r"((int)sp.q0), "r"(sp.qlo), "r"(sp.qhi), "r"(sp.klo),
+                 "r"(sp.khi)
+                 : "memory");
+}{{/if}}
 
 // TMA boxes of rows from `row` on at column x: with PERIOD > 1 every
 // PERIOD-th row, through the view (length / PERIOD, PERIOD).
@@ -231,7 +299,7 @@ __device__ __forceinline__ void store_rows(const stof_tmap *map, unsigned src, i
 extern "C" __global__ void __launch_bounds__(THREADS, 1)
 stof_attn(const __grid_constant__ stof_tmap tq, const __grid_constant__ stof_tmap tk,
           const __grid_constant__ stof_tmap tv, const __grid_constant__ stof_tmap to,
-          int lq, int lk, const int *__restrict__ seq_lens, const int4 *__restrict__ items,
+          int lq, int lk, const int *__restrict__ {{#unless VARLEN}}seq_lens{{/if}}{{#if VARLEN}}cu_q{{/if}}, const int4 *__restrict__ items,
           const int *__restrict__ first, const int *__restrict__ tile_key, const int *__restrict__ tile_bits,
           const unsigned *__restrict__ bits, float scale_log2,
           const elem_t *__restrict__ gq, const elem_t *__restrict__ gk,
@@ -240,7 +308,8 @@ stof_attn(const __grid_constant__ stof_tmap tq, const __grid_constant__ stof_tma
           long long k_sl, long long v_sb, long long v_sh, long long v_sl, long long o_sb,
           long long o_sh, long long o_sl, const int *__restrict__ qidx,
           const int *__restrict__ kidx{{#if MODS}}, const float *__restrict__ alibi_slopes,
-          const float *__restrict__ bias_table{{/if}})
+          const float *__restrict__ bias_table{{/if}}{{#if VARLEN}}, const int *__restrict__ cu_k,
+          long long total_q, long long total_k, int shift, int nseq{{/if}})
 {
     // The launch gives 1 KiB of slack to align the swizzled tiles. Q, the K
     // stages, the V stages, each consumer's O (unless O_IN_P), each
@@ -251,7 +320,7 @@ stof_attn(const __grid_constant__ stof_tmap tq, const __grid_constant__ stof_tma
     const unsigned base = stof_smem_u32(smem_raw), Qs = (base + 1023) & ~1023u;
     const unsigned Ks = Qs + QB * Q_BYTES, Vs = Ks + STAGES * KV_BYTES, Os = Vs + STAGES * KV_BYTES;
     const unsigned Ps = Os + (O_IN_P ? 0 : NC * O_BYTES), Bs = Ps + NC * P_BYTES;
-    const unsigned Ones = Bs + STAGES * BITS_BYTES, Is = Ones + ONES_BYTES, Ts = Is + 16 * QB;
+    const unsigned Ones = Bs + STAGES * BITS_BYTES, Is = Ones + ONES_BYTES, Ts = Is + {{#unless VARLEN}}16{{/if}}{{#if VARLEN}}IREC{{/if}} * QB;
     const unsigned q_full = Ts + 8 * STAGES, q_empty = q_full + 8 * QB;
     const unsigned k_full = q_empty + 8 * QB, k_empty = k_full + 8 * STAGES;
     const unsigned v_full = k_empty + 8 * STAGES, v_empty = v_full + 8 * STAGES;
@@ -301,29 +370,42 @@ stof_attn(const __grid_constant__ stof_tmap tq, const __grid_constant__ stof_tma
                 __syncwarp();
             };
             for (int i = i0, n = 0, it = 0; i < i1; i++, n++) {
-                const int4 w = items[i];
-                const int b = w.w >> 16, h = w.w & 0xffff;
+                const int4 w = items[i];{{#unless VARLEN}}
+                const int b = w.w >> 16, h = w.w & 0xffff;{{/if}}{{#if VARLEN}}
+                const int seq = w.w >> 16, h = w.w & 0xffff, b = 0;  // one batch of packed rows
+                const attn_span sp =
+                    ws_span(cu_q, cu_k, seq, nseq, lq, lk, total_q, total_k, shift);
+                const bool live = !attn_group_idle<true, BM>(w.x, sp.qlo, sp.qhi);{{/if}}
                 const int qb = n % QB;
-                int qx[BM / PSTEP];
-                gather_index<BM>(qx, qidx + (long long)w.x * BM, lq);
+                int qx[BM / PSTEP];{{#unless VARLEN}}
+                gather_index<BM>(qx, qidx + (long long)w.x * BM, lq);{{/if}}{{#if VARLEN}}
+                // An idle item's Q: zeros, read from nowhere.
+                gather_index_in<BM>(qx, qidx + (long long)w.x * BM, sp.qlo,
+                                    live ? sp.qhi : 0);{{/if}}
                 if (n >= QB)
                     wait_free(q_empty + 8 * qb, (n / QB - 1) & 1);
-                gather_rows<BM>(Qs + qb * Q_BYTES, gq + b * q_sb + h * q_sh, q_sl, qx);
+                gather_rows<BM>(Qs + qb * Q_BYTES, gq + b * q_sb + h * q_sh{{#if VARLEN}} + sp.q0 * q_sl{{/if}}, q_sl, qx);
                 cp_arrive_noinc(q_full + 8 * qb);
                 if (lead) {
-                    const int len = attn_seq_len(seq_lens, b);
+{{#if VARLEN}}                    ws_publish(Is + IREC * qb, w, live ? w.z - w.y : -1, sp);
+{{/if}}{{#unless VARLEN}}                    const int len = attn_seq_len(seq_lens, b);
                     asm volatile("st.shared.v4.b32 [%0], {%1, %2, %3, %4};\n" ::"r"(Is + 16 * qb),
                                  "r"(w.x), "r"(w.z - w.y), "r"(w.w), "r"(len)
-                                 : "memory");
+                                 : "memory");{{/if}}
                     mbar_arrive(q_full + 8 * qb);
-                }
+                }{{#if VARLEN}}
+                if (!live)
+                    continue;{{/if}}
                 const elem_t *kb = gk + b * k_sb + h * k_sh, *vb = gv + b * v_sb + h * v_sh;{{#if GROUP}}
                 kb = gk + b * k_sb + h / {{GROUP}} * k_sh;  // the group's KV head
-                vb = gv + b * v_sb + h / {{GROUP}} * v_sh;{{/if}}
+                vb = gv + b * v_sb + h / {{GROUP}} * v_sh;{{/if}}{{#if VARLEN}}
+                kb += sp.k0 * k_sl;  // the buffer row of the plan's key 0
+                vb += sp.k0 * v_sl;{{/if}}
                 for (int j = w.y; j < w.z; j++, it++, at.next()) {
                     const int kf = tile_key[j], bm = tile_bits[j], s = at.stage;
-                    int kx[BN / PSTEP];
-                    gather_index<BN>(kx, kidx + (long long)kf * BN, lk);
+                    int kx[BN / PSTEP];{{#unless VARLEN}}
+                    gather_index<BN>(kx, kidx + (long long)kf * BN, lk);{{/if}}{{#if VARLEN}}
+                    gather_index_in<BN>(kx, kidx + (long long)kf * BN, sp.klo, sp.khi);{{/if}}
                     if (it >= STAGES)
                         wait_free(k_empty + 8 * s, at.phase ^ 1);
                     gather_rows<BN>(Ks + s * KV_BYTES, kb, k_sl, kx);
@@ -361,9 +443,22 @@ stof_attn(const __grid_constant__ stof_tmap tq, const __grid_constant__ stof_tma
         int it = 0;       // tiles issued by this CTA
         ring_pos at;      // where tile `it` goes
         for (int i = i0, n = 0; i < i1; i++, n++) {
-            const int4 w = items[i];
+            const int4 w = items[i];{{#unless VARLEN}}
             const int b = w.w >> 16, h = w.w & 0xffff;
-            const int len = attn_seq_len(seq_lens, b);
+            const int len = attn_seq_len(seq_lens, b);{{/if}}{{#if VARLEN}}
+            const int seq = w.w >> 16, h = w.w & 0xffff, b = 0;  // one batch of packed rows
+            const attn_span sp = ws_span(cu_q, cu_k, seq, nseq, lq, lk, total_q, total_k, shift);
+            const bool live = !attn_group_idle<false, BM>(w.x, sp.qlo, sp.qhi);
+            // The tiles that hold keys of the sequence, counted across the warp.
+            int ntiles = live ? w.z - w.y : -1;
+            if (live && (sp.klo > 0 || sp.khi < lk)) {
+                ntiles = 0;
+                for (int t0 = w.y; t0 < w.z; t0 += 32) {
+                    const bool in =
+                        t0 + lane < w.z && ws_tile_in(tile_key[t0 + lane], sp.klo, sp.khi);
+                    ntiles += __popc(__ballot_sync(0xffffffffu, in));
+                }
+            }{{/if}}
             const int qb = n % QB;  // Q's buffer, used for the (n / QB)th time
             // With SIT_OUT, the warps of consumers with no row before lq
             // arrive on no stage's barrier: this warp does.
@@ -372,25 +467,31 @@ stof_attn(const __grid_constant__ stof_tmap tq, const __grid_constant__ stof_tma
             if (lane == 0) {
                 if (n >= QB)
                     mbar_wait(q_empty + 8 * qb, (n / QB - 1) & 1);
-                // The item for the consumers, published by the arrival.
+                // The item for the consumers, published by the arrival.{{#unless VARLEN}}
                 asm volatile("st.shared.v4.b32 [%0], {%1, %2, %3, %4};\n" ::"r"(Is + 16 * qb), "r"(w.x),
                              "r"(w.z - w.y), "r"(w.w), "r"(len)
-                             : "memory");
-                mbar_expect(q_full + 8 * qb, Q_BYTES);
+                             : "memory");{{/if}}{{#if VARLEN}}
+                ws_publish(Is + IREC * qb, w, ntiles, sp);  // an idle item: no Q bytes{{/if}}
+                mbar_expect(q_full + 8 * qb, {{#if VARLEN}}live ? Q_BYTES : 0{{/if}}{{#unless VARLEN}}Q_BYTES{{/if}});
 #pragma unroll
-                for (int a = 0; a < ATOMS; a++)
+                for (int a = 0; a < ATOMS{{#if VARLEN}} && live{{/if}}; a++)
                     load_rows(Qs + qb * Q_BYTES + a * BM * SW, &tq, q_full + 8 * qb, a * AW,
-                              PERIOD > 1 ? w.x : w.x * BM, h, b);
-            }
+                              {{#if VARLEN}}(int)sp.q0 + w.x * BM{{/if}}{{#unless VARLEN}}PERIOD > 1 ? w.x : w.x * BM{{/if}}, h, b);
+            }{{#if VARLEN}}
+            if (!live)
+                continue;{{/if}}
             for (int t0 = w.y; t0 < w.z; t0 += 32) {
                 const bool in = t0 + lane < w.z;
                 const int key = in ? tile_key[t0 + lane] : 0, tb = in ? tile_bits[t0 + lane] : -1;
                 const int cnt = min(32, w.z - t0);
-                for (int k = 0; k < cnt; k++, it++, at.next()) {
+                for (int k = 0; k < cnt; k++{{#unless VARLEN}}, it++, at.next(){{/if}}) {
                     const int kf = __shfl_sync(0xffffffffu, key, k);
                     const int bm = __shfl_sync(0xffffffffu, tb, k);
                     if (lane != 0)
-                        continue;
+                        continue;{{#if VARLEN}}
+                    // Lane 0 alone keeps the count of tiles issued and their stages.
+                    if (!ws_tile_in(kf, sp.klo, sp.khi))
+                        continue;  // none of the sequence's keys: not loaded{{/if}}
                     // K (with the tile's first key, and its bitmap if it is
                     // partial), then V, into stage s once its last use (the
                     // previous round's) is done.
@@ -398,12 +499,12 @@ stof_attn(const __grid_constant__ stof_tmap tq, const __grid_constant__ stof_tma
                     if (it >= STAGES)
                         mbar_wait(k_empty + 8 * s, at.phase ^ 1);
                     asm volatile("st.shared.v2.b32 [%0], {%1, %2};\n" ::"r"(Ts + 8 * s), "r"(bm),
-                                 "r"(kf)
+                                 "r"({{#if VARLEN}}ws_tile_cols(kf, sp.klo, sp.khi){{/if}}{{#unless VARLEN}}kf{{/if}})
                                  : "memory");
                     mbar_expect(k_full + 8 * s, KV_BYTES + (bm >= 0 ? BITS_BYTES : 0));
 #pragma unroll
                     for (int a = 0; a < ATOMS; a++)
-                        load_rows(Ks + s * KV_BYTES + a * BN * SW, &tk, k_full + 8 * s, a * AW, kf,
+                        load_rows(Ks + s * KV_BYTES + a * BN * SW, &tk, k_full + 8 * s, a * AW, {{#if VARLEN}}(int)sp.k0 + {{/if}}kf,
                                   h{{#if GROUP}} / {{GROUP}}{{/if}}, b);
                     if (bm >= 0)
                         bulk_load(Bs + s * BITS_BYTES, bits + (long long)bm * BM * WPR, BITS_BYTES,
@@ -415,10 +516,12 @@ stof_attn(const __grid_constant__ stof_tmap tq, const __grid_constant__ stof_tma
                     mbar_expect(v_full + 8 * s, KV_BYTES);
 #pragma unroll
                     for (int a = 0; a < ATOMS; a++)
-                        load_rows(Vs + s * KV_BYTES + a * BN * SW, &tv, v_full + 8 * s, a * AW, kf,
+                        load_rows(Vs + s * KV_BYTES + a * BN * SW, &tv, v_full + 8 * s, a * AW, {{#if VARLEN}}(int)sp.k0 + {{/if}}kf,
                                   h{{#if GROUP}} / {{GROUP}}{{/if}}, b);
                     if (idle)
-                        mbar_arrive_n(v_empty + 8 * s, idle);
+                        mbar_arrive_n(v_empty + 8 * s, idle);{{#if VARLEN}}
+                    it++;
+                    at.next();{{/if}}
                 }
             }
         }
@@ -510,9 +613,12 @@ stof_attn(const __grid_constant__ stof_tmap tq, const __grid_constant__ stof_tma
 {{/if}}    // Masks the scores of the tile in stage st where needed: a partial
     // tile's bitmap (in the stage's shared memory), keys at or past klim.
     // GATHER: padding keys are in no bitmap and full tiles have none, so
-    // only a shortened sequence needs the tile's keys read.
+    // only a shortened sequence needs the tile's keys read.{{#if VARLEN}}
+    // VARLEN: keys below klo are not the sequence's either; block tiles
+    // come with the columns that are (ws_tile_cols) in place of kfirst.
+    int klo = 0;{{/if}}
     auto mask = [&](float (&s)[BN / 8][4], int st, int bm, int kfirst, int klim) {
-        const bool edge = GATHER ? klim < lk : kfirst + PERIOD * (BN - 1) >= klim;{{#if SOFTCAP}}
+        const bool edge = GATHER ? {{#if VARLEN}}klo > 0 || {{/if}}klim < lk : {{#if VARLEN}}(kfirst & 0xffff) > 0 || kfirst >> 16 < BN{{/if}}{{#unless VARLEN}}kfirst + PERIOD * (BN - 1) >= klim{{/if}};{{#if SOFTCAP}}
         stof_softcap(s, scale_log2);{{/if}}{{#if MODS}}
         stof_score_mods(s, mods, mpos[0], mpos[1], t, [&](int col) {
             return GATHER ? kidx[(long long)kfirst * BN + col] : kfirst + PERIOD * col;
@@ -526,9 +632,9 @@ stof_attn(const __grid_constant__ stof_tmap tq, const __grid_constant__ stof_tma
             stof_mask_scores<BN / 8, WPR>(s, w0, w0 ? w0 + 8 * WPR : nullptr, t, edge, [&](int col) {
                 if constexpr (GATHER) {
                     const int x = kix[col];
-                    return x >= 0 && x < klim;
+                    return x >= {{#if VARLEN}}klo{{/if}}{{#unless VARLEN}}0{{/if}} && x < klim;
                 } else {
-                    return kfirst + PERIOD * col < klim;
+                    return {{#if VARLEN}}col >= (kfirst & 0xffff) && col < kfirst >> 16{{/if}}{{#unless VARLEN}}kfirst + PERIOD * col < klim{{/if}};
                 }
             });
         }
@@ -543,14 +649,31 @@ stof_attn(const __grid_constant__ stof_tmap tq, const __grid_constant__ stof_tma
             o[j][0] = o[j][1] = o[j][2] = o[j][3] = 0.f;
         const int qb = n % QB;
         q_wg = Qs + qb * Q_BYTES + c * 64 * SW;
-        landed(q_full + 8 * qb, (n / QB) & 1);
+        landed(q_full + 8 * qb, (n / QB) & 1);{{#if VARLEN}}
+        // The item and its sequence, as the producer published them (ws_publish).
+        int group, ntiles, bh, q0, qlo, qlim, klim;
+        asm volatile("ld.shared.v4.b32 {%0, %1, %2, %3}, [%8];\n"
+                     "ld.shared.v4.b32 {%4, %5, %6, %7}, [%8+16];\n"
+                     : "=r"(group), "=r"(ntiles), "=r"(bh), "=r"(q0), "=r"(qlo), "=r"(qlim),
+                       "=r"(klo), "=r"(klim)
+                     : "r"(Is + IREC * qb)
+                     : "memory");
+        const int b = 0, h = bh & 0xffff;  // one batch of packed rows
+        if (ntiles < 0) {  // none of the sequence's rows: as an empty item, nothing stored
+            release(q_empty + 8 * qb);
+            if (LAG) {
+                turn_wait();
+                turn_pass();
+            }
+            continue;
+        }{{/if}}{{#unless VARLEN}}
         int group, ntiles, bh, len;
         asm volatile("ld.shared.v4.b32 {%0, %1, %2, %3}, [%4];\n"
                      : "=r"(group), "=r"(ntiles), "=r"(bh), "=r"(len)
                      : "r"(Is + 16 * qb)
                      : "memory");
         const int b = bh >> 16, h = bh & 0xffff;
-        const int qlim = min(lq, len), klim = min(lk, len);
+        const int qlim = min(lq, len), klim = min(lk, len);{{/if}}
         const int row0 = PERIOD > 1 ? group : group * BM;  // the item's first row{{#if MODS}}
         mods = stof_mods_of(h, scale_log2, alibi_slopes, bias_table);
 #pragma unroll
@@ -562,7 +685,7 @@ stof_attn(const __grid_constant__ stof_tmap tq, const __grid_constant__ stof_tma
         // never does) takes the item's turns and nothing else.
         if (SIT_OUT && c > 0 && group * BM + c * 64 >= lq) {
             release(q_empty + 8 * qb);
-            for (int j = ntiles; j >= 0; j--) {
+            for (int j = {{#if VARLEN}}ntiles == 0 ? LAG - 1 : {{/if}}ntiles; j >= 0; j--) {
                 turn_wait();
                 turn_pass();
             }
@@ -651,10 +774,10 @@ stof_attn(const __grid_constant__ stof_tmap tq, const __grid_constant__ stof_tma
                 sum += __shfl_xor_sync(0xffffffffu, sum, 1);
                 sum += __shfl_xor_sync(0xffffffffu, sum, 2);
                 const int qi = qidx[(long long)group * BM + c * 64 + (warp % 4) * 16 + g + 8 * h2];
-                if (qi < 0 || qi >= lq)
+                if ({{#unless VARLEN}}qi < 0 || qi >= lq{{/if}}{{#if VARLEN}}qi < qlo || qi >= qlim{{/if}})
                     continue;
                 const float inv = sum > 0.f && qi < qlim ? 1.f / sum : 0.f;
-                elem_t *orow = gout + b * o_sb + h * o_sh + qi * o_sl;
+                elem_t *orow = gout + b * o_sb + h * o_sh + {{#if VARLEN}}(long long)(q0 + qi){{/if}}{{#unless VARLEN}}qi{{/if}} * o_sl;
 #pragma unroll
                 for (int j = 0; j < D / 8; j++)
                     *reinterpret_cast<unsigned *>(orow + 8 * j + 2 * t) =
@@ -664,7 +787,32 @@ stof_attn(const __grid_constant__ stof_tmap tq, const __grid_constant__ stof_tma
         }
         // Epilogue: O / l into this warpgroup's staging buffer once its last
         // store has read it, then one TMA store per swizzle atom. Thread
-        // (g, t) holds columns 8j + 2t, 8j + 2t + 1 of rows r and r + 8.
+        // (g, t) holds columns 8j + 2t, 8j + 2t + 1 of rows r and r + 8.{{#if VARLEN}}
+        // VARLEN: rows that would cross the sequence's first or last row go
+        // one by one from registers, the sequence's rows only (a box writes
+        // whole, a neighbour's rows too).
+        if (row0 + c * 64 < qlo || row0 + c * 64 + 64 > qlim) {
+#pragma unroll
+            for (int h2 = 0; h2 < 2; h2++) {
+                float sum = l[h2];
+                if constexpr (SUM_MMA) {
+                    sum = o[D / 8][2 * h2];
+                } else {
+                    sum += __shfl_xor_sync(0xffffffffu, sum, 1);
+                    sum += __shfl_xor_sync(0xffffffffu, sum, 2);
+                }
+                const int qi = row0 + c * 64 + (warp % 4) * 16 + g + 8 * h2;
+                if (qi < qlo || qi >= qlim)
+                    continue;
+                const float inv = sum > 0.f ? 1.f / sum : 0.f;
+                elem_t *orow = gout + h * o_sh + (long long)(q0 + qi) * o_sl;
+#pragma unroll
+                for (int j = 0; j < D / 8; j++)
+                    *reinterpret_cast<unsigned *>(orow + 8 * j + 2 * t) =
+                        mma_tag::pack2(o[j][2 * h2] * inv, o[j][2 * h2 + 1] * inv);
+            }
+            continue;
+        }{{/if}}
         if (threadIdx.x % 128 == 0)
             tma_wait_read();
         named_sync(BAR_EPI + c, 128);
@@ -697,7 +845,7 @@ stof_attn(const __grid_constant__ stof_tmap tq, const __grid_constant__ stof_tma
         if (threadIdx.x % 128 == 0) {
 #pragma unroll
             for (int a = 0; a < ATOMS; a++)
-                store_rows(&to, o_wg + a * 64 * SW, a * AW, row0 + PERIOD * c * 64, h, b);
+                store_rows(&to, o_wg + a * 64 * SW, a * AW, {{#if VARLEN}}q0 + {{/if}}row0 + PERIOD * c * 64, h, b);
             tma_commit();
         }
     }

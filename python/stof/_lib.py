@@ -143,7 +143,8 @@ class MhaDesc(Structure):
                 ("max_candidates", c_int), ("max_seconds", c_double),
                 ("kv_heads", c_int), ("softcap", c_float),
                 ("alibi", c_int), ("alibi_slopes", c_void_p),
-                ("bias_buckets", c_int), ("bias_table", c_void_p)]
+                ("bias_buckets", c_int), ("bias_table", c_void_p),
+                ("varlen", c_int)]
 
 
 class DecodeDesc(Structure):

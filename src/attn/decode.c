@@ -107,6 +107,7 @@ void decode_make_request(const stof_decode_desc *d, decode_request *r)
     r->vars[n++] = (render_var){"MODS", "0"};
     r->vars[n++] = (render_var){"ALIBI", "0"};
     r->vars[n++] = (render_var){"BIAS", "0"};
+    r->vars[n++] = (render_var){"VARLEN", "0"};
     r->main = (jit_request){"decode", "attn_decode.cu", "stof_attn_decode", r->vars, n, NULL};
     r->cvars[0] = (render_var){"HEAD_DIM", r->text[0]};
     r->cvars[1] = (render_var){"MMA_TYPE", mma};

@@ -275,6 +275,67 @@ stof_status mask_to_dense(const stof_mask *m, unsigned char **out)
     return STOF_OK;
 }
 
+/* Ranges r[0 .. n) moved right by `by`, cut to [lo, hi), adjacent ones
+ * joined, into dst (n of them at most); returns how many. */
+static int clip_ranges(const mask_range *r, int n, int by, int lo, int hi, mask_range *dst)
+{
+    int m = 0;
+    for (int i = 0; i < n; i++) {
+        int a = r[i].lo + by, b = r[i].hi + by;
+        a = a < lo ? lo : a;
+        b = b > hi ? hi : b;
+        if (a >= b)
+            continue;
+        if (m > 0 && dst[m - 1].hi >= a)
+            dst[m - 1].hi = b > dst[m - 1].hi ? b : dst[m - 1].hi;
+        else
+            dst[m++] = (mask_range){a, b};
+    }
+    return m;
+}
+
+stof_status mask_diagonal(const stof_mask *m, int *diagonal)
+{
+    *diagonal = 1;
+    mask_iter it;
+    TRY(mask_iter_init(&it, m));
+    mask_range *prev = NULL, *a = NULL, *b = NULL;
+    int np = 0, cap = 0;
+    stof_status st = STOF_OK;
+    for (int q = 0; q < m->lq && *diagonal; q++) {
+        const mask_range *r;
+        int nr = mask_row_ranges(&it, q, &r);
+        if (nr > cap) {
+            cap = nr * 2;
+            mask_range *p2 = realloc(prev, (size_t)cap * sizeof *p2);
+            prev = p2 ? p2 : prev;
+            mask_range *a2 = realloc(a, (size_t)cap * sizeof *a2);
+            a = a2 ? a2 : a;
+            mask_range *b2 = realloc(b, (size_t)cap * sizeof *b2);
+            b = b2 ? b2 : b;
+            if (!p2 || !a2 || !b2) {
+                st = STOF_ERR_NO_MEMORY;
+                break;
+            }
+        }
+        /* Entry (q, k) against (q - 1, k - 1), for k >= 1: row q - 1's
+         * ranges moved one key right. */
+        if (q > 0) {
+            int na = clip_ranges(prev, np, 1, 1, m->lk, a);
+            int nb = clip_ranges(r, nr, 0, 1, m->lk, b);
+            *diagonal = na == nb && (na == 0 || memcmp(a, b, (size_t)na * sizeof *a) == 0);
+        }
+        if (nr > 0)
+            memcpy(prev, r, (size_t)nr * sizeof *r);
+        np = nr;
+    }
+    free(prev);
+    free(a);
+    free(b);
+    mask_iter_free(&it);
+    return st;
+}
+
 /* ---- per-row runs ------------------------------------------------------------------ */
 
 void mask_rows_free(mask_rows *r)

@@ -37,6 +37,12 @@ int mask_row_ranges(mask_iter *it, int q, const mask_range **out);
  * built from a matrix, which its spec does not define. */
 int mask_spec_key(const stof_mask *m, char key[65]);
 
+/* Whether every entry (q, k) equals (q - 1, k - 1) where both lie in the
+ * mask: it depends on q - k alone (dense, causal, windows, dilated and their
+ * unions), so that a packed sequence may stand anywhere along its diagonal
+ * (stof_mha_run_varlen). A walk of every row; STOF_ERR_NO_MEMORY only. */
+stof_status mask_diagonal(const stof_mask *m, int *diagonal);
+
 /* The whole mask as lq*lk bytes, row-major, 1 = allowed; for tests. */
 stof_status mask_to_dense(const stof_mask *m, unsigned char **out);
 

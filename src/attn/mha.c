@@ -72,6 +72,14 @@ static stof_status check_desc(stof_ctx *ctx, const stof_mha_desc *d, const stof_
     if (d->qkv_packed && (d->layout != STOF_LAYOUT_BLHD || d->seq_q != d->seq_k))
         return CTX_FAIL(ctx, STOF_ERR_INVALID_ARG,
                         "desc.qkv_packed needs layout STOF_LAYOUT_BLHD and seq_q == seq_k");
+    if (d->varlen && (d->layout != STOF_LAYOUT_BLHD || d->qkv_packed))
+        return CTX_FAIL(ctx, STOF_ERR_INVALID_ARG,
+                        "desc.varlen needs layout STOF_LAYOUT_BLHD (rows back to back) and "
+                        "qkv_packed 0");
+    if (d->varlen && (d->alibi || d->bias_buckets > 0))
+        return CTX_FAIL(ctx, STOF_ERR_UNSUPPORTED,
+                        "desc.varlen does not take desc.alibi or desc.bias_buckets yet (their "
+                        "positions would be the plan's, not each sequence's)");
     if (!(d->scale >= 0.f) || isinf(d->scale))
         return CTX_FAIL(ctx, STOF_ERR_INVALID_ARG, "desc.scale must be finite and >= 0");
     if (!(d->softcap >= 0.f) || isinf(d->softcap))
@@ -101,9 +109,9 @@ static stof_status check_desc(stof_ctx *ctx, const stof_mha_desc *d, const stof_
     return STOF_OK;
 }
 
-/* The tuning record's shape: KV heads and the modifiers only where they
- * are set, so that the records of plain multi-head attention keep their
- * keys (ALiBi's slopes, given or standard, run the same kernel). */
+/* The tuning record's shape: KV heads, the modifiers and varlen only where
+ * they are set, so that the records of plain multi-head attention keep
+ * their keys (ALiBi's slopes, given or standard, run the same kernel). */
 static void shape_string(const stof_mha_desc *d, char *out, size_t n)
 {
     char kv[24] = "", cap[80] = "";
@@ -115,9 +123,9 @@ static void shape_string(const stof_mha_desc *d, char *out, size_t n)
         snprintf(cap + strlen(cap), sizeof cap - strlen(cap), ",alibi");
     if (d->bias_buckets > 0)
         snprintf(cap + strlen(cap), sizeof cap - strlen(cap), ",bias=%d", d->bias_buckets);
-    snprintf(out, n, "b=%d,h=%d,lq=%d,lk=%d,d=%d,layout=%s%s%s%s", d->batch, d->heads, d->seq_q,
-             d->seq_k, d->head_dim, d->layout == STOF_LAYOUT_BLHD ? "blhd" : "bhld",
-             d->qkv_packed ? ",packed" : "", kv, cap);
+    snprintf(out, n, "b=%d,h=%d,lq=%d,lk=%d,d=%d,layout=%s%s%s%s%s", d->batch, d->heads,
+             d->seq_q, d->seq_k, d->head_dim, d->layout == STOF_LAYOUT_BLHD ? "blhd" : "bhld",
+             d->qkv_packed ? ",packed" : "", kv, cap, d->varlen ? ",varlen" : "");
 }
 
 /* ---- public calls ------------------------------------------------------- */
@@ -158,8 +166,16 @@ static stof_status finish_plan(stof_ctx *ctx, stof_mha_plan *p, const stof_mask 
         TRY(attn_tiles_build(ctx, *ms, p->c.kind, p->c.bm, p->c.bn, &made));
         tiles = &made;
     }
+    /* Varlen: whether a sequence may move along the mask's diagonal. */
+    int diagonal = 0;
+    if (p->d.varlen && mask_diagonal(mask, &diagonal) != STOF_OK) {
+        if (tiles == &made)
+            attn_tiles_free(&made);
+        return CTX_FAIL(ctx, STOF_ERR_NO_MEMORY, "out of memory walking the mask");
+    }
     mha_launch L;
     stof_status st = mha_kernel_load(ctx, &p->d, &p->c, tiles, known, &L);
+    L.shift = diagonal;
     if (st == STOF_OK && !from_cache)
         memo_put_tiles(ctx, p->mask_hash, tiles);
     if (tiles == &made)
@@ -315,6 +331,11 @@ stof_status mha_plan_forced(stof_ctx *ctx, const stof_mha_desc *desc, const stof
                         "wgmma attention kernels need sm_90a and head_dim 64 or 128 (80 and 96 on "
                         "the warp-specialized engine; this context compiles for %s, head_dim %d)",
                         ctx->arch, desc ? desc->head_dim : 0);
+    if (desc && desc->varlen && !mha_takes_varlen(c))
+        return CTX_FAIL(ctx, STOF_ERR_UNSUPPORTED,
+                        "the warp-specialized engine takes desc.varlen on 128-row block "
+                        "items only (its 192-row and gathered items spill with it); the "
+                        "other engines take it on every size");
     if (desc && desc->softcap > 0.f && !mha_takes_softcap(c))
         return CTX_FAIL(ctx, STOF_ERR_UNSUPPORTED,
                         "the warp-specialized engine's 192-row items do not take desc.softcap "
@@ -327,11 +348,12 @@ stof_status mha_plan_forced(stof_ctx *ctx, const stof_mha_desc *desc, const stof
                         "on 128-row items at head_dim 64 (the others' registers spill with "
                         "them); the other engines take them at every size");
     const int smem_max = mha_kernel_device_smem(ctx);
-    if (desc && mha_smem_bytes(c, desc->head_dim) > smem_max)
+    if (desc && mha_smem_bytes(c, desc->head_dim, desc->varlen) > smem_max)
         return CTX_FAIL(ctx, STOF_ERR_UNSUPPORTED,
                         "this attention kernel needs %d bytes of shared memory at head_dim %d; "
                         "the device gives a block %d",
-                        mha_smem_bytes(c, desc->head_dim), desc->head_dim, smem_max);
+                        mha_smem_bytes(c, desc->head_dim, desc->varlen), desc->head_dim,
+                        smem_max);
     stof_mha_plan *p;
     const mask_summary *ms = NULL;
     mask_summary own;
@@ -348,22 +370,13 @@ stof_status mha_plan_forced(stof_ctx *ctx, const stof_mha_desc *desc, const stof
     return STOF_OK;
 }
 
-stof_status stof_mha_run(stof_mha_plan *p, const void *q, const void *k, const void *v, void *out,
-                         const int *seq_lens, stof_stream stream)
+/* The launch of a run whose arguments are checked (vl: a varlen run's
+ * sequences, else NULL). */
+static stof_status run_plan(stof_mha_plan *p, const void *q, const void *k, const void *v,
+                            void *out, CUdeviceptr seq_lens, const mha_varlen *vl,
+                            stof_stream stream)
 {
-    if (!p)
-        return STOF_ERR_INVALID_ARG;
     stof_ctx *ctx = p->ctx;
-    CTX_ARG(ctx, q, "q");
-    CTX_ARG(ctx, p->d.qkv_packed || k, "k");
-    CTX_ARG(ctx, p->d.qkv_packed || v, "v");
-    CTX_ARG(ctx, out, "out");
-    /* The table is data, read only here: a plan (stof-warm's, a search's)
-     * is made for its shape alone. */
-    if (p->d.bias_buckets > 0 && !p->d.bias_table)
-        return CTX_FAIL(ctx, STOF_ERR_INVALID_ARG,
-                        "desc.bias_table is NULL but desc.bias_buckets is %d: the kernel reads "
-                        "table[heads][bias_buckets] on the device", p->d.bias_buckets);
     /* 16-byte loads of rows need 16-byte aligned rows. */
     if (((uintptr_t)q | (uintptr_t)k | (uintptr_t)v | (uintptr_t)out) % 16)
         return CTX_FAIL(ctx, STOF_ERR_INVALID_ARG, "q, k, v and out must be 16-byte aligned");
@@ -375,11 +388,66 @@ stof_status stof_mha_run(stof_mha_plan *p, const void *q, const void *k, const v
     if (push)
         TRY(jit_push(ctx));
     stof_status st = mha_kernel_launch(ctx, &p->d, &p->L, (CUdeviceptr)q, (CUdeviceptr)k,
-                                       (CUdeviceptr)v, (CUdeviceptr)out, (CUdeviceptr)seq_lens,
+                                       (CUdeviceptr)v, (CUdeviceptr)out, seq_lens, vl,
                                        (CUstream)stream, &p->maps);
     if (push)
         jit_pop(ctx);
     return st;
+}
+
+stof_status stof_mha_run(stof_mha_plan *p, const void *q, const void *k, const void *v, void *out,
+                         const int *seq_lens, stof_stream stream)
+{
+    if (!p)
+        return STOF_ERR_INVALID_ARG;
+    stof_ctx *ctx = p->ctx;
+    CTX_ARG(ctx, q, "q");
+    CTX_ARG(ctx, p->d.qkv_packed || k, "k");
+    CTX_ARG(ctx, p->d.qkv_packed || v, "v");
+    CTX_ARG(ctx, out, "out");
+    if (p->d.varlen)
+        return CTX_FAIL(ctx, STOF_ERR_INVALID_ARG,
+                        "this plan was made with desc.varlen: run it with stof_mha_run_varlen");
+    /* The table is data, read only here: a plan (stof-warm's, a search's)
+     * is made for its shape alone. */
+    if (p->d.bias_buckets > 0 && !p->d.bias_table)
+        return CTX_FAIL(ctx, STOF_ERR_INVALID_ARG,
+                        "desc.bias_table is NULL but desc.bias_buckets is %d: the kernel reads "
+                        "table[heads][bias_buckets] on the device", p->d.bias_buckets);
+    return run_plan(p, q, k, v, out, (CUdeviceptr)seq_lens, NULL, stream);
+}
+
+stof_status stof_mha_run_varlen(stof_mha_plan *p, const void *q, const void *k, const void *v,
+                                void *out, const int *cu_seqlens_q, const int *cu_seqlens_k,
+                                int batch, long long total_q, long long total_k,
+                                stof_stream stream)
+{
+    if (!p)
+        return STOF_ERR_INVALID_ARG;
+    stof_ctx *ctx = p->ctx;
+    if (!p->d.varlen)
+        return CTX_FAIL(ctx, STOF_ERR_INVALID_ARG,
+                        "the plan was made without desc.varlen: stof_mha_run_varlen needs a "
+                        "varlen plan (stof_mha_run runs this one)");
+    CTX_ARG(ctx, q, "q");
+    CTX_ARG(ctx, k, "k");
+    CTX_ARG(ctx, v, "v");
+    CTX_ARG(ctx, out, "out");
+    CTX_ARG(ctx, cu_seqlens_q, "cu_seqlens_q");
+    CTX_ARG(ctx, cu_seqlens_k, "cu_seqlens_k");
+    if (batch < 1 || batch > p->d.batch)
+        return CTX_FAIL(ctx, STOF_ERR_INVALID_ARG,
+                        "batch %d must be within 1 .. desc.batch %d, the plan's most sequences",
+                        batch, p->d.batch);
+    if (total_q < 0 || total_k < 0)
+        return CTX_FAIL(ctx, STOF_ERR_INVALID_ARG, "%s %lld must be >= 0",
+                        total_q < 0 ? "total_q" : "total_k", total_q < 0 ? total_q : total_k);
+    if (((uintptr_t)cu_seqlens_q | (uintptr_t)cu_seqlens_k) % 4)
+        return CTX_FAIL(ctx, STOF_ERR_INVALID_ARG,
+                        "cu_seqlens_q and cu_seqlens_k must be 4-byte aligned int32 arrays");
+    mha_varlen vl = {(CUdeviceptr)cu_seqlens_q, (CUdeviceptr)cu_seqlens_k, batch, total_q,
+                     total_k};
+    return run_plan(p, q, k, v, out, 0, &vl, stream);
 }
 
 stof_status stof_mha_plan_describe(const stof_mha_plan *p, char *buf, size_t n)
@@ -400,6 +468,9 @@ stof_status stof_mha_plan_describe(const stof_mha_plan *p, char *buf, size_t n)
     if (p->d.bias_buckets > 0)
         snprintf(mods + strlen(mods), sizeof mods - strlen(mods), " bias_buckets=%d",
                  p->d.bias_buckets);
+    if (p->d.varlen)
+        snprintf(mods + strlen(mods), sizeof mods - strlen(mods), " varlen%s",
+                 p->L.shift ? "" : "=corner");
     if (p->c.wg == MHA_WS && p->L.period > 1)
         snprintf(rows, sizeof rows, " rows=tma/%d", p->L.period);
     else if (p->c.wg == MHA_WS)

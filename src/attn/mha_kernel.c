@@ -16,7 +16,7 @@ mha_mods mha_mods_of(const stof_mha_desc *d)
 }
 
 void mha_make_request(const mha_candidate *c, int head_dim, int seq_q, stof_dtype dtype,
-                      int group, mha_mods mods, int period, mha_request *r)
+                      int group, mha_mods mods, int varlen, int period, mha_request *r)
 {
     const int nums[4] = {head_dim, c->bm, c->bn, c->wg ? c->st : c->mt};
     static const char *const names[2][4] = {{"HEAD_DIM", "BLOCK_M", "BLOCK_N", "M_TILES"},
@@ -41,6 +41,7 @@ void mha_make_request(const mha_candidate *c, int head_dim, int seq_q, stof_dtyp
     r->vars[n++] = (render_var){"MODS", mods.alibi || mods.bias_buckets > 0 ? "1" : "0"};
     r->vars[n++] = (render_var){"ALIBI", mods.alibi ? "1" : "0"};
     r->vars[n++] = (render_var){"BIAS", r->text[7]};
+    r->vars[n++] = (render_var){"VARLEN", varlen ? "1" : "0"};
     r->req = (jit_request){"mha", files[c->wg], "stof_attn", r->vars, n,
                            c->wg ? "wgmma.cuh" : NULL};
     if (c->wg == MHA_WS) {
@@ -94,27 +95,34 @@ int mha_takes_score_mods(const mha_candidate *c, int head_dim)
     return !(c->wg == MHA_WS && (c->bm == 192 || head_dim > 64));
 }
 
+int mha_takes_varlen(const mha_candidate *c)
+{
+    return c->wg != MHA_WS || (c->bm == 128 && c->kind == ATTN_BLOCK);
+}
+
 int mha_takes_mods(const mha_candidate *c, const stof_mha_desc *d)
 {
     return (!(d->softcap > 0.f) || mha_takes_softcap(c)) &&
-           (!(d->alibi || d->bias_buckets > 0) || mha_takes_score_mods(c, d->head_dim));
+           (!(d->alibi || d->bias_buckets > 0) || mha_takes_score_mods(c, d->head_dim)) &&
+           (!d->varlen || mha_takes_varlen(c));
 }
 
-int mha_smem_bytes(const mha_candidate *c, int head_dim)
+int mha_smem_bytes(const mha_candidate *c, int head_dim, int varlen)
 {
     if (c->wg == MHA_WS) { /* Q (two where warpgroup 1 lags: LAG in attn_ws.cu), K and V
                               stages, each consumer's O in whole swizzle atoms (80 columns
                               laid out as 96) unless it is staged in P's tile (O_IN_P), P
                               in atoms of 64 keys; each stage's bitmap and tile, the
                               ones (192 rows at head_dim 64, P in registers), the item (one
-                              per Q); barriers; alignment slack */
+                              per Q; with varlen its sequence too); barriers; alignment
+                              slack */
         const int qb = c->bm == 128 && c->bn == 128 && c->st >= 3 ? 2 : 1;
         const int da = (head_dim + 31) / 32 * 32, pk = (c->bn + 63) / 64 * 64;
         const int o_in_p = c->qs && pk >= da;
         return ((qb + !o_in_p) * c->bm + 2 * c->st * c->bn) * da * 2 +
                (c->qs ? c->bm * pk * 2 : 0) + c->st * (c->bm * ((c->bn + 31) / 32) * 4 + 8) +
-               (head_dim == 64 && !c->qs && c->bm == 192 ? c->bn * 128 : 0) + 16 * qb +
-               8 * (2 * qb + 4 * c->st) + 1024;
+               (head_dim == 64 && !c->qs && c->bm == 192 ? c->bn * 128 : 0) +
+               (varlen ? 32 : 16) * qb + 8 * (2 * qb + 4 * c->st) + 1024;
     }
     if (c->wg) /* unpadded swizzled tiles, 1 KiB of alignment slack */
         return (c->bm + 2 * c->st * c->bn) * head_dim * 2 + 16 * c->st + 1024;
@@ -152,7 +160,7 @@ int mha_candidates(int head_dim, int smem_max, int wgmma, mha_candidate *out, in
              * Q left in shared memory. */
             if (head_dim > 64 && (c.bn == 128 || (c.mt == 2 && !c.qs)))
                 continue;
-            if (mha_smem_bytes(&c, head_dim) > smem_max)
+            if (mha_smem_bytes(&c, head_dim, 0) > smem_max)
                 continue;
             out[n++] = c;
         }
@@ -160,7 +168,7 @@ int mha_candidates(int head_dim, int smem_max, int wgmma, mha_candidate *out, in
         for (size_t i = 0; i < nwg && n < cap; i++) {
             mha_candidate c = {(attn_kind)kind, wg_sizes[i][0], wg_sizes[i][1], 1, 0, 1,
                                wg_sizes[i][2]};
-            if (mha_smem_bytes(&c, head_dim) <= smem_max)
+            if (mha_smem_bytes(&c, head_dim, 0) <= smem_max)
                 out[n++] = c;
         }
         /* Warp-specialized: S of 64 x bn and O of 64 x head_dim in each
@@ -189,7 +197,7 @@ int mha_candidates(int head_dim, int smem_max, int wgmma, mha_candidate *out, in
              * with O staged in P's tile.) */
             if (fits && !(c.bn == 192 && head_dim > 64) && !(c.bn == 96 && head_dim <= 64) &&
                 !(c.bn == 144 && head_dim != 80 && head_dim != 96) &&
-                mha_smem_bytes(&c, head_dim) <= smem_max)
+                mha_smem_bytes(&c, head_dim, 0) <= smem_max)
                 out[n++] = c;
         }
     }
@@ -295,29 +303,47 @@ static stof_status tensor_map(stof_ctx *ctx, CUtensorMap *map, CUdeviceptr p, co
 
 /* The warp-specialized engine's launch: descriptors for this run's
  * pointers (none where it gathers rows: it reads the pointers and strides
- * then), the persistent grid mha_kernel_load dealt the work to. */
+ * then), the persistent grid mha_kernel_load dealt the work to. A varlen
+ * run's tensors are one batch of its total rows (at least one row: a map
+ * has no empty dimension, and a run with none reads none), and the kernel
+ * takes its sequences after the others' arguments. */
 static stof_status launch_ws(stof_ctx *ctx, const stof_mha_desc *d, const mha_launch *L,
                              const mha_strides *s, CUdeviceptr q, CUdeviceptr k, CUdeviceptr v,
-                             CUdeviceptr out, CUdeviceptr seq_lens, float scale_log2,
-                             CUdeviceptr slopes, CUdeviceptr table, CUstream stream,
-                             mha_maps *cache)
+                             CUdeviceptr out, CUdeviceptr seq_lens, const mha_varlen *vl,
+                             float scale_log2, CUdeviceptr slopes, CUdeviceptr table,
+                             CUstream stream, mha_maps *cache)
 {
     const CUdeviceptr at[4] = {q, k, v, out};
     /* k and v hold kv_heads heads (GQA): the kernel reads kv head h / GROUP. */
-    const int rows[4] = {d->seq_q, d->seq_k, d->seq_k, d->seq_q},
-              heads[4] = {d->heads, mha_kv_heads(d), mha_kv_heads(d), d->heads},
+    int rows[4] = {d->seq_q, d->seq_k, d->seq_k, d->seq_q};
+    const int heads[4] = {d->heads, mha_kv_heads(d), mha_kv_heads(d), d->heads},
               box[4] = {L->bm, L->bn, L->bn, 64};
+    stof_mha_desc one = *d;
+    if (vl) {
+        /* TMA coordinates are int32: a sequence's rows are addressed from
+         * the buffer's row 0. */
+        if (vl->total_q > INT_MAX - d->seq_q || vl->total_k > INT_MAX - d->seq_k)
+            return CTX_FAIL(ctx, STOF_ERR_UNSUPPORTED,
+                            "the warp-specialized engine addresses fewer rows than total_q "
+                            "%lld and total_k %lld",
+                            vl->total_q, vl->total_k);
+        one.batch = 1;
+        rows[0] = rows[3] = vl->total_q > 0 ? (int)vl->total_q : 1;
+        rows[1] = rows[2] = vl->total_k > 0 ? (int)vl->total_k : 1;
+    }
     CUtensorMap t[4];
     memset(t, 0, sizeof t);
     for (int i = 0; i < 4 && !L->gather; i++) {
-        if (cache && cache->at[i] == at[i]) {
+        if (cache && cache->at[i] == at[i] && cache->rows[i] == rows[i]) {
             memcpy(&t[i], cache->map[i], sizeof t[i]);
             continue;
         }
-        TRY(tensor_map(ctx, &t[i], at[i], d, rows[i], heads[i], &s->s[i], box[i], L->period));
+        TRY(tensor_map(ctx, &t[i], at[i], &one, rows[i], heads[i], &s->s[i], box[i],
+                       L->period));
         if (cache) {
             memcpy(cache->map[i], &t[i], sizeof t[i]);
             cache->at[i] = at[i];
+            cache->rows[i] = rows[i];
         }
     }
     int lq = d->seq_q, lk = d->seq_k;
@@ -327,19 +353,32 @@ static stof_status launch_ws(stof_ctx *ctx, const stof_mha_desc *d, const mha_la
                 kidx = L->tiles + L->lay.kidx;
     long long st[4][3];
     memcpy(st, s->s, sizeof st);
+    /* Varlen: cu_q where seq_lens goes, then cu_k, the buffers' rows, the
+     * mask's shift and the run's sequences (the items of later slots idle). */
+    CUdeviceptr cu_k = vl ? vl->cu_k : 0;
+    long long total_q = vl ? vl->total_q : 0, total_k = vl ? vl->total_k : 0;
+    int shift = L->shift, nseq = vl ? vl->batch : 0;
+    if (vl)
+        seq_lens = vl->cu_q;
     void *args[] = {&t[0],     &t[1],     &t[2],     &t[3],     &lq,        &lk,
                     &seq_lens, &items,    &first,    &tile_key, &tile_bits, &bits,
                     &scale_log2, &q,      &k,        &v,        &out,       &st[0][0],
                     &st[0][1], &st[0][2], &st[1][0], &st[1][1], &st[1][2],  &st[2][0],
                     &st[2][1], &st[2][2], &st[3][0], &st[3][1], &st[3][2],  &qidx,
-                    &kidx,     &slopes,   &table};
+                    &kidx,
+                    /* A kernel takes the modifiers' tables or the varlen
+                     * arguments, never both (mha_check): the driver reads as
+                     * many as the kernel has. */
+                    vl ? (void *)&cu_k : (void *)&slopes, vl ? (void *)&total_q : (void *)&table,
+                    &total_k,  &shift,    &nseq};
     return jit_launch(ctx, L->fn, (unsigned)L->ctas, 1, 1, (unsigned)L->threads, (unsigned)L->smem,
                       stream, args);
 }
 
 stof_status mha_kernel_launch(stof_ctx *ctx, const stof_mha_desc *d, const mha_launch *L,
                               CUdeviceptr q, CUdeviceptr k, CUdeviceptr v, CUdeviceptr out,
-                              CUdeviceptr seq_lens, CUstream stream, mha_maps *maps)
+                              CUdeviceptr seq_lens, const mha_varlen *vl, CUstream stream,
+                              mha_maps *maps)
 {
     mha_strides s = mha_kernel_strides(d);
     if (d->qkv_packed) {
@@ -359,20 +398,31 @@ stof_status mha_kernel_launch(stof_ctx *ctx, const stof_mha_desc *d, const mha_l
                                            : L->tiles + L->slopes;
     CUdeviceptr table = d->bias_buckets > 0 ? (CUdeviceptr)d->bias_table : 0;
     if (L->wg == MHA_WS)
-        return launch_ws(ctx, d, L, &s, q, k, v, out, seq_lens, scale_log2, slopes, table,
+        return launch_ws(ctx, d, L, &s, q, k, v, out, seq_lens, vl, scale_log2, slopes, table,
                          stream, maps);
     CUdeviceptr work = L->tiles + L->lay.work, qidx = L->tiles + L->lay.qidx,
                 tile_key = L->tiles + L->lay.tile_key,
                 tile_bits = L->tiles + L->lay.tile_bits, kidx = L->tiles + L->lay.kidx,
                 bits = L->tiles + L->lay.bits;
+    /* Varlen: cu_q where seq_lens goes, then cu_k, the buffers' rows and
+     * the mask's shift (ATTN_ITEM_PARAMS); a grid row per sequence. */
+    CUdeviceptr cu_k = vl ? vl->cu_k : 0;
+    long long total_q = vl ? vl->total_q : 0, total_k = vl ? vl->total_k : 0;
+    int shift = L->shift;
+    if (vl)
+        seq_lens = vl->cu_q;
     void *args[] = {&q, &k, &v, &out,
                     &s.s[0][0], &s.s[0][1], &s.s[0][2], &s.s[1][0], &s.s[1][1], &s.s[1][2],
                     &s.s[2][0], &s.s[2][1], &s.s[2][2], &s.s[3][0], &s.s[3][1], &s.s[3][2],
                     &lq, &lk, &seq_lens, &work, &qidx, &tile_key,
-                    &tile_bits, &kidx, &bits, &scale_log2, &slopes, &table};
+                    &tile_bits, &kidx, &bits, &scale_log2,
+                    /* the modifiers' tables or the varlen arguments, as launch_ws */
+                    vl ? (void *)&cu_k : (void *)&slopes, vl ? (void *)&total_q : (void *)&table,
+                    &total_k, &shift};
     /* Grid (heads, batch, groups by rank): see stof_work_item. */
-    return jit_launch(ctx, L->fn, (unsigned)d->heads, (unsigned)d->batch, (unsigned)L->n_groups,
-                      (unsigned)L->threads, (unsigned)L->smem, stream, args);
+    return jit_launch(ctx, L->fn, (unsigned)d->heads, (unsigned)(vl ? vl->batch : d->batch),
+                      (unsigned)L->n_groups, (unsigned)L->threads, (unsigned)L->smem, stream,
+                      args);
 }
 
 stof_status mha_kernel_load(stof_ctx *ctx, const stof_mha_desc *d, const mha_candidate *c,
@@ -380,16 +430,16 @@ stof_status mha_kernel_load(stof_ctx *ctx, const stof_mha_desc *d, const mha_can
 {
     memset(L, 0, sizeof *L);
     mha_request r;
-    L->period = mha_view_period(c, t, d->seq_q, d->seq_k);
-    mha_make_request(c, d->head_dim, d->seq_q, d->dtype, mha_group(d), mha_mods_of(d), L->period,
-                     &r);
+    L->period = d->varlen ? 1 : mha_view_period(c, t, d->seq_q, d->seq_k);
+    mha_make_request(c, d->head_dim, d->seq_q, d->dtype, mha_group(d), mha_mods_of(d),
+                     d->varlen, L->period, &r);
     TRY(jit_get_known(ctx, &r.req, known, &L->fn, L->key));
     L->wg = c->wg;
     L->gather = c->wg == MHA_WS && c->kind == ATTN_GATHER && L->period == 1;
     L->bm = c->bm;
     L->bn = c->bn;
     L->threads = mha_threads(c);
-    L->smem = mha_smem_bytes(c, d->head_dim);
+    L->smem = mha_smem_bytes(c, d->head_dim, d->varlen);
     L->n_groups = t->n_groups;
     L->lay = attn_tiles_layout_of(t);
     long long n_items = c->wg == MHA_WS ? (long long)t->n_groups * d->batch * d->heads : 0;

@@ -29,7 +29,7 @@ typedef struct mha_candidate {
 /* The kernel request for a candidate; the strings live in *buf. */
 typedef struct mha_request {
     char text[8][24];
-    render_var vars[16];
+    render_var vars[20];
     jit_request req;
 } mha_request;
 /* The score modifiers a kernel renders (stof_mha_desc's softcap, alibi and
@@ -40,10 +40,12 @@ typedef struct mha_mods {
 } mha_mods;
 /* desc's modifiers. */
 mha_mods mha_mods_of(const stof_mha_desc *d);
-/* period: mha_view_period's for the candidate's tiles (1 elsewhere);
- * group: query heads per KV head (mha_group). */
+/* period: mha_view_period's for the candidate's tiles (1 elsewhere, and
+ * with varlen, whose sequences start at any row);
+ * group: query heads per KV head (mha_group); varlen: the desc's (packed
+ * variable-length sequences; 0: off). */
 void mha_make_request(const mha_candidate *c, int head_dim, int seq_q, stof_dtype dtype,
-                      int group, mha_mods mods, int period, mha_request *r);
+                      int group, mha_mods mods, int varlen, int period, mha_request *r);
 
 /* The period of the residue-class view (attn_tiles_view_period) that c's
  * kernel reads t's gathered rows and keys through: the warp-specialized
@@ -67,11 +69,21 @@ int mha_takes_softcap(const mha_candidate *c);
  * past head_dim 64 (164 bytes at 128 with the softcap too; NVRTC 13, sm_90a). */
 int mha_takes_score_mods(const mha_candidate *c, int head_dim);
 
-/* Whether c's kernel takes every modifier desc names. */
+/* Whether c's kernel takes packed variable-length sequences (desc.varlen):
+ * all but the warp-specialized engine's 192-row and gathered items, whose
+ * consumers spill with the sequence's bounds (NVRTC 12, sm_90a, head_dim
+ * 64: 192 x 128 28 bytes, 56 with consumers sitting out, 192 x 64 4; the
+ * gathered 128 x 128 12 at head_dim 128). */
+int mha_takes_varlen(const mha_candidate *c);
+
+/* Whether c's kernel takes every modifier desc names, and varlen. */
 int mha_takes_mods(const mha_candidate *c, const stof_mha_desc *d);
 
-/* Dynamic shared memory of a candidate's kernel, in bytes, and its threads. */
-int mha_smem_bytes(const mha_candidate *c, int head_dim);
+/* Dynamic shared memory of a candidate's kernel, in bytes, and its threads;
+ * varlen: a desc.varlen kernel's (the warp-specialized engine keeps each
+ * item's sequence beside it, 16 bytes more a Q buffer; mha_candidates
+ * counts without them: every candidate leaves more than that free). */
+int mha_smem_bytes(const mha_candidate *c, int head_dim, int varlen);
 int mha_threads(const mha_candidate *c);
 
 /* At most this many candidates: both kinds, every engine, every size. */
@@ -97,16 +109,21 @@ typedef struct mha_launch {
     size_t items;            /* MHA_WS: byte offset of the work items in tiles, then
                                 each CTA's first item (attn_tiles_schedule) ... */
     int n_items, ctas;       /* ... how many items, and CTAs */
+    int shift;               /* varlen: the mask depends on q - k alone, so a sequence
+                                whose KV prefix differs from the plan's moves along
+                                the diagonal (attn_common.cuh) */
     char key[65];            /* the kernel's cache key */
 } mha_launch;
 
-/* TMA descriptors of q, k, v and out and the addresses they were made
- * for: a plan's repeated runs on the same tensors skip re-encoding them
- * (0.22 us of host time each on an H100 host). Bytes, not CUtensorMap, so that
- * a malloc'd plan needs no 128-byte alignment. */
+/* TMA descriptors of q, k, v and out and the addresses (and rows: a
+ * varlen run's totals) they were made for: a plan's repeated runs on the
+ * same tensors skip re-encoding them (0.22 us of host time each on an H100
+ * host). Bytes, not CUtensorMap, so that a malloc'd plan needs no 128-byte
+ * alignment. */
 typedef struct mha_maps {
     unsigned char map[4][sizeof(CUtensorMap)];
     CUdeviceptr at[4];
+    long long rows[4];
 } mha_maps;
 
 typedef struct mha_strides {
@@ -130,11 +147,22 @@ int mha_group(const stof_mha_desc *d);
 /* The strides of desc's q, k, v and out. */
 mha_strides mha_kernel_strides(const stof_mha_desc *d);
 
+/* A varlen run's sequences (stof_mha_run_varlen): the device arrays of
+ * batch + 1 boundaries, the sequences (at most desc.batch) and the rows the
+ * buffers hold; shift: the mask depends on q - k alone (mha_launch). */
+typedef struct mha_varlen {
+    CUdeviceptr cu_q, cu_k;
+    int batch;
+    long long total_q, total_k;
+} mha_varlen;
+
 /* Enqueues one run; the context must be current. maps: the TMA
- * descriptors kept from the last run, or NULL to make them anew. */
+ * descriptors kept from the last run, or NULL to make them anew. vl: the
+ * sequences of a varlen desc's run (then seq_lens is 0), else NULL. */
 stof_status mha_kernel_launch(stof_ctx *ctx, const stof_mha_desc *d, const mha_launch *L,
                               CUdeviceptr q, CUdeviceptr k, CUdeviceptr v, CUdeviceptr out,
-                              CUdeviceptr seq_lens, CUstream stream, mha_maps *maps);
+                              CUdeviceptr seq_lens, const mha_varlen *vl, CUstream stream,
+                              mha_maps *maps);
 
 /* Loads c's kernel (looked for under `known` first: jit_get_known) and
  * uploads t for it. */

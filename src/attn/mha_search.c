@@ -29,6 +29,11 @@ typedef struct search_io {
      * is data, read at run), on the device and on the host. */
     CUdeviceptr table;
     float *htable;
+    /* A varlen desc's runs: batch sequences of seq_q rows and seq_k keys
+     * (cu_q, then cu_k: batch + 1 boundaries each), which lay the rows out
+     * as the padded batch in BLHD does. */
+    CUdeviceptr cu;
+    mha_varlen vl;
 } search_io;
 
 static uint64_t rng_next(uint64_t *s)
@@ -73,6 +78,8 @@ static void io_free(stof_ctx *ctx, search_io *io)
             ctx->dev.api.MemFree(io->out);
         if (io->table)
             ctx->dev.api.MemFree(io->table);
+        if (io->cu)
+            ctx->dev.api.MemFree(io->cu);
         uint16_t *h[2] = {io->first, io->cur};
         for (int i = 0; i < 2; i++)
             if (h[i] && io->pinned[i])
@@ -147,6 +154,19 @@ static stof_status io_alloc(stof_ctx *ctx, const stof_mha_desc *d, search_io *io
         if (st == STOF_OK)
             st = CU(ctx, MemcpyHtoD(io->table, io->htable, nb * sizeof *io->htable));
     }
+    if (st == STOF_OK && d->varlen) {
+        const size_t n = (size_t)d->batch + 1;
+        int *cu = malloc(2 * n * sizeof *cu);
+        for (size_t b = 0; cu && b < n; b++)
+            cu[b] = (int)b * d->seq_q, cu[n + b] = (int)b * d->seq_k;
+        st = cu ? CU(ctx, MemAlloc(&io->cu, 2 * n * sizeof *cu))
+                : CTX_FAIL(ctx, STOF_ERR_NO_MEMORY, "out of memory for the search's inputs");
+        if (st == STOF_OK)
+            st = CU(ctx, MemcpyHtoD(io->cu, cu, 2 * n * sizeof *cu));
+        free(cu);
+        io->vl = (mha_varlen){io->cu, io->cu + n * sizeof(int), d->batch,
+                              (long long)d->batch * d->seq_q, (long long)d->batch * d->seq_k};
+    }
     if (st == STOF_OK) {
         jit_pop(ctx);
         return STOF_OK;
@@ -167,7 +187,7 @@ static stof_status run_timed(stof_ctx *ctx, void *arg, int i)
     const timed_launch *t = arg;
     const int s = i % t->io->nsets;
     return mha_kernel_launch(ctx, t->d, t->L, t->io->q[s], t->io->k[s], t->io->v[s], t->io->out,
-                             0, NULL, NULL);
+                             0, t->d->varlen ? &t->io->vl : NULL, NULL, NULL);
 }
 
 /* Median milliseconds of one run; the output left in io->out is input set 0's. */
@@ -534,7 +554,10 @@ stof_status mha_search_compile(stof_ctx *ctx, const stof_mha_desc *d,
         for (int i = 0; i < m; i++) {
             const mha_search_cand *c = &cs[idx[i]];
             mha_make_request(&c->c, d->head_dim, d->seq_q, d->dtype, mha_group(d), mha_mods_of(d),
-                             mha_view_period(&c->c, &c->tiles, d->seq_q, d->seq_k), &r[i]);
+                             d->varlen,
+                             d->varlen ? 1
+                                       : mha_view_period(&c->c, &c->tiles, d->seq_q, d->seq_k),
+                             &r[i]);
             reqs[i] = r[i].req;
         }
         st = jit_prepare_all(ctx, reqs, m);

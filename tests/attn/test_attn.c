@@ -494,7 +494,13 @@ START_TEST(candidates_fit_the_device)
                 ck_assert(dims[i] % 64 == 0 || (c[j].wg == MHA_WS && dims[i] >= 64));
                 ck_assert(!c[j].qs || (c[j].wg == MHA_WS && c[j].bm == 192 && dims[i] > 64));
                 ck_assert(c[j].st >= 2 && c[j].st <= 4);
-                ck_assert_int_le(mha_smem_bytes(&c[j], dims[i]), 227 * 1024);
+                ck_assert_int_le(mha_smem_bytes(&c[j], dims[i], 0), 227 * 1024);
+                /* a varlen kernel's too (every candidate leaves room for it) */
+                ck_assert_int_le(mha_smem_bytes(&c[j], dims[i], 1), 227 * 1024);
+                ck_assert_int_eq(mha_smem_bytes(&c[j], dims[i], 1) -
+                                     mha_smem_bytes(&c[j], dims[i], 0),
+                                 c[j].wg == MHA_WS ? 16 * (c[j].bm == 128 && c[j].bn == 128 &&
+                                                           c[j].st >= 3 ? 2 : 1) : 0);
             }
         }
         ck_assert_int_eq(p_smem > 0, dims[i] == 80 || dims[i] == 96);
@@ -508,7 +514,7 @@ START_TEST(candidates_fit_the_device)
         int small = mha_candidates(dims[i], 48 * 1024, 1, c, 64);
         ck_assert_int_lt(small, nwg);
         for (int j = 0; j < small; j++) {
-            ck_assert_int_le(mha_smem_bytes(&c[j], dims[i]), 48 * 1024);
+            ck_assert_int_le(mha_smem_bytes(&c[j], dims[i], 0), 48 * 1024);
             ck_assert_int_eq(c[j].bm % (16 * c[j].mt), 0);
             ck_assert(c[j].wg || !(dims[i] > 64 && (c[j].bn == 128 || (c[j].mt == 2 && !c[j].qs))));
         }
@@ -542,7 +548,7 @@ START_TEST(wgmma_needs_sm90a)
      * rather than left for the driver to refuse at launch. */
     mha_candidate big = {ATTN_BLOCK, 128, 192, 1, 0, MHA_WS, 4};
     d.head_dim = 128;
-    ck_assert_int_gt(mha_smem_bytes(&big, 128), 227 * 1024);
+    ck_assert_int_gt(mha_smem_bytes(&big, 128, 0), 227 * 1024);
     ck_assert_int_eq(mha_plan_forced(ctx, &d, m, &big, &p), STOF_ERR_UNSUPPORTED);
     ck_assert_ptr_null(p);
     ck_assert_ptr_nonnull(strstr(stof_last_error(ctx), "shared memory"));
@@ -569,6 +575,33 @@ START_TEST(wgmma_needs_sm90a)
     n = mha_candidates(96, 227 * 1024, 1, cs, 64);
     for (int i = 0; i < n; i++)
         ck_assert(!(cs[i].wg == MHA_WS && cs[i].kind == ATTN_GATHER));
+    /* Varlen: refused on the warp-specialized engine's 192-row and gathered
+     * items before any device work, rendered by every engine's request
+     * where asked (and by none unasked). */
+    mha_candidate ws = {ATTN_BLOCK, 192, 128, 1, 0, MHA_WS, 2};
+    stof_mha_desc dv = {.batch = 3, .heads = 4, .seq_q = 256, .seq_k = 256, .head_dim = 64,
+                        .dtype = STOF_F16, .layout = STOF_LAYOUT_BLHD, .varlen = 1};
+    ck_assert_int_eq(mha_plan_forced(ctx, &dv, m, &ws, &p), STOF_ERR_UNSUPPORTED);
+    ck_assert_ptr_null(p);
+    ck_assert_ptr_nonnull(strstr(stof_last_error(ctx), "128-row block items only"));
+    n = mha_candidates(64, 227 * 1024, 1, cs, 64);
+    int ws_varlen = 0;
+    for (int i = 0; i < n; i++) {
+        ck_assert_int_eq(mha_takes_varlen(&cs[i]),
+                         cs[i].wg != MHA_WS || (cs[i].bm == 128 && cs[i].kind == ATTN_BLOCK));
+        ws_varlen += cs[i].wg == MHA_WS && mha_takes_varlen(&cs[i]);
+        for (int vl = 0; vl < 2; vl++) {
+            mha_request r;
+            mha_make_request(&cs[i], 64, 256, STOF_F16, 1, (mha_mods){0}, vl, 1, &r);
+            const char *val = NULL;
+            for (int k = 0; k < r.req.nvars; k++)
+                if (strcmp(r.req.vars[k].name, "VARLEN") == 0)
+                    val = r.req.vars[k].value;
+            ck_assert_ptr_nonnull(val);
+            ck_assert_str_eq(val, vl ? "1" : "0");
+        }
+    }
+    ck_assert_int_ge(ws_varlen, 4);
     stof_mask_free(m);
     stof_close(ctx);
 }
@@ -722,6 +755,14 @@ START_TEST(bad_arguments_before_the_device)
          "desc.bias_buckets must be 0 (off) to 4096, got 4097"},
         {{.batch = 2, .heads = 2, .seq_q = 256, .seq_k = 256, .head_dim = 64, .dtype = STOF_F16,
           .bias_table = (const float *)16}, STOF_ERR_INVALID_ARG, "desc.bias_table"},
+        /* packed variable-length sequences: rows back to back (BLHD), not packed QKV */
+        {{.batch = 2, .heads = 2, .seq_q = 256, .seq_k = 256, .head_dim = 64, .dtype = STOF_F16,
+          .varlen = 1}, STOF_ERR_INVALID_ARG, "desc.varlen needs layout STOF_LAYOUT_BLHD"},
+        {{.batch = 2, .heads = 2, .seq_q = 256, .seq_k = 256, .head_dim = 64, .dtype = STOF_F16,
+          .layout = STOF_LAYOUT_BHLD, .varlen = 1}, STOF_ERR_INVALID_ARG, "desc.varlen"},
+        {{.batch = 2, .heads = 2, .seq_q = 256, .seq_k = 256, .head_dim = 64, .dtype = STOF_F16,
+          .layout = STOF_LAYOUT_BLHD, .qkv_packed = 1, .varlen = 1}, STOF_ERR_INVALID_ARG,
+         "qkv_packed 0"},
     };
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
         ck_assert_int_eq(stof_mha_plan_create(ctx, &bad[i].d, m, &p), bad[i].want);
@@ -734,6 +775,8 @@ START_TEST(bad_arguments_before_the_device)
     ck_assert_ptr_nonnull(strstr(stof_last_error(ctx), "mask"));
     ck_assert_int_eq(stof_mha_plan_create(ctx, &ok, m, NULL), STOF_ERR_INVALID_ARG);
     ck_assert_int_eq(stof_mha_run(NULL, NULL, NULL, NULL, NULL, NULL, NULL), STOF_ERR_INVALID_ARG);
+    ck_assert_int_eq(stof_mha_run_varlen(NULL, NULL, NULL, NULL, NULL, NULL, NULL, 1, 0, 0, NULL),
+                     STOF_ERR_INVALID_ARG);
     char buf[8];
     ck_assert_int_eq(stof_mha_plan_describe(NULL, buf, sizeof buf), STOF_ERR_INVALID_ARG);
     stof_mha_plan_free(NULL);
@@ -842,7 +885,7 @@ END_TEST
 
 /* Every variant the search can pick, for both architectures CI can name,
  * compiled on several threads (NVRTC programs are independent). */
-#define MAX_VARIANTS 720
+#define MAX_VARIANTS 1024
 typedef struct variant_job {
     const char *arch;
     mha_candidate c[MAX_VARIANTS];
@@ -850,6 +893,7 @@ typedef struct variant_job {
     int group[MAX_VARIANTS];      /* query heads per KV head (GQA); 0 or 1: none */
     float softcap[MAX_VARIANTS];  /* 0: none */
     int alibi[MAX_VARIANTS], bias[MAX_VARIANTS];  /* ALiBi; the bias's buckets (0: none) */
+    int varlen[MAX_VARIANTS];     /* packed variable-length sequences; 0: none */
     stof_status st[MAX_VARIANTS];
     int spills[MAX_VARIANTS], spill_bytes[MAX_VARIANTS];
     char err[MAX_VARIANTS][320], global[MAX_VARIANTS][96];
@@ -871,7 +915,8 @@ static void *compile_variants(void *arg)
         char key[65];
         mha_mods mods = {j->softcap[i], j->alibi[i], j->bias[i]};
         mha_make_request(&j->c[i], j->dim[i], j->seq[i], j->dtype[i] ? STOF_BF16 : STOF_F16,
-                         j->group[i], mods, j->period[i] ? j->period[i] : 1, &r);
+                         j->group[i], mods, j->varlen[i], j->period[i] ? j->period[i] : 1,
+                         &r);
         j->st[i] = jit_prepare(ctx, &r.req, key, NULL);
         snprintf(j->err[i], sizeof j->err[i], "%s", stof_last_error(ctx));
         cache_kernel k;
@@ -990,6 +1035,20 @@ START_TEST(every_variant_compiles)
                 j.bias[j.n] = 32;
                 j.dtype[j.n++] = (i + d + 1) % 2;
             }
+            /* Packed variable-length sequences (issue 54), where taken:
+             * each engine and kind's first size, alone at odd head sizes,
+             * with grouped heads and the softcap at even. */
+            if (first && mha_takes_varlen(&c[i])) {
+                ck_assert_int_lt(j.n, MAX_VARIANTS);
+                j.c[j.n] = c[i];
+                j.dim[j.n] = dims[d];
+                j.seq[j.n] = 1536;
+                j.period[j.n] = 1;
+                j.group[j.n] = d % 2 ? 0 : 4;
+                j.softcap[j.n] = d % 2 ? 0.f : 30.f;
+                j.varlen[j.n] = 1;
+                j.dtype[j.n++] = (i + d + 1) % 2;
+            }
         }
     }
     int nthreads = test_on_threads(compile_variants, &j), mma_spills = 0, wg = 0;
@@ -997,10 +1056,11 @@ START_TEST(every_variant_compiles)
     pthread_mutex_destroy(&j.lock);
     for (int i = 0; i < j.n; i++) {
         ck_assert_msg(j.st[i] == STOF_OK,
-                      "%s d%d %s %dx%d mt%d qs%d seq %d group %d softcap %g alibi %d bias %d: %s",
+                      "%s d%d %s %dx%d mt%d qs%d seq %d group %d softcap %g alibi %d bias %d "
+                      "varlen %d: %s",
                       j.arch, j.dim[i], j.dtype[i] ? "bf16" : "fp16", j.c[i].bm, j.c[i].bn,
                       j.c[i].mt, j.c[i].qs, j.seq[i], j.group[i], (double)j.softcap[i],
-                      j.alibi[i], j.bias[i], j.err[i]);
+                      j.alibi[i], j.bias[i], j.varlen[i], j.err[i]);
         /* Spilled registers or serialized products cost a wgmma kernel half
          * its speed or more; the mma.sync engine's spills are counted and
          * shown. */
@@ -1013,9 +1073,10 @@ START_TEST(every_variant_compiles)
         }
         ck_assert_msg(!(j.spills[i] && j.c[i].wg),
                       "%s d%d %s %dx%d stages %d seq %d group %d softcap %g alibi %d bias %d "
-                      "spills or serializes: %s", j.arch, j.dim[i], j.dtype[i] ? "bf16" : "fp16",
-                      j.c[i].bm, j.c[i].bn, j.c[i].st, j.seq[i], j.group[i],
-                      (double)j.softcap[i], j.alibi[i], j.bias[i], j.err[i]);
+                      "varlen %d spills or serializes: %s", j.arch, j.dim[i],
+                      j.dtype[i] ? "bf16" : "fp16", j.c[i].bm, j.c[i].bn, j.c[i].st, j.seq[i],
+                      j.group[i], (double)j.softcap[i], j.alibi[i], j.bias[i], j.varlen[i],
+                      j.err[i]);
         ck_assert_msg(!j.global[i][0], "%s d%d %s %dx%d: a variable in device memory: %s", j.arch,
                       j.dim[i], j.dtype[i] ? "bf16" : "fp16", j.c[i].bm, j.c[i].bn, j.global[i]);
     }

@@ -565,6 +565,285 @@ START_TEST(gqa_prefix_softcap)
 }
 END_TEST
 
+/* Packed variable-length batches (issue 54, stof_mha_run_varlen): the
+ * plan's longest sequence and its mask, then the sequences of one run,
+ * each checked against the reference of its own mask (the spec at its own
+ * lengths: bottom-right aligned for causal and windows, the top-left corner
+ * at equal lengths for the rest, what stof.h promises). */
+typedef struct vcase {
+    const char *spec;
+    int lq, lk, heads, kv, d;   /* the plan's longest sequence; kv: 0 means heads */
+    stof_dtype dtype;
+    int kind, bm, bn, wg, st;   /* the candidate forced; kind -1: the planner's */
+    int n;                      /* sequences in the run (the plan takes one more) */
+    int len_q[5], len_k[5];     /* len_k 0: len_q */
+} vcase;
+
+static const vcase VARLEN_CASES[] = {
+    /* equal lengths, odd, one past the plan's longest (truncated), every engine */
+    {"causal", 600, 600, 4, 0, 64, STOF_F16, ATTN_BLOCK, 64, 64, 0, 0, 5, {1, 63, 200, 513, 700},
+     {0}},
+    {"causal_window:128", 600, 600, 4, 0, 128, STOF_BF16, ATTN_BLOCK, 64, 32, 0, 0, 4,
+     {63, 1, 513, 200}, {0}},
+    {"dense", 600, 600, 4, 0, 80, STOF_F16, ATTN_BLOCK, 128, 64, 0, 0, 4, {200, 513, 1, 63}, {0}},
+    {"dilated:64:2", 600, 600, 4, 0, 64, STOF_BF16, ATTN_GATHER, 64, 64, 0, 0, 4,
+     {513, 63, 200, 1}, {0}},
+    {"causal", 600, 600, 4, 0, 128, STOF_BF16, ATTN_BLOCK, 128, 64, 1, 4, 5,
+     {1, 63, 200, 513, 700}, {0}},
+    {"causal_window:128", 600, 600, 4, 0, 64, STOF_F16, ATTN_BLOCK, 64, 128, 1, 4, 4,
+     {513, 200, 63, 1}, {0}},
+    {"dense", 600, 600, 4, 0, 64, STOF_BF16, ATTN_BLOCK, 128, 128, 1, 3, 3, {200, 1, 513}, {0}},
+    {"dilated:64:2", 600, 600, 4, 0, 128, STOF_F16, ATTN_GATHER, 128, 64, 1, 4, 4,
+     {1, 513, 63, 200}, {0}},
+    {"window:32+strided:8", 600, 600, 4, 0, 64, STOF_F16, ATTN_GATHER, 64, 64, 0, 0, 3,
+     {513, 63, 200}, {0}},
+    /* GQA 8 / 2 */
+    {"causal", 600, 600, 8, 2, 64, STOF_F16, ATTN_BLOCK, 64, 64, 0, 0, 4, {63, 200, 1, 513}, {0}},
+    {"causal_window:96", 600, 600, 8, 2, 128, STOF_BF16, ATTN_BLOCK, 128, 128, 1, 2, 4,
+     {513, 1, 200, 63}, {0}},
+    {"dilated:64:2", 600, 600, 8, 2, 64, STOF_F16, ATTN_GATHER, 128, 64, 1, 3, 3, {200, 513, 63},
+     {0}},
+    /* a KV prefix per sequence: keys moved right (d < 0) and rows moved
+     * down (d > 0) along the plan's diagonal */
+    {"causal", 256, 600, 8, 2, 64, STOF_F16, ATTN_BLOCK, 64, 64, 0, 0, 4, {1, 63, 200, 256},
+     {100, 363, 513, 600}},
+    {"causal_window:128", 256, 600, 4, 0, 64, STOF_BF16, ATTN_GATHER, 64, 64, 0, 0, 3,
+     {63, 200, 1}, {513, 300, 2}},
+    {"causal", 600, 600, 4, 0, 128, STOF_BF16, ATTN_BLOCK, 128, 64, 1, 4, 4, {100, 1, 63, 200},
+     {400, 513, 63, 599}},
+    {"window:64", 256, 600, 8, 2, 128, STOF_F16, ATTN_BLOCK, 64, 64, 1, 4, 3, {200, 63, 1},
+     {513, 200, 600}},
+    {"causal_window:128", 600, 600, 8, 2, 64, STOF_F16, ATTN_BLOCK, 128, 128, 1, 3, 3,
+     {63, 200, 17}, {500, 201, 513}},
+    /* the warp-specialized engine (MHA_WS): odd lengths, a truncated
+     * sequence, boxes of O that cross a sequence's ends, GQA, the lagging
+     * consumer (128 x 128, 3 stages), KV prefixes both ways, tiles outside
+     * a sequence's keys skipped, sequences of one or two keys */
+    {"causal", 600, 600, 4, 0, 128, STOF_BF16, ATTN_BLOCK, 128, 128, MHA_WS, 2, 5,
+     {1, 63, 200, 513, 700}, {0}},
+    {"dense", 600, 600, 4, 0, 80, STOF_F16, ATTN_BLOCK, 128, 128, MHA_WS, 2, 4, {200, 513, 1, 63},
+     {0}},
+    {"causal_window:128", 600, 600, 8, 2, 64, STOF_F16, ATTN_BLOCK, 128, 128, MHA_WS, 3, 4,
+     {513, 1, 200, 63}, {0}},
+    {"causal", 256, 600, 8, 2, 64, STOF_F16, ATTN_BLOCK, 128, 64, MHA_WS, 3, 4, {1, 63, 200, 256},
+     {100, 363, 513, 600}},
+    {"causal", 600, 600, 4, 0, 128, STOF_BF16, ATTN_BLOCK, 128, 64, MHA_WS, 3, 4,
+     {100, 1, 63, 200}, {400, 513, 63, 599}},
+    {"window:64", 256, 600, 8, 2, 96, STOF_F16, ATTN_BLOCK, 128, 128, MHA_WS, 2, 3, {200, 63, 1},
+     {513, 200, 600}},
+    {"dense", 600, 600, 4, 0, 64, STOF_BF16, ATTN_BLOCK, 128, 128, MHA_WS, 2, 3, {130, 7, 300},
+     {300, 1, 2}},
+    /* the planner's choice */
+    {"causal", 600, 600, 8, 2, 64, STOF_BF16, -1, 0, 0, 0, 0, 4, {513, 1, 200, 63}, {0}},
+    {"causal_window:128", 256, 600, 8, 2, 128, STOF_F16, -1, 0, 0, 0, 0, 3, {200, 1, 63},
+     {600, 300, 63}},
+};
+#define NVARLEN (int)(sizeof VARLEN_CASES / sizeof VARLEN_CASES[0])
+
+static int imin(int a, int b) { return a < b ? a : b; }
+
+START_TEST(varlen_sequences)
+{
+    const vcase *c = &VARLEN_CASES[_i];
+    if (c->wg && !has_wgmma())
+        return;
+    stof_ctx *ctx;
+    stof_options o = {.no_cache = 1};
+    ck_assert_int_eq(stof_open(&ctx, &o), STOF_OK);
+    stof_mask *m;
+    ck_assert_int_eq(stof_mask_parse(ctx, c->spec, c->lq, c->lk, &m), STOF_OK);
+    test_rng r = test_rng_make(1700 + _i);
+    const size_t D = (size_t)c->d, H = (size_t)c->heads, KVH = c->kv ? (size_t)c->kv : H;
+    /* Rows past the last sequence: never read as keys, never written. */
+    int cu_q[6] = {0}, cu_k[6] = {0};
+    for (int b = 0; b < c->n; b++) {
+        cu_q[b + 1] = cu_q[b] + c->len_q[b];
+        cu_k[b + 1] = cu_k[b] + (c->len_k[b] ? c->len_k[b] : c->len_q[b]);
+    }
+    const long long total_q = cu_q[c->n] + 37, total_k = cu_k[c->n] + 11;
+    const size_t nq = (size_t)total_q * H * D, nk = (size_t)total_k * KVH * D;
+    uint16_t *q = malloc(2 * nq), *k = malloc(2 * nk), *v = malloc(2 * nk), *out = malloc(2 * nq);
+    double *ref = malloc(sizeof(double) * nq);
+    unsigned char *mine = calloc((size_t)total_q, 1);  /* rows a sequence writes */
+    ck_assert(q && k && v && out && ref && mine);
+    random_fill(&r, c->dtype, q, nq);
+    random_fill(&r, c->dtype, k, nk);
+    random_fill(&r, c->dtype, v, nk);
+
+    stof_mha_desc d = {.batch = c->n + 1, .heads = c->heads, .seq_q = c->lq, .seq_k = c->lk,
+                       .head_dim = c->d, .dtype = c->dtype, .layout = STOF_LAYOUT_BLHD,
+                       .tune = STOF_TUNE_FAST, .kv_heads = c->kv, .varlen = 1};
+    stof_mha_plan *plan = NULL;
+    stof_status st;
+    if (c->kind < 0) {
+        st = stof_mha_plan_create(ctx, &d, m, &plan);
+    } else {
+        mha_candidate cand = {(attn_kind)c->kind, c->bm, c->bn, 1, 0, c->wg, c->wg ? c->st : 0};
+        st = mha_plan_forced(ctx, &d, m, &cand, &plan);
+    }
+    ck_assert_msg(st == STOF_OK, "plan %s: %s", c->spec, stof_last_error(ctx));
+    CUdeviceptr dq = upload(ctx, q, 2 * nq), dk = upload(ctx, k, 2 * nk),
+                dv = upload(ctx, v, 2 * nk), dout = upload(ctx, NULL, 2 * nq);
+    CUdeviceptr dcq = upload(ctx, cu_q, sizeof(int) * (c->n + 1)),
+                dck = upload(ctx, cu_k, sizeof(int) * (c->n + 1));
+    void *Q = (void *)dq, *K = (void *)dk, *V = (void *)dv, *O = (void *)dout;
+    const int *CQ = (const int *)dcq, *CK = (const int *)dck;
+
+    /* Bad arguments: refused, the field named, nothing run. */
+    static const struct {
+        int batch, nulls;
+        long long tq, tk;
+        const char *says;
+    } bad[] = {{0, 0, 1, 1, "batch 0"},      {7, 0, 1, 1, "batch 7"},
+               {1, 1, 1, 1, "cu_seqlens_q"}, {1, 2, 1, 1, "cu_seqlens_k"},
+               {1, 0, -1, 1, "total_q -1"},  {1, 0, 1, -5, "total_k -5"}};
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        st = stof_mha_run_varlen(plan, Q, K, V, O, bad[i].nulls == 1 ? NULL : CQ,
+                                 bad[i].nulls == 2 ? NULL : CK, bad[i].batch, bad[i].tq,
+                                 bad[i].tk, NULL);
+        ck_assert_int_eq(st, STOF_ERR_INVALID_ARG);
+        ck_assert_msg(strstr(stof_last_error(ctx), bad[i].says), "%s", stof_last_error(ctx));
+    }
+    ck_assert_int_eq(stof_mha_run(plan, Q, K, V, O, NULL, NULL), STOF_ERR_INVALID_ARG);
+    ck_assert_ptr_nonnull(strstr(stof_last_error(ctx), "stof_mha_run_varlen"));
+
+    st = stof_mha_run_varlen(plan, Q, K, V, O, CQ, CK, c->n, total_q, total_k, NULL);
+    ck_assert_msg(st == STOF_OK, "run: %s", stof_last_error(ctx));
+    ck_assert_int_eq(jit_push(ctx), STOF_OK);
+    ck_assert_int_eq(CU(ctx, CtxSynchronize()), STOF_OK);
+    ck_assert_int_eq(CU(ctx, MemcpyDtoH(out, dout, 2 * nq)), STOF_OK);
+    jit_pop(ctx);
+
+    /* Each sequence against the reference of its own mask, on its first
+     * lq rows and lk keys (a longer one is truncated). */
+    double tol = c->dtype == STOF_BF16 ? 1.5e-2 : 5e-3, num = 0, den = 0;
+    for (int b = 0; b < c->n; b++) {
+        const int sq = imin(cu_q[b + 1] - cu_q[b], c->lq), sk = imin(cu_k[b + 1] - cu_k[b], c->lk);
+        stof_mask *mb;
+        ck_assert_int_eq(stof_mask_parse(ctx, c->spec, sq, sk, &mb), STOF_OK);
+        const size_t oq = (size_t)cu_q[b] * H * D, ok = (size_t)cu_k[b] * KVH * D;
+        ref_attn_args a = {1, c->heads, sq, sk, c->d, c->dtype, STOF_LAYOUT_BLHD, 0, q + oq,
+                           k + ok, v + ok, mb, NULL, NULL, c->kv, 0, 0, NULL, 0, NULL};
+        ck_assert_int_eq(ref_attention(ctx, &a, ref + oq), STOF_OK);
+        memset(mine + cu_q[b], 1, (size_t)sq);
+        for (size_t i = oq; i < oq + (size_t)sq * H * D; i++) {
+            double g = dtype_load(c->dtype, out, i);
+            ck_assert_msg(!isnan(g), "%s: sequence %d, element %zu not written", c->spec, b,
+                          i - oq);
+            num += (g - ref[i]) * (g - ref[i]);
+            den += ref[i] * ref[i];
+        }
+        stof_mask_free(mb);
+    }
+    /* Rows no sequence owns (a truncated sequence's tail, the rows past the
+     * last) keep their poison, bit for bit. */
+    for (long long row = 0; row < total_q; row++)
+        for (size_t i = 0; !mine[row] && i < H * D; i++)
+            ck_assert_msg(out[(size_t)row * H * D + i] == 0xffff,
+                          "%s: row %lld, which no sequence owns, was written", c->spec, row);
+    double err = den > 0 ? sqrt(num / den) : sqrt(num);
+    char desc[512];
+    stof_mha_plan_describe(plan, desc, sizeof desc);
+    ck_assert_ptr_nonnull(strstr(desc, "varlen"));
+    printf("mha varlen %-20s %d seqs h%d kv%d plan %dx%d d%d %s: rel L2 %.2e  [%s]\n", c->spec,
+           c->n, c->heads, (int)KVH, c->lq, c->lk, c->d, dtype_name(c->dtype), err, desc);
+    ck_assert_msg(err <= tol, "%s: relative L2 error %.3g above %.3g (%s)", c->spec, err, tol,
+                  desc);
+
+    ck_assert_int_eq(jit_push(ctx), STOF_OK);
+    CUdeviceptr all[6] = {dq, dk, dv, dout, dcq, dck};
+    for (int i = 0; i < 6; i++)
+        ctx->dev.api.MemFree(all[i]);
+    jit_pop(ctx);
+    free(q);
+    free(k);
+    free(v);
+    free(out);
+    free(ref);
+    free(mine);
+    stof_mha_plan_free(plan);
+    stof_mask_free(m);
+    stof_close(ctx);
+}
+END_TEST
+
+/* Equal lengths, every sequence the plan's longest: the varlen run gives
+ * what the padded batch in BLHD gives on the same candidate, bit for bit
+ * (the same products in the same order), on each engine; and a plan made
+ * without desc.varlen is refused by stof_mha_run_varlen. */
+START_TEST(varlen_equal_lengths_match_the_batch)
+{
+    static const mha_candidate cands[] = {{ATTN_BLOCK, 64, 64, 1, 0, 0, 0},
+                                          {ATTN_GATHER, 64, 64, 1, 0, 0, 0},
+                                          {ATTN_BLOCK, 128, 64, 1, 0, 1, 4},
+                                          {ATTN_GATHER, 128, 64, 1, 0, 1, 4},
+                                          {ATTN_BLOCK, 128, 128, 1, 0, MHA_WS, 3},
+                                          {ATTN_BLOCK, 128, 64, 1, 0, MHA_WS, 3}};
+    const mha_candidate *cand = &cands[_i];
+    if (cand->wg && !has_wgmma())
+        return;
+    stof_ctx *ctx;
+    stof_options o = {.no_cache = 1};
+    ck_assert_int_eq(stof_open(&ctx, &o), STOF_OK);
+    const char *spec = cand->kind == ATTN_GATHER ? "dilated:64:2" : "causal";
+    const int B = 3, H = 8, KVH = 2, L = 333, D = 64;
+    stof_mask *m;
+    ck_assert_int_eq(stof_mask_parse(ctx, spec, L, L, &m), STOF_OK);
+    test_rng r = test_rng_make(1800 + _i);
+    const size_t nq = (size_t)B * L * H * D, nk = (size_t)B * L * KVH * D;
+    uint16_t *q = malloc(2 * nq), *k = malloc(2 * nk), *v = malloc(2 * nk);
+    uint16_t *o1 = malloc(2 * nq), *o2 = malloc(2 * nq);
+    ck_assert(q && k && v && o1 && o2);
+    random_fill(&r, STOF_F16, q, nq);
+    random_fill(&r, STOF_F16, k, nk);
+    random_fill(&r, STOF_F16, v, nk);
+    stof_mha_desc d = {.batch = B, .heads = H, .seq_q = L, .seq_k = L, .head_dim = D,
+                       .dtype = STOF_F16, .layout = STOF_LAYOUT_BLHD, .kv_heads = KVH};
+    stof_mha_plan *padded = NULL, *packed = NULL;
+    ck_assert_msg(mha_plan_forced(ctx, &d, m, cand, &padded) == STOF_OK, "%s",
+                  stof_last_error(ctx));
+    d.varlen = 1;
+    ck_assert_msg(mha_plan_forced(ctx, &d, m, cand, &packed) == STOF_OK, "%s",
+                  stof_last_error(ctx));
+    int cu[4] = {0, L, 2 * L, 3 * L};
+    CUdeviceptr dq = upload(ctx, q, 2 * nq), dk = upload(ctx, k, 2 * nk),
+                dv = upload(ctx, v, 2 * nk), d1 = upload(ctx, NULL, 2 * nq),
+                d2 = upload(ctx, NULL, 2 * nq), dcu = upload(ctx, cu, sizeof cu);
+    ck_assert_int_eq(stof_mha_run_varlen(padded, (void *)dq, (void *)dk, (void *)dv, (void *)d2,
+                                         (const int *)dcu, (const int *)dcu, B, 3LL * L, 3LL * L,
+                                         NULL),
+                     STOF_ERR_INVALID_ARG);
+    ck_assert_ptr_nonnull(strstr(stof_last_error(ctx), "without desc.varlen"));
+    ck_assert_int_eq(stof_mha_run(padded, (void *)dq, (void *)dk, (void *)dv, (void *)d1, NULL,
+                                  NULL), STOF_OK);
+    ck_assert_int_eq(stof_mha_run_varlen(packed, (void *)dq, (void *)dk, (void *)dv, (void *)d2,
+                                         (const int *)dcu, (const int *)dcu, B, 3LL * L, 3LL * L,
+                                         NULL),
+                     STOF_OK);
+    ck_assert_int_eq(jit_push(ctx), STOF_OK);
+    ck_assert_int_eq(CU(ctx, CtxSynchronize()), STOF_OK);
+    ck_assert_int_eq(CU(ctx, MemcpyDtoH(o1, d1, 2 * nq)), STOF_OK);
+    ck_assert_int_eq(CU(ctx, MemcpyDtoH(o2, d2, 2 * nq)), STOF_OK);
+    CUdeviceptr all[6] = {dq, dk, dv, d1, d2, dcu};
+    for (int i = 0; i < 6; i++)
+        ctx->dev.api.MemFree(all[i]);
+    jit_pop(ctx);
+    for (size_t i = 0; i < nq; i++)
+        ck_assert_msg(o1[i] == o2[i] && o1[i] != 0xffff,
+                      "%s %s: element %zu: padded 0x%04x, varlen 0x%04x", spec,
+                      mha_kernel_engine_name(cand), i, o1[i], o2[i]);
+    free(q);
+    free(k);
+    free(v);
+    free(o1);
+    free(o2);
+    stof_mha_plan_free(padded);
+    stof_mha_plan_free(packed);
+    stof_mask_free(m);
+    stof_close(ctx);
+}
+END_TEST
+
 /* The softcap on the warp-specialized engine's 192-row items is refused
  * (their registers spill with it), with the field named, not run. */
 START_TEST(softcap_refused_on_192_rows)
@@ -780,6 +1059,8 @@ Suite *suite_gpu_mha(void)
     tcase_add_test(t, softcap_refused_on_192_rows);
     tcase_add_loop_test(t, alibi_and_bias, 0, NMOD);
     tcase_add_test(t, mods_refused);
+    tcase_add_loop_test(t, varlen_sequences, 0, NVARLEN);
+    tcase_add_loop_test(t, varlen_equal_lengths_match_the_batch, 0, 6);
     tcase_add_test(t, device_figures_once);
     tcase_add_loop_test(t, cached_plan_walks_nothing, 0, 4);
     suite_add_tcase(s, t);

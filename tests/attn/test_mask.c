@@ -312,6 +312,50 @@ START_TEST(windows_align_bottom_right)
 }
 END_TEST
 
+/* mask_diagonal against its definition on the dense matrix: (q, k) equals
+ * (q - 1, k - 1) wherever both lie in the mask. */
+START_TEST(diagonal_masks_found)
+{
+    stof_ctx *ctx = open_ctx();
+    static const struct {
+        const char *spec;
+        int lq, lk, diagonal;
+    } cases[] = {
+        {"dense", 100, 100, 1},           {"causal", 100, 100, 1},
+        {"causal", 60, 150, 1},           {"causal_window:16", 130, 130, 1},
+        {"window:8", 77, 200, 1},         {"dilated:8:3", 150, 150, 1},
+        {"causal+window:32", 90, 90, 1},  {"causal&window:6", 40, 100, 1},
+        {"global:4", 100, 100, 0},        {"strided:8", 100, 100, 0},
+        {"docs:30,70", 100, 100, 0},      {"random:2:16:7", 96, 96, 0},
+        {"causal+global:2", 64, 64, 0},   {"window:8+strided:4", 64, 64, 0},
+    };
+    for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+        stof_mask *m = NULL;
+        unsigned char *d = NULL;
+        const int lq = cases[c].lq, lk = cases[c].lk;
+        ck_assert_int_eq(stof_mask_parse(ctx, cases[c].spec, lq, lk, &m), STOF_OK);
+        ck_assert_int_eq(mask_to_dense(m, &d), STOF_OK);
+        int want = 1, got = -1;
+        for (int q = 1; q < lq; q++)
+            for (int k = 1; k < lk; k++)
+                want &= d[q * lk + k] == d[(q - 1) * lk + k - 1];
+        ck_assert_int_eq(want, cases[c].diagonal);
+        ck_assert_int_eq(mask_diagonal(m, &got), STOF_OK);
+        ck_assert_msg(got == want, "%s, %d x %d: mask_diagonal says %d", cases[c].spec, lq, lk,
+                      got);
+        /* The same entries from a matrix give the same answer. */
+        stof_mask *dm = NULL;
+        ck_assert_int_eq(stof_mask_from_dense(ctx, d, lq, lk, &dm), STOF_OK);
+        ck_assert_int_eq(mask_diagonal(dm, &got), STOF_OK);
+        ck_assert_int_eq(got, want);
+        stof_mask_free(dm);
+        free(d);
+        stof_mask_free(m);
+    }
+    stof_close(ctx);
+}
+END_TEST
+
 START_TEST(precedence_and_known_counts)
 {
     stof_ctx *ctx = open_ctx();
@@ -1057,6 +1101,7 @@ Suite *suite_mask(void)
     tcase_set_timeout(t, 120);
     tcase_add_test(t, each_term_matches_definition);
     tcase_add_test(t, windows_align_bottom_right);
+    tcase_add_test(t, diagonal_masks_found);
     tcase_add_test(t, combinations_match_definition);
     tcase_add_test(t, precedence_and_known_counts);
     tcase_add_test(t, random_generator_pinned);

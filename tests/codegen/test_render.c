@@ -72,6 +72,29 @@ START_TEST(test_sections)
 }
 END_TEST
 
+/* {{#unless}} keeps what {{#if}} drops, nests with it, and names its value. */
+START_TEST(test_unless)
+{
+    err_record err = {0};
+    const char *values[] = {"1", "0", "", "yes"};
+    const int kept[] = {0, 1, 1, 0};
+    for (int i = 0; i < 4; i++) {
+        render_var v[] = {{"ON", values[i]}};
+        char *out = render_ok(&err, "a{{#unless ON}}b{{/if}}{{#if ON}}B{{/if}}c", v, 1);
+        ck_assert_msg(strcmp(out, kept[i] ? "abc" : "aBc") == 0, "value \"%s\" gave \"%s\"",
+                      values[i], out);
+        free(out);
+    }
+    render_var ab[] = {{"A", "1"}, {"B", "0"}};
+    char *out = render_ok(&err, "<{{#if A}}{{#unless B}}x{{/if}}{{/if}}{{#unless A}}y{{/if}}>",
+                          ab, 2);
+    ck_assert_str_eq(out, "<x>");
+    free(out);
+    render_fails(&err, "{{#unless NOPE}}x{{/if}}", NULL, 0, "line 1", "NOPE");
+    render_fails(&err, "{{#unless b}}x{{/if}}", ab, 2, "line 1", "malformed");
+}
+END_TEST
+
 START_TEST(test_nesting)
 {
     err_record err = {0};
@@ -273,8 +296,8 @@ static void check_documented(const char *name, const char *text)
     size_t head_len = (size_t)(body - text);
     for (const char *p = strstr(text, "{{"); p; p = strstr(p + 2, "{{")) {
         const char *s = p + 2;
-        if (strncmp(s, "#if ", 4) == 0) {
-            s += 4;
+        if (strncmp(s, "#if ", 4) == 0 || strncmp(s, "#unless ", 8) == 0) {
+            s += s[1] == 'i' ? 4 : 8;
         } else if (*s == '/') {
             continue;
         } else if (*s == '>') {
@@ -382,6 +405,7 @@ Suite *suite_render(void)
     TCase *tc = tcase_create("render");
     tcase_add_test(tc, test_placeholders);
     tcase_add_test(tc, test_sections);
+    tcase_add_test(tc, test_unless);
     tcase_add_test(tc, test_nesting);
     tcase_add_test(tc, test_errors);
     tcase_add_test(tc, test_includes);

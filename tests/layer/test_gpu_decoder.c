@@ -237,7 +237,7 @@ static void ref_decoder(stof_ctx *ctx, const dec_data *L, int offset, double *ou
     stof_mask *m;
     ck_assert_int_eq(stof_mask_parse(ctx, spec, d->seq, d->seq, &m), STOF_OK);
     ref_attn_args ra = {d->batch, d->heads, d->seq, d->seq, d->head_dim, t, STOF_LAYOUT_BLHD,
-                        0, q16, k16, v16, m, NULL, NULL, (int)KV, 0};
+                        0, q16, k16, v16, m, NULL, NULL, (int)KV, 0, 0, NULL, 0, NULL};
     ck_assert_int_eq(ref_attention(ctx, &ra, att), STOF_OK);
     stof_mask_free(m);
     for (size_t i = 0; i < rows * h; i++)
