@@ -1055,14 +1055,18 @@ Suite *suite_gpu_mha(void)
     tcase_add_loop_test(t, ws_gathers_rows, 0, 13);
     tcase_add_test(t, ws_runs_follow_pointers);
     tcase_add_loop_test(t, planner_choice, 0, 3);
-    tcase_add_loop_test(t, gqa_prefix_softcap, 0, NLLM);
-    tcase_add_test(t, softcap_refused_on_192_rows);
-    tcase_add_loop_test(t, alibi_and_bias, 0, NMOD);
-    tcase_add_test(t, mods_refused);
-    tcase_add_loop_test(t, varlen_sequences, 0, NVARLEN);
-    tcase_add_loop_test(t, varlen_equal_lengths_match_the_batch, 0, 6);
     tcase_add_test(t, device_figures_once);
     tcase_add_loop_test(t, cached_plan_walks_nothing, 0, 4);
     suite_add_tcase(s, t);
+    /* The decoder models' cases, a case of their own (CK_RUN_CASE=llm). */
+    TCase *l = tcase_create("llm");
+    tcase_set_timeout(l, 600);
+    tcase_add_loop_test(l, gqa_prefix_softcap, 0, NLLM);
+    tcase_add_test(l, softcap_refused_on_192_rows);
+    tcase_add_loop_test(l, alibi_and_bias, 0, NMOD);
+    tcase_add_test(l, mods_refused);
+    tcase_add_loop_test(l, varlen_sequences, 0, NVARLEN);
+    tcase_add_loop_test(l, varlen_equal_lengths_match_the_batch, 0, 6);
+    suite_add_tcase(s, l);
     return s;
 }
