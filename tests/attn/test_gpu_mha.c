@@ -890,7 +890,7 @@ static const struct {
      * by TMA, by copies, through a view */
     {{"causal_window:256", 2, 8, 1000, 1000, 64, STOF_F16, STOF_LAYOUT_BLHD, 0, 1, ATTN_BLOCK, 128, 128, 1, 0, MHA_WS, 2}, {2, 0, 0}, {1, 0, 0}},
     {{"dense", 1, 4, 1000, 1000, 64, STOF_BF16, STOF_LAYOUT_BHLD, 0, 0, ATTN_BLOCK, 128, 128, 1, 0, MHA_WS, 3}, {0, 0, 0}, {0, 0, 257}},
-    {{"window:256+strided:8", 2, 4, 1000, 1000, 64, STOF_BF16, STOF_LAYOUT_BLHD, 0, 0, ATTN_GATHER, 128, 128, 1, 0, MHA_WS, 3}, {0, 0, 0}, {1, 1, 31}},
+    {{"window:256+strided:8", 2, 4, 1000, 1000, 64, STOF_BF16, STOF_LAYOUT_BLHD, 0, 0, ATTN_GATHER, 128, 128, 1, 0, MHA_WS, 3}, {0, 0, 0}, {1, 1, 257}},
     {{"dilated:256:2", 2, 4, 1024, 1024, 64, STOF_F16, STOF_LAYOUT_BHLD, 0, 0, ATTN_GATHER, 128, 128, 1, 0, MHA_WS, 2}, {1, 0, 0}, {1, 0, 101}},
     /* with the softcap before them, under a KV prefix */
     {{"causal_window:256", 2, 8, 257, 1000, 128, STOF_BF16, STOF_LAYOUT_BLHD, 0, 0, ATTN_BLOCK, 64, 64, 1, 0, 0, 0}, {2, 30, 8}, {1, 0, 32}},
