@@ -1,4 +1,4 @@
-"""stof: fused sparse-attention and encoder-layer kernels, from Python.
+"""stof: fused sparse-attention, encoder- and decoder-layer kernels, from Python.
 
 A thin layer over libstof.so (ctypes): it adds no logic the C library lacks.
 
@@ -18,12 +18,14 @@ from ._mask import Mask
 from ._attention import attention, clear_plans, plans
 from ._decode import decode, decode_plans
 from ._layer import EncoderLayer
+from ._decoder import DecoderLayer
 from ._tools import (WarmReport, cache_check, cache_list, cache_stats, cache_tuning, stats,
                      tool_path, warm)
 
 __version__ = "0.1.0"
 
-__all__ = ["attention", "decode", "decode_plans", "Mask", "EncoderLayer", "Context", "Error", "InvalidArgumentError",
+__all__ = ["attention", "decode", "decode_plans", "Mask", "EncoderLayer", "DecoderLayer", "Context",
+           "Error", "InvalidArgumentError",
            "UnsupportedError", "NoDeviceError", "CudaError", "CompileError", "CacheError",
            "OutOfMemoryError", "InternalError", "LibraryNotFoundError", "ToolError",
            "library_path", "version", "plans", "clear_plans", "warm", "WarmReport", "stats",

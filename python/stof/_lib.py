@@ -168,10 +168,32 @@ class LayerWeights(Structure):
     _fields_ = [(n, c_void_p) for n in LAYER_WEIGHT_NAMES]
 
 
+class DecoderDesc(Structure):
+    _fields_ = [("batch", c_int), ("seq", c_int), ("hidden", c_int), ("heads", c_int),
+                ("kv_heads", c_int), ("head_dim", c_int), ("ffn_hidden", c_int),
+                ("dtype", c_int), ("eps", c_float), ("rope_theta", c_float),
+                ("rope_factor", c_float), ("rope_low_freq_factor", c_float),
+                ("rope_high_freq_factor", c_float), ("rope_original_max_positions", c_int),
+                ("window", c_int), ("qkv_bias", c_int), ("tune", c_int),
+                ("max_candidates", c_int), ("max_seconds", c_double)]
+
+
+# In stof_decoder_weights' order; the biases only with desc.qkv_bias.
+DECODER_WEIGHT_NAMES = ("q_proj", "k_proj", "v_proj", "q_bias", "k_bias", "v_bias", "o_proj",
+                        "gate_proj", "up_proj", "down_proj", "input_layernorm",
+                        "post_attention_layernorm")
+DECODER_BIAS_NAMES = ("q_bias", "k_bias", "v_bias")
+
+
+class DecoderWeights(Structure):
+    _fields_ = [(n, c_void_p) for n in DECODER_WEIGHT_NAMES]
+
+
 # For the test that holds these mirrors against stof.h.
 STRUCTS = {"stof_options": Options, "stof_stats": Stats, "stof_mask_info": MaskInfo,
            "stof_mha_desc": MhaDesc, "stof_decode_desc": DecodeDesc,
-           "stof_layer_desc": LayerDesc, "stof_layer_weights": LayerWeights}
+           "stof_layer_desc": LayerDesc, "stof_layer_weights": LayerWeights,
+           "stof_decoder_desc": DecoderDesc, "stof_decoder_weights": DecoderWeights}
 
 # name: (restype, argtypes)
 _PROTOS = {
@@ -219,6 +241,14 @@ _OPTIONAL = {
     "stof_decode_plan_describe": (c_int, [c_void_p, c_char_p, c_size_t]),
     "stof_decode_plan_free": (None, [c_void_p]),
     "stof_decode_prepare": (c_int, [c_void_p, POINTER(DecodeDesc)]),
+    "stof_decoder_plan_create": (c_int, [c_void_p, POINTER(DecoderDesc), POINTER(DecoderWeights),
+                                         POINTER(c_void_p)]),
+    "stof_decoder_workspace_size": (c_int, [c_void_p, POINTER(c_size_t)]),
+    "stof_decoder_run": (c_int, [c_void_p] * 4 + [c_int, c_void_p, c_void_p]),
+    "stof_decoder_plan_describe": (c_int, [c_void_p, c_char_p, c_size_t]),
+    "stof_decoder_plan_free": (None, [c_void_p]),
+    "stof_decoder_tune": (c_int, [c_void_p, POINTER(DecoderDesc)]),
+    "stof_decoder_prepare": (c_int, [c_void_p, POINTER(DecoderDesc)]),
 }
 
 # ---- finding the library ------------------------------------------------------------

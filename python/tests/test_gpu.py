@@ -1,7 +1,8 @@
 """The GPU suites: stof.attention against torch's SDPA (float32, with the
-mask's boolean matrix) and stof.EncoderLayer against Hugging Face's
-BertLayer and torch's TransformerEncoderLayer (float32 copies of the same
-rounded weights), fp16 and bf16, several masks, odd lengths, seq_lens,
+mask's boolean matrix), stof.EncoderLayer against Hugging Face's
+BertLayer and torch's TransformerEncoderLayer, and stof.DecoderLayer
+against Hugging Face's Llama, Mistral and Qwen2 decoder layers (float32
+copies of the same rounded weights), fp16 and bf16, several masks, odd lengths, seq_lens,
 every layout, on side streams and threads, under torch.compile and inside a
 CUDA graph. Tolerances are the C suites': relative L2 5e-3 (fp16), 1.5e-2
 (bf16). Where torch or a GPU is missing they say so and are skipped.
@@ -407,6 +408,89 @@ class Layers(unittest.TestCase):
                 layer(x, out=x)
             with self.assertRaises(stof.InvalidArgumentError):
                 layer(x[:, :, :256].contiguous())
+
+
+class DecoderLayers(unittest.TestCase):
+    """stof.DecoderLayer.from_hf against the Hugging Face layer's own forward
+    (a float32 copy of the rounded weights, eager attention, cos and sin
+    from its model's rotary embedding): odd lengths, grouped KV heads, a
+    position offset and positions per row; rel L2 2e-2 (issue 55's gate)."""
+
+    def setUp(self):
+        try:
+            import transformers  # noqa: F401
+        except ImportError:
+            self.skipTest("transformers is not installed")
+
+    def compare(self, layer, module, x, positions, window, name):
+        ref = copy.deepcopy(module).to(x.dtype).float()   # the weights stof got, in float32
+        with torch.no_grad():
+            want = _ref.run_hf_decoder(ref, x.float(), positions, window)
+            got = layer(x, positions=positions).float()
+        err = _ref.rel_l2(got, want)
+        print("decoder %-50s %s rel L2 %.2e" % (name, str(x.dtype)[6:], err))
+        b, s, _ = x.shape
+        self.assertLessEqual(err, 2e-2, name + "\n" + layer.describe(b, s))
+        return got
+
+    def test_llama3_gqa_offset(self):
+        module = _ref.hf_decoder_layer("llama", 512, 8, 2, 1376, rope_theta=500000.0,
+                                       rope_scaling={"factor": 8.0, "low_freq_factor": 1.0,
+                                                     "high_freq_factor": 4.0,
+                                                     "original_max_position_embeddings": 8192},
+                                       seed=SEED % 1000).cuda()
+        for dt in (BF16, F16):
+            layer = stof.DecoderLayer.from_hf(module, dtype=dt)
+            self.assertEqual((layer.kv_heads, layer.head_dim, layer.window), (2, 64, 0))
+            x = randn(2, 333, 512, dtype=dt, gen=gen(400))
+            got = self.compare(layer, module, x, 1000, 0, "Llama-3 GQA 4:1 s=333 offset 1000")
+            # Again on the same buffers: the plan's graph replays, alike.
+            self.assertTrue(torch.equal(layer(x, positions=1000).float(), got))
+            self.compare(layer, module, x, None, 0, "Llama-3 GQA 4:1 s=333 from 0")
+        text = layer.describe(2, 333)
+        self.assertIn("decoder", text)
+        self.assertIn("llama3-scaled", text)
+
+    def test_mistral_window_positions(self):
+        module = _ref.hf_decoder_layer("mistral", 512, 8, 2, 1376, rope_theta=1e6, window=64,
+                                       seed=SEED % 1000 + 1).cuda()
+        layer = stof.DecoderLayer.from_hf(module, dtype=BF16)
+        self.assertEqual(layer.window, 64)
+        x = randn(3, 257, 512, dtype=BF16, gen=gen(401))
+        pos = (torch.arange(257, device="cuda")[None] + torch.tensor([[0], [17], [300]],
+                                                                      device="cuda"))
+        self.compare(layer, module, x, pos, 64, "Mistral window 64 s=257 positions [b, s]")
+        self.compare(layer, module, x, 17, 64, "Mistral window 64 s=257 offset 17")
+
+    def test_qwen2_biases_mqa(self):
+        module = _ref.hf_decoder_layer("qwen2", 512, 4, 1, 1024, rope_theta=1e6,
+                                       seed=SEED % 1000 + 2).cuda()
+        layer = stof.DecoderLayer.from_hf(module)       # bfloat16 from float32 weights
+        self.assertEqual((layer.dtype, layer.qkv_bias, layer.head_dim), (BF16, True, 128))
+        x = randn(1, 999, 512, dtype=BF16, gen=gen(402))
+        pos = torch.arange(5, 1004, device="cuda", dtype=torch.int32)
+        self.compare(layer, module, x, pos, 0, "Qwen2 biases MQA s=999 positions [s]")
+
+    def test_refusals(self):
+        module = _ref.hf_decoder_layer("llama", 512, 8, 2, 1376).cuda()
+        layer = stof.DecoderLayer.from_hf(module, dtype=BF16)
+        x = randn(1, 33, 512, dtype=BF16, gen=gen(403))
+        with self.assertRaises(stof.UnsupportedError) as cm:
+            layer(x, cu_seqlens=torch.tensor([0, 10, 33], dtype=torch.int32, device="cuda"))
+        self.assertIn("cu_seqlens", str(cm.exception))
+        for bad in (-1, 2.5, torch.zeros(2, 33, dtype=torch.int32, device="cuda"),
+                    torch.zeros(33, dtype=torch.float32, device="cuda"),
+                    torch.zeros(33, dtype=torch.int32)):
+            with self.assertRaises(stof.InvalidArgumentError, msg=repr(bad)):
+                layer(x, positions=bad)
+        with self.assertRaises(stof.InvalidArgumentError):
+            layer(x.half())
+        with self.assertRaises(stof.InvalidArgumentError):
+            layer(x[:, :, :256].contiguous())
+        with self.assertRaises(stof.InvalidArgumentError):
+            layer(x, out=x)
+        out = torch.empty_like(x)
+        self.assertIs(layer(x, out=out), out)
 
 
 if __name__ == "__main__":
