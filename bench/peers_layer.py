@@ -318,6 +318,8 @@ def cases_of(workload, models, seqs, masks):
     out = []
     for k in workload["cases"]:
         m = workload["models"][k["model"]]
+        if m.get("kind", "encoder") != "encoder":
+            continue    # decoder layers: not timed here yet
         if models and k["model"] not in models:
             continue
         for l in k["seq"]:

@@ -1,7 +1,7 @@
 /*
  * stof-warm — fills the kernel cache ahead of production, so that it never
- * waits for NVRTC or for tuning. It reads workload files (and --mha / --ln
- * one-liners), then plans every case on the GPU(s), or, with no GPU,
+ * waits for NVRTC or for tuning. It reads workload files (and --mha, --ln
+ * and --decoder one-liners), then plans every case on the GPU(s), or, with no GPU,
  * compiles the model's first choices for a named architecture.
  *
  * Processes: the parent never touches CUDA (a forked child could not use
@@ -50,7 +50,9 @@ static const char USAGE[] =
     "usage: stof-warm [--cache PATH] [--arch sm_90a] [--compile-only] [--tune off|fast|full]\n"
     "                 [--devices 0,1,...] [--jobs N] [--quiet]\n"
     "                 [--mha \"b=8,h=12,l=2048,d=64,fp16,window:256\"]...\n"
-    "                 [--ln \"rows=16384,hidden=768,fp16\"]... [--remote[=URL]] [WORKLOAD.json]...\n"
+    "                 [--ln \"rows=16384,hidden=768,fp16\"]...\n"
+    "                 [--decoder \"b=1,s=4096,hidden=4096,h=32,kv=8,ffn=14336,bf16,causal\"]...\n"
+    "                 [--remote[=URL]] [WORKLOAD.json]...\n"
     "Plans every case on the GPU so that production finds it in the cache; with no GPU,\n"
     "--arch (with --compile-only) compiles the model's first choices for that GPU.\n"
     "--devices: one worker per GPU; --jobs: N worker processes. Ctrl-C finishes the\n"
@@ -174,7 +176,7 @@ static void parse_jobs(options *o, const char *s)
     o->jobs = (int)n;
 }
 
-/* One of stof-warm's own options; cases from --mha / --ln go straight into
+/* One of stof-warm's own options; cases from --mha, --ln and --decoder go straight into
  * o->w, as workload files do, in the order given. */
 static void take_option(options *o, const char *opt, const char *v)
 {
@@ -198,6 +200,9 @@ static void take_option(options *o, const char *opt, const char *v)
     } else if (strcmp(opt, "--mha") == 0) {
         if (workload_add_mha(&o->w, v, err, sizeof err) != 0)
             cli_fail(PROG, "%s", err);
+    } else if (strcmp(opt, "--decoder") == 0) {
+        if (workload_add_decoder(&o->w, v, err, sizeof err) != 0)
+            cli_fail(PROG, "%s", err);
     } else if (workload_add_ln(&o->w, v, err, sizeof err) != 0) {
         cli_fail(PROG, "%s", err);
     }
@@ -209,7 +214,8 @@ static void parse_args(options *o, int argc, char **argv)
     static const cli_option own[] = {
         {"--compile-only", CLI_FLAG}, {"--quiet", CLI_FLAG}, {"--remote", CLI_OPTIONAL},
         {"--tune", CLI_VALUE},        {"--devices", CLI_VALUE}, {"--jobs", CLI_VALUE},
-        {"--mha", CLI_VALUE},         {"--ln", CLI_VALUE},      {NULL, 0}};
+        {"--mha", CLI_VALUE},         {"--ln", CLI_VALUE},      {"--decoder", CLI_VALUE},
+        {NULL, 0}};
     char err[2048];
     cli c;
     cli_begin(&c, PROG, usage, CLI_CACHE | CLI_ARCH | CLI_OPERANDS, argc, argv);
@@ -226,8 +232,8 @@ static void parse_args(options *o, int argc, char **argv)
     o->cache = c.o.cache;
     o->arch = c.o.arch_given ? c.o.arch : NULL;
     if (o->w.n == 0 && !o->push)
-        cli_fail(PROG, "nothing to warm: give a workload file, --mha or --ln (or --remote to push "
-                       "the cache as it is)");
+        cli_fail(PROG, "nothing to warm: give a workload file, --mha, --ln or --decoder (or "
+                       "--remote to push the cache as it is)");
     if (o->push && !o->remote_url && !remote_config_resolve(NULL, 0, &(remote_config){0}))
         cli_fail(PROG, "--remote: no Redis tier named: set STOF_REMOTE_CACHE or pass "
                        "--remote=redis://HOST[:PORT][/DB]");
@@ -409,6 +415,14 @@ static stof_status run_layer(stof_ctx *ctx, const workload_case *c, stof_tune tu
     return st;
 }
 
+static stof_status run_decoder(stof_ctx *ctx, const workload_case *c, stof_tune tune,
+                               int compile_only)
+{
+    stof_decoder_desc d;
+    workload_decoder_desc(c, tune, &d);
+    return compile_only ? stof_decoder_prepare(ctx, &d) : stof_decoder_tune(ctx, &d);
+}
+
 static stof_status run_case(stof_ctx *ctx, const workload_case *c, stof_tune tune,
                             int compile_only)
 {
@@ -416,6 +430,8 @@ static stof_status run_case(stof_ctx *ctx, const workload_case *c, stof_tune tun
         return run_mha(ctx, c, tune, compile_only);
     if (c->op == WORKLOAD_LAYER)
         return run_layer(ctx, c, tune, compile_only);
+    if (c->op == WORKLOAD_DECODER)
+        return run_decoder(ctx, c, tune, compile_only);
     stof_ln_desc d;
     workload_ln_desc(c, &d);
     return stof_bias_residual_layernorm_prepare(ctx, &d);
@@ -824,7 +840,7 @@ static int summary(const run_state *r, const preflight *p)
 
 static void announce(const run_state *r, const preflight *p)
 {
-    int ops[4] = {0};
+    int ops[WORKLOAD_DECODER + 1] = {0};
     for (int i = 0; i < r->total; i++)
         ops[r->o->w.cases[i].op]++;
     if (r->o->quiet)
@@ -833,9 +849,10 @@ static void announce(const run_state *r, const preflight *p)
         fprintf(stderr, "stof-warm: %s\n", p->note);
     if (p->remote_note[0])
         fprintf(stderr, "stof-warm: %s\n", p->remote_note);
-    fprintf(stderr, "stof-warm: %d case%s (%d attention, %d layer, %d layernorm); %s %s; "
-                    "%d worker%s; cache %s\n",
-            r->total, cli_s(r->total), ops[WORKLOAD_MHA], ops[WORKLOAD_LAYER], ops[WORKLOAD_LN],
+    fprintf(stderr, "stof-warm: %d case%s (%d attention, %d layer, %d decoder, %d layernorm); "
+                    "%s %s; %d worker%s; cache %s\n",
+            r->total, cli_s(r->total), ops[WORKLOAD_MHA], ops[WORKLOAD_LAYER],
+            ops[WORKLOAD_DECODER], ops[WORKLOAD_LN],
             p->compile_only ? "compiling only, for" : "planning on", p->compile_only ? p->arch : p->device,
             r->nworkers, cli_s(r->nworkers), r->o->cache_path);
 }

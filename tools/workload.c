@@ -23,6 +23,7 @@ const char *workload_op_name(workload_op op)
     case WORKLOAD_MHA: return "mha";
     case WORKLOAD_LAYER: return "layer";
     case WORKLOAD_LN: return "layernorm";
+    case WORKLOAD_DECODER: return "decoder";
     }
     return "?";
 }
@@ -458,9 +459,47 @@ static int read_suites(reader *r, const json_value *v)
     return 1;
 }
 
+/* A decoder model: "kind": "decoder", hidden, heads, kv_heads (a divisor of
+ * heads), ffn_hidden (the MLP's width), and optionally head_dim (hidden /
+ * heads, the one the decoder layer takes) and qkv_bias (Qwen2). */
+static int check_decoder_model(reader *r, const json_value *m, const char *path)
+{
+    static const char *const keys[] = {"kind", "hidden", "heads", "kv_heads", "head_dim",
+                                       "ffn_hidden", "qkv_bias", NULL};
+    int hidden, heads, kv_heads, ffn, head_dim;
+    char p[300];
+    if (!only_keys(r, m, path, keys) || !get_int(r, m, path, "hidden", 1, MAX_HIDDEN, &hidden) ||
+        !get_int(r, m, path, "heads", 1, MAX_HEADS, &heads) ||
+        !get_int(r, m, path, "kv_heads", 1, MAX_HEADS, &kv_heads) ||
+        !get_int(r, m, path, "ffn_hidden", 1, MAX_HIDDEN, &ffn))
+        return 0;
+    if (json_get(m, "head_dim") && !get_int(r, m, path, "head_dim", 1, MAX_HEAD_DIM, &head_dim))
+        return 0;
+    if (json_get(m, "head_dim") && (long long)head_dim * heads != hidden) {
+        child(p, sizeof p, path, "head_dim");
+        return bad(r, json_get(m, "head_dim"), p, "heads %d x head_dim %d is not hidden %d: "
+                   "the decoder layer takes hidden == heads x head_dim", heads, head_dim, hidden);
+    }
+    if (hidden % heads != 0)
+        return bad(r, m, path, "hidden %d is not a multiple of heads %d", hidden, heads);
+    child(p, sizeof p, path, "kv_heads");
+    if (heads % kv_heads)
+        return bad(r, json_get(m, "kv_heads"), p, "kv_heads %d does not divide heads %d: each "
+                   "KV head serves heads / kv_heads query heads", kv_heads, heads);
+    if (hidden % 8 || ffn % 8)
+        return bad(r, m, path, "hidden %d and ffn_hidden %d must be multiples of 8 for the "
+                   "decoder layer", hidden, ffn);
+    const json_value *b = json_get(m, "qkv_bias");
+    child(p, sizeof p, path, "qkv_bias");
+    if (b && b->type != JSON_BOOL)
+        return bad(r, b, p, "expected true or false, got %s", json_type_name(b->type));
+    return 1;
+}
+
 static int check_model(reader *r, const json_value *m, const char *path)
 {
-    static const char *const keys[] = {"hidden", "heads", "ffn", "activation", "norm", NULL};
+    static const char *const keys[] = {"kind", "hidden", "heads", "ffn", "activation", "norm",
+                                       NULL};
     static const char *const acts[] = {"gelu", "gelu_tanh", "relu", NULL};
     static const char *const norms[] = {"post_ln", "pre_ln", NULL};
     int hidden, heads;
@@ -468,6 +507,16 @@ static int check_model(reader *r, const json_value *m, const char *path)
     char p[300];
     if (m->type != JSON_OBJECT)
         return bad(r, m, path, "expected a model object, got %s", json_type_name(m->type));
+    const json_value *kind = json_get(m, "kind");
+    if (kind) {
+        child(p, sizeof p, path, "kind");
+        if (kind->type != JSON_STRING ||
+            (strcmp(kind->str, "encoder") != 0 && strcmp(kind->str, "decoder") != 0))
+            return bad(r, kind, p, "expected \"encoder\" or \"decoder\" (the default: "
+                       "encoder)");
+        if (strcmp(kind->str, "decoder") == 0)
+            return check_decoder_model(r, m, path);
+    }
     if (!only_keys(r, m, path, keys) || !get_int(r, m, path, "hidden", 1, MAX_HIDDEN, &hidden) ||
         !get_int(r, m, path, "heads", 1, MAX_HEADS, &heads) ||
         !(ffn = need(r, m, path, "ffn", JSON_NUMBER)) ||
@@ -508,6 +557,47 @@ static int read_models(reader *r, const json_value *models)
     return 1;
 }
 
+/* A decoder model's case: its sizes onto c, its masks causal or
+ * causal_window:W, what the decoder layer takes checked where the case is. */
+static int read_decoder_case(reader *r, const json_value *m, const char *model,
+                             const json_value *v, const char *path, workload_case c,
+                             const int_list *seqs, const mask_list *masks)
+{
+    long long x;
+    c.op = WORKLOAD_DECODER;
+    json_int(json_get(m, "hidden"), 1, MAX_HIDDEN, &x);
+    c.hidden = (int)x;
+    json_int(json_get(m, "heads"), 1, MAX_HEADS, &x);
+    c.heads = (int)x;
+    json_int(json_get(m, "kv_heads"), 1, MAX_HEADS, &x);
+    c.kv_heads = (int)x;
+    json_int(json_get(m, "ffn_hidden"), 1, MAX_HIDDEN, &x);
+    c.ffn_hidden = (int)x;
+    c.head_dim = c.hidden / c.heads;
+    const json_value *b = json_get(m, "qkv_bias");
+    c.qkv_bias = b && b->boolean;
+    char mp[300];
+    child(mp, sizeof mp, "$.models", model);
+    if (!stof_mha_head_dim_supported(c.head_dim)) {
+        char dims[64], hp[320];
+        child(hp, sizeof hp, mp, "heads");
+        return bad(r, json_get(m, "heads"), hp, "hidden %d / heads %d is head_dim %d, which is "
+                   "not supported: attention takes head_dim %s", c.hidden, c.heads, c.head_dim,
+                   workload_mha_head_dims(dims, sizeof dims));
+    }
+    if (!mha_shape_supported(r, v, path, &c, NULL, "model"))
+        return 0;
+    for (int i = 0; i < masks->n; i++)
+        if (workload_decoder_window(masks->spec[i]) < 0)
+            return bad(r, masks->at[i], masks->path[i], "mask \"%s\": a decoder layer's mask is "
+                       "causal or causal_window:W", masks->spec[i]);
+    c.model = (char *)model;
+    for (int i = 0; i < seqs->n; i++)
+        if ((long long)c.batch * seqs->v[i] > MAX_ROWS)
+            return bad(r, seqs->at[i], path, "batch x seq is too large");
+    return expand(r, c, model, seqs, 0, masks, 0);
+}
+
 static int read_layer_case(reader *r, const json_value *models, const json_value *v,
                            const char *path)
 {
@@ -528,6 +618,9 @@ static int read_layer_case(reader *r, const json_value *models, const json_value
     if (!get_int(r, v, path, "batch", 1, MAX_BATCH, &c.batch) || !get_dtype(r, v, path, &c.dtype) ||
         !get_seqs(r, v, path, &seqs) || !get_masks(r, v, path, &masks))
         return 0;
+    const json_value *kind = json_get(m, "kind");
+    if (kind && strcmp(kind->str, "decoder") == 0)
+        return read_decoder_case(r, m, model->str, v, path, c, &seqs, &masks);
     long long x;
     json_int(json_get(m, "hidden"), 1, MAX_HIDDEN, &x);
     c.hidden = (int)x;
@@ -693,7 +786,7 @@ static int set_field(field *f, int nf, const char *opt, const char *key, const c
     for (int i = 0; i < nf; i++)
         snprintf(list + strlen(list), sizeof list - strlen(list), "%s=, ", f[i].names[0]);
     snprintf(err, errlen, "%s: unknown field \"%s\" (expected %sdtype=%s)", opt, key, list,
-             strcmp(opt, "--mha") == 0 ? ", mask=" : "");
+             strcmp(opt, "--ln") != 0 ? ", mask=" : "");
     return 0;
 }
 
@@ -873,6 +966,85 @@ int workload_add_ln(workload *w, const char *line, char *err, size_t errlen)
     return add_line_case(w, &c, "--ln", line, err, errlen);
 }
 
+int workload_decoder_window(const char *spec)
+{
+    if (strcmp(spec, "causal") == 0)
+        return 0;
+    static const char pre[] = "causal_window:";
+    long long w;
+    if (strncmp(spec, pre, sizeof pre - 1) != 0 ||
+        !parse_count(spec + sizeof pre - 1, 1, MAX_SEQ, &w))
+        return -1;
+    return (int)w;
+}
+
+int workload_add_decoder(workload *w, const char *line, char *err, size_t errlen)
+{
+    field f[] = {{{"b", "batch", NULL}, 1, MAX_BATCH, -1},
+                 {{"s", "l", "seq"}, 1, MAX_SEQ, -1},
+                 {{"hidden", NULL, NULL}, 1, MAX_HIDDEN, -1},
+                 {{"h", "heads", NULL}, 1, MAX_HEADS, -1},
+                 {{"kv", "kv_heads", NULL}, 1, MAX_HEADS, -1},
+                 {{"ffn", "ffn_hidden", NULL}, 1, MAX_HIDDEN, -1},
+                 {{"d", "head_dim", NULL}, 1, MAX_HEAD_DIM, -1},
+                 {{"qkv_bias", NULL, NULL}, 0, 1, -1}};
+    workload_case c = {.op = WORKLOAD_DECODER};
+    char *mask = NULL, dims[64];
+    err[0] = 0;
+    if (!parse_line("--decoder", line, f, 8, &c.dtype, NULL, 1, &mask, err, errlen))
+        return -1;
+    static const char *const need_names[] = {"b=", "s=", "hidden=", "h=", NULL, "ffn="};
+    for (int i = 0; i < 6; i++) {
+        if (need_names[i] && f[i].value < 0) {
+            snprintf(err, errlen, "--decoder \"%s\": missing %s", line, need_names[i]);
+            free(mask);
+            return -1;
+        }
+    }
+    c.batch = (int)f[0].value;
+    c.seq_q = c.seq_k = (int)f[1].value;
+    c.hidden = (int)f[2].value;
+    c.heads = (int)f[3].value;
+    c.kv_heads = f[4].value >= 0 ? (int)f[4].value : c.heads;
+    c.ffn_hidden = (int)f[5].value;
+    c.head_dim = f[6].value >= 0 ? (int)f[6].value : c.hidden / c.heads;
+    c.qkv_bias = f[7].value > 0;
+    if (c.dtype == STOF_DTYPE_INVALID)
+        c.dtype = STOF_BF16;
+    c.mask = mask ? mask : "causal";
+    if ((long long)c.heads * c.head_dim != c.hidden)
+        snprintf(err, errlen, "--decoder \"%s\": hidden=%d is not h=%d x head_dim %d", line,
+                 c.hidden, c.heads, c.head_dim);
+    else if (c.heads % c.kv_heads)
+        snprintf(err, errlen, "--decoder \"%s\": kv=%d does not divide h=%d: each KV head "
+                 "serves h / kv query heads", line, c.kv_heads, c.heads);
+    else if (!stof_mha_head_dim_supported(c.head_dim))
+        snprintf(err, errlen, "--decoder \"%s\": head_dim %d is not supported: attention takes "
+                 "head_dim %s", line, c.head_dim, workload_mha_head_dims(dims, sizeof dims));
+    else if (c.hidden % 8 || c.ffn_hidden % 8)
+        snprintf(err, errlen, "--decoder \"%s\": hidden=%d and ffn=%d must be multiples of 8",
+                 line, c.hidden, c.ffn_hidden);
+    else if (c.seq_q > STOF_MAX_SEQ)
+        snprintf(err, errlen, "--decoder \"%s\": s=%d is not supported: attention takes "
+                 "lengths up to %d", line, c.seq_q, STOF_MAX_SEQ);
+    else if ((long long)c.batch * c.heads > STOF_MAX_BATCH_HEADS)
+        snprintf(err, errlen, "--decoder \"%s\": b=%d x h=%d is not supported: attention takes "
+                 "b x h up to %d", line, c.batch, c.heads, STOF_MAX_BATCH_HEADS);
+    else if ((long long)c.batch * c.seq_q > MAX_ROWS)
+        snprintf(err, errlen, "--decoder \"%s\": b x s is too large", line);
+    else if (c.dtype != STOF_F16 && c.dtype != STOF_BF16)
+        snprintf(err, errlen, "--decoder \"%s\": dtype fp32 is not supported: the decoder "
+                 "layer takes fp16 or bf16", line);
+    else if (workload_decoder_window(c.mask) < 0)
+        snprintf(err, errlen, "--decoder \"%s\": mask \"%s\": a decoder layer's mask is causal "
+                 "or causal_window:W", line, c.mask);
+    if (!err[0])
+        c.rows = c.batch * c.seq_q;
+    int rc = err[0] ? -1 : add_line_case(w, &c, "--decoder", line, err, errlen);
+    free(mask);
+    return rc;
+}
+
 /* ---- what the library must say ---- */
 
 stof_status workload_check(stof_ctx *ctx, const workload *w, char *err, size_t errlen)
@@ -918,6 +1090,24 @@ void workload_ln_desc(const workload_case *c, stof_ln_desc *d)
     d->rows = c->rows;
     d->hidden = c->hidden;
     d->dtype = c->dtype;
+}
+
+void workload_decoder_desc(const workload_case *c, stof_tune tune, stof_decoder_desc *d)
+{
+    memset(d, 0, sizeof *d);
+    d->batch = c->batch;
+    d->seq = c->seq_q;
+    d->hidden = c->hidden;
+    d->heads = c->heads;
+    d->kv_heads = c->kv_heads;
+    d->head_dim = c->head_dim;
+    d->ffn_hidden = c->ffn_hidden;
+    d->dtype = c->dtype;
+    d->rope_theta = 10000.f;
+    const int window = c->mask ? workload_decoder_window(c->mask) : 0;
+    d->window = window > 0 ? window : 0;
+    d->qkv_bias = c->qkv_bias;
+    d->tune = tune;
 }
 
 void workload_layer_desc(const workload_case *c, stof_tune tune, stof_layer_desc *d)

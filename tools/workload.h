@@ -2,8 +2,10 @@
  * workload — what stof-warm (and benchmarks) must cover, read into plain
  * cases: attention suites (workloads/attention.json and llm.json: each
  * suite's seqs x masks; a decoder model's suite may name kv_heads, softcap
- * and seq_k, a KV prefix), encoder-layer cases (workloads/layers.json: each
- * case's seqs x masks, with its model's sizes), and the one-line forms
+ * and seq_k, a KV prefix), encoder- and decoder-layer cases
+ * (workloads/layers.json: each case's seqs x masks, with its model's sizes;
+ * a model with "kind": "decoder" is a Llama-family block, its masks causal
+ * or causal_window:W), and the one-line forms
  *   --mha "b=8,h=12,l=2048,d=64,fp16,window:256"
  *   --mha "b=1,h=32,kv=8,lq=2048,lk=30720,d=128,bf16,softcap=50,causal"
  *         (kv= or kv_heads=: grouped KV heads; softcap=: the logit softcap)
@@ -11,6 +13,12 @@
  *         (alibi=1: ALiBi, standard slopes; bias= or bias_buckets=: a distance
  *         bias of that many buckets; a plan needs neither's data)
  *   --ln  "rows=16384,hidden=768,fp16"
+ *   --decoder "b=1,s=4096,hidden=4096,h=32,kv=8,ffn=14336,bf16,causal_window:4096"
+ *         (d= or head_dim=: hidden / h where not given; qkv_bias=1: Qwen2's
+ *         q/k/v biases; the mask causal, the default, or causal_window:W;
+ *         bf16 unless a dtype is named). RoPE's settings and the RMSNorm
+ *         epsilon change neither a decoder plan's kernels nor its record:
+ *         no case names them.
  * A file's "pending" object holds cases the library cannot plan yet, for the
  * benchmarks alone (llm.json's ALiBi and decode cases): it is passed over.
  * Reading is strict: unknown members, wrong types, out-of-range sizes and
@@ -27,7 +35,8 @@
 typedef enum workload_op {
     WORKLOAD_MHA = 1,    /* masked multi-head attention */
     WORKLOAD_LAYER,      /* a whole encoder layer */
-    WORKLOAD_LN          /* fused bias + residual + LayerNorm */
+    WORKLOAD_LN,         /* fused bias + residual + LayerNorm */
+    WORKLOAD_DECODER     /* a whole decoder layer (Llama, Mistral, Qwen2) */
 } workload_op;
 
 typedef struct workload_case {
@@ -35,20 +44,22 @@ typedef struct workload_case {
     char *name;          /* "bert-heads/window/l=2048", "bert-base/l=512/window:256" */
     char *origin;        /* "attention.json:12:5 ($.suites[0])" or "--mha b=8,..." */
     stof_dtype dtype;
-    int batch;           /* mha, layer */
-    int seq_q, seq_k;    /* mha, layer (a layer has seq_q == seq_k) */
-    int heads, head_dim; /* mha, layer (head_dim = hidden / heads) */
-    int kv_heads;        /* mha: KV heads (GQA, MQA), 0 meaning heads */
+    int batch;           /* mha, layer, decoder */
+    int seq_q, seq_k;    /* mha, layer, decoder (a layer has seq_q == seq_k) */
+    int heads, head_dim; /* mha, layer (head_dim = hidden / heads), decoder */
+    int kv_heads;        /* mha, decoder: KV heads (GQA, MQA), 0 meaning heads */
     double softcap;      /* mha: the logit softcap, 0 off */
     int alibi;           /* mha: ALiBi (1) or not (0) */
     int bias_buckets;    /* mha: the distance bias's buckets, 0 off */
-    char *mask;          /* mha, layer: the spec; NULL for ln */
-    char *model;         /* layer */
-    int hidden;          /* layer, ln */
+    char *mask;          /* mha, layer, decoder: the spec; NULL for ln */
+    char *model;         /* layer, decoder: the model's name (a --decoder line's: NULL) */
+    int hidden;          /* layer, ln, decoder */
     double ffn;          /* layer: FFN width as a multiple of hidden */
     char *activation;    /* layer: "gelu", "gelu_tanh", "relu" */
     char *norm;          /* layer: "post_ln" (BERT), "pre_ln" (GPT, ViT) */
-    int rows;            /* ln; layer: batch * seq, the rows its LayerNorms see */
+    int rows;            /* ln; layer, decoder: batch * seq, the rows its norms see */
+    int ffn_hidden;      /* decoder: the MLP's width (intermediate_size) */
+    int qkv_bias;        /* decoder: q/k/v_proj have biases (Qwen2) */
 } workload_case;
 
 typedef struct workload {
@@ -71,9 +82,12 @@ int workload_read_text(workload *w, const char *text, size_t len, const char *fi
 /* An --mha line's sizes and dtype must be ones attention supports (stof.h). */
 int workload_add_mha(workload *w, const char *line, char *err, size_t errlen);
 int workload_add_ln(workload *w, const char *line, char *err, size_t errlen);
+/* A --decoder line's sizes must be ones the decoder layer takes (stof.h). */
+int workload_add_decoder(workload *w, const char *line, char *err, size_t errlen);
 void workload_free(workload *w);
 
-const char *workload_op_name(workload_op op);   /* "mha", "layer", "layernorm" */
+/* "mha", "layer", "layernorm", "decoder" */
+const char *workload_op_name(workload_op op);
 /* "fp16", "bf16", "fp32" -> the dtype; STOF_DTYPE_INVALID otherwise. */
 stof_dtype workload_dtype(const char *name);
 
@@ -87,5 +101,11 @@ stof_status workload_check(stof_ctx *ctx, const workload *w, char *err, size_t e
 void workload_mha_desc(const workload_case *c, stof_tune tune, stof_mha_desc *d);
 void workload_ln_desc(const workload_case *c, stof_ln_desc *d);
 void workload_layer_desc(const workload_case *c, stof_tune tune, stof_layer_desc *d);
+/* A decoder case's desc: its window from its mask, RoPE's theta Llama-2's
+ * 10000 and the default epsilon, which no plan's kernels depend on. */
+void workload_decoder_desc(const workload_case *c, stof_tune tune, stof_decoder_desc *d);
+/* A decoder layer's mask: "causal" 0, "causal_window:W" W (W > 0); -1 for
+ * any other spec. */
+int workload_decoder_window(const char *spec);
 
 #endif

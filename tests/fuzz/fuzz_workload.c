@@ -1,7 +1,7 @@
 /*
  * fuzz_workload — the workload reader (src/workload.c) on hostile input:
  * workload files (those in bench/workloads and worse), and stof-warm's
- * one-liners when the input starts "--mha " or "--ln ". A refusal must say
+ * one-liners when the input starts "--mha ", "--ln " or "--decoder ". A refusal must say
  * why and leave the list as it was; an accepted input's cases must be
  * whole (names, origins, sizes in range, a mask for attention and layers)
  * and map to descriptors, and the library must judge every mask without
@@ -39,6 +39,20 @@ static void check_case(const workload_case *c)
         FUZZ_CHECK(d.hidden == c->hidden && d.heads == c->heads, "descriptor of %s", c->name);
         break;
     }
+    case WORKLOAD_DECODER: {
+        FUZZ_CHECK(c->mask && c->batch > 0 && c->seq_q > 0 && c->seq_q == c->seq_k &&
+                       c->hidden > 0 && c->heads > 0 && c->kv_heads > 0 &&
+                       c->heads % c->kv_heads == 0 && c->ffn_hidden > 0 &&
+                       (long long)c->heads * c->head_dim == c->hidden &&
+                       workload_decoder_window(c->mask) >= 0,
+                   "decoder case %s", c->name);
+        stof_decoder_desc d;
+        workload_decoder_desc(c, STOF_TUNE_OFF, &d);
+        FUZZ_CHECK(d.hidden == c->hidden && d.kv_heads == c->kv_heads &&
+                       d.ffn_hidden == c->ffn_hidden && d.window == workload_decoder_window(c->mask),
+                   "descriptor of %s", c->name);
+        break;
+    }
     case WORKLOAD_LN: {
         FUZZ_CHECK(c->rows > 0 && c->hidden > 0, "layernorm case %s", c->name);
         stof_ln_desc d;
@@ -59,14 +73,16 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     char err[2048] = "";
     int rc;
     int line = size >= 6 && memcmp(data, "--mha ", 6) == 0 ? 6
-               : size >= 5 && memcmp(data, "--ln ", 5) == 0 ? 5 : 0;
+               : size >= 5 && memcmp(data, "--ln ", 5) == 0 ? 5
+               : size >= 10 && memcmp(data, "--decoder ", 10) == 0 ? 10 : 0;
     if (line) {
         /* A command-line argument: a C string. */
         char *arg = malloc(size - (size_t)line + 1);
         memcpy(arg, data + line, size - (size_t)line);
         arg[size - (size_t)line] = 0;
-        rc = line == 6 ? workload_add_mha(&w, arg, err, sizeof err)
-                       : workload_add_ln(&w, arg, err, sizeof err);
+        rc = line == 6   ? workload_add_mha(&w, arg, err, sizeof err)
+             : line == 5 ? workload_add_ln(&w, arg, err, sizeof err)
+                         : workload_add_decoder(&w, arg, err, sizeof err);
         free(arg);
     } else {
         rc = workload_read_text(&w, (const char *)data, size, "fuzz.json", err, sizeof err);

@@ -189,6 +189,13 @@ def workload_seeds():
     put("workload", "mha-line-lqlk", "--mha b=1,h=2,lq=128,lk=256,d=128,bf16,causal")
     put("workload", "ln-line", "--ln rows=16384,hidden=768,fp16")
     put("workload", "ln-line-fp32", "--ln rows=1,hidden=16384,fp32")
+    put("workload", "small-decoder.json", json.dumps({
+        "models": {"d": {"kind": "decoder", "hidden": 512, "heads": 8, "kv_heads": 2,
+                         "ffn_hidden": 1376, "qkv_bias": True}},
+        "cases": [{"model": "d", "batch": 1, "seq": [333], "dtype": "bf16",
+                   "masks": ["causal", "causal_window:64"]}]}))
+    put("workload", "decoder-line",
+        "--decoder b=1,s=4096,hidden=4096,h=32,kv=8,ffn=14336,bf16,causal_window:4096")
 
 
 def main():

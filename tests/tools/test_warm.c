@@ -206,6 +206,48 @@ START_TEST(test_compile_only)
 }
 END_TEST
 
+/* A decoder layer from a --decoder line and one from a workload file,
+ * compiled for sm_90a with no GPU: its GEMMs, RMSNorm, RoPE, SwiGLU and
+ * attention land in the cache; the same layer again needs nothing new. */
+START_TEST(test_decoder_compile_only)
+{
+    fixture f;
+    setup(&f);
+    char why[2048];
+    stof_status mha = mha_prepare_status(f.dir, why, sizeof why);
+    ck_assert_msg(mha == STOF_OK, "attention does not compile here: %s", why);
+    char *dec = path_in(f.dir, "decoder.json");
+    write_file(dec, "{\"models\": {\"tiny\": {\"kind\": \"decoder\", \"hidden\": 256,"
+                    " \"heads\": 4, \"kv_heads\": 1, \"ffn_hidden\": 512, \"qkv_bias\": true}},"
+                    " \"cases\": [{\"model\": \"tiny\", \"batch\": 1, \"seq\": [77],"
+                    " \"dtype\": \"bf16\", \"masks\": [\"causal_window:16\"]}]}\n");
+    char *out;
+    int rc = test_sh(&out, "%s --cache '%s' --arch sm_90a --compile-only --decoder "
+                     "'b=1,s=77,hidden=256,h=4,kv=1,ffn=512,bf16,causal' '%s'",
+                     test_build_path("stof-warm"), f.cache, dec);
+    ck_assert_msg(rc == 0, "rc %d:\n%s", rc, out);
+    ck_assert_msg(strstr(out, "stof-warm: 2 cases (0 attention, 0 layer, 2 decoder, 0 layernorm)"),
+                  "%s", out);
+    ck_assert_int_eq(count_of(out, " failed"), 0);
+    ck_assert_int_eq(count_of(out, " tuned"), 0);
+    ck_assert_int_ge(count_of(out, " compiled"), 1);
+    ck_assert_int_gt(kernels_in(f.cache, "gemm"), 0);
+    ck_assert_int_gt(kernels_in(f.cache, "rope"), 0);
+    ck_assert_int_gt(kernels_in(f.cache, "swiglu"), 0);
+    ck_assert_int_gt(kernels_in(f.cache, "mha"), 0);
+    free(out);
+    rc = test_sh(&out, "%s --cache '%s' --arch sm_90a --compile-only --quiet --decoder "
+                 "'b=1,s=77,hidden=256,h=4,kv=1,ffn=512,bf16,causal' '%s'",
+                 test_build_path("stof-warm"), f.cache, dec);
+    ck_assert_msg(rc == 0, "rc %d:\n%s", rc, out);
+    ck_assert_int_eq(count_of(out, " cache hit"), 2);
+    ck_assert_ptr_nonnull(strstr(out, "NVRTC: 0 kernels"));
+    free(out);
+    free(dec);
+    teardown(&f);
+}
+END_TEST
+
 /* n LayerNorm cases of distinct widths, so each needs its own kernel. */
 static char *ln_args(int n)
 {
@@ -357,6 +399,10 @@ static const bad_run BAD_RUNS[] = {
     {"--frobnicate --ln rows=8,hidden=64", "unknown option \"--frobnicate\""},
     {"", "nothing to warm"},
     {"--ln rows=8,hidden=64 --mha", "--mha needs a value"},
+    {"--decoder 'b=1,s=64,hidden=512,h=8,ffn=1376,window:16'", "a decoder layer's mask is causal"},
+    {"--decoder 'b=1,s=64,hidden=512,h=8,kv=3,ffn=1376'", "kv=3 does not divide h=8"},
+    {"--decoder 'b=1,s=64,hidden=512,h=8'", "missing ffn="},
+    {"--ln rows=8,hidden=64 --decoder", "--decoder needs a value"},
     /* Issue 58: what attention does not support is refused as the line is
      * read, naming the field, not case by case after the workers start; an
      * empty --cache is bad input, not a missing GPU. */
@@ -548,7 +594,7 @@ START_TEST(test_one_case)
     int rc = test_sh(&out, "%s --cache '%s' --arch sm_90a --compile-only --ln rows=8,hidden=64",
                      test_build_path("stof-warm"), f.cache);
     ck_assert_msg(rc == 0, "rc %d:\n%s", rc, out);
-    ck_assert_msg(strstr(out, "stof-warm: 1 case (0 attention, 0 layer, 1 layernorm)") &&
+    ck_assert_msg(strstr(out, "stof-warm: 1 case (0 attention, 0 layer, 0 decoder, 1 layernorm)") &&
                       strstr(out, "; 1 worker; cache "),
                   "%s", out);
     ck_assert_ptr_null(strstr(out, "1 cases"));
@@ -574,6 +620,7 @@ Suite *suite_warm(void)
     Suite *s = suite_create("warm");
     TCase *tc = tcase_create("warm");
     tcase_add_test(tc, test_compile_only);
+    tcase_add_test(tc, test_decoder_compile_only);
     tcase_add_test(tc, test_jobs_share_cases);
     tcase_add_test(tc, test_interrupt_and_resume);
     tcase_add_test(tc, test_terminal_progress);

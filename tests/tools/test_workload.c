@@ -2,7 +2,8 @@
  * test_workload — reading workloads: the shared workload files (and
  * embedded copies of them) expand to the right cases, every malformed or
  * out-of-range field is refused with its file, line, column and JSON path
- * and leaves the list unchanged, the --mha / --ln one-liners, mask specs
+ * and leaves the list unchanged, decoder-layer models and cases, the
+ * --mha / --ln / --decoder one-liners, mask specs
  * checked by the library, and randomly damaged files never crashing.
  */
 #include <dirent.h>
@@ -42,7 +43,11 @@ static const char LAYERS_JSON[] =
     "  \"models\": {\n"
     "    \"bert-base\":  {\"hidden\": 768,  \"heads\": 12, \"ffn\": 4.0, \"activation\": \"gelu\", \"norm\": \"post_ln\"},\n"
     "    \"bert-large\": {\"hidden\": 1024, \"heads\": 16, \"ffn\": 4.0, \"activation\": \"gelu\", \"norm\": \"post_ln\"},\n"
-    "    \"vit-base-local\": {\"hidden\": 768, \"heads\": 12, \"ffn\": 4.0, \"activation\": \"gelu\", \"norm\": \"pre_ln\"}\n"
+    "    \"vit-base-local\": {\"hidden\": 768, \"heads\": 12, \"ffn\": 4.0, \"activation\": \"gelu\", \"norm\": \"pre_ln\"},\n"
+    "    \"llama3.2-1b\": {\"kind\": \"decoder\", \"hidden\": 2048, \"heads\": 32, \"kv_heads\": 8,"
+    " \"head_dim\": 64, \"ffn_hidden\": 8192},\n"
+    "    \"llama3-8b\":   {\"kind\": \"decoder\", \"hidden\": 4096, \"heads\": 32, \"kv_heads\": 8,"
+    " \"head_dim\": 128, \"ffn_hidden\": 14336}\n"
     "  },\n"
     "  \"cases\": [\n"
     "    {\"model\": \"bert-base\",  \"batch\": 8, \"seq\": [512, 2048], \"dtype\": \"fp16\",\n"
@@ -50,7 +55,15 @@ static const char LAYERS_JSON[] =
     "    {\"model\": \"bert-large\", \"batch\": 8, \"seq\": [512, 2048], \"dtype\": \"fp16\",\n"
     "     \"masks\": [\"window:256+global:64\"]},\n"
     "    {\"model\": \"vit-base-local\", \"batch\": 16, \"seq\": [1024], \"dtype\": \"fp16\",\n"
-    "     \"masks\": [\"window:128\"]}\n"
+    "     \"masks\": [\"window:128\"]},\n"
+    "    {\"model\": \"llama3.2-1b\", \"batch\": 1, \"seq\": [4096, 16384], \"dtype\": \"bf16\",\n"
+    "     \"masks\": [\"causal\", \"causal_window:4096\"]},\n"
+    "    {\"model\": \"llama3.2-1b\", \"batch\": 4, \"seq\": [4096], \"dtype\": \"bf16\",\n"
+    "     \"masks\": [\"causal\", \"causal_window:4096\"]},\n"
+    "    {\"model\": \"llama3-8b\", \"batch\": 1, \"seq\": [4096, 16384], \"dtype\": \"bf16\",\n"
+    "     \"masks\": [\"causal\", \"causal_window:4096\"]},\n"
+    "    {\"model\": \"llama3-8b\", \"batch\": 4, \"seq\": [4096], \"dtype\": \"bf16\",\n"
+    "     \"masks\": [\"causal\", \"causal_window:4096\"]}\n"
     "  ]\n"
     "}\n";
 
@@ -103,7 +116,31 @@ static void check_attention(const workload *w)
 
 static void check_layers(const workload *w)
 {
-    ck_assert_int_eq(w->n, 2 * 3 + 2 * 1 + 1 * 1);
+    /* The encoder layers, then the two decoder models' (B1 at two lengths,
+     * B4 at one) x two masks. */
+    ck_assert_int_eq(w->n, 2 * 3 + 2 * 1 + 1 * 1 + 2 * (2 + 1) * 2);
+    int decoders = 0;
+    for (int i = 0; i < w->n; i++)
+        decoders += w->cases[i].op == WORKLOAD_DECODER;
+    ck_assert_int_eq(decoders, 12);
+    const workload_case *d = find(w, "llama3-8b/l=16384/causal_window:4096");
+    ck_assert_ptr_nonnull(d);
+    ck_assert_int_eq(d->op, WORKLOAD_DECODER);
+    ck_assert_str_eq(d->model, "llama3-8b");
+    ck_assert(d->hidden == 4096 && d->heads == 32 && d->kv_heads == 8 && d->head_dim == 128 &&
+              d->ffn_hidden == 14336 && d->batch == 1 && d->seq_q == 16384 &&
+              d->seq_k == 16384 && d->rows == 16384 && d->dtype == STOF_BF16 && !d->qkv_bias);
+    stof_decoder_desc dd;
+    workload_decoder_desc(d, STOF_TUNE_FAST, &dd);
+    ck_assert(dd.batch == 1 && dd.seq == 16384 && dd.hidden == 4096 && dd.heads == 32 &&
+              dd.kv_heads == 8 && dd.head_dim == 128 && dd.ffn_hidden == 14336 &&
+              dd.window == 4096 && dd.dtype == STOF_BF16 && dd.tune == STOF_TUNE_FAST &&
+              dd.rope_theta > 0 && dd.rope_factor == 0 && dd.qkv_bias == 0);
+    d = find(w, "llama3.2-1b/l=4096/causal");
+    ck_assert_ptr_nonnull(d);
+    ck_assert_int_eq(d->batch, 1);
+    workload_decoder_desc(d, STOF_TUNE_OFF, &dd);
+    ck_assert(dd.window == 0 && dd.head_dim == 64 && dd.ffn_hidden == 8192);
     const workload_case *c = find(w, "bert-large/l=2048/window:256+global:64");
     ck_assert_ptr_nonnull(c);
     ck_assert_int_eq(c->op, WORKLOAD_LAYER);
@@ -225,8 +262,8 @@ START_TEST(test_both_formats_append)
     ck_assert(read_text(&w, ATTENTION_JSON, err) == 0);
     ck_assert(read_text(&w, LAYERS_JSON, err) == 0);
     ck_assert(workload_add_ln(&w, "rows=16384,hidden=768,fp16", err, sizeof err) == 0);
-    ck_assert_int_eq(w.n, 36 + 9 + 1);
-    ck_assert_int_eq(w.cases[45].op, WORKLOAD_LN);
+    ck_assert_int_eq(w.n, 36 + 9 + 12 + 1);
+    ck_assert_int_eq(w.cases[57].op, WORKLOAD_LN);
     workload_free(&w);
     /* One file may hold both kinds. */
     const char *both = "{\"suites\": [{\"name\": \"s\", \"batch\": 1, \"heads\": 2, \"head_dim\": 64,"
@@ -300,8 +337,37 @@ typedef struct bad_doc {
 #define SUITE_OK "\"name\": \"s\", \"batch\": 1, \"heads\": 2, \"head_dim\": 64, \"dtype\": \"fp16\""
 #define MODEL_OK "\"hidden\": 256, \"heads\": 4, \"ffn\": 4, \"activation\": \"gelu\", \"norm\": \"post_ln\""
 
+#define DECODER_OK "\"kind\": \"decoder\", \"hidden\": 512, \"heads\": 8, \"kv_heads\": 2, " \
+                   "\"ffn_hidden\": 1376"
+#define DECODER_CASE "\"cases\": [{\"model\": \"d\", \"batch\": 1, \"seq\": 64, " \
+                     "\"dtype\": \"bf16\", \"masks\": "
+
 static const bad_doc BAD_DOCS[] = {
     {"[]", "t.json:1:1: $", "expected a workload object"},
+    {"{\"models\": {\"d\": {" DECODER_OK ", \"ffn\": 4}}, " DECODER_CASE "[\"causal\"]}]}",
+     "$.models.d.ffn", "unknown member \"ffn\""},
+    {"{\"models\": {\"d\": {\"kind\": \"gpt\", \"hidden\": 8}}, " DECODER_CASE "[\"causal\"]}]}",
+     "$.models.d.kind", "expected \"encoder\" or \"decoder\""},
+    {"{\"models\": {\"d\": {\"kind\": \"decoder\", \"hidden\": 512, \"heads\": 8,"
+     " \"ffn_hidden\": 1376}}, " DECODER_CASE "[\"causal\"]}]}",
+     "$.models.d", "missing member \"kv_heads\""},
+    {"{\"models\": {\"d\": {\"kind\": \"decoder\", \"hidden\": 512, \"heads\": 8,"
+     " \"kv_heads\": 3, \"ffn_hidden\": 1376}}, " DECODER_CASE "[\"causal\"]}]}",
+     "$.models.d.kv_heads", "kv_heads 3 does not divide heads 8"},
+    {"{\"models\": {\"d\": {" DECODER_OK ", \"head_dim\": 128}}, " DECODER_CASE "[\"causal\"]}]}",
+     "$.models.d.head_dim", "heads 8 x head_dim 128 is not hidden 512"},
+    {"{\"models\": {\"d\": {\"kind\": \"decoder\", \"hidden\": 512, \"heads\": 8,"
+     " \"kv_heads\": 2, \"ffn_hidden\": 1380}}, " DECODER_CASE "[\"causal\"]}]}",
+     "$.models.d", "must be multiples of 8"},
+    {"{\"models\": {\"d\": {" DECODER_OK ", \"qkv_bias\": 1}}, " DECODER_CASE "[\"causal\"]}]}",
+     "$.models.d.qkv_bias", "expected true or false"},
+    {"{\"models\": {\"d\": {\"kind\": \"decoder\", \"hidden\": 800, \"heads\": 16,"
+     " \"kv_heads\": 2, \"ffn_hidden\": 1376}}, " DECODER_CASE "[\"causal\"]}]}",
+     "$.models.d.heads", "head_dim 50, which is not supported"},
+    {"{\"models\": {\"d\": {" DECODER_OK "}}, " DECODER_CASE "[\"causal\", \"window:16\"]}]}",
+     "$.cases[0].masks[1]", "a decoder layer's mask is causal or causal_window:W"},
+    {"{\"models\": {\"d\": {" DECODER_OK "}}, " DECODER_CASE "{\"w\": \"causal_window:0\"}}]}",
+     "$.cases[0].masks.w", "causal_window:0"},
     {"{}", "t.json:1:1: $", "neither an attention workload"},
     {"{\"about\": \"x\"}", "t.json:1:1: $", "neither"},
     {"{\"models\": {}}", "t.json:1:1: $", "needs both"},
@@ -635,6 +701,113 @@ START_TEST(test_mha_limits_are_the_library_s)
 }
 END_TEST
 
+/* --decoder: the issue's one-liner and its spellings, defaults (kv heads =
+ * heads, head_dim = hidden / heads, causal, bf16), a file's decoder model
+ * with Qwen2's biases, the desc each maps to; what the decoder layer
+ * refuses is refused as the line is read, naming the field. */
+START_TEST(test_decoder_lines)
+{
+    workload w = {0};
+    char err[1024];
+    ck_assert_msg(workload_add_decoder(&w, "b=1,s=4096,hidden=4096,h=32,kv=8,ffn=14336,bf16,"
+                                       "causal_window:4096", err, sizeof err) == 0, "%s", err);
+    ck_assert_msg(workload_add_decoder(&w, "batch=2, seq=333, hidden=512, heads=4, "
+                                       "ffn_hidden=1376, head_dim=128, qkv_bias=1, fp16, "
+                                       "mask=causal", err, sizeof err) == 0, "%s", err);
+    ck_assert_msg(workload_add_decoder(&w, "b=1,l=64,hidden=2048,h=32,kv=8,ffn=8192", err,
+                                       sizeof err) == 0, "%s", err);
+    ck_assert_int_eq(w.n, 3);
+    const workload_case *c = &w.cases[0];
+    ck_assert(c->op == WORKLOAD_DECODER && c->batch == 1 && c->seq_q == 4096 &&
+              c->seq_k == 4096 && c->hidden == 4096 && c->heads == 32 && c->kv_heads == 8 &&
+              c->head_dim == 128 && c->ffn_hidden == 14336 && c->dtype == STOF_BF16 &&
+              c->rows == 4096 && !c->qkv_bias && !c->model);
+    ck_assert_str_eq(c->mask, "causal_window:4096");
+    ck_assert_str_eq(c->origin, "--decoder \"b=1,s=4096,hidden=4096,h=32,kv=8,ffn=14336,bf16,"
+                                "causal_window:4096\"");
+    ck_assert_str_eq(workload_op_name(c->op), "decoder");
+    stof_decoder_desc d;
+    workload_decoder_desc(c, STOF_TUNE_FULL, &d);
+    ck_assert(d.batch == 1 && d.seq == 4096 && d.window == 4096 && d.kv_heads == 8 &&
+              d.head_dim == 128 && d.ffn_hidden == 14336 && d.tune == STOF_TUNE_FULL &&
+              d.dtype == STOF_BF16 && d.rope_theta == 10000.f && d.eps == 0);
+    c = &w.cases[1];
+    ck_assert(c->kv_heads == 4 && c->head_dim == 128 && c->qkv_bias && c->dtype == STOF_F16 &&
+              c->rows == 666);
+    ck_assert_str_eq(c->mask, "causal");
+    workload_decoder_desc(c, STOF_TUNE_OFF, &d);
+    ck_assert(d.window == 0 && d.qkv_bias == 1 && d.kv_heads == 4);
+    c = &w.cases[2];
+    ck_assert(c->kv_heads == 8 && c->head_dim == 64 && c->dtype == STOF_BF16 && c->seq_q == 64);
+    ck_assert_str_eq(c->mask, "causal");
+    /* The masks parse for their lengths. */
+    stof_ctx *ctx = NULL;
+    ck_assert_int_eq(stof_open(&ctx, &(stof_options){.no_cache = 1}), STOF_OK);
+    ck_assert_int_eq(workload_check(ctx, &w, err, sizeof err), STOF_OK);
+    stof_close(ctx);
+    workload_free(&w);
+
+    const char *doc = "{\"models\": {\"qwen2-like\": {\"kind\": \"decoder\", \"hidden\": 896,"
+                      " \"heads\": 14, \"kv_heads\": 2, \"head_dim\": 64, \"ffn_hidden\": 4864,"
+                      " \"qkv_bias\": true}, \"enc\": {\"kind\": \"encoder\", " MODEL_OK "}},"
+                      " \"cases\": [{\"model\": \"qwen2-like\", \"batch\": 3, \"seq\": [100, 333],"
+                      " \"dtype\": \"fp16\", \"masks\": {\"c\": \"causal\", \"w\": \"causal_window:32\"}},"
+                      " {\"model\": \"enc\", \"batch\": 1, \"seq\": 64, \"dtype\": \"fp16\","
+                      " \"masks\": [\"dense\"]}]}";
+    ck_assert_msg(read_text(&w, doc, err) == 0, "%s", err);
+    ck_assert_int_eq(w.n, 5);
+    c = find(&w, "qwen2-like/l=333/causal_window:32");
+    ck_assert_ptr_nonnull(c);
+    ck_assert(c->op == WORKLOAD_DECODER && c->qkv_bias && c->kv_heads == 2 && c->rows == 999 &&
+              c->head_dim == 64 && c->dtype == STOF_F16);
+    ck_assert_ptr_nonnull(strstr(c->origin, "$.cases[0].masks.w"));
+    workload_decoder_desc(c, STOF_TUNE_OFF, &d);
+    ck_assert(d.window == 32 && d.qkv_bias == 1 && d.seq == 333 && d.batch == 3);
+    ck_assert_int_eq(w.cases[4].op, WORKLOAD_LAYER);
+    workload_free(&w);
+
+    ck_assert_int_eq(workload_decoder_window("causal"), 0);
+    ck_assert_int_eq(workload_decoder_window("causal_window:7"), 7);
+    ck_assert_int_eq(workload_decoder_window("causal_window:0"), -1);
+    ck_assert_int_eq(workload_decoder_window("causal_window:"), -1);
+    ck_assert_int_eq(workload_decoder_window("causal_window:8x"), -1);
+    ck_assert_int_eq(workload_decoder_window("window:8"), -1);
+    ck_assert_int_eq(workload_decoder_window("causal+global:4"), -1);
+}
+END_TEST
+
+static const char *const BAD_DECODER_LINES[][2] = {
+    {"s=64,hidden=512,h=8,ffn=1376", "missing b="},
+    {"b=1,hidden=512,h=8,ffn=1376", "missing s="},
+    {"b=1,s=64,h=8,ffn=1376", "missing hidden="},
+    {"b=1,s=64,hidden=512,ffn=1376", "missing h="},
+    {"b=1,s=64,hidden=512,h=8", "missing ffn="},
+    {"b=1,s=64,hidden=512,h=8,kv=3,ffn=1376", "kv=3 does not divide h=8"},
+    {"b=1,s=64,hidden=512,h=8,d=128,ffn=1376", "hidden=512 is not h=8 x head_dim 128"},
+    {"b=1,s=64,hidden=400,h=8,ffn=1376", "head_dim 50 is not supported"},
+    {"b=1,s=64,hidden=512,h=8,ffn=1380", "must be multiples of 8"},
+    {"b=1,s=64,hidden=512,h=8,ffn=1376,fp32", "dtype fp32 is not supported"},
+    {"b=1,s=64,hidden=512,h=8,ffn=1376,window:16", "mask \"window:16\""},
+    {"b=1,s=64,hidden=512,h=8,ffn=1376,causal_window:0", "causal or causal_window:W"},
+    {"b=1,s=64,hidden=512,h=8,ffn=1376,qkv_bias=2", "qkv_bias=2"},
+    {"b=1,s=64,hidden=512,h=8,ffn=1376,softcap=3", "unknown field \"softcap\""},
+    {"b=1,s=16777216,hidden=512,h=8,ffn=1376", "s=16777216 is not supported"},
+    {"b=1048576,s=64,hidden=512,h=8,ffn=1376", "b=1048576 x h=8 is not supported"},
+    {"b=1,s=64,s=32,hidden=512,h=8,ffn=1376", "s is given twice"},
+};
+
+START_TEST(test_bad_decoder_lines)
+{
+    const char *line = BAD_DECODER_LINES[_i][0], *what = BAD_DECODER_LINES[_i][1];
+    workload w = {0};
+    char err[1024] = "";
+    ck_assert_msg(workload_add_decoder(&w, line, err, sizeof err) != 0, "accepted: %s", line);
+    ck_assert_msg(strstr(err, what), "[%s] said: %s; wanted: %s", line, err, what);
+    ck_assert_ptr_nonnull(strstr(err, "--decoder"));
+    ck_assert_int_eq(w.n, 0);
+}
+END_TEST
+
 START_TEST(test_ln_lines)
 {
     workload w = {0};
@@ -707,6 +880,9 @@ Suite *suite_workload(void)
     tcase_add_loop_test(tc, test_bad_lines, 0, (int)(sizeof BAD_LINES / sizeof BAD_LINES[0]));
     tcase_add_test(tc, test_mha_limits_are_the_library_s);
     tcase_add_test(tc, test_ln_lines);
+    tcase_add_test(tc, test_decoder_lines);
+    tcase_add_loop_test(tc, test_bad_decoder_lines, 0,
+                        (int)(sizeof BAD_DECODER_LINES / sizeof BAD_DECODER_LINES[0]));
     tcase_add_test(tc, test_damaged_files);
     suite_add_tcase(s, tc);
     return s;
