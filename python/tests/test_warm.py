@@ -45,6 +45,11 @@ class Warm(unittest.TestCase):
             stof.warm(mha="b=1,h=2", arch="sm_90a", compile_only=True, cache=self.cache)
         self.assertEqual(cm.exception.returncode, 2)
         self.assertIn("missing d=", str(cm.exception))
+        with self.assertRaises(stof.ToolError) as cm:
+            stof.warm(decoder=["b=1,s=64,hidden=512,h=8,kv=3,ffn=1376"], arch="sm_90a",
+                      compile_only=True, cache=self.cache)
+        self.assertIn("--decoder", str(cm.exception))
+        self.assertIn("kv=3 does not divide h=8", str(cm.exception))
         r = stof.warm(mha="b=1,h=2", cache=self.cache, check=False)
         self.assertEqual((r.ok, r.counts), (False, None))
         with self.assertRaises(stof.ToolError) as cm:
