@@ -14,6 +14,7 @@ from ctypes import byref, c_void_p, create_string_buffer
 
 from . import _lib as L
 from . import _mask
+from . import _varlen
 
 LAYOUTS = ("bhld", "blhd")
 
@@ -308,8 +309,8 @@ def _check_packed(e, qp, kp, vp):
 
 
 def plans():
-    """The plans this process holds: [(key, describe line)]."""
-    return [(k, e.describe()) for k, e in list(_plans.items())]
+    """The plans this process holds, varlen ones too: [(key, describe line)]."""
+    return [(k, e.describe()) for k, e in list(_plans.items())] + _varlen.plans()
 
 
 def clear_plans():
@@ -317,6 +318,7 @@ def clear_plans():
     from the cache)."""
     with _plans_lock:
         _plans.clear()
+    _varlen.clear_plans()
 
 
 # ---- torch ----------------------------------------------------------------------------------
@@ -340,7 +342,7 @@ def _setup_torch():
     comp = getattr(getattr(torch, "compiler", None), "is_compiling", None)
     _is_compiling = comp if comp is not None else (lambda: False)
     from . import _torch as op
-    op.register(attention_torch, out_layout)
+    op.register(attention_torch, out_layout, _varlen.attention)
     _Tensor = torch.Tensor
     _torch = torch
 
@@ -527,7 +529,8 @@ def _via_dlpack(q, k, v, mask, seq_lens, scale, layout, tune, out, stream, devic
 
 def attention(q, k, v, mask="dense", seq_lens=None, scale=None, layout="bhld", *, tune=None,
               out=None, stream=None, device=None, softcap=None, alibi=None, bias=None,
-              seqused_k=None):
+              seqused_k=None, cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=None,
+              max_seqlen_k=None):
     """Masked multi-head attention: softmax(cap(q kᵀ · scale) + mods + mask) v.
 
     q: [B, H, Lq, D] ("bhld") or [B, Lq, H, D] ("blhd"); k and v likewise
@@ -564,9 +567,34 @@ def attention(q, k, v, mask="dense", seq_lens=None, scale=None, layout="bhld", *
     included) makes it a decoding step against a KV cache: stof.decode, with
     mask "causal" or "causal_window:W" (torch tensors; no seq_lens, alibi or
     bias), one plan for every length.
+
+    cu_seqlens_q= and cu_seqlens_k= (int32 CUDA arrays [n + 1], with
+    max_seqlen_q= and max_seqlen_k=, the longest sequence's rows) make it a
+    packed variable-length batch, as FlashAttention's varlen call: q
+    [total_q, H, D], k and v [total_k, Hk, D], contiguous, sequence b's rows
+    cu[b] .. cu[b+1] - 1; the mask applies inside each sequence, its queries
+    the last of its keys (causal aligns bottom-right). Returns a new array
+    like q. One plan serves every composition whose longest sequence fits the
+    plan's bucket (the power of two at or above max(max_seqlen, 1024)) and
+    whose count fits its batch bucket: no plan, no compile, no host read of
+    cu_seqlens per call. Boundaries are read on the device and clamped (a
+    sequence longer than max_seqlen keeps its first rows up to the bucket).
+    No seq_lens, alibi or bias (positions would be the plan's, not each
+    sequence's).
     """
     if mask is None:
         mask = "dense"
+    if cu_seqlens_q is not None or cu_seqlens_k is not None:
+        if cu_seqlens_q is None or cu_seqlens_k is None:
+            raise L.InvalidArgumentError("a varlen call takes both cu_seqlens_q and cu_seqlens_k")
+        if seq_lens is not None or seqused_k is not None:
+            raise L.InvalidArgumentError("a varlen call (cu_seqlens) takes no seq_lens or "
+                                         "seqused_k: cu_seqlens gives each sequence's rows")
+        if alibi not in (None, False) or bias is not None:
+            raise L.UnsupportedError("a varlen call (cu_seqlens) does not take alibi or bias yet "
+                                     "(their positions would be the plan's, not each sequence's)")
+        return _varlen.attention(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
+                                 max_seqlen_k, mask, scale, tune, out, stream, device, softcap)
     if seqused_k is not None:
         from . import _decode
         if seq_lens is not None or alibi is not None or bias is not None:

@@ -236,6 +236,7 @@ _OPTIONAL = {
                                   POINTER(c_size_t)]),
     "stof_mask_picture_free": (None, [c_void_p]),
     "stof_mha_head_dim_supported": (c_int, [c_int]),
+    "stof_mha_run_varlen": (c_int, [c_void_p] * 7 + [c_int, c_longlong, c_longlong, c_void_p]),
     "stof_decode_plan_create": (c_int, [c_void_p, POINTER(DecodeDesc), POINTER(c_void_p)]),
     "stof_decode_run": (c_int, [c_void_p] * 6 + [c_int, c_int, c_void_p]),
     "stof_decode_plan_describe": (c_int, [c_void_p, c_char_p, c_size_t]),

@@ -150,6 +150,100 @@ class AttentionChecks(unittest.TestCase):
                          ((2, 8, 4, 64), (2048, 256, 64, 1)))
 
 
+class VarlenChecks(unittest.TestCase):
+    """The varlen form (cu_seqlens): every argument checked before a plan."""
+
+    def setUp(self):
+        stof.clear_plans()
+
+    def tearDown(self):
+        self.assertEqual(stof.plans(), [])
+        stof.clear_plans()
+
+    def fails(self, cls, text, *args, **kw):
+        with self.assertRaises(cls) as cm:
+            stof.attention(*args, **kw)
+        self.assertIn(text, str(cm.exception))
+        return cm.exception
+
+    def call(self, cls, text, q=None, k=None, v=None, cu_q=None, cu_k=None, **kw):
+        q = q or arr((1000, 8, 64))
+        k = k or arr((1500, 2, 64))
+        v = v or k
+        cu = arr((4,), "<i4")
+        args = dict(cu_seqlens_q=cu_q or cu, cu_seqlens_k=cu_k or cu, max_seqlen_q=700,
+                    max_seqlen_k=900, mask="causal")
+        args.update(kw)
+        return self.fails(cls, text, q, k, v, **args)
+
+    def test_shapes(self):
+        inv = stof.InvalidArgumentError
+        self.call(inv, "q must be 3-D [total_q, heads, head_dim]", q=arr((1, 1000, 8, 64)))
+        self.call(inv, "k must be 3-D [total_k", k=arr((1, 1500, 2, 64)))
+        self.call(inv, "k and v must have one shape", v=arr((1500, 2, 32)))
+        self.call(inv, "k's head_dim 32 must match q's 64", k=arr((1500, 2, 32)))
+        self.call(inv, "must divide q's (8) (grouped KV heads)", k=arr((1500, 3, 64)))
+        self.call(stof.UnsupportedError, "head_dim 48 is not supported", q=arr((10, 8, 48)),
+                  k=arr((10, 2, 48)))
+        self.call(stof.UnsupportedError, "float16 or bfloat16", q=arr((10, 8, 64), "<f4"))
+        st = contiguous_strides((1000, 8, 64))
+        self.call(inv, "q must be contiguous (rows back to back",
+                  q=arr((1000, 8, 64), strides=(2 * st[0], st[1], st[2])))
+
+    def test_cu_seqlens(self):
+        inv = stof.InvalidArgumentError
+        self.call(inv, "cu_seqlens_q must be a contiguous int32 [n + 1]",
+                  cu_q=arr((4,), "<i8"))
+        self.call(inv, "cu_seqlens_k must be a contiguous int32 [n + 1]",
+                  cu_k=arr((1,), "<i4"))
+        self.call(inv, "cu_seqlens_q must be", cu_q=arr((4, 1), "<i4"))
+        self.call(inv, "must have one length (n + 1), got 4 and 5", cu_k=arr((5,), "<i4"))
+        self.call(inv, "takes both cu_seqlens_q and cu_seqlens_k", cu_seqlens_k=None)
+        self.call(inv, "give max_seqlen_q and max_seqlen_k", max_seqlen_k=None)
+        self.call(inv, "max_seqlen_q must be >= 0", max_seqlen_q=-1)
+        self.call(inv, "max_seqlen_k must be an int", max_seqlen_k="long")
+        self.call(stof.UnsupportedError, "max_seqlen_k 4194241 is above STOF_MAX_SEQ",
+                  max_seqlen_k=4194241)
+        self.call(stof.UnsupportedError, "sequences x heads 8 is above STOF_MAX_BATCH_HEADS",
+                  cu_q=arr((9000,), "<i4"), cu_k=arr((9000,), "<i4"))
+
+    def test_refusals(self):
+        inv = stof.InvalidArgumentError
+        self.call(inv, "takes no seq_lens or seqused_k", seq_lens=arr((3,), "<i4"))
+        self.call(inv, "takes no seq_lens or seqused_k", seqused_k=arr((3,), "<i4"))
+        self.call(stof.UnsupportedError, "does not take alibi or bias", alibi=True)
+        self.call(stof.UnsupportedError, "does not take alibi or bias",
+                  bias=arr((8, 32), "<f4"))
+        self.call(inv, "spec str or a stof.Mask", mask=3)
+        self.call(inv, "a varlen mask must cover the longest sequence",
+                  mask=stof.Mask("causal", 512))
+        self.call(inv, "softcap must be", softcap=-2.0)
+        self.call(inv, "tune must be", tune="slow")
+
+    def test_plans_are_made_for_buckets(self):
+        from stof._varlen import plan_shape
+        # Any composition whose longest sequence and count fit the buckets
+        # finds the same plan: a power of two at or above max(max_seqlen, 1024).
+        self.assertEqual(plan_shape(3, 8, 700, 900, "causal"), (1024, 1024, 4))
+        self.assertEqual(plan_shape(4, 8, 1, 1024, "causal"), (1024, 1024, 4))
+        self.assertEqual(plan_shape(5, 8, 1025, 30720, "causal"), (2048, 32768, 8))
+        self.assertEqual(plan_shape(1, 32, 4194240, 4194240, "causal"),
+                         (4194240, 4194240, 1))          # capped at STOF_MAX_SEQ
+        self.assertEqual(plan_shape(1000, 64, 10, 10, "dense"), (1024, 1024, 1023))
+        m = stof.Mask("causal", 3000)
+        self.assertEqual(plan_shape(3, 8, 2999, 3000, m), (3000, 3000, 4))
+
+    @unittest.skipIf(has_gpu(), "a GPU is here: the call would run")
+    def test_valid_calls_meet_no_device(self):
+        self.call(stof.NoDeviceError, "no GPU")
+        self.call(stof.NoDeviceError, "no GPU", mask="causal_window:256", softcap=30.0)
+        # MQA, and the plan of a Mask of its own size
+        self.call(stof.NoDeviceError, "no GPU", k=arr((1500, 1, 64)),
+                  mask=stof.Mask("window:64", 1000))
+        self.call(stof.NoDeviceError, "no GPU", q=arr((1000, 8, 64), "<f2"),
+                  out=arr((1000, 8, 64)))
+
+
 class TorchOnCpu(unittest.TestCase):
     """What torch without a GPU can check: tensors off the GPU are refused,
     and the custom op's fake implementation and torch.compile's tracing."""
@@ -194,6 +288,42 @@ class TorchOnCpu(unittest.TestCase):
         self.assertEqual(tuple(out.shape), (2, 4, 96, 64))
         self.assertEqual(len(graphs), 1)
         self.assertIn("stof.attention", str(graphs[0].graph))
+
+
+    def test_varlen_cpu_tensors_refused(self):
+        torch = self.torch
+        q = torch.zeros(300, 8, 64, dtype=torch.float16)
+        cu = torch.tensor([0, 100, 300], dtype=torch.int32)
+        with self.assertRaises(stof.InvalidArgumentError) as cm:
+            stof.attention(q, q[:, :2], q[:, :2], cu_seqlens_q=cu, cu_seqlens_k=cu,
+                           max_seqlen_q=200, max_seqlen_k=200)
+        self.assertIn("q is not on a CUDA device", str(cm.exception))
+
+    def test_varlen_fake_op_and_compile(self):
+        torch = self.torch
+        if not hasattr(torch.library, "custom_op"):
+            self.skipTest("torch %s has no torch.library.custom_op" % torch.__version__)
+        q = torch.empty(300, 8, 64, dtype=torch.bfloat16, device="meta")
+        kv = torch.empty(500, 2, 64, dtype=torch.bfloat16, device="meta")
+        cu = torch.empty(4, dtype=torch.int32, device="meta")
+        o = torch.ops.stof.attention_varlen(q, kv, kv, cu, cu, 200, 300, "causal", 0.0, 0.0)
+        self.assertEqual((tuple(o.shape), o.stride(), o.dtype),
+                         ((300, 8, 64), (512, 64, 1), torch.bfloat16))
+        graphs = []
+
+        def backend(gm, example_inputs):
+            graphs.append(gm)
+            return gm.forward
+
+        def f(q, k, v, cu_q, cu_k):
+            return stof.attention(q, k, v, mask="causal_window:64", cu_seqlens_q=cu_q,
+                                  cu_seqlens_k=cu_k, max_seqlen_q=200, max_seqlen_k=300,
+                                  softcap=30.0).float() * 2
+
+        out = torch.compile(f, backend=backend, fullgraph=True)(q, kv, kv, cu, cu)
+        self.assertEqual(tuple(out.shape), (300, 8, 64))
+        self.assertEqual(len(graphs), 1)
+        self.assertIn("stof.attention_varlen", str(graphs[0].graph))
 
 
 if __name__ == "__main__":

@@ -10,6 +10,7 @@ CUDA graph. Tolerances are the C suites': relative L2 5e-3 (fp16), 1.5e-2
     PYTHONPATH=python STOF_LIB=build/libstof.so python3 -m unittest discover -s python/tests -v
 """
 import copy
+import itertools
 import os
 import random
 import threading
@@ -260,6 +261,125 @@ class Attention(unittest.TestCase):
             with self.assertRaises(stof.InvalidArgumentError):
                 stof.attention(q, q.to("cuda:1"), q)
         self.assertTrue(all("kernel=" in line for _, line in stof.plans()))
+
+
+def varlen_reference(q, k, v, lens_q, lens_k, spec, softcap=None):
+    """stof.attention's varlen form in float64: q [total_q, H, D], k and v
+    [total_k, Hk, D]; sequence b's spec mask made for its own lens_q[b] x
+    lens_k[b] (a prefix aligns bottom-right, as stof's masks do)."""
+    h, d = q.shape[1], q.shape[2]
+    g = h // k.shape[1]
+    out = torch.zeros(q.shape, dtype=torch.float64, device=q.device)
+    oq = ok = 0
+    for nq, nk in zip(lens_q, lens_k):
+        qq = q[oq:oq + nq].transpose(0, 1).double()
+        kk, vv = (t[ok:ok + nk].transpose(0, 1).double().repeat_interleave(g, 0) for t in (k, v))
+        s = qq @ kk.transpose(-1, -2) / d ** 0.5
+        if softcap:
+            s = softcap * torch.tanh(s / softcap)
+        allowed = stof.Mask(spec, nq, nk).to_dense("torch", device=q.device)[None]
+        p = torch.softmax(s.masked_fill(~allowed, float("-inf")), -1).nan_to_num(0.0)
+        out[oq:oq + nq] = (p @ vv).transpose(0, 1)
+        oq, ok = oq + nq, ok + nk
+    return out
+
+
+def cu_of(lens):
+    return torch.tensor([0] + list(itertools.accumulate(lens)), dtype=torch.int32, device="cuda")
+
+
+class Varlen(unittest.TestCase):
+    """Packed variable-length batches (cu_seqlens): each sequence against the
+    float64 reference, outputs poisoned first, odd lengths, GQA, prefixes,
+    one plan for every composition."""
+
+    def run_case(self, dt, h, hk, d, lens_q, lens_k, spec, softcap=None, salt=0):
+        g = gen(500 + salt)
+        q = randn(sum(lens_q), h, d, dtype=dt, gen=g)
+        k = randn(sum(lens_k), hk, d, dtype=dt, gen=g)
+        v = randn(sum(lens_k), hk, d, dtype=dt, gen=g)
+        out = torch.full_like(q, float("nan"))
+        got = stof.attention(q, k, v, mask=spec, cu_seqlens_q=cu_of(lens_q),
+                             cu_seqlens_k=cu_of(lens_k), max_seqlen_q=max(lens_q),
+                             max_seqlen_k=max(lens_k), softcap=softcap, out=out)
+        self.assertIs(got, out)
+        torch.cuda.synchronize()
+        self.assertFalse(out.isnan().any().item(), "rows left unwritten")
+        want = varlen_reference(q, k, v, lens_q, lens_k, spec, softcap)
+        err = _ref.rel_l2(out, want)
+        name = "%s h%d/%d d%d q%s k%s%s" % (spec, h, hk, d, lens_q, lens_k,
+                                           " softcap" if softcap else "")
+        print("varlen %-51s %s rel L2 %.2e" % (name, str(dt)[6:], err))
+        self.assertLessEqual(err, _ref.tol(dt), name)
+
+    def test_against_reference(self):
+        same = [1, 333, 1000, 77]
+        for n, (dt, h, hk, d, lq, lk, spec, cap) in enumerate((
+                (F16, 8, 2, 64, same, same, "causal", None),
+                (BF16, 8, 2, 128, same, same, "causal", None),
+                (BF16, 32, 8, 128, same, same, "causal_window:128", None),
+                (F16, 4, 4, 64, [517, 3, 1200], [517, 3, 1200], "dense", None),
+                (F16, 8, 1, 64, [5, 200, 17], [300, 200, 1017], "causal", None),   # prefixes
+                (BF16, 16, 4, 128, [129, 1, 640], [1500, 1, 641], "causal_window:96", None),
+                (F16, 8, 4, 80, same, same, "causal_window:64", 30.0))):
+            self.run_case(dt, h, hk, d, lq, lk, spec, cap, salt=n)
+
+    def test_new_compositions_reuse_the_plan(self):
+        self.run_case(BF16, 8, 2, 64, [100, 900, 7], [100, 900, 7], "causal", salt=20)
+        n_plans, compiles = len(stof.plans()), stof.stats()["nvrtc_compiles"]
+        for i, lens in enumerate(([1000, 24], [3, 3, 3, 1, 999], [512] * 4, [1])):
+            self.run_case(BF16, 8, 2, 64, lens, lens, "causal", salt=21 + i)
+        self.assertEqual(len(stof.plans()), n_plans)
+        self.assertEqual(stof.stats()["nvrtc_compiles"], compiles)
+
+    def test_cuda_graph_and_compile(self):
+        h, hk, d, spec = 8, 2, 64, "causal"
+        g = gen(530)
+        q = randn(1200, h, d, dtype=F16, gen=g)
+        k, v = (randn(1200, hk, d, dtype=F16, gen=g) for _ in range(2))
+        cu = cu_of([600, 600])
+        kw = dict(mask=spec, max_seqlen_q=1000, max_seqlen_k=1000)
+        stof.attention(q, k, v, cu_seqlens_q=cu, cu_seqlens_k=cu, **kw)    # plans first
+        torch.cuda.synchronize()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            out = stof.attention(q, k, v, cu_seqlens_q=cu, cu_seqlens_k=cu, **kw)
+        for lens in ([600, 600], [1000, 200], [1, 1000]):
+            cu.copy_(cu_of(lens))       # a new composition, read on the device at replay
+            graph.replay()
+            torch.cuda.synchronize()
+            rows = sum(lens)
+            want = varlen_reference(q[:rows], k[:rows], v[:rows], lens, lens, spec)
+            err = _ref.rel_l2(out[:rows], want)
+            print("varlen CUDA graph replay %-37s f16 rel L2 %.2e" % (lens, err))
+            self.assertLessEqual(err, 5e-3)
+
+        def f(q, k, v, cu):
+            return stof.attention(q * 1.0, k, v, cu_seqlens_q=cu, cu_seqlens_k=cu, **kw)
+        cu = cu_of([1000, 200])
+        want = varlen_reference(q, k, v, [1000, 200], [1000, 200], spec)
+        got = torch.compile(f, fullgraph=True)(q, k, v, cu)
+        err = _ref.rel_l2(got, want)
+        print("varlen torch.compile rel L2 %.2e" % err)
+        self.assertLessEqual(err, 5e-3)
+        op = torch.library.opcheck if hasattr(torch.library, "opcheck") else None
+        if op is not None:
+            op(torch.ops.stof.attention_varlen.default,
+               (q, k, v, cu, cu, 1000, 1000, spec, 0.0, 0.0),
+               test_utils=("test_schema", "test_faketensor"))
+
+    def test_refusals(self):
+        q = torch.zeros(100, 8, 64, dtype=F16, device="cuda")
+        cu = cu_of([50, 50])
+        kw = dict(cu_seqlens_q=cu, cu_seqlens_k=cu, max_seqlen_q=50, max_seqlen_k=50)
+        with self.assertRaisesRegex(stof.InvalidArgumentError, "cu_seqlens_q must be"):
+            stof.attention(q, q, q, **dict(kw, cu_seqlens_q=cu.long()))
+        with self.assertRaisesRegex(stof.InvalidArgumentError, "cu_seqlens_k must be"):
+            stof.attention(q, q, q, **dict(kw, cu_seqlens_k=cu.cpu()))
+        with self.assertRaisesRegex(stof.UnsupportedError, "alibi or bias"):
+            stof.attention(q, q, q, alibi=True, **kw)
+        with self.assertRaisesRegex(stof.InvalidArgumentError, "contiguous"):
+            stof.attention(q[::2], q[::2], q[::2], **kw)
 
 
 def decode_reference(q, k, v, lens, window=0, softcap=None):

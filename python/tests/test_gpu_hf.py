@@ -5,7 +5,9 @@ sdpa on every real token (relative L2 5e-3, as the C suites). Covers
 padding masks (seq_lens), sliding-window configs, a 4-D mask, the user's
 spec, optimize on BERT and ViT under no_grad and inference_mode, the
 refusal of training mode, grouped KV heads and Gemma-2's softcap run by
-stof, the fall back to sdpa (decoding), sentence-transformers, and accelerate across two GPUs. Where
+stof, generate() through stof.decode (DynamicCache, StaticCache, a sliding
+window; the same greedy tokens as sdpa, each step's logits close), the fall
+back to sdpa (left padding), sentence-transformers, and accelerate across two GPUs. Where
 torch, a GPU, transformers, sentence-transformers or a second GPU is
 missing, the test says so and is skipped.
 
@@ -150,7 +152,7 @@ class Backend(unittest.TestCase):
         self.check(again, want, "BERT, the same 4-D mask again")
         self.check(own, want, "BERT, stof.hf.mask(%r)" % spec)
 
-    def test_gqa_runs_and_decoding_falls_back(self):
+    def test_gqa_runs(self):
         cfg = transformers.LlamaConfig(hidden_size=256, intermediate_size=512,
                                        num_attention_heads=4, num_key_value_heads=2,
                                        num_hidden_layers=2, vocab_size=1000)
@@ -163,19 +165,59 @@ class Backend(unittest.TestCase):
             want = ref(input_ids=ids).logits
         self.assertEqual(q.said, [])                  # k and v's 2 heads go to stof as they are
         self.check(got, want, "Llama-shaped GQA (4 on 2 KV heads)")
-        cfg.num_key_value_heads = 4
+
+    def generate_pair(self, model, ids, n, name, attention_mask=None, **kw):
+        """generate() greedy under "stof" and "sdpa" on the same float16
+        model: the same tokens, each step's logits close; returns what
+        stof.hf said."""
+        with torch.no_grad(), Quiet() as q:
+            outs = []
+            for impl in ("sdpa", "stof"):
+                model.set_attn_implementation(impl)
+                outs.append(model.generate(ids, attention_mask=attention_mask, max_new_tokens=n,
+                                           min_new_tokens=n, do_sample=False, pad_token_id=0,
+                                           return_dict_in_generate=True, output_logits=True,
+                                           **kw))
+        want, got = outs
+        same = (got.sequences == want.sequences).all(0).sum().item() - ids.shape[1]
+        print("stof.hf generate() %s: %d of %d new tokens as sdpa's" % (name, same, n))
+        self.assertTrue(torch.equal(got.sequences, want.sequences), name)
+        for i, (a, b) in enumerate(zip(got.logits, want.logits)):
+            self.check(a, b, "%s, step %d's logits" % (name, i))
+        return q.said
+
+    def test_generate_decodes_through_stof(self):
+        """generate()'s steps through stof.decode: a DynamicCache, a
+        StaticCache (seqused_k), 16 new tokens, GQA; one decode plan."""
+        cfg = transformers.LlamaConfig(hidden_size=256, intermediate_size=512,
+                                       num_attention_heads=4, num_key_value_heads=2,
+                                       num_hidden_layers=2, vocab_size=1000)
         torch.manual_seed(SEED)
         model = transformers.LlamaForCausalLM(cfg).eval().half().cuda()
-        with torch.no_grad(), Quiet() as q:
-            model.set_attn_implementation("sdpa")
-            want = model.generate(ids, max_new_tokens=8, do_sample=False)
-            model.set_attn_implementation("stof")
-            got = model.generate(ids, max_new_tokens=8, do_sample=False)
-        self.assertTrue(any("decoding" in s for s in q.said), q.said)
-        print("stof.hf generate(): %d of 8 new tokens as sdpa's"
-              % (got[0, 100:] == want[0, 100:]).sum().item())
-        self.assertTrue(torch.equal(got[0, :101], want[0, :101]))   # the prefill's token
+        ids = torch.randint(0, 1000, (2, 100), device="cuda")
+        n0 = len(stof.decode_plans())
+        said = self.generate_pair(model, ids, 16, "Llama-shaped, DynamicCache")
+        self.assertEqual(said, [])
+        self.assertEqual(len(stof.decode_plans()), n0 + 1)      # every step, one plan
+        said = self.generate_pair(model, ids, 16, "Llama-shaped, StaticCache",
+                                  cache_implementation="static", disable_compile=True)
+        self.assertEqual([s for s in said if "decoding" in s or "step" in s], [])
+        am = torch.ones_like(ids)
+        am[1, :30] = 0                                          # left padding: sdpa, said once
+        said = self.generate_pair(model, ids, 8, "Llama-shaped, left padding",
+                                  attention_mask=am)
+        self.assertTrue(any("left padding" in s for s in said), said)
 
+    def test_generate_sliding_window(self):
+        cfg = transformers.MistralConfig(hidden_size=256, intermediate_size=512,
+                                         num_attention_heads=4, num_key_value_heads=1,
+                                         num_hidden_layers=2, sliding_window=64, vocab_size=1000)
+        torch.manual_seed(SEED)
+        model = transformers.MistralForCausalLM(cfg).eval().half().cuda()
+        ids = torch.randint(0, 1000, (1, 57), device="cuda")    # the window fills mid-generation
+        said = self.generate_pair(model, ids, 16, "Mistral-shaped, sliding_window 64, MQA")
+        self.assertEqual(said, [])
+        self.assertTrue(any(k[9] == 64 for k, _ in stof.decode_plans()))    # the window
 
     def test_gemma2_softcap(self):
         """Gemma-2's logit softcap (50) and its sliding-window layers, on

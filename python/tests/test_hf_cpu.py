@@ -2,9 +2,11 @@
 the mapping of transformers' masks onto stof's (mask functions, padding,
 4-D masks, the user's spec), and whole models on the CPU through the
 "stof" attention with stof's kernel stood in for by a float32 reference
-that takes the same arguments (spec or Mask, seq_lens, the views as given):
-their outputs must match HF's sdpa on every real token. The calls stof
-cannot run (grouped KV heads, decoding) fall back to HF's sdpa for real.
+that takes the same arguments (spec or Mask, seq_lens, the views as given),
+and stof.decode likewise for generate()'s decoding steps (seqused_k, the
+window, the cache as HF hands it): their outputs must match HF's sdpa on
+every real token and generate the same tokens. The calls stof cannot run
+(a step with left padding) fall back to HF's sdpa for real.
 Skipped, saying so, where torch or transformers is missing.
 """
 import os
@@ -177,23 +179,64 @@ class _FakeKernel:
         return out.to(q.dtype)
 
 
+class _FakeDecode:
+    """stof.decode's arguments, answered in float32 on the CPU; it refuses
+    what the real one would (rows, memory order, seqused_k's form)."""
+
+    def __init__(self):
+        self.calls = []
+
+    def __call__(self, q, k, v, seqused_k=None, *, window=0, softcap=None, scale=None,
+                 layout="bhld", out=None):
+        for name, t in zip("qkv", (q, k, v)):
+            if not t.is_contiguous():
+                raise AssertionError("%s is not contiguous in %s" % (name, layout))
+        if layout == "blhd":
+            q, k, v = (t.transpose(1, 2) for t in (q, k, v))
+        b, h, sq, d = q.shape
+        cap = k.shape[2]
+        if seqused_k is not None and (seqused_k.dtype != torch.int32
+                                      or tuple(seqused_k.shape) != (b,)):
+            raise AssertionError("seqused_k must be int32 [%d]" % b)
+        lens = [cap] * b if seqused_k is None else seqused_k.tolist()
+        self.calls.append({"rows": sq, "window": window, "cap": cap, "layout": layout,
+                           "lens": None if seqused_k is None else lens, "kv_heads": k.shape[1],
+                           "softcap": softcap})
+        if not 1 <= sq <= 16:
+            raise AssertionError("%d new rows" % sq)
+        k, v = (t.repeat_interleave(h // t.shape[1], dim=1) for t in (k, v))
+        out = torch.zeros(b, h, sq, d)
+        for i, n in enumerate(lens):
+            s = q[i].float() @ k[i, :, :n].float().transpose(-1, -2) * (scale or d ** -0.5)
+            if softcap:
+                s = softcap * torch.tanh(s / softcap)
+            pos = torch.arange(n - sq, n)[:, None]
+            key = torch.arange(n)[None, :]
+            ok = (key <= pos) & ((key > pos - window) if window else True)
+            p = torch.softmax(s.masked_fill(~ok, float("-inf")), -1).nan_to_num(0.0)
+            out[i] = p @ v[i, :, :n].float()
+        out = out.to(q.dtype)
+        return out.transpose(1, 2).contiguous() if layout == "blhd" else out
+
+
 @needs_hf
 class Models(unittest.TestCase):
     """Tiny models on the CPU, "stof" against "sdpa" on the same weights."""
 
     def setUp(self):
-        self.kernel = _FakeKernel()
-        self.saved = _backend.stof_attention, _backend._why_not
+        self.kernel, self.decode = _FakeKernel(), _FakeDecode()
+        self.saved = _backend.stof_attention, _backend._why_not, _backend.stof_decode
         real = self.saved[1]
 
         def why_not(*a):
             why = real(*a)
             return None if why and why.startswith(("tensors on", "float32")) else why
         _backend.stof_attention, _backend._why_not = self.kernel, why_not
+        _backend.stof_decode = self.decode
         torch.manual_seed(1234)
 
     def tearDown(self):
-        _backend.stof_attention, _backend._why_not = self.saved
+        _backend.stof_attention, _backend._why_not, _backend.stof_decode = self.saved
 
     def run_both(self, model, **inputs):
         model.eval()
@@ -277,7 +320,7 @@ class Models(unittest.TestCase):
         self.assertIs(q2, v)
         self.assertTrue(v2.transpose(1, 2).is_contiguous() and torch.equal(v2, q))
 
-    def test_gqa_runs_and_decoding_falls_back_saying_so(self):
+    def test_gqa_runs_and_decoding_goes_to_decode(self):
         cfg = transformers.LlamaConfig(hidden_size=128, intermediate_size=256,
                                        num_attention_heads=2, num_key_value_heads=1,
                                        num_hidden_layers=2, vocab_size=500)
@@ -293,15 +336,130 @@ class Models(unittest.TestCase):
         self.kernel.calls.clear()
         cfg.num_key_value_heads = 2
         model = transformers.LlamaForCausalLM(cfg).eval()
+        got, want, said = self.generate_both(model, ids, 6)
+        self.assertEqual(said, [])
+        self.assertEqual(self.kernel.calls[0]["mask"], "causal")      # the prefill
+        # Each later step (5 of them, 2 layers): one new row against the whole
+        # DynamicCache, 13 .. 17 keys, through one decode call a layer.
+        self.assertEqual([(c["rows"], c["cap"], c["lens"], c["window"])
+                          for c in self.decode.calls],
+                         [(1, n, None, 0) for n in range(13, 18) for _ in range(2)])
+
+    def generate_both(self, model, ids, n, attention_mask=None, sdpa="sdpa", **kw):
+        """(stof's generate() output, sdpa's, what stof.hf said): the same
+        tokens, and each step's logits close."""
         with torch.no_grad(), warnings.catch_warnings(record=True) as w:
             warnings.simplefilter("always")
-            model.set_attn_implementation("sdpa")
-            want = model.generate(ids, max_new_tokens=4, do_sample=False)
-            model.set_attn_implementation("stof")
-            got = model.generate(ids, max_new_tokens=4, do_sample=False)
-        self.assertTrue(torch.equal(got, want))
-        self.assertEqual(self.kernel.calls[0]["mask"], "causal")      # the prefill
-        self.assertTrue(any("decoding" in str(x.message) for x in w))
+            _backend._said.clear()
+            outs = []
+            for impl in (sdpa, "stof"):
+                model.set_attn_implementation(impl)
+                outs.append(model.generate(ids, attention_mask=attention_mask, max_new_tokens=n,
+                                           min_new_tokens=n, do_sample=False,
+                                           return_dict_in_generate=True, output_logits=True,
+                                           pad_token_id=0, **kw))
+        want, got = outs
+        self.assertTrue(torch.equal(got.sequences, want.sequences))
+        self.assertEqual(len(got.logits), n)
+        for a, b in zip(got.logits, want.logits):
+            self.close(a, b)
+        return got, want, [str(x.message) for x in w if "stof.hf" in str(x.message)]
+
+    def test_decoding_steps_of_many_rows(self):
+        """A step of 3 new rows against a DynamicCache (speculative decoding's
+        verify step): one decode call a layer, logits as sdpa's."""
+        cfg = transformers.LlamaConfig(hidden_size=128, intermediate_size=256,
+                                       num_attention_heads=4, num_key_value_heads=2,
+                                       num_hidden_layers=2, vocab_size=500)
+        model = transformers.LlamaForCausalLM(cfg).eval()
+        ids = torch.randint(0, 500, (2, 20))
+        outs = []
+        with torch.no_grad():
+            for impl in ("sdpa", "stof"):
+                model.set_attn_implementation(impl)
+                cache = transformers.DynamicCache(config=cfg)
+                model(input_ids=ids[:, :17], past_key_values=cache, use_cache=True)
+                outs.append(model(input_ids=ids[:, 17:], past_key_values=cache,
+                                  use_cache=True).logits)
+        self.close(outs[1], outs[0])
+        self.assertEqual([(c["rows"], c["cap"], c["lens"]) for c in self.decode.calls],
+                         [(3, 20, None)] * 2)
+
+    def test_static_cache_takes_seqused_k(self):
+        """A StaticCache hands its whole capacity: the hook gives the used
+        length as seqused_k, from the cache's offset on the device."""
+        cfg = transformers.LlamaConfig(hidden_size=128, intermediate_size=256,
+                                       num_attention_heads=4, num_key_value_heads=2,
+                                       num_hidden_layers=2, vocab_size=500)
+        model = transformers.LlamaForCausalLM(cfg).eval()
+        ids = torch.randint(0, 500, (2, 9))
+        got, want, said = self.generate_both(model, ids, 5, cache_implementation="static")
+        self.assertEqual(said, [])
+        steps = [(c["rows"], c["lens"]) for c in self.decode.calls]
+        # The prefill too (9 rows, within stof.decode's 16): used 9, then 10 .. 13.
+        self.assertEqual(steps, [(r, [n, n]) for r, n in [(9, 9)] + [(1, n) for n in range(10, 14)]
+                                 for _ in range(2)])
+        # Every step sees the whole capacity: 9 + 5 - 1 (the last token needs no forward).
+        self.assertEqual({c["cap"] for c in self.decode.calls}, {13})
+
+    def test_sliding_window_steps(self):
+        cfg = transformers.MistralConfig(hidden_size=128, intermediate_size=256,
+                                         num_attention_heads=4, num_key_value_heads=2,
+                                         num_hidden_layers=2, sliding_window=8, vocab_size=500)
+        model = transformers.MistralForCausalLM(cfg).eval()
+        ids = torch.randint(0, 500, (1, 12))
+        got, want, said = self.generate_both(model, ids, 10)
+        self.assertEqual(said, [])
+        self.assertEqual(self.kernel.calls[0]["mask"], "causal_window:8")
+        self.assertEqual({c["window"] for c in self.decode.calls}, {8})
+        self.assertEqual(len(self.decode.calls), 2 * 9)
+
+    def test_left_padding_falls_back_saying_so(self):
+        cfg = transformers.LlamaConfig(hidden_size=128, intermediate_size=256,
+                                       num_attention_heads=4, num_key_value_heads=2,
+                                       num_hidden_layers=2, vocab_size=500)
+        model = transformers.LlamaForCausalLM(cfg).eval()
+        ids = torch.randint(1, 500, (2, 10))
+        am = torch.ones(2, 10, dtype=torch.long)
+        am[1, :4] = 0
+        ids[1, :4] = 0
+        got, want, said = self.generate_both(model, ids, 4, attention_mask=am)
+        self.assertEqual(self.decode.calls, [])
+        self.assertTrue(any("left padding" in x for x in said), said)
+        self.assertEqual(len(said), len(set(said)))                 # once per reason
+
+    def test_mask_hook_steps(self):
+        hook = _backend.mask_hook
+        ones = torch.ones(2, 13, dtype=torch.bool)
+        mm = hook(2, 1, 13, q_offset=12, kv_offset=0, mask_function=mu.causal_mask_function,
+                  attention_mask=ones)
+        self.assertEqual((mm.why, mm.spec, mm.step, mm.lens), (None, "causal", 0, None))
+        w = mu.sliding_window_causal_mask_function(4)
+        mm = hook(2, 2, 5, q_offset=20, kv_offset=17, mask_function=w,
+                  attention_mask=torch.ones(2, 22, dtype=torch.bool))
+        self.assertEqual((mm.why, mm.spec, mm.step, mm.lens), (None, "causal_window:4", 4, None))
+        # A StaticCache: its offset a tensor, its keys its capacity.
+        mm = hook(2, 1, 32, q_offset=torch.tensor(12), kv_offset=0,
+                  mask_function=mu.causal_mask_function, attention_mask=ones)
+        self.assertEqual((mm.why, mm.step, mm.lens.dtype, mm.lens.tolist()),
+                         (None, 0, torch.int32, [13, 13]))
+        left = ones.clone()
+        left[1, :3] = False
+        mm = hook(2, 1, 13, q_offset=12, kv_offset=0, mask_function=mu.causal_mask_function,
+                  attention_mask=left)
+        self.assertIsNone(mm.step)
+        self.assertIn("left padding", mm.why)
+        # Past the left padding, a sliding window's step runs again.
+        mm = hook(2, 1, 5, q_offset=12, kv_offset=8, mask_function=w, attention_mask=left)
+        self.assertEqual((mm.why, mm.step), (None, 4))
+        mm = hook(2, 17, 30, q_offset=13, kv_offset=0, mask_function=mu.causal_mask_function)
+        self.assertIn("17 new rows", mm.why)
+        chunked = mu.chunked_causal_mask_function(4, torch.zeros(1, dtype=torch.long))
+        mm = hook(2, 1, 13, q_offset=12, kv_offset=0, mask_function=chunked)
+        self.assertIn("cannot express", mm.why)
+        with stof.hf.mask("causal"):
+            mm = hook(2, 1, 13, q_offset=12, kv_offset=0, mask_function=mu.causal_mask_function)
+        self.assertIn("stof.hf.mask spec", mm.why)
 
     def test_gemma2_softcap_passes_through(self):
         cfg = transformers.Gemma2Config(hidden_size=128, intermediate_size=256,
@@ -321,6 +479,20 @@ class Models(unittest.TestCase):
         self.assertEqual([(c["kv_heads"], c["softcap"]) for c in self.kernel.calls],
                          [(2, 50.0)] * 2)
         self.close(got.logits, want.logits)
+
+    def test_gemma2_steps_take_softcap_and_windows(self):
+        """Gemma-2's hybrid cache: sliding layers step with their window, full
+        ones causal, both with the softcap; tokens and logits as eager's."""
+        cfg = transformers.Gemma2Config(hidden_size=128, intermediate_size=256,
+                                        num_attention_heads=4, num_key_value_heads=2, head_dim=32,
+                                        num_hidden_layers=2, vocab_size=500, sliding_window=8,
+                                        attn_logit_softcapping=50.0, query_pre_attn_scalar=32)
+        model = transformers.Gemma2ForCausalLM(cfg).eval()
+        ids = torch.randint(0, 500, (1, 11))
+        got, want, said = self.generate_both(model, ids, 8, sdpa="eager")
+        self.assertEqual(said, [])
+        self.assertEqual(sorted({(c["window"], c["softcap"]) for c in self.decode.calls}),
+                         [(0, 50.0), (8, 50.0)])
 
     def test_optimize_refuses_training_mode(self):
         cfg = transformers.BertConfig(hidden_size=64, num_attention_heads=1, num_hidden_layers=1,

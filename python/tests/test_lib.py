@@ -69,6 +69,20 @@ class Binding(unittest.TestCase):
             for d in range(-1, 300):
                 self.assertEqual(bool(f(d)), d in _lib.MHA_HEAD_DIMS, d)
 
+    @unittest.skipUnless(os.path.exists(os.path.join(REPO, "src/stof.h")), "no stof.h here")
+    def test_prototypes_match_header(self):
+        """Each ctypes prototype takes as many arguments as stof.h's declaration
+        (a call with one too few would read garbage for the last)."""
+        import re
+        with open(os.path.join(REPO, "src/stof.h")) as f:
+            text = re.sub(r"/\*.*?\*/", "", f.read(), flags=re.S)
+        for name, (_, args) in list(_lib._PROTOS.items()) + list(_lib._OPTIONAL.items()):
+            m = re.search(r"\b%s\s*\(([^;{]*?)\)\s*;" % name, text)
+            self.assertIsNotNone(m, name + " is not declared in stof.h")
+            params = m.group(1).strip()
+            n = 0 if params in ("", "void") else params.count(",") + 1
+            self.assertEqual(n, len(args), name)
+
     def test_version(self):
         self.assertEqual(stof.version(), stof.__version__)
 

@@ -14,8 +14,10 @@ padding (as seq_lens) instead of a dense 4-D mask:
 
 Needs torch and transformers (5.x; AttentionInterface came in 4.48, the
 mask interface in 4.53). Grouped KV heads and the logit softcap go to stof
-as they are; calls stof cannot run yet fall back to HF's sdpa and say so
-once: decoding against a cache, among others.
+as they are; generate()'s decoding steps go to stof.decode (DynamicCache,
+sliding-window caches and StaticCache, 1 to 16 new rows); calls stof cannot
+run yet fall back to HF's sdpa and say so once: a step with left padding,
+among others.
 """
 try:
     import torch  # noqa: F401

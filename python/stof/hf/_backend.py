@@ -7,8 +7,14 @@ mask_hook(), through AttentionMaskInterface, stands where the model would
 build its dense 4-D mask, and hands the attention a ModelMask instead: the
 pattern as a spec, padding as seq_lens, worked out once per forward.
 
+A decoding step (generate()'s, 1 to 16 new rows against the KV cache)
+goes to stof.decode: the hook sees the cache's offsets and its padding, and
+hands over the step's window and, for a cache longer than what it holds (a
+StaticCache), the used lengths as seqused_k, so every step of a generation
+shares one plan.
+
 Grouped KV heads (GQA, MQA) and the logit softcap (Gemma-2) go to stof as
-they are. A call stof cannot run yet (decoding against a cache, float32, a
+they are. A call stof cannot run yet (a step with left padding, float32, a
 mask that differs across the batch, a backward needed) runs HF's sdpa on the
 same mask instead, and says so once per reason.
 """
@@ -20,6 +26,7 @@ from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
 from .. import _lib as L
 from .._attention import attention as stof_attention
+from .._decode import MAX_NEW_ROWS, decode as stof_decode
 from . import _masks
 
 try:
@@ -32,8 +39,12 @@ HEAD_DIMS = (32, 64, 80, 96, 128)
 UNSUPPORTED = {"s_aux": "attention sinks", "sinks": "attention sinks",
                "position_bias": "a position bias"}
 
-DECODING = ("decoding (queries against a longer KV cache): stof has no decode mode yet, and a "
-            "stof.hf.mask spec does not apply there")
+DECODING = ("decoding (queries against a longer KV cache) with no mask from stof's mask hook: "
+            "where the cache's tokens end is not known")
+STEP_SPEC = "decoding under a stof.hf.mask spec (a spec does not apply to a KV cache's steps)"
+STEP_ROWS = "a step of %d new rows against a KV cache (stof.decode takes 1 to %d)"
+STEP_MASK = ("a decoding step under a mask stof.decode cannot express (%s; it takes causal and "
+             "causal_window:W)")
 
 _said = set()
 
@@ -52,10 +63,16 @@ class ModelMask:
     would be made from, for a fallback. Accelerate moves it between
     devices through to(); lens follows the query's device in any case."""
 
-    __slots__ = ("spec", "lens", "why", "lq", "lk", "user", "pad", "args", "_dense", "_lens_on")
+    __slots__ = ("spec", "lens", "why", "lq", "lk", "user", "pad", "args", "step", "_dense",
+                 "_lens_on")
+    # It stands for a 4-D mask: generate() with a StaticCache makes the mask
+    # ahead of the forward (through this hook) and hands it to the model,
+    # whose mask code asks its ndim before the hook gets it back.
+    ndim = 4
 
     def __init__(self, lq, lk, args):
         self.spec, self.lens, self.why, self.user, self.pad = None, None, None, None, None
+        self.step = None        # a decoding step: stof.decode's window (lens: seqused_k)
         self.lq, self.lk, self.args = lq, lk, args
         self._dense, self._lens_on = {}, {}
 
@@ -96,6 +113,8 @@ class ModelMask:
 def mask_hook(batch_size, q_length, kv_length, q_offset=0, kv_offset=0, mask_function=None,
               attention_mask=None, **kwargs):
     """transformers' mask interface for "stof": a ModelMask, not a dense mask."""
+    if isinstance(attention_mask, ModelMask):
+        return attention_mask       # made ahead by generate(), for this very forward
     args = dict(kwargs, batch_size=batch_size, q_length=q_length, kv_length=kv_length,
                 q_offset=q_offset, kv_offset=kv_offset, mask_function=mask_function,
                 attention_mask=attention_mask)
@@ -106,8 +125,8 @@ def mask_hook(batch_size, q_length, kv_length, q_offset=0, kv_offset=0, mask_fun
     mm = ModelMask(q_length, kv_length, args)
     if not (isinstance(q_offset, int) and isinstance(kv_offset, int)
             and q_offset == 0 and kv_offset == 0 and q_length == kv_length):
-        mm.why = DECODING
-        return mm
+        return _step(mm, batch_size, q_length, kv_length, q_offset, kv_offset, mask_function,
+                     attention_mask, kwargs)
     pad = attention_mask
     if pad is not None:
         if pad.shape[-1] < kv_length:
@@ -130,6 +149,70 @@ def mask_hook(batch_size, q_length, kv_length, q_offset=0, kv_offset=0, mask_fun
                                  allow_is_bidirectional_skip=False))
         mm.spec, mm.why = _masks.mask_of_4d(dense)
     return mm
+
+
+def _step(mm, batch, q_length, kv_length, q_offset, kv_offset, mask_function, attention_mask,
+          kwargs):
+    """The ModelMask of a decoding step: q_length new rows at positions
+    q_offset.., against kv_length keys from position kv_offset (a sliding
+    cache's window starts past 0; a StaticCache's q_offset is a device
+    tensor and its keys its whole capacity)."""
+    if _masks.user_spec(kwargs.get("config")) is not None:
+        mm.why = STEP_SPEC
+        return mm
+    if not 1 <= q_length <= MAX_NEW_ROWS:
+        mm.why = STEP_ROWS % (q_length, MAX_NEW_ROWS)
+        return mm
+    spec = _masks.spec_of_mask_function(mask_function) if mask_function is not None else None
+    if spec == "causal":
+        window = 0
+    elif spec is not None and spec.startswith("causal_window:"):
+        window = int(spec[14:])
+    else:
+        mm.why = STEP_MASK % (spec or "a mask stof has no spec for")
+        return mm
+    if not isinstance(kv_offset, int):
+        mm.why = DECODING
+        return mm
+    pad = attention_mask
+    if pad is not None:
+        if pad.shape[-1] < kv_offset + kv_length:
+            pad = torch.nn.functional.pad(pad, (0, kv_offset + kv_length - pad.shape[-1]))
+        pad = pad[:, kv_offset:kv_offset + kv_length]
+    device = kwargs.get("device")
+    if device is None:
+        device = pad.device if pad is not None else getattr(q_offset, "device", None)
+    # The keys in use, the new rows last: the step's positions from the window's start.
+    used = q_offset + q_length - kv_offset
+    mm.lens, mm.why = _masks.lengths_of_step(pad, used, kv_length, batch, device)
+    if mm.why is None:
+        mm.spec, mm.step = spec, window
+    return mm
+
+
+def _run_step(module, q, k, v, mm, scaling, kwargs):
+    """A decoding step through stof.decode: (out [B, S, H, D], None), or None
+    where the tensors are not those the hook's mask was made for."""
+    if q.shape[2] != mm.lq or k.shape[2] != mm.lk:
+        return None
+    orders = [_order(t) for t in (q, k, v)]
+    if orders[1] == orders[2] == "blhd" and orders[0] != "bhld":
+        layout = "blhd"
+    else:
+        layout = "bhld"
+    if layout == "bhld":
+        q, k, v = (t if o == "bhld" else t.contiguous() for t, o in zip((q, k, v), orders))
+    elif orders[0] != "blhd":
+        q = q.transpose(1, 2).contiguous().transpose(1, 2)
+    lens = mm.lens_on(q.device)
+    if layout == "blhd":
+        out = stof_decode(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), lens,
+                          window=mm.step, softcap=kwargs.get("softcap"), scale=scaling,
+                          layout="blhd")
+        return out, None
+    out = stof_decode(q, k, v, lens, window=mm.step, softcap=kwargs.get("softcap"),
+                      scale=scaling, layout="bhld")
+    return out.transpose(1, 2), None
 
 
 @functools.lru_cache(maxsize=16)
@@ -239,6 +322,15 @@ def attention(module, query, key, value, attention_mask, dropout=0.0, scaling=No
     [B, L, H, D], None)."""
     why = _why_not(module, query, key, value, dropout, kwargs)
     spec = lens = None
+    if why is None and isinstance(attention_mask, ModelMask) and attention_mask.step is not None:
+        try:
+            got = _run_step(module, query, key, value, attention_mask, scaling, kwargs)
+        except L.UnsupportedError as e:
+            return _fallback("stof cannot run it (%s)" % e, module, query, key, value,
+                             attention_mask, dropout, scaling, kwargs)
+        if got is not None:
+            return got
+        why = "a decoding step whose keys are not the cache its mask was made for"
     if why is None:
         spec, lens, why = mask_for(module, attention_mask, query.shape[2], key.shape[2], kwargs)
     if why is None and spec is None:

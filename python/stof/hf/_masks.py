@@ -198,6 +198,32 @@ def lengths_of_padding(pad):
     return lens.contiguous(), None
 
 
+def lengths_of_step(pad, used, kv_length, batch, device):
+    """(seqused_k, why) for a decoding step whose key tensor holds kv_length
+    entries, the first `used` of them tokens (an int, or a 0-d device tensor
+    as a StaticCache's offset is), the step's new rows last. pad: None, or
+    the [B, kv_length] boolean padding mask over those keys (True: a real
+    token). (None, None) where every entry is a used, real token; (int32 [B]
+    lengths on the device, None) where the cache holds fewer than kv_length
+    (a StaticCache's capacity: padding right-aligned, past the new rows);
+    (None, a sentence) where padding stands among the used keys (left
+    padding, holes), which stof.decode cannot take. One host read at most,
+    where pad is given (as lengths_of_padding makes)."""
+    if isinstance(used, int) and not 1 <= used <= kv_length:
+        return None, "a decoding step with %d used keys in a cache of %d" % (used, kv_length)
+    if pad is not None:
+        pad = pad.bool()
+        keys = torch.arange(kv_length, device=pad.device)[None, :]
+        if not bool((pad | (keys >= used)).all()):
+            return None, ("a decoding step's padding mask with padding among the cache's tokens "
+                          "(left padding); stof.decode takes caches filled from their start")
+    if isinstance(used, int) and used == kv_length:
+        return None, None
+    if isinstance(used, int):
+        return torch.full((batch,), used, dtype=torch.int32, device=device), None
+    return used.to(device=device, dtype=torch.int32).reshape(1).expand(batch).contiguous(), None
+
+
 # ---- 4-D masks ---------------------------------------------------------------------------
 
 _by_tensor = {}             # id(tensor) -> (weakref, version, (Mask or None, why))
