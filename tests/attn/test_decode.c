@@ -186,8 +186,8 @@ START_TEST(prepare_compiles_with_no_gpu)
                      b = {.batch = 64, .heads = 64, .kv_heads = 1, .head_dim = 64, .seq_q = 16,
                           .max_seq_k = 65536, .dtype = STOF_F16, .window = 100};
     decode_request ra, rb;
-    decode_make_request(&a, &ra);
-    decode_make_request(&b, &rb);
+    decode_make_request(&a, &decode_variants[0], &ra);
+    decode_make_request(&b, &decode_variants[0], &rb);
     for (int i = 0; i < ra.main.nvars; i++)
         ck_assert_str_eq(ra.main.vars[i].value, rb.main.vars[i].value);
     test_rmtree(dir);
