@@ -427,14 +427,15 @@ stof_status stof_decode_plan_describe(const stof_decode_plan *p, char *buf, size
         snprintf(mods + strlen(mods), sizeof mods - strlen(mods), " softcap=%g",
                  (double)d->softcap);
     snprintf(buf, n,
-             "kernel=decode variant=%s heads=%d kv_heads=%d head_dim=%d seq_q=%d max_seq_k=%d %s %s%s "
-             "block_n=%d stages=%d threads=%d rows_per_cta=%d row_chunks=%d %s cta_tiles=%d "
-             "regs=%d local=%d smem=%d resident=%d combine_regs=%d workspace=%lld key=%.16s",
+             "kernel=decode variant=%s heads=%d kv_heads=%d head_dim=%d seq_q=%d max_seq_k=%d "
+             "%s %s%s block_n=%d stages=%d threads=%d rows_per_cta=%d row_chunks=%d %s "
+             "cta_tiles=%d regs=%d local=%d smem=%d resident=%d combine_regs=%d workspace=%lld "
+             "key=%.16s",
              p->v->name, d->heads, d->kv_heads, d->head_dim, d->seq_q, d->max_seq_k,
              d->dtype == STOF_BF16 ? "bf16" : "f16",
              d->layout == STOF_LAYOUT_BLHD ? "blhd" : "bhld", mods, p->v->block_n, p->stages,
-             p->threads, DECODE_ROWS, p->row_chunks, splits, p->cta_tiles, p->regs, p->spill, p->smem,
-             p->resident, p->combine_regs,
+             p->threads, DECODE_ROWS, p->row_chunks, splits, p->cta_tiles, p->regs, p->spill,
+             p->smem, p->resident, p->combine_regs,
              p->ws ? (long long)p->ws_seq_splits * d->heads * d->seq_q * (d->head_dim + 1) * 4
                    : 0LL,
              p->key);
