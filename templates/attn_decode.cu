@@ -34,6 +34,8 @@
 //   EARLY      1: each CTA lets the stream's next kernel (the combine) launch
 //              once its last tile is read (griddepcontrol.launch_dependents);
 //              0: the next kernel launches as the CTAs exit
+//   FUSE       1: no combine kernel: the CTA that writes a row chunk's last
+//              split (counted in sem) merges the chunk's splits itself
 
 {{>attn_common.cuh}}
 
@@ -92,7 +94,8 @@ extern "C" __global__ void __launch_bounds__(THREADS) stof_attn_decode(
     elem_t *__restrict__ out, float *__restrict__ ws_o, float *__restrict__ ws_lse,
     long long q_sb, long long q_sh, long long q_sl, long long kv_sb, long long kv_sh,
     long long kv_sl, int heads, int group, int seq_q, int cap, int window,
-    const int *__restrict__ seqused, int nsplit, int chunk, int row_chunks, float scale_log2)
+    const int *__restrict__ seqused, int nsplit, int chunk, int row_chunks, float scale_log2,
+    unsigned *__restrict__ sem)
 {
     stof_grid_wait();  // common.cuh: the kernel before this one is done
     extern __shared__ __align__(16) unsigned char smem_raw[];
@@ -113,7 +116,61 @@ extern "C" __global__ void __launch_bounds__(THREADS) stof_attn_decode(
     };
     auto out_row = [&](int hq, int i) -> elem_t * {
         return out + (long long)b * q_sb + (long long)hq * q_sh + (long long)i * q_sl;
-    };
+    };{{#if FUSE}}
+
+    // With several splits, each CTA counts itself in its row chunk's sem
+    // once its rows are in the workspace; the last of the chunk's nsplit
+    // CTAs sets sem back to 0 (for the next run) and merges the splits as
+    // attn_decode_combine.cu does, the weights staged in the ring's space.
+    __shared__ int last_split;
+    auto merge_splits = [&]() {
+        __syncthreads();  // this CTA's rows are written; the ring is free
+        if (threadIdx.x == 0) {
+            unsigned *cnt = sem + ((long long)b * gridDim.y + kvh) * row_chunks + rc;
+            __threadfence();
+            last_split = atomicAdd(cnt, 1u) == (unsigned)nsplit - 1;
+            if (last_split)
+                *cnt = 0;
+        }
+        __syncthreads();
+        if (!last_split)
+            return;
+        __threadfence();
+        float *wt = reinterpret_cast<float *>(ring), *inv = wt + 16 * nsplit;
+        for (int x = threadIdx.x; x < 16 * nsplit; x += THREADS) {
+            const int r = x / nsplit, gr = rc * 16 + r;
+            wt[x] = gr < rows ? __ldcg(ws_lse + ws_row(kvh * group + gr / seq_q, gr % seq_q) -
+                                       split + x % nsplit)
+                              : -STOF_INF;
+        }
+        __syncthreads();
+        if (threadIdx.x < 16) {
+            float *e = wt + threadIdx.x * nsplit;
+            float mx = -STOF_INF, sum = 0.f;
+            for (int sp = 0; sp < nsplit; sp++)
+                mx = fmaxf(mx, e[sp]);
+            for (int sp = 0; sp < nsplit; sp++) {
+                e[sp] = mx == -STOF_INF || e[sp] == -STOF_INF ? 0.f : stof_ex2(e[sp] - mx);
+                sum += e[sp];
+            }
+            inv[threadIdx.x] = sum > 0.f ? 1.f / sum : 0.f;
+        }
+        __syncthreads();
+        for (int x = threadIdx.x; x < 16 * D; x += THREADS) {
+            const int r = x / D, c = x % D, gr = rc * 16 + r;
+            if (gr >= rows)
+                continue;
+            const int hq = kvh * group + gr / seq_q, i = gr % seq_q;
+            const long long w0 = ws_row(hq, i) - split;
+            float acc = 0.f;
+            for (int sp = 0; sp < nsplit; sp++) {
+                const float f = wt[r * nsplit + sp];
+                if (f > 0.f)
+                    acc += f * __ldcg(ws_o + (w0 + sp) * D + c);
+            }
+            out_row(hq, i)[c] = stof_f32_to_{{MMA_TYPE}}(acc * inv[r]);
+        }
+    };{{/if}}
 
     if (kbeg >= kend) {
         // Nothing to read: a split past the sequence's keys, or no keys at all.
@@ -126,7 +183,9 @@ extern "C" __global__ void __launch_bounds__(THREADS) stof_attn_decode(
                 out_row(hq, i)[c] = 0;
             else if (c == 0)
                 ws_lse[ws_row(hq, i)] = -STOF_INF;
-        }
+        }{{#if FUSE}}
+        if (nsplit > 1)
+            merge_splits();{{/if}}
         return;
     }
 
@@ -345,5 +404,7 @@ extern "C" __global__ void __launch_bounds__(THREADS) stof_attn_decode(
             if (c == 0)
                 ws_lse[w] = sum > 0.f ? mx + __log2f(sum) : -STOF_INF;
         }
-    }
+    }{{#if FUSE}}
+    if (nsplit > 1)
+        merge_splits();{{/if}}
 }

@@ -18,7 +18,8 @@ struct stof_decode_plan {
     int forced;                  /* $STOF_DECODE_SPLITS at creation; 0: chosen per run */
     int span_max;                /* keys a sequence may read at max_seq_k */
     long long ws_seq_splits;     /* the workspace holds this many (sequence, split) pairs */
-    CUdeviceptr ws;              /* partial O (fp32), then their log2-sum-exps */
+    CUdeviceptr ws;              /* partial O (fp32), then their log2-sum-exps, then (fused
+                                    variants) a count per (sequence, KV head, row chunk) */
 };
 
 /* ---- the desc and the kernels ------------------------------------------ */
@@ -73,12 +74,14 @@ static stof_status check_desc(stof_ctx *ctx, const stof_decode_desc *d)
 
 /* The variants bench_decode compares (issue 57): the default first. */
 const decode_variant decode_variants[] = {
-    {"cp", 64, 0, 0, 2, NULL},          /* cp.async 16 B a thread, 4 warps */
-    {"cp-pdl", 64, 0, 1, 2, NULL},      /* and the combine launched early */
-    {"bulk", 64, 1, 0, 2, "cp"},        /* a producer warp's row copies, mbarrier ring */
-    {"bulk-pdl", 64, 1, 1, 2, "cp-pdl"},
-    {"wide", 128, 0, 0, 1, NULL},       /* 8 warps, 128 keys a tile, one CTA an SM */
-    {"wide-bulk", 128, 1, 0, 1, "wide"},
+    {"cp", 64, 0, 0, 2, 0, NULL},           /* cp.async 16 B a thread, 4 warps */
+    {"cp-pdl", 64, 0, 1, 2, 0, NULL},       /* and the combine launched early */
+    {"cp-fused", 64, 0, 0, 2, 1, NULL},     /* the last split merges: no combine */
+    {"bulk", 64, 1, 0, 2, 0, "cp"},         /* a producer warp's row copies, mbarrier ring */
+    {"bulk-pdl", 64, 1, 1, 2, 0, "cp-pdl"},
+    {"bulk-fused", 64, 1, 0, 2, 1, "cp-fused"},
+    {"wide", 128, 0, 0, 1, 0, NULL},        /* 8 warps, 128 keys a tile, one CTA an SM */
+    {"wide-bulk", 128, 1, 0, 1, 0, "wide"},
 };
 const int decode_nvariants = (int)(sizeof decode_variants / sizeof decode_variants[0]);
 
@@ -132,6 +135,7 @@ void decode_make_request(const stof_decode_desc *d, const decode_variant *v, dec
     r->vars[n++] = (render_var){"SOFTCAP", r->text[3]};
     r->vars[n++] = (render_var){"BULK", v->bulk ? "1" : "0"};
     r->vars[n++] = (render_var){"EARLY", v->early ? "1" : "0"};
+    r->vars[n++] = (render_var){"FUSE", v->fuse ? "1" : "0"};
     /* attn_common.cuh's sections that only the prefill engines fill in */
     r->vars[n++] = (render_var){"MODS", "0"};
     r->vars[n++] = (render_var){"ALIBI", "0"};
@@ -314,8 +318,11 @@ stof_status stof_decode_plan_create(stof_ctx *ctx, const stof_decode_desc *desc,
             st = CU(ctx, FuncGetAttribute(&p->combine_regs, CU_FUNC_ATTRIBUTE_NUM_REGS,
                                           p->combine));
         const size_t bytes = (size_t)most * p->d.heads * p->d.seq_q * (p->d.head_dim + 1) * 4;
+        const size_t counts = v->fuse ? (size_t)p->d.batch * p->d.kv_heads * p->row_chunks : 0;
         if (st == STOF_OK && most > 1)
-            st = CU(ctx, MemAlloc(&p->ws, bytes));
+            st = CU(ctx, MemAlloc(&p->ws, bytes + 4 * counts));
+        if (st == STOF_OK && most > 1 && counts)   /* each run leaves them at 0 again */
+            st = CU(ctx, MemsetD8(p->ws + bytes, 0, 4 * counts));
         jit_pop(ctx);
     }
     if (st != STOF_OK) {
@@ -376,6 +383,9 @@ stof_status stof_decode_run(stof_decode_plan *p, const void *q, const void *k, c
 
     CUdeviceptr ws_o = p->ws,
                 ws_lse = p->ws + (CUdeviceptr)((size_t)p->ws_seq_splits * H * LQ * D * 4);
+    CUdeviceptr sem = p->v->fuse && p->ws
+                          ? p->ws + (CUdeviceptr)((size_t)p->ws_seq_splits * H * LQ * (D + 1) * 4)
+                          : 0;
     CUdeviceptr qp = (CUdeviceptr)q, kp = (CUdeviceptr)k, vp = (CUdeviceptr)v,
                 op = (CUdeviceptr)out, lens = (CUdeviceptr)seqused_k;
     /* A window as long as the cache is none (and keeps the kernel's
@@ -385,7 +395,7 @@ stof_status stof_decode_run(stof_decode_plan *p, const void *q, const void *k, c
     float scale_log2 = d->scale * 1.4426950408889634f;
     void *args[] = {&qp,     &kp,      &vp,    &op,    &ws_o,       &ws_lse, &q_sb, &q_sh,
                     &q_sl,   &kv_sb,   &kv_sh, &kv_sl, &heads,      &group,  &seq_q, &cap,
-                    &window, &lens,    &nsplit, &chunk, &row_chunks, &scale_log2};
+                    &window, &lens,    &nsplit, &chunk, &row_chunks, &scale_log2, &sem};
     int rows = batch * heads * seq_q;
     void *cargs[] = {&ws_o, &ws_lse, &op, &q_sb, &q_sh, &q_sl, &heads, &seq_q, &nsplit};
 
@@ -399,7 +409,7 @@ stof_status stof_decode_run(stof_decode_plan *p, const void *q, const void *k, c
     stof_status st = jit_launch(ctx, p->fn, (unsigned)(nsplit * row_chunks), (unsigned)KVH,
                                 (unsigned)batch, (unsigned)p->threads, (unsigned)p->smem,
                                 (CUstream)stream, args);
-    if (st == STOF_OK && nsplit > 1)
+    if (st == STOF_OK && nsplit > 1 && !p->v->fuse)
         st = jit_launch(ctx, p->combine, (unsigned)rows, 1, 1, (unsigned)D, 0, (CUstream)stream,
                         cargs);
     if (push)

@@ -23,6 +23,7 @@ typedef struct decode_variant {
     int bulk;        /* 1: a producer warp fills the ring with cp.async.bulk (sm_90 on) */
     int early;       /* 1: griddepcontrol.launch_dependents once a CTA's last tile is read */
     int resident;    /* CTAs per SM the ring is sized for: 2 (about 104 KiB each), or 1 */
+    int fuse;        /* 1: no combine kernel; a row chunk's last split merges them all */
     const char *fallback;  /* the variant used below sm_90 where bulk is 1, else NULL */
 } decode_variant;
 extern const decode_variant decode_variants[];
@@ -58,7 +59,7 @@ int decode_choose_splits(int sm_count, int resident, long long ctas, int span);
  * live in *r. */
 typedef struct decode_request {
     char text[4][24];
-    render_var vars[12], cvars[2];
+    render_var vars[13], cvars[2];
     jit_request main, combine;
 } decode_request;
 void decode_make_request(const stof_decode_desc *d, const decode_variant *v, decode_request *r);
