@@ -9,7 +9,13 @@
  * loads during the loop (both must be 0: the plan was made before it) and
  * the host time of the stof_decode_run call alone, per step.
  *
- *   bench_decode [--quick]     (--quick: the first three cases and 100 steps)
+ * With --variants, each case instead runs in every kernel variant
+ * (STOF_DECODE_VARIANT) at the split count the plan chooses, at half it and
+ * at twice it (STOF_DECODE_SPLITS), all on the same buffers, in one table:
+ * ms, GB/s and the speed against the default at its own count; then the
+ * fastest of each case, and no loop.
+ *
+ *   bench_decode [--quick] [--variants]  (--quick: the first three cases and 100 steps)
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -18,6 +24,7 @@
 
 #include "base/half.h"
 #include "ctx.h"
+#include "attn/decode.h"
 #include "gpu/jit.h"
 
 static double now_us(void)
@@ -67,7 +74,59 @@ static void fill(uint16_t *p, size_t n, uint64_t seed)
     }
 }
 
-static void run_case(stof_ctx *ctx, const bcase *c, CUdeviceptr flush, size_t flush_bytes)
+/* The median of 25 timed runs of plan on the case's buffers (the L2
+ * flushed before each), in ms; < 0 on a failure, reported. */
+static double time_plan(stof_ctx *ctx, const char *name, stof_decode_plan *plan, CUdeviceptr q,
+                        CUdeviceptr k, CUdeviceptr v, CUdeviceptr out, CUevent e0, CUevent e1,
+                        CUdeviceptr flush, size_t flush_bytes)
+{
+    double ms[25];
+    for (int rep = -3; rep < 25; rep++) {
+        CHECK(jit_push(ctx));
+        CHECK(CU(ctx, MemsetD8(flush, (unsigned char)rep, flush_bytes)));
+        CHECK(CU(ctx, EventRecord(e0, NULL)));
+        jit_pop(ctx);
+        CHECK(stof_decode_run(plan, (void *)q, (void *)k, (void *)v, (void *)out, NULL, 0, 0,
+                              NULL));
+        float t = 0;
+        CHECK(jit_push(ctx));
+        CHECK(CU(ctx, EventRecord(e1, NULL)));
+        CHECK(CU(ctx, EventSynchronize(e1)));
+        CHECK(CU(ctx, EventElapsedTime(&t, e0, e1)));
+        jit_pop(ctx);
+        if (rep >= 0)
+            ms[rep] = t;
+    }
+    qsort(ms, 25, sizeof ms[0], cmp_d);
+    return ms[12];
+done:
+    return -1;
+}
+
+/* The value of `key=` in a plan's description, 0 if absent. */
+static int described(stof_decode_plan *plan, const char *key)
+{
+    char desc[640];
+    stof_decode_plan_describe(plan, desc, sizeof desc);
+    const char *at = strstr(desc, key);
+    return at ? atoi(at + strlen(key)) : 0;
+}
+
+static void setenv_int(const char *var, int n)
+{
+    char t[16];
+    snprintf(t, sizeof t, "%d", n);
+    setenv(var, t, 1);
+}
+
+/* One row of the variants' table; best tracks the case's fastest. */
+typedef struct vbest {
+    double ms, base;
+    char what[48];
+} vbest;
+
+static void run_case(stof_ctx *ctx, const bcase *c, CUdeviceptr flush, size_t flush_bytes,
+                     int variants)
 {
     const char *name = c->name;
     stof_decode_plan *plan = NULL;
@@ -77,7 +136,6 @@ static void run_case(stof_ctx *ctx, const bcase *c, CUdeviceptr flush, size_t fl
     stof_decode_desc d = {.batch = c->batch, .heads = H, .kv_heads = KVH, .head_dim = D,
                           .seq_q = c->seq_q, .max_seq_k = c->cap, .dtype = STOF_BF16,
                           .window = c->window};
-    CHECK(stof_decode_plan_create(ctx, &d, &plan));
     const size_t nq = (size_t)c->batch * H * c->seq_q * D,
                  nk = (size_t)c->batch * KVH * c->cap * D;
     host = malloc(2 * (nq > nk ? nq : nk));
@@ -99,35 +157,73 @@ static void run_case(stof_ctx *ctx, const bcase *c, CUdeviceptr flush, size_t fl
     CHECK(CU(ctx, EventCreate(&e0, CU_EVENT_DEFAULT)));
     CHECK(CU(ctx, EventCreate(&e1, CU_EVENT_DEFAULT)));
     jit_pop(ctx);
-
-    double ms[25];
-    for (int rep = -3; rep < 25; rep++) {
-        CHECK(jit_push(ctx));
-        CHECK(CU(ctx, MemsetD8(flush, (unsigned char)rep, flush_bytes)));
-        CHECK(CU(ctx, EventRecord(e0, NULL)));
-        jit_pop(ctx);
-        CHECK(stof_decode_run(plan, (void *)q, (void *)k, (void *)v, (void *)out, NULL, 0, 0,
-                              NULL));
-        float t = 0;
-        CHECK(jit_push(ctx));
-        CHECK(CU(ctx, EventRecord(e1, NULL)));
-        CHECK(CU(ctx, EventSynchronize(e1)));
-        CHECK(CU(ctx, EventElapsedTime(&t, e0, e1)));
-        jit_pop(ctx);
-        if (rep >= 0)
-            ms[rep] = t;
-    }
-    qsort(ms, 25, sizeof ms[0], cmp_d);
     const long long keys = c->window && c->window + c->seq_q - 1 < c->cap
                                ? c->window + c->seq_q - 1 : c->cap;
     const double bytes = 2.0 * 2 * c->batch * KVH * (double)keys * D;
-    char desc[640];
-    stof_decode_plan_describe(plan, desc, sizeof desc);
-    const char *sp = strstr(desc, "splits");
-    printf("%-24s %9.4f ms %8.1f GB/s  (%.1f MB of K and V; %.*s)\n", name, ms[12],
-           bytes / (ms[12] * 1e-3) / 1e9, bytes / 1e6, sp ? (int)strcspn(sp, " ") : 0,
-           sp ? sp : "");
+
+    if (!variants) {
+        CHECK(stof_decode_plan_create(ctx, &d, &plan));
+        const double ms = time_plan(ctx, name, plan, q, k, v, out, e0, e1, flush, flush_bytes);
+        if (ms < 0)
+            goto done;
+        char desc[640];
+        stof_decode_plan_describe(plan, desc, sizeof desc);
+        const char *sp = strstr(desc, "splits");
+        printf("%-24s %9.4f ms %8.1f GB/s  (%.1f MB of K and V; %.*s)\n", name, ms,
+               bytes / (ms * 1e-3) / 1e9, bytes / 1e6, sp ? (int)strcspn(sp, " ") : 0,
+               sp ? sp : "");
+        goto done;
+    }
+
+    /* Every variant at its chosen split count, half and twice it; each
+     * against the default variant at its chosen count. */
+    vbest best = {.ms = 1e30, .base = 0};
+    for (int vi = 0; vi < decode_nvariants; vi++) {
+        const char *vname = decode_variants[vi].name;
+        setenv("STOF_DECODE_VARIANT", vname, 1);
+        unsetenv("STOF_DECODE_SPLITS");
+        int chosen = 0;
+        for (int f = 0; f < 3; f++) {
+            int splits = 0;
+            if (f > 0) {
+                splits = f == 1 ? chosen / 2 : chosen * 2;
+                if (splits < 1 || splits > DECODE_MAX_SPLITS || splits == chosen)
+                    continue;
+                setenv_int("STOF_DECODE_SPLITS", splits);
+            }
+            stof_status st = stof_decode_plan_create(ctx, &d, &plan);
+            unsetenv("STOF_DECODE_SPLITS");
+            if (st != STOF_OK) {
+                printf("%-24s %-10s plan: %s: %s\n", name, vname, stof_status_str(st),
+                       stof_last_error(ctx));
+                break;
+            }
+            if (f == 0)
+                splits = chosen = described(plan, "splits_at_max=");
+            const double ms =
+                time_plan(ctx, name, plan, q, k, v, out, e0, e1, flush, flush_bytes);
+            const int regs = described(plan, "regs="), local = described(plan, "local=");
+            stof_decode_plan_free(plan);
+            plan = NULL;
+            if (ms < 0)
+                goto done;
+            if (vi == 0 && f == 0)
+                best.base = ms;
+            printf("%-24s %-10s %3d %-7s %9.4f ms %8.1f GB/s  %5.2fx  (regs %d, local %d)\n",
+                   name, vname, splits, f == 0 ? "chosen" : f == 1 ? "half" : "twice", ms,
+                   bytes / (ms * 1e-3) / 1e9, best.base / ms, regs, local);
+            if (ms < best.ms) {
+                best.ms = ms;
+                snprintf(best.what, sizeof best.what, "%s, %d splits%s", vname, splits,
+                         f == 0 ? " (chosen)" : "");
+            }
+        }
+    }
+    printf("%-24s best: %s, %.4f ms, %.1f GB/s, %.2fx the default\n", name, best.what, best.ms,
+           bytes / (best.ms * 1e-3) / 1e9, best.base / best.ms);
 done:
+    unsetenv("STOF_DECODE_VARIANT");
+    unsetenv("STOF_DECODE_SPLITS");
     fflush(stdout);
     if (ctx->dev.ok && jit_push(ctx) == STOF_OK) {
         if (q) ctx->dev.api.MemFree(q);
@@ -207,7 +303,17 @@ done:
 
 int main(int argc, char **argv)
 {
-    const int quick = argc > 1 && strcmp(argv[1], "--quick") == 0;
+    int quick = 0, variants = 0;
+    for (int i = 1; i < argc; i++) {
+        if (strcmp(argv[i], "--quick") == 0)
+            quick = 1;
+        else if (strcmp(argv[i], "--variants") == 0)
+            variants = 1;
+        else {
+            printf("usage: bench_decode [--quick] [--variants]\n");
+            return 2;
+        }
+    }
     stof_ctx *ctx;
     if (stof_open(&ctx, NULL) != STOF_OK) {
         printf("stof_open: %s\n", stof_last_error(NULL));
@@ -230,9 +336,13 @@ int main(int argc, char **argv)
     CHECK(CU(ctx, MemAlloc(&flush, flush_bytes)));
     jit_pop(ctx);
     const int n = quick ? 3 : (int)(sizeof CASES / sizeof CASES[0]);
+    if (variants)
+        printf("%-24s %-10s %3s %-7s %12s %13s  %6s\n", "case", "variant", "spl", "", "time",
+               "K/V rate", "vs cp");
     for (int i = 0; i < n; i++)
-        run_case(ctx, &CASES[i], flush, flush_bytes);
-    run_loop(ctx, quick ? 100 : 1000);
+        run_case(ctx, &CASES[i], flush, flush_bytes, variants);
+    if (!variants)
+        run_loop(ctx, quick ? 100 : 1000);
 done:
     if (flush && jit_push(ctx) == STOF_OK) {
         ctx->dev.api.MemFree(flush);

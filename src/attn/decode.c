@@ -12,11 +12,14 @@ struct stof_decode_plan {
     stof_decode_desc d;          /* kv_heads, layout and scale filled in */
     CUfunction fn, combine;
     char key[65], combine_key[65];
-    int stages, smem, threads, resident, row_chunks;
+    const decode_variant *v;     /* the main kernel's build */
+    int stages, smem, threads, resident, row_chunks, cta_tiles;
     int regs, spill, combine_regs;
     int forced;                  /* $STOF_DECODE_SPLITS at creation; 0: chosen per run */
+    int span_max;                /* keys a sequence may read at max_seq_k */
     long long ws_seq_splits;     /* the workspace holds this many (sequence, split) pairs */
-    CUdeviceptr ws;              /* partial O (fp32), then their log2-sum-exps */
+    CUdeviceptr ws;              /* partial O (fp32), then their log2-sum-exps, then (fused
+                                    variants) a count per (sequence, KV head, row chunk) */
 };
 
 /* ---- the desc and the kernels ------------------------------------------ */
@@ -69,28 +72,55 @@ static stof_status check_desc(stof_ctx *ctx, const stof_decode_desc *d)
     return STOF_OK;
 }
 
-int decode_stages(int head_dim)
+/* The variants bench_decode compares (issue 57): the default first. */
+const decode_variant decode_variants[] = {
+    {"cp", 64, 0, 0, 2, 0, NULL},           /* cp.async 16 B a thread, 4 warps */
+    {"cp-pdl", 64, 0, 1, 2, 0, NULL},       /* and the combine launched early */
+    {"cp-fused", 64, 0, 0, 2, 1, NULL},     /* the last split merges: no combine */
+    {"bulk", 64, 1, 0, 2, 0, "cp"},         /* a producer warp's row copies, mbarrier ring */
+    {"bulk-pdl", 64, 1, 1, 2, 0, "cp-pdl"},
+    {"bulk-fused", 64, 1, 0, 2, 1, "cp-fused"},
+    {"wide", 128, 0, 0, 1, 0, NULL},        /* 8 warps, 128 keys a tile, one CTA an SM */
+    {"wide-bulk", 128, 1, 0, 1, 0, "wide"},
+};
+const int decode_nvariants = (int)(sizeof decode_variants / sizeof decode_variants[0]);
+
+const decode_variant *decode_variant_named(const char *name, int arch_major)
 {
-    const int stage = 2 * DECODE_BLOCK_N * (head_dim + 8) * 2;
-    const int n = 106496 / stage;
+    for (int i = 0; name && i < decode_nvariants; i++)
+        if (strcmp(decode_variants[i].name, name) == 0) {
+            const decode_variant *v = &decode_variants[i];
+            return v->bulk && arch_major < 9 ? decode_variant_named(v->fallback, arch_major) : v;
+        }
+    return NULL;
+}
+
+int decode_stages_of(const decode_variant *v, int head_dim)
+{
+    const int stage = 2 * v->block_n * (head_dim + 8) * 2;
+    const int n = 106496 * (v->resident == 1 ? 2 : 1) / stage;
     return n < 2 ? 2 : n > 8 ? 8 : n;
 }
 
-int decode_smem_bytes(int head_dim)
+int decode_smem_bytes_of(const decode_variant *v, int head_dim)
 {
     /* Q's rows, the K and V ring (whose space later takes the warps' O:
-     * 4 x 16 x head_dim floats, at most one stage), each warp's row maxima
-     * and sums. */
+     * warps x 16 x head_dim floats, at most one stage), each warp's row
+     * maxima and sums; with bulk, each stage's full and empty barriers. */
     const int lds = head_dim + 8;
-    return DECODE_ROWS * lds * 2 + decode_stages(head_dim) * 2 * DECODE_BLOCK_N * lds * 2 +
-           (DECODE_BLOCK_N / 16) * DECODE_ROWS * 2 * 4;
+    return DECODE_ROWS * lds * 2 + decode_stages_of(v, head_dim) * 2 * v->block_n * lds * 2 +
+           (v->block_n / 16) * DECODE_ROWS * 2 * 4 +
+           (v->bulk ? 2 * decode_stages_of(v, head_dim) * 8 : 0);
 }
 
-void decode_make_request(const stof_decode_desc *d, decode_request *r)
+int decode_stages(int head_dim) { return decode_stages_of(&decode_variants[0], head_dim); }
+int decode_smem_bytes(int head_dim) { return decode_smem_bytes_of(&decode_variants[0], head_dim); }
+
+void decode_make_request(const stof_decode_desc *d, const decode_variant *v, decode_request *r)
 {
     snprintf(r->text[0], sizeof r->text[0], "%d", d->head_dim);
-    snprintf(r->text[1], sizeof r->text[1], "%d", DECODE_BLOCK_N);
-    snprintf(r->text[2], sizeof r->text[2], "%d", decode_stages(d->head_dim));
+    snprintf(r->text[1], sizeof r->text[1], "%d", v->block_n);
+    snprintf(r->text[2], sizeof r->text[2], "%d", decode_stages_of(v, d->head_dim));
     if (d->softcap > 0.f)
         snprintf(r->text[3], sizeof r->text[3], "%.9g", (double)d->softcap);
     else
@@ -103,12 +133,17 @@ void decode_make_request(const stof_decode_desc *d, decode_request *r)
     r->vars[n++] = (render_var){"MMA_TYPE", mma};
     r->vars[n++] = (render_var){"GROUP", "0"};   /* the group is the kernel's argument */
     r->vars[n++] = (render_var){"SOFTCAP", r->text[3]};
+    r->vars[n++] = (render_var){"BULK", v->bulk ? "1" : "0"};
+    r->vars[n++] = (render_var){"EARLY", v->early ? "1" : "0"};
+    r->vars[n++] = (render_var){"FUSE", v->fuse ? "1" : "0"};
     /* attn_common.cuh's sections that only the prefill engines fill in */
     r->vars[n++] = (render_var){"MODS", "0"};
     r->vars[n++] = (render_var){"ALIBI", "0"};
     r->vars[n++] = (render_var){"BIAS", "0"};
     r->vars[n++] = (render_var){"VARLEN", "0"};
-    r->main = (jit_request){"decode", "attn_decode.cu", "stof_attn_decode", r->vars, n, NULL};
+    /* the bulk copy and the mbarriers are wgmma.cuh's */
+    r->main = (jit_request){"decode", "attn_decode.cu", "stof_attn_decode", r->vars, n,
+                            v->bulk ? "wgmma.cuh" : NULL};
     r->cvars[0] = (render_var){"HEAD_DIM", r->text[0]};
     r->cvars[1] = (render_var){"MMA_TYPE", mma};
     r->combine = (jit_request){"decode", "attn_decode_combine.cu", "stof_attn_decode_combine",
@@ -117,7 +152,14 @@ void decode_make_request(const stof_decode_desc *d, decode_request *r)
 
 int decode_choose_splits(int sm_count, int resident, long long ctas, int span)
 {
-    const int tiles = span > 0 ? (span + DECODE_BLOCK_N - 1) / DECODE_BLOCK_N : 1;
+    return decode_choose_splits_at(sm_count, resident, ctas, span, DECODE_BLOCK_N,
+                                   DECODE_CTA_TILES);
+}
+
+int decode_choose_splits_at(int sm_count, int resident, long long ctas, int span, int block_n,
+                            int cta_tiles)
+{
+    const int tiles = span > 0 ? (span + block_n - 1) / block_n : 1;
     const long long slots =
         (long long)(sm_count > 0 ? sm_count : 1) * (resident > 0 ? resident : 1);
     if (ctas < 1)
@@ -129,7 +171,7 @@ int decode_choose_splits(int sm_count, int resident, long long ctas, int span)
         if ((tiles + per - 1) / per != s)
             continue;   /* cuts the same chunks as a smaller count */
         const long long waves = (ctas * s + slots - 1) / slots;
-        const long long cost = waves * (per + DECODE_CTA_TILES);
+        const long long cost = waves * (per + cta_tiles);
         if (cost < best_cost) {
             best_cost = cost;
             best = s;
@@ -163,6 +205,46 @@ static stof_status forced_splits(stof_ctx *ctx, int *out)
     return STOF_OK;
 }
 
+/* The compute capability's major number of what ctx compiles for ("sm_90a": 9). */
+static int arch_major(const stof_ctx *ctx)
+{
+    const char *a = ctx->arch;
+    return strncmp(a, "sm_", 3) == 0 ? atoi(a + 3) / 10 : 0;
+}
+
+/* $STOF_DECODE_VARIANT, or the default; an unknown name is refused with the
+ * list. */
+static stof_status chosen_variant(stof_ctx *ctx, const decode_variant **out)
+{
+    const char *e = getenv("STOF_DECODE_VARIANT");
+    *out = decode_variant_named(e && *e ? e : DECODE_DEFAULT_VARIANT, arch_major(ctx));
+    if (*out)
+        return STOF_OK;
+    char names[256] = "";
+    for (int i = 0; i < decode_nvariants; i++)
+        snprintf(names + strlen(names), sizeof names - strlen(names), "%s%s", i ? ", " : "",
+                 decode_variants[i].name);
+    return CTX_FAIL(ctx, STOF_ERR_INVALID_ARG, "$STOF_DECODE_VARIANT '%s' is not one of %s", e,
+                    names);
+}
+
+/* $STOF_DECODE_CTA_TILES: the split count's fixed cost a CTA, in tiles
+ * (decode_choose_splits_at); DECODE_CTA_TILES when unset. */
+static stof_status chosen_cta_tiles(stof_ctx *ctx, int *out)
+{
+    *out = DECODE_CTA_TILES;
+    const char *e = getenv("STOF_DECODE_CTA_TILES");
+    if (!e || !*e)
+        return STOF_OK;
+    char *end;
+    long n = strtol(e, &end, 10);
+    if (*end || n < 0 || n > 64)
+        return CTX_FAIL(ctx, STOF_ERR_INVALID_ARG, "$STOF_DECODE_CTA_TILES '%s' must be 0 .. 64",
+                        e);
+    *out = (int)n;
+    return STOF_OK;
+}
+
 stof_status stof_decode_plan_create(stof_ctx *ctx, const stof_decode_desc *desc,
                                     stof_decode_plan **plan)
 {
@@ -171,15 +253,18 @@ stof_status stof_decode_plan_create(stof_ctx *ctx, const stof_decode_desc *desc,
     CTX_ARG(ctx, plan, "plan");
     *plan = NULL;
     TRY(check_desc(ctx, desc));
-    int forced;
+    int forced, cta_tiles;
+    const decode_variant *v;
     TRY(forced_splits(ctx, &forced));
+    TRY(chosen_cta_tiles(ctx, &cta_tiles));
+    TRY(chosen_variant(ctx, &v));
     TRY(ctx_need_device(ctx));
-    const int smem = decode_smem_bytes(desc->head_dim);
+    const int smem = decode_smem_bytes_of(v, desc->head_dim);
     if (smem > ctx->dev.smem_optin)
         return CTX_FAIL(ctx, STOF_ERR_UNSUPPORTED,
-                        "the decoding kernel needs %d bytes of shared memory at head_dim %d; the "
-                        "device gives a block %d",
-                        smem, desc->head_dim, ctx->dev.smem_optin);
+                        "the decoding kernel (variant %s) needs %d bytes of shared memory at "
+                        "head_dim %d; the device gives a block %d",
+                        v->name, smem, desc->head_dim, ctx->dev.smem_optin);
     stof_decode_plan *p = calloc(1, sizeof *p);
     if (!p)
         return CTX_FAIL(ctx, STOF_ERR_NO_MEMORY, "out of memory");
@@ -191,9 +276,11 @@ stof_status stof_decode_plan_create(stof_ctx *ctx, const stof_decode_desc *desc,
     if (!(p->d.scale > 0.f))
         p->d.scale = 1.f / sqrtf((float)desc->head_dim);
     p->forced = forced;
-    p->stages = decode_stages(desc->head_dim);
+    p->v = v;
+    p->cta_tiles = cta_tiles;
+    p->stages = decode_stages_of(v, desc->head_dim);
     p->smem = smem;
-    p->threads = DECODE_BLOCK_N / 16 * 32;
+    p->threads = (v->block_n / 16 + v->bulk) * 32;
     /* An SM's shared memory is about a block's opt-in plus 1 KiB, each
      * block reserving 1 KiB. */
     p->resident = (ctx->dev.smem_optin + 1024) / (smem + 1024);
@@ -203,18 +290,19 @@ stof_status stof_decode_plan_create(stof_ctx *ctx, const stof_decode_desc *desc,
     p->row_chunks = (group * p->d.seq_q + DECODE_ROWS - 1) / DECODE_ROWS;
 
     /* The workspace: the most (sequence, split) pairs any run may use. */
-    const int span = span_of(&p->d, p->d.max_seq_k);
+    const int span = p->span_max = span_of(&p->d, p->d.max_seq_k);
     long long most = forced > 1 ? (long long)forced * p->d.batch : 1;
     for (int b = 1; !forced && b <= p->d.batch; b++) {
         const long long ctas = (long long)b * p->d.kv_heads * p->row_chunks;
-        const int s = decode_choose_splits(ctx->dev.sm_count, p->resident, ctas, span);
+        const int s = decode_choose_splits_at(ctx->dev.sm_count, p->resident, ctas, span,
+                                              v->block_n, cta_tiles);
         if (s > 1 && (long long)b * s > most)
             most = (long long)b * s;
     }
     p->ws_seq_splits = most;
 
     decode_request r;
-    decode_make_request(&p->d, &r);
+    decode_make_request(&p->d, v, &r);
     jit_origin origin;
     stof_status st = jit_get(ctx, &r.main, &p->fn, &origin, p->key);
     if (st == STOF_OK)
@@ -230,8 +318,11 @@ stof_status stof_decode_plan_create(stof_ctx *ctx, const stof_decode_desc *desc,
             st = CU(ctx, FuncGetAttribute(&p->combine_regs, CU_FUNC_ATTRIBUTE_NUM_REGS,
                                           p->combine));
         const size_t bytes = (size_t)most * p->d.heads * p->d.seq_q * (p->d.head_dim + 1) * 4;
+        const size_t counts = v->fuse ? (size_t)p->d.batch * p->d.kv_heads * p->row_chunks : 0;
         if (st == STOF_OK && most > 1)
-            st = CU(ctx, MemAlloc(&p->ws, bytes));
+            st = CU(ctx, MemAlloc(&p->ws, bytes + 4 * counts));
+        if (st == STOF_OK && most > 1 && counts)   /* each run leaves them at 0 again */
+            st = CU(ctx, MemsetD8(p->ws + bytes, 0, 4 * counts));
         jit_pop(ctx);
     }
     if (st != STOF_OK) {
@@ -275,21 +366,26 @@ stof_status stof_decode_run(stof_decode_plan *p, const void *q, const void *k, c
 
     /* The splits, from the host's figures alone, within the workspace. */
     const int span = span_of(d, cap);
-    const int tiles = (span + DECODE_BLOCK_N - 1) / DECODE_BLOCK_N;
+    const int bn = p->v->block_n;
+    const int tiles = (span + bn - 1) / bn;
     int nsplit = p->forced;
     if (!nsplit) {
         const long long ctas = (long long)batch * KVH * p->row_chunks;
-        nsplit = decode_choose_splits(ctx->dev.sm_count, p->resident, ctas, span);
+        nsplit = decode_choose_splits_at(ctx->dev.sm_count, p->resident, ctas, span, bn,
+                                         p->cta_tiles);
         while (nsplit > 1 && (long long)batch * nsplit > p->ws_seq_splits)
             nsplit--;
     }
     const int per = (tiles + nsplit - 1) / nsplit;
-    int chunk = per * DECODE_BLOCK_N;
+    int chunk = per * bn;
     if (!p->forced)
         nsplit = (tiles + per - 1) / per;   /* no split left empty by the rounding */
 
     CUdeviceptr ws_o = p->ws,
                 ws_lse = p->ws + (CUdeviceptr)((size_t)p->ws_seq_splits * H * LQ * D * 4);
+    CUdeviceptr sem = p->v->fuse && p->ws
+                          ? p->ws + (CUdeviceptr)((size_t)p->ws_seq_splits * H * LQ * (D + 1) * 4)
+                          : 0;
     CUdeviceptr qp = (CUdeviceptr)q, kp = (CUdeviceptr)k, vp = (CUdeviceptr)v,
                 op = (CUdeviceptr)out, lens = (CUdeviceptr)seqused_k;
     /* A window as long as the cache is none (and keeps the kernel's
@@ -299,7 +395,7 @@ stof_status stof_decode_run(stof_decode_plan *p, const void *q, const void *k, c
     float scale_log2 = d->scale * 1.4426950408889634f;
     void *args[] = {&qp,     &kp,      &vp,    &op,    &ws_o,       &ws_lse, &q_sb, &q_sh,
                     &q_sl,   &kv_sb,   &kv_sh, &kv_sl, &heads,      &group,  &seq_q, &cap,
-                    &window, &lens,    &nsplit, &chunk, &row_chunks, &scale_log2};
+                    &window, &lens,    &nsplit, &chunk, &row_chunks, &scale_log2, &sem};
     int rows = batch * heads * seq_q;
     void *cargs[] = {&ws_o, &ws_lse, &op, &q_sb, &q_sh, &q_sl, &heads, &seq_q, &nsplit};
 
@@ -313,7 +409,7 @@ stof_status stof_decode_run(stof_decode_plan *p, const void *q, const void *k, c
     stof_status st = jit_launch(ctx, p->fn, (unsigned)(nsplit * row_chunks), (unsigned)KVH,
                                 (unsigned)batch, (unsigned)p->threads, (unsigned)p->smem,
                                 (CUstream)stream, args);
-    if (st == STOF_OK && nsplit > 1)
+    if (st == STOF_OK && nsplit > 1 && !p->v->fuse)
         st = jit_launch(ctx, p->combine, (unsigned)rows, 1, 1, (unsigned)D, 0, (CUstream)stream,
                         cargs);
     if (push)
@@ -331,9 +427,9 @@ stof_status stof_decode_plan_describe(const stof_decode_plan *p, char *buf, size
         snprintf(splits, sizeof splits, "splits=%d(forced)", p->forced);
     else
         snprintf(splits, sizeof splits, "splits_at_max=%d",
-                 decode_choose_splits(p->ctx->dev.sm_count, p->resident,
-                                      (long long)d->batch * d->kv_heads * p->row_chunks,
-                                      span_of(d, d->max_seq_k)));
+                 decode_choose_splits_at(p->ctx->dev.sm_count, p->resident,
+                                         (long long)d->batch * d->kv_heads * p->row_chunks,
+                                         p->span_max, p->v->block_n, p->cta_tiles));
     char mods[64] = "";
     if (d->window > 0)
         snprintf(mods, sizeof mods, " window=%d", d->window);
@@ -341,14 +437,15 @@ stof_status stof_decode_plan_describe(const stof_decode_plan *p, char *buf, size
         snprintf(mods + strlen(mods), sizeof mods - strlen(mods), " softcap=%g",
                  (double)d->softcap);
     snprintf(buf, n,
-             "kernel=decode heads=%d kv_heads=%d head_dim=%d seq_q=%d max_seq_k=%d %s %s%s "
-             "block_n=%d stages=%d threads=%d rows_per_cta=%d row_chunks=%d %s "
-             "regs=%d local=%d smem=%d resident=%d combine_regs=%d workspace=%lld key=%.16s",
-             d->heads, d->kv_heads, d->head_dim, d->seq_q, d->max_seq_k,
+             "kernel=decode variant=%s heads=%d kv_heads=%d head_dim=%d seq_q=%d max_seq_k=%d "
+             "%s %s%s block_n=%d stages=%d threads=%d rows_per_cta=%d row_chunks=%d %s "
+             "cta_tiles=%d regs=%d local=%d smem=%d resident=%d combine_regs=%d workspace=%lld "
+             "key=%.16s",
+             p->v->name, d->heads, d->kv_heads, d->head_dim, d->seq_q, d->max_seq_k,
              d->dtype == STOF_BF16 ? "bf16" : "f16",
-             d->layout == STOF_LAYOUT_BLHD ? "blhd" : "bhld", mods, DECODE_BLOCK_N, p->stages,
-             p->threads, DECODE_ROWS, p->row_chunks, splits, p->regs, p->spill, p->smem,
-             p->resident, p->combine_regs,
+             d->layout == STOF_LAYOUT_BLHD ? "blhd" : "bhld", mods, p->v->block_n, p->stages,
+             p->threads, DECODE_ROWS, p->row_chunks, splits, p->cta_tiles, p->regs, p->spill,
+             p->smem, p->resident, p->combine_regs,
              p->ws ? (long long)p->ws_seq_splits * d->heads * d->seq_q * (d->head_dim + 1) * 4
                    : 0LL,
              p->key);
@@ -371,8 +468,10 @@ stof_status stof_decode_prepare(stof_ctx *ctx, const stof_decode_desc *desc)
     if (!ctx)
         return STOF_ERR_INVALID_ARG;
     TRY(check_desc(ctx, desc));
+    const decode_variant *v;
+    TRY(chosen_variant(ctx, &v));
     decode_request r;
-    decode_make_request(desc, &r);
+    decode_make_request(desc, v, &r);
     const jit_request reqs[2] = {r.main, r.combine};
     return jit_prepare_all(ctx, reqs, 2);
 }

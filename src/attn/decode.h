@@ -10,31 +10,58 @@
 
 #include "gpu/jit.h"
 
-#define DECODE_BLOCK_N 64       /* keys per tile: 16 per warp, four warps */
+#define DECODE_BLOCK_N 64       /* the default variant's keys per tile: 16 per warp, four */
 #define DECODE_ROWS 16          /* query rows per CTA (one m16 tile) */
 #define DECODE_MAX_SPLITS 128   /* the most splits a run cuts a sequence into */
 
+/* A way to build the main kernel, chosen when a plan is made
+ * ($STOF_DECODE_VARIANT, else DECODE_DEFAULT_VARIANT), the same for every
+ * desc. */
+typedef struct decode_variant {
+    const char *name;
+    int block_n;     /* keys per tile: 16 per compute warp */
+    int bulk;        /* 1: a producer warp fills the ring with cp.async.bulk (sm_90 on) */
+    int early;       /* 1: griddepcontrol.launch_dependents once a CTA's last tile is read */
+    int resident;    /* CTAs per SM the ring is sized for: 2 (about 104 KiB each), or 1 */
+    int fuse;        /* 1: no combine kernel; a row chunk's last split merges them all */
+    const char *fallback;  /* the variant used below sm_90 where bulk is 1, else NULL */
+} decode_variant;
+extern const decode_variant decode_variants[];
+extern const int decode_nvariants;
+#define DECODE_DEFAULT_VARIANT "cp"
+/* The variant of that name, NULL for none; below sm_90 (arch_major < 9) a
+ * bulk one gives its fallback. */
+const decode_variant *decode_variant_named(const char *name, int arch_major);
+
 /* K and V tiles in a CTA's ring at head_dim d: as many as fit about 104 KiB
- * (two CTAs to an SM on an H100), 2 to 8. */
+ * (two CTAs to an SM on an H100) a resident CTA, 2 to 8. decode_stages is
+ * the default variant's. */
+int decode_stages_of(const decode_variant *v, int head_dim);
 int decode_stages(int head_dim);
 /* The main kernel's dynamic shared memory at head_dim d, in bytes. */
+int decode_smem_bytes_of(const decode_variant *v, int head_dim);
 int decode_smem_bytes(int head_dim);
 
 /* How many splits a run cuts each sequence's `span` keys into, for
  * `ctas` CTAs per split (batch x kv_heads x row chunks) on sm_count SMs
- * holding `resident` CTAs each: the count with the least waves of CTAs
- * times a CTA's tiles plus DECODE_CTA_TILES (its pipeline's fill, its merge
- * and its share of the combine, counted as tiles), the smallest on a tie;
- * 1 .. DECODE_MAX_SPLITS and at most one per tile. */
+ * holding `resident` CTAs each, tiles of block_n keys: the count with the
+ * least waves of CTAs times a CTA's tiles plus cta_tiles (its pipeline's
+ * fill, its merge and its share of the combine, counted as tiles), the
+ * smallest on a tie; 1 .. DECODE_MAX_SPLITS and at most one per tile.
+ * decode_choose_splits: at DECODE_BLOCK_N and DECODE_CTA_TILES
+ * ($STOF_DECODE_CTA_TILES changes the plan's). */
 #define DECODE_CTA_TILES 2
+int decode_choose_splits_at(int sm_count, int resident, long long ctas, int span, int block_n,
+                            int cta_tiles);
 int decode_choose_splits(int sm_count, int resident, long long ctas, int span);
 
-/* The two kernel requests of a desc (checked); the strings live in *r. */
+/* The two kernel requests of a desc (checked) for variant v; the strings
+ * live in *r. */
 typedef struct decode_request {
     char text[4][24];
-    render_var vars[10], cvars[2];
+    render_var vars[13], cvars[2];
     jit_request main, combine;
 } decode_request;
-void decode_make_request(const stof_decode_desc *d, decode_request *r);
+void decode_make_request(const stof_decode_desc *d, const decode_variant *v, decode_request *r);
 
 #endif

@@ -90,6 +90,23 @@ START_TEST(bad_arguments_name_the_field)
         unsetenv("STOF_DECODE_SPLITS");
     free(saved);
 
+    /* So are an unknown kernel variant (the message lists the known ones)
+     * and a split cost out of range, by the plan and by prepare. */
+    setenv("STOF_DECODE_VARIANT", "tma9", 1);
+    ck_assert_int_eq(stof_decode_plan_create(ctx, &ok, &p), STOF_ERR_INVALID_ARG);
+    ck_assert_ptr_nonnull(strstr(stof_last_error(ctx), "$STOF_DECODE_VARIANT 'tma9'"));
+    ck_assert_ptr_nonnull(strstr(stof_last_error(ctx), "cp, cp-pdl, "));
+    ck_assert_int_eq(stof_decode_prepare(ctx, &ok), STOF_ERR_INVALID_ARG);
+    ck_assert_ptr_nonnull(strstr(stof_last_error(ctx), "STOF_DECODE_VARIANT"));
+    unsetenv("STOF_DECODE_VARIANT");
+    static const char *bad_tiles[] = {"-1", "65", "2x"};
+    for (int i = 0; i < 3; i++) {
+        setenv("STOF_DECODE_CTA_TILES", bad_tiles[i], 1);
+        ck_assert_int_eq(stof_decode_plan_create(ctx, &ok, &p), STOF_ERR_INVALID_ARG);
+        ck_assert_ptr_nonnull(strstr(stof_last_error(ctx), "STOF_DECODE_CTA_TILES"));
+    }
+    unsetenv("STOF_DECODE_CTA_TILES");
+
     int has = 1;
     stof_device_info(ctx, &has, NULL, 0, NULL, 0);
     if (!has) {
@@ -141,6 +158,109 @@ START_TEST(splits_fill_the_machine)
 }
 END_TEST
 
+/* The kernel variants: distinct names, the default first and unchanged
+ * (cp.async, 64-key tiles, the stages decode_stages gives); a bulk one
+ * below sm_90 is its cp.async twin of the same tile; each fits the shared
+ * memory an H100 gives the CTAs an SM is to hold, and the warps' O fits the
+ * ring it reuses; the split count keeps its bounds at every tile width. */
+START_TEST(variants_are_sound)
+{
+    ck_assert_int_ge(decode_nvariants, 4);
+    ck_assert_str_eq(decode_variants[0].name, DECODE_DEFAULT_VARIANT);
+    ck_assert_int_eq(decode_variants[0].block_n, DECODE_BLOCK_N);
+    ck_assert_int_eq(decode_variants[0].bulk, 0);
+    ck_assert_int_eq(decode_variants[0].early, 0);
+    ck_assert_int_eq(decode_variants[0].fuse, 0);
+    ck_assert_ptr_null(decode_variant_named("nope", 9));
+    ck_assert_ptr_null(decode_variant_named(NULL, 9));
+    static const int dims[] = {STOF_MHA_HEAD_DIMS};
+    for (int i = 0; i < decode_nvariants; i++) {
+        const decode_variant *v = &decode_variants[i];
+        for (int j = 0; j < i; j++)
+            ck_assert_str_ne(v->name, decode_variants[j].name);
+        ck_assert_ptr_eq(decode_variant_named(v->name, 9), v);
+        ck_assert_ptr_eq(decode_variant_named(v->name, 10), v);
+        const decode_variant *old = decode_variant_named(v->name, 8);
+        ck_assert_ptr_nonnull(old);
+        ck_assert_int_eq(old->bulk, 0);
+        ck_assert_int_eq(old->block_n, v->block_n);
+        ck_assert_int_eq(old->early, v->early);
+        ck_assert_int_eq(old->resident, v->resident);
+        ck_assert_int_eq(old->fuse, v->fuse);
+        if (!v->bulk)
+            ck_assert_ptr_eq(old, v);
+        ck_assert_int_eq(v->block_n % 16, 0);
+        ck_assert(v->resident == 1 || v->resident == 2);
+        for (size_t d = 0; d < sizeof dims / sizeof dims[0]; d++) {
+            const int st = decode_stages_of(v, dims[d]), smem = decode_smem_bytes_of(v, dims[d]);
+            ck_assert_int_ge(st, 2);
+            ck_assert_int_le(st, 8);
+            ck_assert_int_le(smem, 227 * 1024);
+            ck_assert_int_le(v->resident * (smem + 1024), 228 * 1024);
+            ck_assert_int_le(v->block_n / 16 * 16 * dims[d] * 4,
+                             st * 2 * v->block_n * (dims[d] + 8) * 2);
+            if (i == 0) {
+                ck_assert_int_eq(st, decode_stages(dims[d]));
+                ck_assert_int_eq(smem, decode_smem_bytes(dims[d]));
+            }
+        }
+        /* Every value the request names is the variant's. */
+        stof_decode_desc d = {.batch = 1, .heads = 8, .head_dim = 128, .seq_q = 1,
+                              .max_seq_k = 64, .dtype = STOF_BF16};
+        decode_request r;
+        decode_make_request(&d, v, &r);
+        ck_assert_str_eq(r.main.part ? r.main.part : "", v->bulk ? "wgmma.cuh" : "");
+        char bn[16];
+        snprintf(bn, sizeof bn, "%d", v->block_n);
+        for (int k = 0; k < r.main.nvars; k++) {
+            if (strcmp(r.main.vars[k].name, "BLOCK_N") == 0)
+                ck_assert_str_eq(r.main.vars[k].value, bn);
+            if (strcmp(r.main.vars[k].name, "BULK") == 0)
+                ck_assert_str_eq(r.main.vars[k].value, v->bulk ? "1" : "0");
+            if (strcmp(r.main.vars[k].name, "EARLY") == 0)
+                ck_assert_str_eq(r.main.vars[k].value, v->early ? "1" : "0");
+            if (strcmp(r.main.vars[k].name, "FUSE") == 0)
+                ck_assert_str_eq(r.main.vars[k].value, v->fuse ? "1" : "0");
+        }
+    }
+    for (int span = 1; span <= 70000; span = span * 3 + 7)
+        for (long long ctas = 1; ctas <= 4096; ctas *= 4)
+            for (int bn = 64; bn <= 128; bn *= 2)
+                for (int cost = 0; cost <= 8; cost += 4) {
+                    const int s = decode_choose_splits_at(132, 1, ctas, span, bn, cost);
+                    ck_assert_int_ge(s, 1);
+                    ck_assert_int_le(s, DECODE_MAX_SPLITS);
+                    ck_assert_int_le(s, (span + bn - 1) / bn);
+                }
+    /* A dearer CTA never asks for more splits. */
+    for (int cost = 0; cost < 16; cost++)
+        ck_assert_int_ge(decode_choose_splits_at(132, 2, 8, 4096, 64, cost),
+                         decode_choose_splits_at(132, 2, 8, 4096, 64, cost + 1));
+    ck_assert_int_eq(decode_choose_splits_at(132, 2, 8, 16384, 64, DECODE_CTA_TILES),
+                     decode_choose_splits(132, 2, 8, 16384));
+}
+END_TEST
+
+/* Every variant compiles for sm_90a with no GPU (head_dim 128 bf16 and 32
+ * f16: the widest rows and the narrowest bulk copies). */
+START_TEST(every_variant_compiles_for_sm90a)
+{
+    stof_ctx *ctx = open_ctx("sm_90a");
+    for (int i = 0; i < decode_nvariants; i++) {
+        setenv("STOF_DECODE_VARIANT", decode_variants[i].name, 1);
+        for (int hd = 32; hd <= 128; hd *= 4) {
+            stof_decode_desc d = {.batch = 2, .heads = 8, .kv_heads = 2, .head_dim = hd,
+                                  .seq_q = 2, .max_seq_k = 1000,
+                                  .dtype = hd == 128 ? STOF_BF16 : STOF_F16};
+            ck_assert_msg(stof_decode_prepare(ctx, &d) == STOF_OK, "%s hd %d: %s",
+                          decode_variants[i].name, hd, stof_last_error(ctx));
+        }
+    }
+    unsetenv("STOF_DECODE_VARIANT");
+    stof_close(ctx);
+}
+END_TEST
+
 /* Compile-only preparation for sm_90a at every head size and both dtypes,
  * softcap on and off: the kernels land in the cache, and a second context
  * finds every one of them there. */
@@ -186,8 +306,8 @@ START_TEST(prepare_compiles_with_no_gpu)
                      b = {.batch = 64, .heads = 64, .kv_heads = 1, .head_dim = 64, .seq_q = 16,
                           .max_seq_k = 65536, .dtype = STOF_F16, .window = 100};
     decode_request ra, rb;
-    decode_make_request(&a, &ra);
-    decode_make_request(&b, &rb);
+    decode_make_request(&a, &decode_variants[0], &ra);
+    decode_make_request(&b, &decode_variants[0], &rb);
     for (int i = 0; i < ra.main.nvars; i++)
         ck_assert_str_eq(ra.main.vars[i].value, rb.main.vars[i].value);
     test_rmtree(dir);
@@ -201,10 +321,12 @@ Suite *suite_decode(void)
     TCase *t = tcase_create("checks");
     tcase_add_test(t, bad_arguments_name_the_field);
     tcase_add_test(t, splits_fill_the_machine);
+    tcase_add_test(t, variants_are_sound);
     suite_add_tcase(s, t);
     TCase *c = tcase_create("compile");
     tcase_set_timeout(c, 600);
     tcase_add_loop_test(c, prepare_compiles_with_no_gpu, 0, 2);
+    tcase_add_test(c, every_variant_compiles_for_sm90a);
     suite_add_tcase(s, c);
     return s;
 }

@@ -3,7 +3,9 @@
  * lengths that differ per sequence inside a larger capacity: seq_q 1 to 16,
  * GQA and MQA, windows, softcap, both layouts, every head size, every split
  * count (STOF_DECODE_SPLITS), rows that see no key, and a run batch below
- * the plan's. Runs only where a GPU is present. */
+ * the plan's; every case through every kernel variant (STOF_DECODE_VARIANT)
+ * on the same inputs, the output poisoned before each. Runs only where a
+ * GPU is present. */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -108,6 +110,89 @@ static void set_splits(int n)
     }
 }
 
+static void set_variant(const char *name)
+{
+    if (name)
+        setenv("STOF_DECODE_VARIANT", name, 1);
+    else
+        unsetenv("STOF_DECODE_VARIANT");
+}
+
+static stof_decode_desc desc_of(const dcase *c)
+{
+    return (stof_decode_desc){.batch = c->batch, .heads = c->heads, .kv_heads = c->kv,
+                              .head_dim = c->d, .seq_q = c->seq_q, .max_seq_k = c->cap + 13,
+                              .dtype = c->dtype, .layout = c->layout, .softcap = c->softcap,
+                              .scale = c->scale, .window = c->window};
+}
+
+/* Checks one variant's plan of case c against ref: a fresh plan (a second
+ * of the same desc compiles nothing), two runs, the output poisoned before
+ * each (a fused variant's counts must be back at 0 for the second). */
+static double run_variant(stof_ctx *ctx, const dcase *c, const decode_variant *var,
+                          CUdeviceptr dq, CUdeviceptr dk, CUdeviceptr dv, CUdeviceptr dout,
+                          CUdeviceptr dlens, const double *ref, uint16_t *out, size_t nq)
+{
+    const int batch = c->run_batch ? c->run_batch : c->batch;
+    stof_decode_desc d = desc_of(c);
+    set_variant(var->name);
+    set_splits(c->splits);
+    stof_decode_plan *plan = NULL;
+    stof_status st = stof_decode_plan_create(ctx, &d, &plan);
+    set_splits(0);
+    ck_assert_msg(st == STOF_OK, "%s [%s]: plan: %s", c->name, var->name, stof_last_error(ctx));
+    /* A second plan of the same desc compiles nothing. */
+    stof_stats s0, s1;
+    stof_get_stats(ctx, &s0);
+    stof_decode_plan *again = NULL;
+    ck_assert_int_eq(stof_decode_plan_create(ctx, &d, &again), STOF_OK);
+    stof_get_stats(ctx, &s1);
+    ck_assert_int_eq(s1.nvrtc_compiles, s0.nvrtc_compiles);
+    stof_decode_plan_free(again);
+    set_variant(NULL);
+
+    const double tol = c->dtype == STOF_BF16 ? 1.5e-2 : 5e-3;
+    double err = 0;
+    for (int pass = 0; pass < 2; pass++) {
+        ck_assert_int_eq(jit_push(ctx), STOF_OK);
+        ck_assert_int_eq(CU(ctx, MemsetD8(dout, 0xff, 2 * nq)), STOF_OK); /* poison: NaN */
+        jit_pop(ctx);
+        st = stof_decode_run(plan, (void *)dq, (void *)dk, (void *)dv, (void *)dout,
+                             (const int *)dlens, c->run_batch, c->cap, NULL);
+        ck_assert_msg(st == STOF_OK, "%s [%s]: run: %s", c->name, var->name,
+                      stof_last_error(ctx));
+        ck_assert_int_eq(jit_push(ctx), STOF_OK);
+        ck_assert_int_eq(CU(ctx, CtxSynchronize()), STOF_OK);
+        ck_assert_int_eq(CU(ctx, MemcpyDtoH(out, dout, 2 * nq)), STOF_OK);
+        jit_pop(ctx);
+
+        double num = 0, den = 0;
+        for (size_t i = 0; i < nq; i++) {
+            const double g = dtype_load(c->dtype, out, i);
+            ck_assert_msg(!isnan(g), "%s [%s] run %d: element %zu not written or NaN", c->name,
+                          var->name, pass + 1, i);
+            if (ref[i] == 0)   /* a row with no key: exactly zero */
+                ck_assert_msg(g == 0, "%s [%s] run %d: element %zu is %g where no key is read",
+                              c->name, var->name, pass + 1, i, g);
+            num += (g - ref[i]) * (g - ref[i]);
+            den += ref[i] * ref[i];
+        }
+        const double e = den > 0 ? sqrt(num / den) : sqrt(num);
+        err = e > err ? e : err;
+    }
+    char desc[640];
+    stof_decode_plan_describe(plan, desc, sizeof desc);
+    printf("decode %-22s %-9s b%d h%d kv%d d%d sq%d cap%d %s %s w%d cap%g splits %d: rel L2 "
+           "%.2e [%s]\n",
+           c->name, var->name, batch, c->heads, c->kv, c->d, c->seq_q, c->cap,
+           dtype_name(c->dtype), c->layout == STOF_LAYOUT_BLHD ? "blhd" : "bhld", c->window,
+           (double)c->softcap, c->splits, err, desc);
+    ck_assert_msg(err <= tol, "%s [%s]: relative L2 error %.3g above %.3g (%s)", c->name,
+                  var->name, err, tol, desc);
+    stof_decode_plan_free(plan);
+    return err;
+}
+
 static double run_case(const dcase *c, uint64_t salt)
 {
     stof_ctx *ctx;
@@ -128,42 +213,9 @@ static double run_case(const dcase *c, uint64_t salt)
     }
     const int *lens = c->lens[0] < 0 ? NULL : c->lens;
 
-    stof_decode_desc d = {.batch = c->batch, .heads = c->heads, .kv_heads = c->kv,
-                          .head_dim = c->d, .seq_q = c->seq_q, .max_seq_k = c->cap + 13,
-                          .dtype = c->dtype, .layout = c->layout, .softcap = c->softcap,
-                          .scale = c->scale,
-                          .window = c->window};
-    set_splits(c->splits);
-    stof_decode_plan *plan = NULL;
-    stof_status st = stof_decode_plan_create(ctx, &d, &plan);
-    set_splits(0);
-    ck_assert_msg(st == STOF_OK, "%s: plan: %s", c->name, stof_last_error(ctx));
-    /* A second plan of the same desc compiles nothing. */
-    stof_stats s0, s1;
-    stof_get_stats(ctx, &s0);
-    stof_decode_plan *again = NULL;
-    ck_assert_int_eq(stof_decode_plan_create(ctx, &d, &again), STOF_OK);
-    stof_get_stats(ctx, &s1);
-    ck_assert_int_eq(s1.nvrtc_compiles, s0.nvrtc_compiles);
-    stof_decode_plan_free(again);
-
     CUdeviceptr dq = upload(ctx, q, 2 * nq), dk = upload(ctx, k, 2 * nk),
                 dv = upload(ctx, v, 2 * nk), dout = upload(ctx, NULL, 2 * nq);
     CUdeviceptr dlens = lens ? upload(ctx, lens, sizeof(int) * batch) : 0;
-    st = stof_decode_run(plan, (void *)dq, (void *)dk, (void *)dv, (void *)dout,
-                         (const int *)dlens, c->run_batch, c->cap, NULL);
-    ck_assert_msg(st == STOF_OK, "%s: run: %s", c->name, stof_last_error(ctx));
-    ck_assert_int_eq(jit_push(ctx), STOF_OK);
-    ck_assert_int_eq(CU(ctx, CtxSynchronize()), STOF_OK);
-    ck_assert_int_eq(CU(ctx, MemcpyDtoH(out, dout, 2 * nq)), STOF_OK);
-    ctx->dev.api.MemFree(dq);
-    ctx->dev.api.MemFree(dk);
-    ctx->dev.api.MemFree(dv);
-    ctx->dev.api.MemFree(dout);
-    if (dlens)
-        ctx->dev.api.MemFree(dlens);
-    jit_pop(ctx);
-
     reference(c, batch, lens, q, k, v, c->softcap, ref);
     const double tol = c->dtype == STOF_BF16 ? 1.5e-2 : 5e-3;
     if (c->softcap > 0) {
@@ -179,28 +231,24 @@ static double run_case(const dcase *c, uint64_t salt)
                       c->name, sqrt(pn / pd));
         free(plain);
     }
-    double num = 0, den = 0;
-    for (size_t i = 0; i < nq; i++) {
-        const double g = dtype_load(c->dtype, out, i);
-        ck_assert_msg(!isnan(g), "%s: element %zu not written or NaN", c->name, i);
-        if (ref[i] == 0)   /* a row with no key: exactly zero */
-            ck_assert_msg(g == 0, "%s: element %zu is %g where no key is read", c->name, i, g);
-        num += (g - ref[i]) * (g - ref[i]);
-        den += ref[i] * ref[i];
+    /* Every variant on the same inputs; the worst error is the case's. */
+    double worst = 0;
+    for (int vi = 0; vi < decode_nvariants; vi++) {
+        const double e = run_variant(ctx, c, &decode_variants[vi], dq, dk, dv, dout, dlens, ref,
+                                     out, nq);
+        worst = e > worst ? e : worst;
     }
-    const double err = den > 0 ? sqrt(num / den) : sqrt(num);
-    char desc[512];
-    stof_decode_plan_describe(plan, desc, sizeof desc);
-    printf("decode %-22s b%d h%d kv%d d%d sq%d cap%d %s %s w%d cap%g splits %d: rel L2 %.2e [%s]\n",
-           c->name, batch, c->heads, c->kv, c->d, c->seq_q, c->cap, dtype_name(c->dtype),
-           c->layout == STOF_LAYOUT_BLHD ? "blhd" : "bhld", c->window, (double)c->softcap,
-           c->splits, err, desc);
-    ck_assert_msg(err <= tol, "%s: relative L2 error %.3g above %.3g (%s)", c->name, err, tol,
-                  desc);
-    stof_decode_plan_free(plan);
+    ck_assert_int_eq(jit_push(ctx), STOF_OK);
+    ctx->dev.api.MemFree(dq);
+    ctx->dev.api.MemFree(dk);
+    ctx->dev.api.MemFree(dv);
+    ctx->dev.api.MemFree(dout);
+    if (dlens)
+        ctx->dev.api.MemFree(dlens);
+    jit_pop(ctx);
     free(q); free(k); free(v); free(out); free(ref);
     stof_close(ctx);
-    return err;
+    return worst;
 }
 
 #define LENS4 {1, 37, 1000, 4097}
@@ -231,6 +279,40 @@ static const dcase CASES[] = {
      {899, 1, 450}, 3, 0, 0},
 };
 #define NCASES (int)(sizeof CASES / sizeof CASES[0])
+
+/* Compiles every case's kernels in every variant at once, on all cores
+ * (jit_prepare_all), into the tests' kernel cache, so that the cases
+ * below load them rather than compiling one at a time. */
+START_TEST(every_variant_compiles)
+{
+    stof_ctx *ctx;
+    stof_options o = {.cache_path = test_kernel_cache()};
+    ck_assert_int_eq(stof_open(&ctx, &o), STOF_OK);
+    static decode_request rq[(NCASES + 2) * 8];
+    jit_request reqs[(NCASES + 2) * 8 * 2];
+    ck_assert_int_le(decode_nvariants, 8);
+    int n = 0, nr = 0;
+    for (int i = 0; i < NCASES + 2; i++) {
+        /* the cases, and every_split_count's two descs */
+        dcase c = i < NCASES ? CASES[i] : CASES[0];
+        if (i == NCASES + 1) {
+            c.seq_q = 4;
+            c.layout = STOF_LAYOUT_BLHD;
+        }
+        const stof_decode_desc d = desc_of(&c);
+        for (int vi = 0; vi < decode_nvariants; vi++) {
+            /* below sm_90 a bulk variant's plan takes its fallback */
+            decode_make_request(
+                &d, decode_variant_named(decode_variants[vi].name, ctx->dev.cc_major), &rq[n]);
+            reqs[nr++] = rq[n].main;
+            reqs[nr++] = rq[n].combine;
+            n++;
+        }
+    }
+    ck_assert_msg(jit_prepare_all(ctx, reqs, nr) == STOF_OK, "%s", stof_last_error(ctx));
+    stof_close(ctx);
+}
+END_TEST
 
 START_TEST(matches_the_reference)
 {
@@ -292,6 +374,7 @@ START_TEST(run_checks_its_arguments)
     char desc[512];
     ck_assert_int_eq(stof_decode_plan_describe(plan, desc, sizeof desc), STOF_OK);
     ck_assert_ptr_nonnull(strstr(desc, "kernel=decode"));
+    ck_assert_ptr_nonnull(strstr(desc, "variant=" DECODE_DEFAULT_VARIANT " "));
     ck_assert_ptr_nonnull(strstr(desc, "kv_heads=2"));
     ck_assert_int_eq(jit_push(ctx), STOF_OK);
     ck_assert_int_eq(CU(ctx, CtxSynchronize()), STOF_OK);
@@ -310,6 +393,7 @@ Suite *suite_gpu_decode(void)
     Suite *s = suite_create("gpu_decode");
     TCase *t = tcase_create("reference");
     tcase_set_timeout(t, 900);
+    tcase_add_test(t, every_variant_compiles);
     tcase_add_loop_test(t, matches_the_reference, 0, NCASES);
     tcase_add_loop_test(t, every_split_count, 0, 8);
     tcase_add_test(t, run_checks_its_arguments);
