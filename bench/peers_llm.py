@@ -34,6 +34,7 @@ peak. Writes a markdown table under bench/results/ (and $OUT) named by device.
 import argparse
 import datetime
 import inspect
+import itertools
 import json
 import math
 import os
@@ -324,7 +325,18 @@ def gpu_main(args, cases):
                 res["kernel"] = stof.plans()[-1][1] if stof.plans() else ""
             except Exception as e:
                 na("stof", short(e))
-            if "stof" not in res["na"]:
+            if "stof" not in res["na"] and c["docs"] and "cu_seqlens_q" in stof_params:
+                # The run-time form: one varlen plan for any composition, the
+                # documents' boundaries as cu_seqlens (the packing copies untimed).
+                lens = c["docs"]
+                cu = torch.tensor([0] + list(itertools.accumulate(lens)), dtype=torch.int32,
+                                  device=dev)
+                qv, kv_, vv = (t[0].transpose(0, 1).contiguous() for t in (q, k, v))
+                vkw = dict(mask="causal", cu_seqlens_q=cu, cu_seqlens_k=cu,
+                           max_seqlen_q=max(lens), max_seqlen_k=max(lens))
+                contender("stof", lambda: stof.attention(qv, kv_, vv, **vkw),
+                          to_bhld=lambda o: o.transpose(0, 1)[None], note="varlen")
+            elif "stof" not in res["na"]:
                 contender("stof", lambda: stof.attention(q, k, v, **kw),
                           note="docs spec" if c["docs"] else None)
 
