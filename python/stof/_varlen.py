@@ -18,6 +18,12 @@ from . import _mask
 
 _plans = {}
 _lock = threading.Lock()
+# Plans are made for at least LEAST_BATCH sequences, so that compositions of
+# a few sequences, whatever their count, share one, as far as the plan's
+# search (which times equal sequences of the plan's lengths) stays within
+# BATCH_ROWS rows.
+LEAST_BATCH = 16
+BATCH_ROWS = 1 << 16
 LEAST_SEQ = 1024
 
 
@@ -174,7 +180,8 @@ def plan_shape(n, heads, max_q, max_k, mask):
     else:
         raise L.InvalidArgumentError("mask must be a spec str or a stof.Mask, got %s"
                                      % type(mask).__name__)
-    return sq, sk, min(bucket(n, 1), max(n, L.MAX_BATCH_HEADS // heads))
+    least = max(1, min(LEAST_BATCH, BATCH_ROWS // max(sq, sk)))
+    return sq, sk, min(max(bucket(n, 1), least), max(n, L.MAX_BATCH_HEADS // heads))
 
 
 def _plan(qv, n, h, hk, d, max_q, max_k, mask, scale, tune, softcap):
@@ -192,6 +199,12 @@ def _plan(qv, n, h, hk, d, max_q, max_k, mask, scale, tune, softcap):
     p = _plans.get(key)
     if p is not None:
         return p
+    # A plan made for more sequences runs fewer (the run names its batch):
+    # a batch bucket below one already made takes that one.
+    for nb2, p in list(_plans.items()):
+        if (len(nb2) == len(key) and nb2[:7] == key[:7] and nb2[8:] == key[8:]
+                and nb2[7] > nb):
+            return p
     m = _mask.for_spec(mask, sq, sk) if isinstance(mask, str) else mask
     desc = L.MhaDesc(batch=nb, heads=h, seq_q=sq, seq_k=sk, head_dim=d, dtype=dtype,
                      layout=L.LAYOUT_BLHD, scale=float(scale or 0.0), tune=L.TUNE[tune],

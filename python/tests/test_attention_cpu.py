@@ -223,15 +223,18 @@ class VarlenChecks(unittest.TestCase):
     def test_plans_are_made_for_buckets(self):
         from stof._varlen import plan_shape
         # Any composition whose longest sequence and count fit the buckets
-        # finds the same plan: a power of two at or above max(max_seqlen, 1024).
-        self.assertEqual(plan_shape(3, 8, 700, 900, "causal"), (1024, 1024, 4))
-        self.assertEqual(plan_shape(4, 8, 1, 1024, "causal"), (1024, 1024, 4))
+        # finds the same plan: a power of two at or above max(max_seqlen, 1024),
+        # and at least 16 sequences where that stays within 65536 rows.
+        self.assertEqual(plan_shape(3, 8, 700, 900, "causal"), (1024, 1024, 16))
+        self.assertEqual(plan_shape(4, 8, 1, 1024, "causal"), (1024, 1024, 16))
+        self.assertEqual(plan_shape(17, 8, 1, 1024, "causal"), (1024, 1024, 32))
+        self.assertEqual(plan_shape(3, 8, 100, 16384, "causal"), (1024, 16384, 4))
         self.assertEqual(plan_shape(5, 8, 1025, 30720, "causal"), (2048, 32768, 8))
         self.assertEqual(plan_shape(1, 32, 4194240, 4194240, "causal"),
                          (4194240, 4194240, 1))          # capped at STOF_MAX_SEQ
         self.assertEqual(plan_shape(1000, 64, 10, 10, "dense"), (1024, 1024, 1023))
         m = stof.Mask("causal", 3000)
-        self.assertEqual(plan_shape(3, 8, 2999, 3000, m), (3000, 3000, 4))
+        self.assertEqual(plan_shape(3, 8, 2999, 3000, m), (3000, 3000, 16))
 
     @unittest.skipIf(has_gpu(), "a GPU is here: the call would run")
     def test_valid_calls_meet_no_device(self):
