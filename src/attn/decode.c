@@ -180,6 +180,14 @@ int decode_choose_splits_at(int sm_count, int resident, long long ctas, int span
     return best;
 }
 
+/* The CTAs an SM takes in a wave, as the split count is chosen: one, though
+ * two fit. Splits that leave one CTA an SM ran faster on an H200 than those
+ * filling both places (cp variant, 32/8 heads, hd 128): batch 1 x cache
+ * 4096 16 splits 0.0167 ms against 32 0.0192, batch 8 x cache 16384 2
+ * splits 0.1466 ms against 4 0.1503; the same or better in all ten cases of
+ * bench_decode --variants (bench/results/decode-variants-H200-20261128.md). */
+#define DECODE_WAVE_CTAS 1
+
 /* The keys a sequence's new rows may read at most, of kv_capacity cap. */
 static int span_of(const stof_decode_desc *d, int cap)
 {
@@ -294,7 +302,7 @@ stof_status stof_decode_plan_create(stof_ctx *ctx, const stof_decode_desc *desc,
     long long most = forced > 1 ? (long long)forced * p->d.batch : 1;
     for (int b = 1; !forced && b <= p->d.batch; b++) {
         const long long ctas = (long long)b * p->d.kv_heads * p->row_chunks;
-        const int s = decode_choose_splits_at(ctx->dev.sm_count, p->resident, ctas, span,
+        const int s = decode_choose_splits_at(ctx->dev.sm_count, DECODE_WAVE_CTAS, ctas, span,
                                               v->block_n, cta_tiles);
         if (s > 1 && (long long)b * s > most)
             most = (long long)b * s;
@@ -371,7 +379,7 @@ stof_status stof_decode_run(stof_decode_plan *p, const void *q, const void *k, c
     int nsplit = p->forced;
     if (!nsplit) {
         const long long ctas = (long long)batch * KVH * p->row_chunks;
-        nsplit = decode_choose_splits_at(ctx->dev.sm_count, p->resident, ctas, span, bn,
+        nsplit = decode_choose_splits_at(ctx->dev.sm_count, DECODE_WAVE_CTAS, ctas, span, bn,
                                          p->cta_tiles);
         while (nsplit > 1 && (long long)batch * nsplit > p->ws_seq_splits)
             nsplit--;
@@ -427,7 +435,7 @@ stof_status stof_decode_plan_describe(const stof_decode_plan *p, char *buf, size
         snprintf(splits, sizeof splits, "splits=%d(forced)", p->forced);
     else
         snprintf(splits, sizeof splits, "splits_at_max=%d",
-                 decode_choose_splits_at(p->ctx->dev.sm_count, p->resident,
+                 decode_choose_splits_at(p->ctx->dev.sm_count, DECODE_WAVE_CTAS,
                                          (long long)d->batch * d->kv_heads * p->row_chunks,
                                          p->span_max, p->v->block_n, p->cta_tiles));
     char mods[64] = "";
