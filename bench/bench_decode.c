@@ -20,25 +20,16 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
 #include "base/half.h"
+#include "base/now.h"
+#include "base/util.h"
 #include "ctx.h"
 #include "attn/decode.h"
 #include "gpu/jit.h"
+#include "gpu/timing.h"
 
-static double now_us(void)
-{
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return t.tv_sec * 1e6 + t.tv_nsec / 1e3;
-}
-
-static int cmp_d(const void *a, const void *b)
-{
-    double x = *(const double *)a, y = *(const double *)b;
-    return x < y ? -1 : x > y;
-}
+static double now_us(void) { return now_mono_ms() * 1e3; }
 
 #define CHECK(call)                                                                   \
     do {                                                                              \
@@ -90,14 +81,12 @@ static double time_plan(stof_ctx *ctx, const char *name, stof_decode_plan *plan,
                               NULL));
         float t = 0;
         CHECK(jit_push(ctx));
-        CHECK(CU(ctx, EventRecord(e1, NULL)));
-        CHECK(CU(ctx, EventSynchronize(e1)));
-        CHECK(CU(ctx, EventElapsedTime(&t, e0, e1)));
+        CHECK(timing_elapsed(ctx, e0, e1, &t));
         jit_pop(ctx);
         if (rep >= 0)
             ms[rep] = t;
     }
-    qsort(ms, 25, sizeof ms[0], cmp_d);
+    qsort(ms, 25, sizeof ms[0], util_cmp_double);
     return ms[12];
 done:
     return -1;
@@ -281,7 +270,7 @@ static void run_loop(stof_ctx *ctx, int steps)
     double mean = 0;
     for (int i = 0; i < steps; i++)
         mean += us[i] / steps;
-    qsort(us, steps, sizeof us[0], cmp_d);
+    qsort(us, steps, sizeof us[0], util_cmp_double);
     printf("loop: %d steps, cache %d -> %d, batch %d: plan %.1f ms before it (%lld compiles); "
            "during it 0 plans, %lld compiles, %lld module loads; host time of "
            "stof_decode_run: median %.2f us, mean %.2f us, p99 %.2f us\n",
