@@ -106,20 +106,22 @@ endif
 build/libstof.so: $(LIB_OBJ)
 	$(CC) -shared -Wl,-soname,libstof.so.0 $(SO_HIDE) -o $@ $^ $(LIBS)
 
-# tools/workload.c reads workload files for stof-warm, the layer benchmark and the tests.
+# tools/workload.c reads workload files for stof-warm, the layer benchmark and the tests;
+# tools/workload_line.c the command line's one-line cases.
+WORKLOAD_OBJ = tools/workload.o tools/workload_line.o
 build/stof-%: tools/%.c build/libstof.a
 	$(CC) $(CPPFLAGS) $(CFLAGS) $(WARN) -o $@ $< $(filter %.o,$^) build/libstof.a $(LIBS)
 # tools/cli.c: every tool's command line. stof-dump's commands are modules of
 # their own (tools/dump_*.c); its mask command holds shapes to stof.h's limits.
-DUMP_OBJ = $(patsubst %.c,%.o,$(wildcard tools/dump_*.c)) tools/cli.o tools/workload.o
+DUMP_OBJ = $(patsubst %.c,%.o,$(wildcard tools/dump_*.c)) tools/cli.o $(WORKLOAD_OBJ)
 build/stof-dump: $(addprefix build/obj/,$(DUMP_OBJ))
-build/stof-warm: build/obj/tools/workload.o build/obj/tools/cli.o
+build/stof-warm: $(WORKLOAD_OBJ:%=build/obj/%) build/obj/tools/cli.o
 build/stof-demo build/stof-demo-attn: build/obj/tools/cli.o
 
 build/bench_%: bench/bench_%.c build/libstof.a
 	$(CC) $(CPPFLAGS) $(CFLAGS) $(WARN) -o $@ $< $(filter %.o,$^) build/libstof.a $(LIBS)
-build/bench_layer: build/obj/tools/workload.o
-build/bench_plan: build/obj/tools/workload.o
+build/bench_layer: $(WORKLOAD_OBJ:%=build/obj/%)
+build/bench_plan: $(WORKLOAD_OBJ:%=build/obj/%)
 
 # The runner finds suites by file name: tests/test_X.c defines suite_X().
 build/gen/suites.inc: $(TEST_SRC)
@@ -128,23 +130,23 @@ build/gen/suites.inc: $(TEST_SRC)
 	  case $$n in gpu_*) echo "GPU_SUITE($$n)";; *) echo "SUITE($$n)";; esac; done > $@
 
 # The CLI suites run the built tools: keep them current.
-build/stof-tests: tests/run.c $(TEST_SRC) tests/testutil.h build/gen/suites.inc build/libstof.a build/obj/tools/workload.o $(TOOLS)
-	$(CC) $(CPPFLAGS) -Itests $(CFLAGS) $(WARN) -o $@ tests/run.c $(TEST_SRC) build/obj/tools/workload.o build/libstof.a $(CHECK_LIBS) $(LIBS)
+build/stof-tests: tests/run.c $(TEST_SRC) tests/testutil.h build/gen/suites.inc build/libstof.a $(WORKLOAD_OBJ:%=build/obj/%) $(TOOLS)
+	$(CC) $(CPPFLAGS) -Itests $(CFLAGS) $(WARN) -o $@ tests/run.c $(TEST_SRC) $(WORKLOAD_OBJ:%=build/obj/%) build/libstof.a $(CHECK_LIBS) $(LIBS)
 
-build/asan/stof-tests: tests/run.c $(TEST_SRC) tests/testutil.h build/gen/suites.inc $(SAN_OBJ) build/asan/tools/workload.o
-	$(CC) $(CPPFLAGS) -Itests $(CFLAGS) $(WARN) $(SAN) -o $@ tests/run.c $(TEST_SRC) build/asan/tools/workload.o $(SAN_OBJ) $(CHECK_LIBS) $(LIBS)
+build/asan/stof-tests: tests/run.c $(TEST_SRC) tests/testutil.h build/gen/suites.inc $(SAN_OBJ) $(WORKLOAD_OBJ:%=build/asan/%)
+	$(CC) $(CPPFLAGS) -Itests $(CFLAGS) $(WARN) $(SAN) -o $@ tests/run.c $(TEST_SRC) $(WORKLOAD_OBJ:%=build/asan/%) $(SAN_OBJ) $(CHECK_LIBS) $(LIBS)
 
 build/asan/stof-%: tools/%.c $(SAN_OBJ)
 	$(CC) $(CPPFLAGS) $(CFLAGS) $(WARN) $(SAN) -o $@ $< $(filter %.o,$^) $(LIBS)
 build/asan/stof-dump: $(addprefix build/asan/,$(DUMP_OBJ))
-build/asan/stof-warm: build/asan/tools/workload.o build/asan/tools/cli.o
+build/asan/stof-warm: $(WORKLOAD_OBJ:%=build/asan/%) build/asan/tools/cli.o
 build/asan/stof-demo build/asan/stof-demo-attn: build/asan/tools/cli.o
 
 # Fuzz targets with the plain driver (gcc, ASan and UBSan): the corpus replay.
 # The workload target reads through tools/workload.c, as stof-warm does.
-build/fuzz/replay_%: tests/fuzz/fuzz_%.c tests/fuzz/driver.c tests/fuzz/fuzz.h $(SAN_OBJ) build/asan/tools/workload.o
+build/fuzz/replay_%: tests/fuzz/fuzz_%.c tests/fuzz/driver.c tests/fuzz/fuzz.h $(SAN_OBJ) $(WORKLOAD_OBJ:%=build/asan/%)
 	@mkdir -p $(@D)
-	$(CC) $(CPPFLAGS) -Itests/fuzz $(CFLAGS) $(WARN) $(SAN) -o $@ $< tests/fuzz/driver.c build/asan/tools/workload.o $(SAN_OBJ) $(LIBS)
+	$(CC) $(CPPFLAGS) -Itests/fuzz $(CFLAGS) $(WARN) $(SAN) -o $@ $< tests/fuzz/driver.c $(WORKLOAD_OBJ:%=build/asan/%) $(SAN_OBJ) $(LIBS)
 
 # ... and with libFuzzer (clang), on objects built for its coverage.
 build/fuzzobj/%.o: %.c
@@ -153,9 +155,9 @@ build/fuzzobj/%.o: %.c
 build/fuzzobj/gen/templates.o: build/gen/templates.c
 	@mkdir -p $(@D)
 	$(FUZZ_CC) $(CPPFLAGS) -O1 -c -o $@ $<
-build/fuzz/libfuzzer_%: tests/fuzz/fuzz_%.c tests/fuzz/fuzz.h $(FUZZ_OBJ) build/fuzzobj/tools/workload.o
+build/fuzz/libfuzzer_%: tests/fuzz/fuzz_%.c tests/fuzz/fuzz.h $(FUZZ_OBJ) $(WORKLOAD_OBJ:%=build/fuzzobj/%)
 	@mkdir -p $(@D)
-	$(FUZZ_CC) $(CPPFLAGS) -Itests/fuzz $(FUZZ_FLAGS) -fsanitize=fuzzer -o $@ $< build/fuzzobj/tools/workload.o $(FUZZ_OBJ) $(LIBS)
+	$(FUZZ_CC) $(CPPFLAGS) -Itests/fuzz $(FUZZ_FLAGS) -fsanitize=fuzzer -o $@ $< $(WORKLOAD_OBJ:%=build/fuzzobj/%) $(FUZZ_OBJ) $(LIBS)
 
 # `make test` first checks what it needs (tools/deps.sh: installed with
 # apt-get as root, else the command is printed), then builds, replays the

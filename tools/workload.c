@@ -9,12 +9,6 @@
 
 #include "base/json.h"
 
-#define MAX_BATCH (1 << 20)
-#define MAX_HEADS 1024
-#define MAX_HEAD_DIM 1024
-#define MAX_SEQ (1 << 24)
-#define MAX_HIDDEN (1 << 20)
-#define MAX_ROWS 2147483647LL
 #define MAX_FILE_BYTES (64L << 20)
 
 const char *workload_op_name(workload_op op)
@@ -76,7 +70,7 @@ void workload_free(workload *w)
 static char *dup_or_null(const char *s) { return s ? strdup(s) : NULL; }
 
 /* Appends a deep copy of c (its strings are borrowed); 0 on out of memory. */
-static int add_case(workload *w, const workload_case *c)
+int workload_add_case(workload *w, const workload_case *c)
 {
     if (w->n == w->cap) {
         int cap = w->cap ? w->cap * 2 : 16;
@@ -285,7 +279,7 @@ static int get_seqs(reader *r, const json_value *obj, const char *path, int_list
     if (v->type == JSON_NUMBER) {
         out->at[0] = v;
         out->n = 1;
-        return int_value(r, v, p, 1, MAX_SEQ, &out->v[0]) && seq_supported(r, v, p, out->v[0]);
+        return int_value(r, v, p, 1, WORKLOAD_MAX_SEQ, &out->v[0]) && seq_supported(r, v, p, out->v[0]);
     }
     if (v->type != JSON_ARRAY || v->n == 0)
         return bad(r, v, p, "expected a sequence length or a non-empty array of them");
@@ -294,7 +288,7 @@ static int get_seqs(reader *r, const json_value *obj, const char *path, int_list
     for (size_t i = 0; i < v->n; i++) {
         item(q, sizeof q, p, i);
         out->at[i] = v->items[i];
-        if (!int_value(r, v->items[i], q, 1, MAX_SEQ, &out->v[i]) ||
+        if (!int_value(r, v->items[i], q, 1, WORKLOAD_MAX_SEQ, &out->v[i]) ||
             !seq_supported(r, v->items[i], q, out->v[i]))
             return 0;
     }
@@ -339,7 +333,7 @@ static int get_masks(reader *r, const json_value *obj, const char *path, mask_li
 
 static int add(reader *r, const workload_case *c)
 {
-    if (!add_case(&r->got, c))
+    if (!workload_add_case(&r->got, c))
         return bad(r, NULL, "$", "out of memory");
     return 1;
 }
@@ -396,7 +390,7 @@ static int get_decoder(reader *r, const json_value *s, const char *path, workloa
     char p[300];
     if ((v = json_get(s, "kv_heads"))) {
         child(p, sizeof p, path, "kv_heads");
-        if (!int_value(r, v, p, 1, MAX_HEADS, &c->kv_heads))
+        if (!int_value(r, v, p, 1, WORKLOAD_MAX_HEADS, &c->kv_heads))
             return 0;
         if (c->heads % c->kv_heads)
             return bad(r, v, p, "kv_heads %d does not divide heads %d: each KV head serves "
@@ -411,7 +405,7 @@ static int get_decoder(reader *r, const json_value *s, const char *path, workloa
     *seq_k = 0;
     if ((v = json_get(s, "seq_k"))) {
         child(p, sizeof p, path, "seq_k");
-        if (!int_value(r, v, p, 1, MAX_SEQ, seq_k) || !seq_supported(r, v, p, *seq_k))
+        if (!int_value(r, v, p, 1, WORKLOAD_MAX_SEQ, seq_k) || !seq_supported(r, v, p, *seq_k))
             return 0;
         for (int i = 0; i < seqs->n; i++)
             if (seqs->v[i] > *seq_k)
@@ -434,9 +428,9 @@ static int read_suite(reader *r, const json_value *s, const char *path)
     int seq_k;
     const json_value *name;
     if (!only_keys(r, s, path, keys) || !(name = need(r, s, path, "name", JSON_STRING)) ||
-        !get_int(r, s, path, "batch", 1, MAX_BATCH, &c.batch) ||
-        !get_int(r, s, path, "heads", 1, MAX_HEADS, &c.heads) ||
-        !get_int(r, s, path, "head_dim", 1, MAX_HEAD_DIM, &c.head_dim) ||
+        !get_int(r, s, path, "batch", 1, WORKLOAD_MAX_BATCH, &c.batch) ||
+        !get_int(r, s, path, "heads", 1, WORKLOAD_MAX_HEADS, &c.heads) ||
+        !get_int(r, s, path, "head_dim", 1, WORKLOAD_MAX_HEAD_DIM, &c.head_dim) ||
         !get_dtype(r, s, path, &c.dtype) ||
         !mha_shape_supported(r, s, path, &c, json_get(s, "head_dim"), "head_dim") ||
         !get_seqs(r, s, path, &seqs) || !get_decoder(r, s, path, &c, &seqs, &seq_k) ||
@@ -468,12 +462,12 @@ static int check_decoder_model(reader *r, const json_value *m, const char *path)
                                        "ffn_hidden", "qkv_bias", NULL};
     int hidden, heads, kv_heads, ffn, head_dim;
     char p[300];
-    if (!only_keys(r, m, path, keys) || !get_int(r, m, path, "hidden", 1, MAX_HIDDEN, &hidden) ||
-        !get_int(r, m, path, "heads", 1, MAX_HEADS, &heads) ||
-        !get_int(r, m, path, "kv_heads", 1, MAX_HEADS, &kv_heads) ||
-        !get_int(r, m, path, "ffn_hidden", 1, MAX_HIDDEN, &ffn))
+    if (!only_keys(r, m, path, keys) || !get_int(r, m, path, "hidden", 1, WORKLOAD_MAX_HIDDEN, &hidden) ||
+        !get_int(r, m, path, "heads", 1, WORKLOAD_MAX_HEADS, &heads) ||
+        !get_int(r, m, path, "kv_heads", 1, WORKLOAD_MAX_HEADS, &kv_heads) ||
+        !get_int(r, m, path, "ffn_hidden", 1, WORKLOAD_MAX_HIDDEN, &ffn))
         return 0;
-    if (json_get(m, "head_dim") && !get_int(r, m, path, "head_dim", 1, MAX_HEAD_DIM, &head_dim))
+    if (json_get(m, "head_dim") && !get_int(r, m, path, "head_dim", 1, WORKLOAD_MAX_HEAD_DIM, &head_dim))
         return 0;
     if (json_get(m, "head_dim") && (long long)head_dim * heads != hidden) {
         child(p, sizeof p, path, "head_dim");
@@ -517,8 +511,8 @@ static int check_model(reader *r, const json_value *m, const char *path)
         if (strcmp(kind->str, "decoder") == 0)
             return check_decoder_model(r, m, path);
     }
-    if (!only_keys(r, m, path, keys) || !get_int(r, m, path, "hidden", 1, MAX_HIDDEN, &hidden) ||
-        !get_int(r, m, path, "heads", 1, MAX_HEADS, &heads) ||
+    if (!only_keys(r, m, path, keys) || !get_int(r, m, path, "hidden", 1, WORKLOAD_MAX_HIDDEN, &hidden) ||
+        !get_int(r, m, path, "heads", 1, WORKLOAD_MAX_HEADS, &heads) ||
         !(ffn = need(r, m, path, "ffn", JSON_NUMBER)) ||
         !(act = need(r, m, path, "activation", JSON_STRING)) ||
         !(norm = need(r, m, path, "norm", JSON_STRING)))
@@ -565,13 +559,13 @@ static int read_decoder_case(reader *r, const json_value *m, const char *model,
 {
     long long x;
     c.op = WORKLOAD_DECODER;
-    json_int(json_get(m, "hidden"), 1, MAX_HIDDEN, &x);
+    json_int(json_get(m, "hidden"), 1, WORKLOAD_MAX_HIDDEN, &x);
     c.hidden = (int)x;
-    json_int(json_get(m, "heads"), 1, MAX_HEADS, &x);
+    json_int(json_get(m, "heads"), 1, WORKLOAD_MAX_HEADS, &x);
     c.heads = (int)x;
-    json_int(json_get(m, "kv_heads"), 1, MAX_HEADS, &x);
+    json_int(json_get(m, "kv_heads"), 1, WORKLOAD_MAX_HEADS, &x);
     c.kv_heads = (int)x;
-    json_int(json_get(m, "ffn_hidden"), 1, MAX_HIDDEN, &x);
+    json_int(json_get(m, "ffn_hidden"), 1, WORKLOAD_MAX_HIDDEN, &x);
     c.ffn_hidden = (int)x;
     c.head_dim = c.hidden / c.heads;
     const json_value *b = json_get(m, "qkv_bias");
@@ -593,7 +587,7 @@ static int read_decoder_case(reader *r, const json_value *m, const char *model,
                        "causal or causal_window:W", masks->spec[i]);
     c.model = (char *)model;
     for (int i = 0; i < seqs->n; i++)
-        if ((long long)c.batch * seqs->v[i] > MAX_ROWS)
+        if ((long long)c.batch * seqs->v[i] > WORKLOAD_MAX_ROWS)
             return bad(r, seqs->at[i], path, "batch x seq is too large");
     return expand(r, c, model, seqs, 0, masks, 0);
 }
@@ -615,16 +609,16 @@ static int read_layer_case(reader *r, const json_value *models, const json_value
     child(p, sizeof p, path, "model");
     if (!m)
         return bad(r, model, p, "unknown model \"%s\" (not in $.models)", model->str);
-    if (!get_int(r, v, path, "batch", 1, MAX_BATCH, &c.batch) || !get_dtype(r, v, path, &c.dtype) ||
+    if (!get_int(r, v, path, "batch", 1, WORKLOAD_MAX_BATCH, &c.batch) || !get_dtype(r, v, path, &c.dtype) ||
         !get_seqs(r, v, path, &seqs) || !get_masks(r, v, path, &masks))
         return 0;
     const json_value *kind = json_get(m, "kind");
     if (kind && strcmp(kind->str, "decoder") == 0)
         return read_decoder_case(r, m, model->str, v, path, c, &seqs, &masks);
     long long x;
-    json_int(json_get(m, "hidden"), 1, MAX_HIDDEN, &x);
+    json_int(json_get(m, "hidden"), 1, WORKLOAD_MAX_HIDDEN, &x);
     c.hidden = (int)x;
-    json_int(json_get(m, "heads"), 1, MAX_HEADS, &x);
+    json_int(json_get(m, "heads"), 1, WORKLOAD_MAX_HEADS, &x);
     c.heads = (int)x;
     c.head_dim = c.hidden / c.heads;
     /* A model's head size is the model's fault, said where the model is. */
@@ -644,7 +638,7 @@ static int read_layer_case(reader *r, const json_value *models, const json_value
     c.activation = json_get(m, "activation")->str;
     c.norm = json_get(m, "norm")->str;
     for (int i = 0; i < seqs.n; i++)
-        if ((long long)c.batch * seqs.v[i] > MAX_ROWS)
+        if ((long long)c.batch * seqs.v[i] > WORKLOAD_MAX_ROWS)
             return bad(r, seqs.at[i], path, "batch x seq is too large");
     return expand(r, c, model->str, &seqs, 0, &masks, 0);
 }
@@ -732,316 +726,6 @@ int workload_read_file(workload *w, const char *path, char *err, size_t errlen)
     else
         rc = workload_read_text(w, buf, n, path, err, errlen);
     free(buf);
-    return rc;
-}
-
-/* ---- the one-line forms ---- */
-
-typedef struct field {
-    const char *names[3];   /* accepted spellings */
-    long long lo, hi;
-    long long value;        /* -1: not given */
-} field;
-
-/* "  x " -> "x" in place. */
-static char *trim(char *s)
-{
-    while (*s == ' ' || *s == '\t')
-        s++;
-    size_t n = strlen(s);
-    while (n && (s[n - 1] == ' ' || s[n - 1] == '\t'))
-        s[--n] = 0;
-    return s;
-}
-
-static int parse_count(const char *s, long long lo, long long hi, long long *out)
-{
-    if (!*s || strspn(s, "0123456789") != strlen(s) || strlen(s) > 12)
-        return 0;
-    *out = strtoll(s, NULL, 10);
-    return *out >= lo && *out <= hi;
-}
-
-/* Sets the field `key` names from `val`; 0 with err set when it fails. */
-static int set_field(field *f, int nf, const char *opt, const char *key, const char *val,
-                     char *err, size_t errlen)
-{
-    for (int i = 0; i < nf; i++) {
-        for (int j = 0; j < 3 && f[i].names[j]; j++) {
-            if (strcmp(key, f[i].names[j]) != 0)
-                continue;
-            if (f[i].value >= 0) {
-                snprintf(err, errlen, "%s: %s is given twice", opt, key);
-                return 0;
-            }
-            if (!parse_count(val, f[i].lo, f[i].hi, &f[i].value)) {
-                snprintf(err, errlen, "%s: %s=%s: expected an integer from %lld to %lld", opt,
-                         key, val, f[i].lo, f[i].hi);
-                return 0;
-            }
-            return 1;
-        }
-    }
-    char list[256] = "";
-    for (int i = 0; i < nf; i++)
-        snprintf(list + strlen(list), sizeof list - strlen(list), "%s=, ", f[i].names[0]);
-    snprintf(err, errlen, "%s: unknown field \"%s\" (expected %sdtype=%s)", opt, key, list,
-             strcmp(opt, "--ln") != 0 ? ", mask=" : "");
-    return 0;
-}
-
-/* Splits "k=v,fp16,...,rest" into fields and a dtype; with allow_rest, the
- * first token that is neither starts the rest (a mask spec may hold commas).
- * Returns 0 with err set on a fault. */
-/* softcap: where a line may name one (softcap=, a number), else NULL. */
-static int parse_line(const char *opt, const char *line, field *f, int nf, stof_dtype *dtype,
-                      double *softcap, int allow_rest, char **rest, char *err, size_t errlen)
-{
-    char *copy = strdup(line), *save = NULL;
-    if (!copy) {
-        snprintf(err, errlen, "out of memory");
-        return 0;
-    }
-    int ok = 1;
-    *dtype = STOF_DTYPE_INVALID;
-    for (char *at = copy; ok && at;) {
-        char *comma = strchr(at, ',');
-        if (comma)
-            *comma = 0;
-        char *tok = trim(at), *eq = strchr(tok, '=');
-        char *next = comma ? comma + 1 : NULL;
-        if (!*tok) {
-            snprintf(err, errlen, "%s: an empty field (two commas, or one at an end)", opt);
-            ok = 0;
-        } else if (eq) {
-            *eq = 0;
-            char *key = trim(tok), *val = trim(eq + 1);
-            if (strcmp(key, "dtype") == 0) {
-                if ((*dtype = workload_dtype(val)) == STOF_DTYPE_INVALID) {
-                    snprintf(err, errlen, "%s: unknown dtype \"%s\" (expected fp16, bf16 or fp32)",
-                             opt, val);
-                    ok = 0;
-                }
-            } else if (softcap && strcmp(key, "softcap") == 0) {
-                char *end = NULL;
-                *softcap = strtod(val, &end);
-                if (!*val || *end || !(*softcap >= 0) || isinf(*softcap)) {
-                    snprintf(err, errlen, "%s: softcap=%s is not a finite number >= 0", opt, val);
-                    ok = 0;
-                }
-            } else if (allow_rest && strcmp(key, "mask") == 0) {
-                /* The rest of the line, commas and all, is the spec. */
-                save = strdup(line + (val - copy));
-                ok = save != NULL;
-                break;
-            } else {
-                ok = set_field(f, nf, opt, key, val, err, errlen);
-            }
-        } else if (workload_dtype(tok) != STOF_DTYPE_INVALID) {
-            *dtype = workload_dtype(tok);
-        } else if (allow_rest) {
-            save = strdup(line + (tok - copy));
-            ok = save != NULL;
-            break;
-        } else {
-            snprintf(err, errlen, "%s: unexpected \"%s\" (expected name=value or a dtype)", opt,
-                     tok);
-            ok = 0;
-        }
-        at = next;
-    }
-    free(copy);
-    if (ok && save) {
-        trim(save);  /* it starts at a trimmed token: only its end can hold blanks */
-        *rest = save;
-    } else {
-        free(save);
-    }
-    if (!ok && !err[0])
-        snprintf(err, errlen, "out of memory");
-    return ok;
-}
-
-static int add_line_case(workload *w, workload_case *c, const char *opt, const char *line,
-                         char *err, size_t errlen)
-{
-    char *name = NULL, *origin = NULL;
-    int ok = asprintf(&name, "%s %s", opt + 2, line) >= 0;
-    ok = ok && asprintf(&origin, "%s \"%s\"", opt, line) >= 0;
-    c->name = name;
-    c->origin = origin;
-    ok = ok && add_case(w, c);
-    free(name);
-    free(origin);
-    if (!ok)
-        snprintf(err, errlen, "out of memory");
-    return ok ? 0 : -1;
-}
-
-/* 0, with the field named in err, when attention would refuse the case. */
-static int mha_supported(const workload_case *c, const char *l, const char *line, char *err,
-                         size_t errlen)
-{
-    char dims[64];
-    if (!stof_mha_head_dim_supported(c->head_dim))
-        snprintf(err, errlen, "--mha \"%s\": d=%d is not supported: attention takes head_dim %s",
-                 line, c->head_dim, workload_mha_head_dims(dims, sizeof dims));
-    else if (c->seq_q > STOF_MAX_SEQ)
-        snprintf(err, errlen, "--mha \"%s\": %s=%d is not supported: attention takes query "
-                 "lengths up to %d", line, l, c->seq_q, STOF_MAX_SEQ);
-    else if (c->seq_k > STOF_MAX_SEQ)
-        snprintf(err, errlen, "--mha \"%s\": %s=%d is not supported: attention takes key "
-                 "lengths up to %d", line, strcmp(l, "l") ? "lk" : "l", c->seq_k, STOF_MAX_SEQ);
-    else if ((long long)c->batch * c->heads > STOF_MAX_BATCH_HEADS)
-        snprintf(err, errlen, "--mha \"%s\": b=%d x h=%d is not supported: attention takes b x h "
-                 "up to %d", line, c->batch, c->heads, STOF_MAX_BATCH_HEADS);
-    else if (c->dtype != STOF_F16 && c->dtype != STOF_BF16)
-        snprintf(err, errlen, "--mha \"%s\": dtype fp32 is not supported: attention takes fp16 "
-                 "or bf16", line);
-    else if (c->kv_heads && c->heads % c->kv_heads)
-        snprintf(err, errlen, "--mha \"%s\": kv=%d does not divide h=%d: each KV head serves "
-                 "h / kv query heads", line, c->kv_heads, c->heads);
-    else
-        return 1;
-    return 0;
-}
-
-int workload_add_mha(workload *w, const char *line, char *err, size_t errlen)
-{
-    field f[] = {{{"b", "batch", NULL}, 1, MAX_BATCH, -1},   {{"h", "heads", NULL}, 1, MAX_HEADS, -1},
-                 {{"l", "seq", NULL}, 1, MAX_SEQ, -1},       {{"lq", "seq_q", NULL}, 1, MAX_SEQ, -1},
-                 {{"lk", "seq_k", NULL}, 1, MAX_SEQ, -1},    {{"d", "head_dim", NULL}, 1, MAX_HEAD_DIM, -1},
-                 {{"kv", "kv_heads", NULL}, 1, MAX_HEADS, -1},
-                 {{"alibi", NULL, NULL}, 0, 1, -1},
-                 {{"bias", "bias_buckets", NULL}, 0, STOF_MAX_BIAS_BUCKETS, -1}};
-    workload_case c = {.op = WORKLOAD_MHA};
-    char *mask = NULL;
-    err[0] = 0;
-    if (!parse_line("--mha", line, f, 9, &c.dtype, &c.softcap, 1, &mask, err, errlen))
-        return -1;
-    const char *missing = f[0].value < 0 ? "b=" : f[1].value < 0 ? "h=" : f[5].value < 0 ? "d=" : NULL;
-    if (!missing && f[2].value < 0 && (f[3].value < 0 || f[4].value < 0))
-        missing = "l= (or lq= and lk=)";
-    if (missing || (f[2].value >= 0 && (f[3].value >= 0 || f[4].value >= 0))) {
-        if (missing)
-            snprintf(err, errlen, "--mha \"%s\": missing %s", line, missing);
-        else
-            snprintf(err, errlen, "--mha \"%s\": give l= or lq= and lk=, not both", line);
-        free(mask);
-        return -1;
-    }
-    c.batch = (int)f[0].value;
-    c.heads = (int)f[1].value;
-    c.seq_q = (int)(f[2].value >= 0 ? f[2].value : f[3].value);
-    c.seq_k = (int)(f[2].value >= 0 ? f[2].value : f[4].value);
-    c.head_dim = (int)f[5].value;
-    c.kv_heads = f[6].value >= 0 ? (int)f[6].value : 0;
-    c.alibi = f[7].value > 0;
-    c.bias_buckets = f[8].value > 0 ? (int)f[8].value : 0;
-    if (c.dtype == STOF_DTYPE_INVALID)
-        c.dtype = STOF_F16;
-    c.mask = mask ? mask : "dense";
-    int rc = mha_supported(&c, f[2].value >= 0 ? "l" : "lq", line, err, errlen)
-                 ? add_line_case(w, &c, "--mha", line, err, errlen)
-                 : -1;
-    free(mask);
-    return rc;
-}
-
-int workload_add_ln(workload *w, const char *line, char *err, size_t errlen)
-{
-    field f[] = {{{"rows", "r", NULL}, 1, MAX_ROWS, -1}, {{"hidden", "n", NULL}, 1, MAX_HIDDEN, -1}};
-    workload_case c = {.op = WORKLOAD_LN};
-    err[0] = 0;
-    if (!parse_line("--ln", line, f, 2, &c.dtype, NULL, 0, NULL, err, errlen))
-        return -1;
-    if (f[0].value < 0 || f[1].value < 0) {
-        snprintf(err, errlen, "--ln \"%s\": missing %s=", line, f[0].value < 0 ? "rows" : "hidden");
-        return -1;
-    }
-    c.rows = (int)f[0].value;
-    c.hidden = (int)f[1].value;
-    if (c.dtype == STOF_DTYPE_INVALID)
-        c.dtype = STOF_F16;
-    return add_line_case(w, &c, "--ln", line, err, errlen);
-}
-
-int workload_decoder_window(const char *spec)
-{
-    if (strcmp(spec, "causal") == 0)
-        return 0;
-    static const char pre[] = "causal_window:";
-    long long w;
-    if (strncmp(spec, pre, sizeof pre - 1) != 0 ||
-        !parse_count(spec + sizeof pre - 1, 1, MAX_SEQ, &w))
-        return -1;
-    return (int)w;
-}
-
-int workload_add_decoder(workload *w, const char *line, char *err, size_t errlen)
-{
-    field f[] = {{{"b", "batch", NULL}, 1, MAX_BATCH, -1},
-                 {{"s", "l", "seq"}, 1, MAX_SEQ, -1},
-                 {{"hidden", NULL, NULL}, 1, MAX_HIDDEN, -1},
-                 {{"h", "heads", NULL}, 1, MAX_HEADS, -1},
-                 {{"kv", "kv_heads", NULL}, 1, MAX_HEADS, -1},
-                 {{"ffn", "ffn_hidden", NULL}, 1, MAX_HIDDEN, -1},
-                 {{"d", "head_dim", NULL}, 1, MAX_HEAD_DIM, -1},
-                 {{"qkv_bias", NULL, NULL}, 0, 1, -1}};
-    workload_case c = {.op = WORKLOAD_DECODER};
-    char *mask = NULL, dims[64];
-    err[0] = 0;
-    if (!parse_line("--decoder", line, f, 8, &c.dtype, NULL, 1, &mask, err, errlen))
-        return -1;
-    static const char *const need_names[] = {"b=", "s=", "hidden=", "h=", NULL, "ffn="};
-    for (int i = 0; i < 6; i++) {
-        if (need_names[i] && f[i].value < 0) {
-            snprintf(err, errlen, "--decoder \"%s\": missing %s", line, need_names[i]);
-            free(mask);
-            return -1;
-        }
-    }
-    c.batch = (int)f[0].value;
-    c.seq_q = c.seq_k = (int)f[1].value;
-    c.hidden = (int)f[2].value;
-    c.heads = (int)f[3].value;
-    c.kv_heads = f[4].value >= 0 ? (int)f[4].value : c.heads;
-    c.ffn_hidden = (int)f[5].value;
-    c.head_dim = f[6].value >= 0 ? (int)f[6].value : c.hidden / c.heads;
-    c.qkv_bias = f[7].value > 0;
-    if (c.dtype == STOF_DTYPE_INVALID)
-        c.dtype = STOF_BF16;
-    c.mask = mask ? mask : "causal";
-    if ((long long)c.heads * c.head_dim != c.hidden)
-        snprintf(err, errlen, "--decoder \"%s\": hidden=%d is not h=%d x head_dim %d", line,
-                 c.hidden, c.heads, c.head_dim);
-    else if (c.heads % c.kv_heads)
-        snprintf(err, errlen, "--decoder \"%s\": kv=%d does not divide h=%d: each KV head "
-                 "serves h / kv query heads", line, c.kv_heads, c.heads);
-    else if (!stof_mha_head_dim_supported(c.head_dim))
-        snprintf(err, errlen, "--decoder \"%s\": head_dim %d is not supported: attention takes "
-                 "head_dim %s", line, c.head_dim, workload_mha_head_dims(dims, sizeof dims));
-    else if (c.hidden % 8 || c.ffn_hidden % 8)
-        snprintf(err, errlen, "--decoder \"%s\": hidden=%d and ffn=%d must be multiples of 8",
-                 line, c.hidden, c.ffn_hidden);
-    else if (c.seq_q > STOF_MAX_SEQ)
-        snprintf(err, errlen, "--decoder \"%s\": s=%d is not supported: attention takes "
-                 "lengths up to %d", line, c.seq_q, STOF_MAX_SEQ);
-    else if ((long long)c.batch * c.heads > STOF_MAX_BATCH_HEADS)
-        snprintf(err, errlen, "--decoder \"%s\": b=%d x h=%d is not supported: attention takes "
-                 "b x h up to %d", line, c.batch, c.heads, STOF_MAX_BATCH_HEADS);
-    else if ((long long)c.batch * c.seq_q > MAX_ROWS)
-        snprintf(err, errlen, "--decoder \"%s\": b x s is too large", line);
-    else if (c.dtype != STOF_F16 && c.dtype != STOF_BF16)
-        snprintf(err, errlen, "--decoder \"%s\": dtype fp32 is not supported: the decoder "
-                 "layer takes fp16 or bf16", line);
-    else if (workload_decoder_window(c.mask) < 0)
-        snprintf(err, errlen, "--decoder \"%s\": mask \"%s\": a decoder layer's mask is causal "
-                 "or causal_window:W", line, c.mask);
-    if (!err[0])
-        c.rows = c.batch * c.seq_q;
-    int rc = err[0] ? -1 : add_line_case(w, &c, "--decoder", line, err, errlen);
-    free(mask);
     return rc;
 }
 

@@ -67,6 +67,15 @@ typedef struct workload {
     int n, cap;
 } workload;
 
+/* The largest sizes a file or a line may name, before what the library
+ * supports is asked (a bound on what reading allocates and multiplies). */
+#define WORKLOAD_MAX_BATCH (1 << 20)
+#define WORKLOAD_MAX_HEADS 1024
+#define WORKLOAD_MAX_HEAD_DIM 1024
+#define WORKLOAD_MAX_SEQ (1 << 24)
+#define WORKLOAD_MAX_HIDDEN (1 << 20)
+#define WORKLOAD_MAX_ROWS 2147483647LL
+
 /* What attention supports is stof.h's (STOF_MAX_SEQ, STOF_MAX_BATCH_HEADS,
  * STOF_MHA_HEAD_DIMS), checked where a command line or a file is read
  * (--mha, workload files, stof-dump mask), so that nothing runs for a case
@@ -79,12 +88,15 @@ const char *workload_mha_head_dims(char *buf, size_t len);
 int workload_read_file(workload *w, const char *path, char *err, size_t errlen);
 int workload_read_text(workload *w, const char *text, size_t len, const char *file, char *err,
                        size_t errlen);
-/* An --mha line's sizes and dtype must be ones attention supports (stof.h). */
+/* The one-line forms (tools/workload_line.c). An --mha line's sizes and
+ * dtype must be ones attention supports (stof.h). */
 int workload_add_mha(workload *w, const char *line, char *err, size_t errlen);
 int workload_add_ln(workload *w, const char *line, char *err, size_t errlen);
 /* A --decoder line's sizes must be ones the decoder layer takes (stof.h). */
 int workload_add_decoder(workload *w, const char *line, char *err, size_t errlen);
 void workload_free(workload *w);
+/* Appends a copy of c (its strings duplicated); 0 when out of memory. */
+int workload_add_case(workload *w, const workload_case *c);
 
 /* "mha", "layer", "layernorm", "decoder" */
 const char *workload_op_name(workload_op op);
