@@ -729,6 +729,19 @@ int workload_read_file(workload *w, const char *path, char *err, size_t errlen)
     return rc;
 }
 
+int workload_decoder_window(const char *spec)
+{
+    if (strcmp(spec, "causal") == 0)
+        return 0;
+    static const char pre[] = "causal_window:";
+    const char *n = spec + sizeof pre - 1;
+    if (strncmp(spec, pre, sizeof pre - 1) != 0 || !*n || strspn(n, "0123456789") != strlen(n) ||
+        strlen(n) > 12)
+        return -1;
+    const long long w = strtoll(n, NULL, 10);
+    return w >= 1 && w <= WORKLOAD_MAX_SEQ ? (int)w : -1;
+}
+
 /* ---- what the library must say ---- */
 
 stof_status workload_check(stof_ctx *ctx, const workload *w, char *err, size_t errlen)

@@ -239,18 +239,6 @@ int workload_add_ln(workload *w, const char *line, char *err, size_t errlen)
     return add_line_case(w, &c, "--ln", line, err, errlen);
 }
 
-int workload_decoder_window(const char *spec)
-{
-    if (strcmp(spec, "causal") == 0)
-        return 0;
-    static const char pre[] = "causal_window:";
-    long long w;
-    if (strncmp(spec, pre, sizeof pre - 1) != 0 ||
-        !parse_count(spec + sizeof pre - 1, 1, WORKLOAD_MAX_SEQ, &w))
-        return -1;
-    return (int)w;
-}
-
 int workload_add_decoder(workload *w, const char *line, char *err, size_t errlen)
 {
     field f[] = {{{"b", "batch", NULL}, 1, WORKLOAD_MAX_BATCH, -1},

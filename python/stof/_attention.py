@@ -12,6 +12,7 @@ import sys
 import threading
 from ctypes import byref, c_void_p, create_string_buffer
 
+from . import _arrays
 from . import _lib as L
 from . import _mask
 from . import _varlen
@@ -323,28 +324,28 @@ def clear_plans():
 
 # ---- torch ----------------------------------------------------------------------------------
 
-_torch = None          # the module, once a tensor has been seen
+_torch = None          # the module, once a tensor has been seen (_arrays's)
 _Tensor = None
-_TORCH_DTYPES = {}
+_TORCH_DTYPES = _arrays._TORCH_DTYPES
 _raw_stream = None
 _is_compiling = None
 _empty_like = None
 
 
-def _setup_torch():
-    global _torch, _Tensor, _raw_stream, _is_compiling, _empty_like
-    import torch
-    _empty_like = torch.empty_like
-    _TORCH_DTYPES.update({torch.float16: L.F16, torch.bfloat16: L.BF16})
-    raw = getattr(torch._C, "_cuda_getCurrentRawStream", None)
-    _raw_stream = raw if raw is not None else (
-        lambda dev: torch.cuda.current_stream(dev).cuda_stream)
-    comp = getattr(getattr(torch, "compiler", None), "is_compiling", None)
-    _is_compiling = comp if comp is not None else (lambda: False)
+def _register_ops():
     from . import _torch as op
     op.register(attention_torch, out_layout, _varlen.attention)
-    _Tensor = torch.Tensor
-    _torch = torch
+
+
+_arrays.on_setup(_register_ops)
+
+
+def _setup_torch():
+    global _torch, _Tensor, _raw_stream, _is_compiling, _empty_like
+    _arrays._setup_torch()
+    _raw_stream, _is_compiling, _empty_like = (_arrays._raw_stream, _arrays._is_compiling,
+                                               _arrays._empty_like)
+    _Tensor, _torch = _arrays._Tensor, _arrays._torch
 
 
 def attention_torch(q, k, v, mask, seq_lens, scale, layout, tune=None, out=None, softcap=None,
@@ -414,49 +415,9 @@ def _seq_lens_torch(e, seq_lens, q):
 # ---- any CUDA array: __cuda_array_interface__ or DLPack ---------------------------------
 
 
-def _cai(a, name, device):
-    d = getattr(a, "__cuda_array_interface__", None)
-    if d is None:
-        raise L.InvalidArgumentError(
-            "%s must be a torch tensor or a CUDA array (__cuda_array_interface__ or DLPack), "
-            "got %s" % (name, type(a).__name__))
-    shape = tuple(d["shape"])
-    ts = d["typestr"]
-    size = int(ts[2:]) if ts[2:].isdigit() else 0
-    if ts[1:] == "f2":
-        dtype = L.F16
-    elif size == 2 and str(getattr(a, "dtype", "")) == "bfloat16":
-        dtype = L.BF16
-    else:
-        dtype = ts
-    strides = d.get("strides")
-    if strides is None:
-        st, acc = [], 1
-        for n in reversed(shape):
-            st.append(acc)
-            acc *= n
-        strides = tuple(reversed(st))
-    else:
-        if size == 0 or any(s % size for s in strides):
-            raise L.InvalidArgumentError("%s's strides %s are not whole elements"
-                                         % (name, strides))
-        strides = tuple(s // size for s in strides)
-    dev = getattr(getattr(a, "device", None), "id", None)   # CuPy
-    if dev is None:
-        dev = 0 if device is None else device
-    return (shape, strides, dtype, dev), d["data"][0], size, d.get("stream")
+_cai = _arrays._cai
 
-
-def _stream_handle(stream):
-    if stream is None or isinstance(stream, int):
-        return stream
-    for attr in ("ptr", "cuda_stream", "handle", "value"):
-        h = getattr(stream, attr, None)
-        if h is not None:
-            return int(h)
-    raise L.InvalidArgumentError("stream must be an int (a CUstream) or have .ptr, .cuda_stream "
-                                 "or .handle, got %s" % type(stream).__name__)
-
+_stream_handle = _arrays._stream_handle
 
 def attention_array(q, k, v, mask, seq_lens, scale, layout, tune, out, stream, device,
                     softcap=None, alibi=None, bias=None):

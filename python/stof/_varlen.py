@@ -66,7 +66,7 @@ def clear_plans():
 def _view(x, name, device):
     """(shape, element strides, dtype, device, address) of a torch tensor or
     a CUDA array; dtype a stof_dtype code for fp16/bf16, else a name."""
-    from . import _attention as A
+    from . import _arrays as A
     t = A._Tensor
     if t is None and "torch" in sys.modules:
         A._setup_torch()
@@ -228,7 +228,7 @@ def _plan(qv, n, h, hk, d, max_q, max_k, mask, scale, tune, softcap):
 def attention(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, mask="dense",
               scale=None, tune=None, out=None, stream=None, device=None, softcap=None):
     """The varlen form of stof.attention (its docstring says what it takes)."""
-    from . import _attention as A
+    from . import _arrays as A
     if A._Tensor is None and "torch" in sys.modules:
         A._setup_torch()
     is_torch = A._Tensor is not None and isinstance(q, A._Tensor)
