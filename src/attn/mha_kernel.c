@@ -367,7 +367,7 @@ static stof_status launch_ws(stof_ctx *ctx, const stof_mha_desc *d, const mha_la
                     &st[2][1], &st[2][2], &st[3][0], &st[3][1], &st[3][2],  &qidx,
                     &kidx,
                     /* A kernel takes the modifiers' tables or the varlen
-                     * arguments, never both (mha_check): the driver reads as
+                     * arguments, never both (check_desc, mha.c): the driver reads as
                      * many as the kernel has. */
                     vl ? (void *)&cu_k : (void *)&slopes, vl ? (void *)&total_q : (void *)&table,
                     &total_k,  &shift,    &nseq};
