@@ -79,3 +79,25 @@ def _stream_handle(stream):
     raise L.InvalidArgumentError("stream must be an int (a CUstream) or have .ptr, .cuda_stream "
                                  "or .handle, got %s" % type(stream).__name__)
 
+
+
+def place_weights(weights, names, dtype, device, default_dtype):
+    """A layer's own copies of weights[n] for n in names: contiguous, on
+    `device` (else the first weight's; a bare "cuda" gets the current
+    index), in `dtype` (else the first weight's where it is float16 or
+    bfloat16, else default_dtype). Returns (copies, dtype, device)."""
+    import torch
+    first = weights[names[0]]
+    if dtype is None:
+        dtype = (first.dtype if first.dtype in (torch.float16, torch.bfloat16)
+                 else default_dtype)
+    if dtype not in (torch.float16, torch.bfloat16):
+        raise L.UnsupportedError("dtype must be torch.float16 or torch.bfloat16, got %s" % dtype)
+    device = torch.device(device) if device is not None else first.device
+    if device.type != "cuda":
+        raise L.InvalidArgumentError("the layer runs on a CUDA device, got %s (pass device=)"
+                                     % device)
+    if device.index is None:
+        device = torch.device("cuda", torch.cuda.current_device())
+    copies = {n: weights[n].detach().to(device=device, dtype=dtype).contiguous() for n in names}
+    return copies, dtype, device

@@ -11,6 +11,7 @@ tensors.
 import math
 from ctypes import byref, c_size_t, c_void_p, create_string_buffer
 
+from . import _arrays
 from . import _lib as L
 
 # The Hugging Face layers from_hf maps: one block, the same names.
@@ -125,21 +126,8 @@ class DecoderLayer:
 
         import torch
         self._torch = torch
-        first = weights["q_proj"]
-        if dtype is None:
-            dtype = (first.dtype if first.dtype in (torch.float16, torch.bfloat16)
-                     else torch.bfloat16)
-        if dtype not in (torch.float16, torch.bfloat16):
-            raise L.UnsupportedError("dtype must be torch.float16 or torch.bfloat16, got %s"
-                                     % dtype)
-        device = torch.device(device) if device is not None else first.device
-        if device.type != "cuda":
-            raise L.InvalidArgumentError("the layer runs on a CUDA device, got %s (pass device=)"
-                                         % device)
-        if device.index is None:
-            device = torch.device("cuda", torch.cuda.current_device())
-        self.weights = {n: weights[n].detach().to(device=device, dtype=dtype).contiguous()
-                        for n in names}
+        self.weights, dtype, device = _arrays.place_weights(
+            weights, list(names), dtype, device, torch.bfloat16)
         w = self.weights
         hidden = w["input_layernorm"].shape[0] if w["input_layernorm"].dim() == 1 else -1
         if w["q_proj"].dim() != 2 or w["q_proj"].shape[0] % heads:

@@ -8,6 +8,7 @@ weights live in torch's memory.
 """
 from ctypes import byref, c_size_t, c_void_p, create_string_buffer
 
+from . import _arrays
 from . import _lib as L
 from . import _mask
 
@@ -49,20 +50,8 @@ class EncoderLayer:
             raise L.InvalidArgumentError("norm must be 'post_ln' or 'pre_ln', got %r" % (norm,))
         if tune not in L.TUNE:
             raise L.InvalidArgumentError("tune must be None, 'off', 'fast' or 'full'")
-        first = weights["qkv_w"]
-        dtype = dtype or (first.dtype if first.dtype in (torch.float16, torch.bfloat16)
-                          else torch.float16)
-        if dtype not in (torch.float16, torch.bfloat16):
-            raise L.UnsupportedError("dtype must be torch.float16 or torch.bfloat16, got %s"
-                                     % dtype)
-        device = torch.device(device) if device is not None else first.device
-        if device.type != "cuda":
-            raise L.InvalidArgumentError("the layer runs on a CUDA device, got %s (pass device=)"
-                                         % device)
-        if device.index is None:
-            device = torch.device("cuda", torch.cuda.current_device())
-        self.weights = {n: weights[n].detach().to(device=device, dtype=dtype).contiguous()
-                        for n in L.LAYER_WEIGHT_NAMES}
+        self.weights, dtype, device = _arrays.place_weights(
+            weights, L.LAYER_WEIGHT_NAMES, dtype, device, torch.float16)
         w = self.weights
         hidden = w["qkv_w"].shape[1]
         ffn = w["ff1_w"].shape[0]
