@@ -10,7 +10,7 @@ _native where it was built, else ctypes).
 """
 import sys
 import threading
-from ctypes import byref, c_void_p, create_string_buffer
+from ctypes import byref, c_void_p
 
 from . import _arrays
 from . import _lib as L
@@ -23,23 +23,14 @@ _plans = {}
 _plans_lock = threading.Lock()
 
 
-class _Entry:
+class _Entry(L.PlanHandle):
     """A plan and what a call needs besides it, worked out once."""
 
     __slots__ = ("ctx", "plan", "call", "run", "lock", "mask", "packed", "k_off", "v_off",
                  "out_shape", "out_stride", "out_swapped", "like_q", "batch", "device", "tdevice",
                  "desc", "mods", "_free")
 
-    def __del__(self):
-        p, self.plan = getattr(self, "plan", None), None
-        if p and not L.exiting:
-            self._free(p)
-
-    def describe(self):
-        buf = create_string_buffer(1024)
-        with self.lock:
-            self.ctx.check(self.ctx._lib.mha_plan_describe(self.plan, buf, 1024))
-        return buf.value.decode()
+    DESCRIBE = "mha_plan_describe"
 
 
 # ---- layouts --------------------------------------------------------------------------

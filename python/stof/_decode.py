@@ -7,7 +7,7 @@ of a generation loop, each with a cache one key longer, share one plan and
 cost one launch each: the lengths are read on the device, never here.
 """
 import threading
-from ctypes import byref, c_void_p, create_string_buffer
+from ctypes import byref, c_void_p
 
 from . import _lib as L
 
@@ -25,19 +25,10 @@ def _bucket(n, least):
     return b
 
 
-class _Plan:
+class _Plan(L.PlanHandle):
     __slots__ = ("ctx", "plan", "run", "desc", "_free")
 
-    def __del__(self):
-        p, self.plan = getattr(self, "plan", None), None
-        if p and not L.exiting:
-            self._free(p)
-
-    def describe(self):
-        buf = create_string_buffer(1024)
-        with self.ctx.lock:
-            self.ctx.check(self.ctx._lib.decode_plan_describe(self.plan, buf, 1024))
-        return buf.value.decode()
+    DESCRIBE = "decode_plan_describe"
 
 
 def _dtype(t):

@@ -22,13 +22,10 @@ LLAMA3_SCALING = {"factor": "rope_factor", "low_freq_factor": "rope_low_freq_fac
                   "original_max_position_embeddings": "rope_original_max_positions"}
 
 
-class _Plan:
+class _Plan(L.PlanHandle):
     __slots__ = ("ctx", "plan", "workspace", "positions", "batch", "seq", "_free")
 
-    def __del__(self):
-        p, self.plan = getattr(self, "plan", None), None
-        if p and not L.exiting:
-            self._free(p)
+    DESCRIBE = "decoder_plan_describe"
 
 
 def _positive_int(name, v):

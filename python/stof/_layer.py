@@ -16,13 +16,10 @@ ACTIVATIONS = {"gelu": 0, "gelu_tanh": 1, "relu": 2}
 NORMS = {"post_ln": 0, "pre_ln": 1}
 
 
-class _Plan:
+class _Plan(L.PlanHandle):
     __slots__ = ("ctx", "plan", "call", "run", "workspace", "mask", "batch", "seq", "_free")
 
-    def __del__(self):
-        p, self.plan = getattr(self, "plan", None), None
-        if p and not L.exiting:
-            self._free(p)
+    DESCRIBE = "layer_plan_describe"
 
 
 class EncoderLayer:

@@ -369,6 +369,26 @@ def version():
 # ---- contexts -----------------------------------------------------------------------
 
 
+class PlanHandle:
+    """What the Python side keeps of a C plan (ctx, plan, _free, and the
+    subclass's own slots): freed with the object (not while the interpreter
+    exits), described by the stof_*_plan_describe named in DESCRIBE."""
+
+    __slots__ = ()
+    DESCRIBE = None
+
+    def __del__(self):
+        p, self.plan = getattr(self, "plan", None), None
+        if p and not exiting:
+            self._free(p)
+
+    def describe(self):
+        buf = ctypes.create_string_buffer(1024)
+        with self.ctx.lock:
+            self.ctx.check(getattr(self.ctx._lib, self.DESCRIBE)(self.plan, buf, 1024))
+        return buf.value.decode()
+
+
 class Context:
     """A stof_ctx: one device, one cache, one error buffer. Every call into it
     holds self.lock, since a C context serves one thread at a time. The

@@ -11,7 +11,7 @@ goes to stof_mha_run_varlen through ctypes.
 """
 import sys
 import threading
-from ctypes import byref, c_void_p, create_string_buffer
+from ctypes import byref, c_void_p
 
 from . import _lib as L
 from . import _mask
@@ -35,19 +35,10 @@ def bucket(n, least):
     return b
 
 
-class _Plan:
+class _Plan(L.PlanHandle):
     __slots__ = ("ctx", "plan", "run", "desc", "mask", "_free")
 
-    def __del__(self):
-        p, self.plan = getattr(self, "plan", None), None
-        if p and not L.exiting:
-            self._free(p)
-
-    def describe(self):
-        buf = create_string_buffer(1024)
-        with self.ctx.lock:
-            self.ctx.check(self.ctx._lib.mha_plan_describe(self.plan, buf, 1024))
-        return buf.value.decode()
+    DESCRIBE = "mha_plan_describe"
 
 
 def plans():
