@@ -452,8 +452,16 @@ class Models(unittest.TestCase):
         # Past the left padding, a sliding window's step runs again.
         mm = hook(2, 1, 5, q_offset=12, kv_offset=8, mask_function=w, attention_mask=left)
         self.assertEqual((mm.why, mm.step), (None, 4))
-        mm = hook(2, 17, 30, q_offset=13, kv_offset=0, mask_function=mu.causal_mask_function)
-        self.assertIn("17 new rows", mm.why)
+        # More rows than a step: a prefill over the keys in use (a StaticCache's
+        # first forward, a chunk of a chunked prefill), the offset read once.
+        mm = hook(2, 17, 40, q_offset=torch.tensor(13), kv_offset=0,
+                  mask_function=mu.causal_mask_function)
+        self.assertEqual((mm.why, mm.spec, mm.step, mm.keys), (None, "causal", None, 30))
+        mm = hook(2, 17, 40, q_offset=13, kv_offset=0, mask_function=mu.causal_mask_function,
+                  attention_mask=left)
+        self.assertIn("17 rows against a KV cache with padding", mm.why)
+        mm = hook(2, 17, 20, q_offset=13, kv_offset=10, mask_function=w)
+        self.assertIn("past its first keys", mm.why)
         chunked = mu.chunked_causal_mask_function(4, torch.zeros(1, dtype=torch.long))
         mm = hook(2, 1, 13, q_offset=12, kv_offset=0, mask_function=chunked)
         self.assertIn("cannot express", mm.why)

@@ -43,6 +43,8 @@ DECODING = ("decoding (queries against a longer KV cache) with no mask from stof
             "where the cache's tokens end is not known")
 STEP_SPEC = "decoding under a stof.hf.mask spec (a spec does not apply to a KV cache's steps)"
 STEP_ROWS = "a step of %d new rows against a KV cache (stof.decode takes 1 to %d)"
+CHUNK = ("a prefill of %d rows against a KV cache %s (stof runs one whose keys start at the "
+         "cache's first, unpadded)")
 STEP_MASK = ("a decoding step under a mask stof.decode cannot express (%s; it takes causal and "
              "causal_window:W)")
 
@@ -63,8 +65,8 @@ class ModelMask:
     would be made from, for a fallback. Accelerate moves it between
     devices through to(); lens follows the query's device in any case."""
 
-    __slots__ = ("spec", "lens", "why", "lq", "lk", "user", "pad", "args", "step", "_dense",
-                 "_lens_on")
+    __slots__ = ("spec", "lens", "why", "lq", "lk", "user", "pad", "args", "step", "keys",
+                 "_dense", "_lens_on")
     # It stands for a 4-D mask: generate() with a StaticCache makes the mask
     # ahead of the forward (through this hook) and hands it to the model,
     # whose mask code asks its ndim before the hook gets it back.
@@ -73,6 +75,7 @@ class ModelMask:
     def __init__(self, lq, lk, args):
         self.spec, self.lens, self.why, self.user, self.pad = None, None, None, None, None
         self.step = None        # a decoding step: stof.decode's window (lens: seqused_k)
+        self.keys = None        # a prefill against a cache: the keys in use, the first ones
         self.lq, self.lk, self.args = lq, lk, args
         self._dense, self._lens_on = {}, {}
 
@@ -160,10 +163,9 @@ def _step(mm, batch, q_length, kv_length, q_offset, kv_offset, mask_function, at
     if _masks.user_spec(kwargs.get("config")) is not None:
         mm.why = STEP_SPEC
         return mm
-    if not 1 <= q_length <= MAX_NEW_ROWS:
-        mm.why = STEP_ROWS % (q_length, MAX_NEW_ROWS)
-        return mm
     spec = _masks.spec_of_mask_function(mask_function) if mask_function is not None else None
+    if not 1 <= q_length <= MAX_NEW_ROWS:
+        return _chunk(mm, q_length, kv_length, q_offset, kv_offset, spec, attention_mask)
     if spec == "causal":
         window = 0
     elif spec is not None and spec.startswith("causal_window:"):
@@ -187,6 +189,26 @@ def _step(mm, batch, q_length, kv_length, q_offset, kv_offset, mask_function, at
     mm.lens, mm.why = _masks.lengths_of_step(pad, used, kv_length, batch, device)
     if mm.why is None:
         mm.spec, mm.step = spec, window
+    return mm
+
+
+def _chunk(mm, q_length, kv_length, q_offset, kv_offset, spec, attention_mask):
+    """The ModelMask of more new rows than a decoding step takes, against a
+    cache: a StaticCache's prefill (its keys the whole capacity), or a
+    chunk of a chunked prefill. stof.attention runs it over the keys in use,
+    the new rows last (causal aligns them bottom-right). The offsets are
+    read on the host: one synchronisation a forward, not a step's."""
+    q0, k0 = int(q_offset), int(kv_offset)
+    used = q0 + q_length - k0
+    if spec != "causal" and not (spec or "").startswith("causal_window:"):
+        mm.why = STEP_MASK % (spec or "a mask stof has no spec for")
+    elif k0 != 0 or used > kv_length:
+        mm.why = CHUNK % (q_length, "past its first keys (a sliding cache)")
+    elif attention_mask is not None and (attention_mask.dim() != 2
+                                        or not bool(attention_mask[:, :used].all())):
+        mm.why = CHUNK % (q_length, "with padding")
+    else:
+        mm.spec, mm.keys = spec, used
     return mm
 
 
@@ -339,6 +361,9 @@ def attention(module, query, key, value, attention_mask, dropout=0.0, scaling=No
         return _fallback(why, module, query, key, value, attention_mask, dropout, scaling, kwargs)
     if isinstance(attention_mask, ModelMask):
         lens = attention_mask.lens_on(query.device)
+        if attention_mask.keys is not None:     # a prefill against a longer cache
+            key = key[:, :, :attention_mask.keys]
+            value = value[:, :, :attention_mask.keys]
     try:
         out = _run(*_same_order(query, key, value), spec, lens, scaling, kwargs.get("softcap"))
     except L.UnsupportedError as e:
