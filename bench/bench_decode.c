@@ -183,7 +183,7 @@ static void run_case(stof_ctx *ctx, const bcase *c, CUdeviceptr flush, size_t fl
             stof_status st = stof_decode_plan_create(ctx, &d, &plan);
             unsetenv("STOF_DECODE_SPLITS");
             if (st != STOF_OK) {
-                printf("%-24s %-10s plan: %s: %s\n", name, vname, stof_status_str(st),
+                printf("%-24s %-12s plan: %s: %s\n", name, vname, stof_status_str(st),
                        stof_last_error(ctx));
                 break;
             }
@@ -198,7 +198,7 @@ static void run_case(stof_ctx *ctx, const bcase *c, CUdeviceptr flush, size_t fl
                 goto done;
             if (vi == 0 && f == 0)
                 best.base = ms;
-            printf("%-24s %-10s %3d %-7s %9.4f ms %8.1f GB/s  %5.2fx  (regs %d, local %d)\n",
+            printf("%-24s %-12s %3d %-7s %9.4f ms %8.1f GB/s  %5.2fx  (regs %d, local %d)\n",
                    name, vname, splits, f == 0 ? "chosen" : f == 1 ? "half" : "twice", ms,
                    bytes / (ms * 1e-3) / 1e9, best.base / ms, regs, local);
             if (ms < best.ms) {
@@ -326,7 +326,7 @@ int main(int argc, char **argv)
     jit_pop(ctx);
     const int n = quick ? 3 : (int)(sizeof CASES / sizeof CASES[0]);
     if (variants)
-        printf("%-24s %-10s %3s %-7s %12s %13s  %6s\n", "case", "variant", "spl", "", "time",
+        printf("%-24s %-12s %3s %-7s %12s %13s  %6s\n", "case", "variant", "spl", "", "time",
                "K/V rate", "vs cp");
     for (int i = 0; i < n; i++)
         run_case(ctx, &CASES[i], flush, flush_bytes, variants);

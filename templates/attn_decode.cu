@@ -6,45 +6,38 @@
 // + new row, taken 16 at a time) and one split of the sequence's keys: chunk
 // keys from the first key any new row may read (0, or the window's start).
 // So each K and V tile is read once for all the group's heads. Tiles of
-// BLOCK_N keys stream through a STAGES-deep ring; each of the BLOCK_N / 16
-// compute warps takes 16 keys of every tile: S = Q Kᵀ and O += P V on
-// mma.sync m16n8k16 with fp32 accumulation and an online softmax of its own,
-// and the warps' states merge at the end. With one split the CTA writes out;
-// with several, each writes its rows' O (normalized, fp32) and their
-// log2-sum-exp to the plan's workspace, and attn_decode_combine.cu merges
-// the splits.
+// BLOCK_N keys stream through a STAGES-deep ring of cp.async copies (16
+// bytes a thread); each of the BLOCK_N / 16 warps takes 16 keys of every
+// tile: S = Q Kᵀ and O += P V on mma.sync m16n8k16 with fp32 accumulation
+// and an online softmax of its own, and the warps' states merge at the end.
+// With one split the CTA writes out; with several, each writes its rows' O
+// (normalized, fp32) and their log2-sum-exp to the plan's workspace, and
+// attn_decode_combine.cu merges the splits.
 //
-// The ring is filled one of two ways (BULK). Off: every thread copies 16
-// bytes at a time with cp.async, and a __syncthreads a tile hands the ring
-// on. On (sm_90): one more warp, the producer, copies whole rows (HEAD_DIM
-// x 2 bytes) with the bulk-copy engine (cp.async.bulk, wgmma.cuh's
-// bulk_load), each stage's arrival counted on its full barrier by bytes;
-// the compute warps release a stage on its empty barrier, and no barrier
-// spans the CTA until the merge.
+// Who copies a tile's rows (WARP_RING). 0: every thread copies some of the
+// tile, and a __syncthreads a tile hands the ring on. 1: each warp copies
+// the 16 rows it reads itself, so a warp waits for its own copies only and
+// no barrier spans the CTA until the merge: a warp stalled on memory holds
+// up no other, and the ring's stages stay in flight.
 //
 // Parameters:
 //   HEAD_DIM   32, 64, 80, 96 or 128 (a multiple of 16)
-//   BLOCK_N    keys per tile, 16 per compute warp
+//   BLOCK_N    keys per tile, 16 per warp
 //   STAGES     tiles in the ring, 2 to 8
 //   MMA_TYPE   f16 or bf16 (operand type of mma.sync and of storage)
 //   GROUP      attn_common.cuh's, always "0" here: the group is an argument
 //   SOFTCAP    the logit softcap (attn_common.cuh); "0": none
-//   BULK       1: the ring is filled by a producer warp's bulk copies (the
-//              request then carries wgmma.cuh); 0: by cp.async
-//   EARLY      1: each CTA lets the stream's next kernel (the combine) launch
-//              once its last tile is read (griddepcontrol.launch_dependents);
-//              0: the next kernel launches as the CTAs exit
-//   FUSE       1: no combine kernel: the CTA that writes a row chunk's last
-//              split (counted in sem) merges the chunk's splits itself
+//   WARP_RING  1: each warp copies its own rows of a tile; 0: the CTA does
+//   PREFETCH   the L2 prefetch size of the K and V copies: "" (none),
+//              ".L2::128B" or ".L2::256B"
 
 {{>attn_common.cuh}}
 
 #define D {{HEAD_DIM}}
 #define BN {{BLOCK_N}}
 #define STAGES {{STAGES}}
-#define BULK {{BULK}}
-#define WARPS (BN / 16)            // compute warps
-#define THREADS ((WARPS + BULK) * 32)  // and the producer, with BULK
+#define WARPS (BN / 16)
+#define THREADS (WARPS * 32)
 #define LDS (D + 8)     // smem row stride in elements: 16 B of padding keeps
                         // ldmatrix rows on distinct banks
 #define CH (D / 8)      // 16-byte chunks per row
@@ -64,6 +57,13 @@ __device__ __forceinline__ void dec_ldsm_x4_t(unsigned *r, const void *p)
     asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
                  : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
                  : "r"(stof_smem_u32(p)));
+}
+
+// 16 bytes of a K or V row (src_bytes 0: zeros), with PREFETCH's L2 hint.
+__device__ __forceinline__ void dec_cp16(unsigned dst, const void *src, int src_bytes)
+{
+    asm volatile("cp.async.cg.shared.global{{PREFETCH}} [%0], [%1], 16, %2;\n" ::"r"(dst),
+                 "l"(src), "r"(src_bytes));
 }
 
 // c += a (16x16, row) * b (16x8, col)
@@ -94,8 +94,7 @@ extern "C" __global__ void __launch_bounds__(THREADS) stof_attn_decode(
     elem_t *__restrict__ out, float *__restrict__ ws_o, float *__restrict__ ws_lse,
     long long q_sb, long long q_sh, long long q_sl, long long kv_sb, long long kv_sh,
     long long kv_sl, int heads, int group, int seq_q, int cap, int window,
-    const int *__restrict__ seqused, int nsplit, int chunk, int row_chunks, float scale_log2,
-    unsigned *__restrict__ sem)
+    const int *__restrict__ seqused, int nsplit, int chunk, int row_chunks, float scale_log2)
 {
     stof_grid_wait();  // common.cuh: the kernel before this one is done
     extern __shared__ __align__(16) unsigned char smem_raw[];
@@ -116,61 +115,7 @@ extern "C" __global__ void __launch_bounds__(THREADS) stof_attn_decode(
     };
     auto out_row = [&](int hq, int i) -> elem_t * {
         return out + (long long)b * q_sb + (long long)hq * q_sh + (long long)i * q_sl;
-    };{{#if FUSE}}
-
-    // With several splits, each CTA counts itself in its row chunk's sem
-    // once its rows are in the workspace; the last of the chunk's nsplit
-    // CTAs sets sem back to 0 (for the next run) and merges the splits as
-    // attn_decode_combine.cu does, the weights staged in the ring's space.
-    __shared__ int last_split;
-    auto merge_splits = [&]() {
-        __syncthreads();  // this CTA's rows are written; the ring is free
-        if (threadIdx.x == 0) {
-            unsigned *cnt = sem + ((long long)b * gridDim.y + kvh) * row_chunks + rc;
-            __threadfence();
-            last_split = atomicAdd(cnt, 1u) == (unsigned)nsplit - 1;
-            if (last_split)
-                *cnt = 0;
-        }
-        __syncthreads();
-        if (!last_split)
-            return;
-        __threadfence();
-        float *wt = reinterpret_cast<float *>(ring), *inv = wt + 16 * nsplit;
-        for (int x = threadIdx.x; x < 16 * nsplit; x += THREADS) {
-            const int r = x / nsplit, gr = rc * 16 + r;
-            wt[x] = gr < rows ? __ldcg(ws_lse + ws_row(kvh * group + gr / seq_q, gr % seq_q) -
-                                       split + x % nsplit)
-                              : -STOF_INF;
-        }
-        __syncthreads();
-        if (threadIdx.x < 16) {
-            float *e = wt + threadIdx.x * nsplit;
-            float mx = -STOF_INF, sum = 0.f;
-            for (int sp = 0; sp < nsplit; sp++)
-                mx = fmaxf(mx, e[sp]);
-            for (int sp = 0; sp < nsplit; sp++) {
-                e[sp] = mx == -STOF_INF || e[sp] == -STOF_INF ? 0.f : stof_ex2(e[sp] - mx);
-                sum += e[sp];
-            }
-            inv[threadIdx.x] = sum > 0.f ? 1.f / sum : 0.f;
-        }
-        __syncthreads();
-        for (int x = threadIdx.x; x < 16 * D; x += THREADS) {
-            const int r = x / D, c = x % D, gr = rc * 16 + r;
-            if (gr >= rows)
-                continue;
-            const int hq = kvh * group + gr / seq_q, i = gr % seq_q;
-            const long long w0 = ws_row(hq, i) - split;
-            float acc = 0.f;
-            for (int sp = 0; sp < nsplit; sp++) {
-                const float f = wt[r * nsplit + sp];
-                if (f > 0.f)
-                    acc += f * __ldcg(ws_o + (w0 + sp) * D + c);
-            }
-            out_row(hq, i)[c] = stof_f32_to_{{MMA_TYPE}}(acc * inv[r]);
-        }
-    };{{/if}}
+    };
 
     if (kbeg >= kend) {
         // Nothing to read: a split past the sequence's keys, or no keys at all.
@@ -183,9 +128,7 @@ extern "C" __global__ void __launch_bounds__(THREADS) stof_attn_decode(
                 out_row(hq, i)[c] = 0;
             else if (c == 0)
                 ws_lse[ws_row(hq, i)] = -STOF_INF;
-        }{{#if FUSE}}
-        if (nsplit > 1)
-            merge_splits();{{/if}}
+        }
         return;
     }
 
@@ -200,59 +143,26 @@ extern "C" __global__ void __launch_bounds__(THREADS) stof_attn_decode(
         stof_cp16(stof_smem_u32(Qs + r * LDS + c * 8), src + c * 8, ok ? 16 : 0);
     }
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-{{#if BULK}}
-    // Each stage's full barrier (one arrival, the producer's, and the
-    // stage's bytes) and empty barrier (one arrival per compute warp).
-    unsigned long long *bars = reinterpret_cast<unsigned long long *>(red + WARPS * 16 * 2);
-    const unsigned full0 = stof_smem_u32(bars), empty0 = full0 + STAGES * 8;
-    if (threadIdx.x == 0) {
-        for (int st = 0; st < STAGES; st++) {
-            mbar_init(full0 + st * 8, 1);
-            mbar_init(empty0 + st * 8, WARPS);
-        }
-        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
-    }
-    stof_cp_commit();
-    stof_cp_wait<0>();
-    __syncthreads();  // Q is in, the barriers are set up
-
-    if (warp == WARPS) {
-        // The producer: lane x copies rows x, x + 32, ... of K and of V.
-        // Keys at or past kend copy row kbeg (in the sequence, so finite):
-        // their scores are masked to -inf, so P is 0 there and 0 x V is 0.
-        stof_ring<STAGES> rp;
-#pragma unroll 1
-        for (int it = 0; it < ntiles; it++, rp.next()) {
-            mbar_wait(empty0 + rp.stage * 8, rp.phase ^ 1);
-            const unsigned full = full0 + rp.stage * 8;
-            if (lane == 0)
-                mbar_expect(full, 2u * BN * D * 2);
-            __syncwarp();
-            elem_t *Kt = ring + rp.stage * 2 * BN * LDS, *Vt = Kt + BN * LDS;
-            const int key0 = kbeg + it * BN;
-#pragma unroll
-            for (int r = lane; r < BN; r += 32) {
-                const int key = key0 + r < kend ? key0 + r : kbeg;
-                bulk_load(stof_smem_u32(Kt + r * LDS),
-                          dec_kv_row(k, b, kvh, key, kv_sb, kv_sh, kv_sl), D * 2, full);
-                bulk_load(stof_smem_u32(Vt + r * LDS),
-                          dec_kv_row(v, b, kvh, key, kv_sb, kv_sh, kv_sl), D * 2, full);
-            }
-        }
-    }
-{{/if}}{{#unless BULK}}
     // Keys at or past kend come in as zeros (a zero V row times P's zero).
+    // Chunk x of a tile is row x / CH's 16-byte column x % CH; with
+    // WARP_RING a warp copies chunks [warp * 16 * CH, (warp + 1) * 16 * CH):
+    // its own 16 rows.
+{{#if WARP_RING}}
+    const int x0 = warp * 16 * CH + lane, x1 = (warp + 1) * 16 * CH, xs = 32;
+{{/if}}{{#unless WARP_RING}}
+    const int x0 = threadIdx.x, x1 = BN * CH, xs = THREADS;
+{{/if}}
     auto load_tile = [&](int it) {
         elem_t *Kt = ring + (it % STAGES) * 2 * BN * LDS, *Vt = Kt + BN * LDS;
         const int key0 = kbeg + it * BN;
-        for (int x = threadIdx.x; x < BN * CH; x += THREADS) {
+        for (int x = x0; x < x1; x += xs) {
             const int r = x / CH, c = x % CH, key = key0 + r;
             const bool ok = key < kend;
             const int at = ok ? key : kbeg;
-            stof_cp16(stof_smem_u32(Kt + r * LDS + c * 8),
-                      dec_kv_row(k, b, kvh, at, kv_sb, kv_sh, kv_sl) + c * 8, ok ? 16 : 0);
-            stof_cp16(stof_smem_u32(Vt + r * LDS + c * 8),
-                      dec_kv_row(v, b, kvh, at, kv_sb, kv_sh, kv_sl) + c * 8, ok ? 16 : 0);
+            dec_cp16(stof_smem_u32(Kt + r * LDS + c * 8),
+                     dec_kv_row(k, b, kvh, at, kv_sb, kv_sh, kv_sl) + c * 8, ok ? 16 : 0);
+            dec_cp16(stof_smem_u32(Vt + r * LDS + c * 8),
+                     dec_kv_row(v, b, kvh, at, kv_sb, kv_sh, kv_sl) + c * 8, ok ? 16 : 0);
         }
     };
     // Q goes with the first tile's group; a group is committed every step,
@@ -263,7 +173,6 @@ extern "C" __global__ void __launch_bounds__(THREADS) stof_attn_decode(
             load_tile(s);
         stof_cp_commit();
     }
-{{/if}}
 
     const int g = lane / 4, t = lane % 4;
     // The key positions of this thread's two rows (g, g + 8): a row reads
@@ -282,22 +191,21 @@ extern "C" __global__ void __launch_bounds__(THREADS) stof_attn_decode(
     for (int i = 0; i < D / 8; i++)
         o[i][0] = o[i][1] = o[i][2] = o[i][3] = 0.f;
 
-{{#if BULK}}
-    stof_ring<STAGES> rp;
-#pragma unroll 1
-    for (int it = 0; warp < WARPS && it < ntiles; it++, rp.next()) {
-        mbar_wait(full0 + rp.stage * 8, rp.phase);  // tile it is in
-        const elem_t *Kt = ring + rp.stage * 2 * BN * LDS, *Vt = Kt + BN * LDS;
-{{/if}}{{#unless BULK}}
 #pragma unroll 1
     for (int it = 0; it < ntiles; it++) {
         stof_cp_wait<STAGES - 2>();
+{{#if WARP_RING}}
+        if (it == 0)
+            __syncthreads();  // Q, in every thread's first group, is in for all
+        else
+            __syncwarp();     // this warp's rows of tile it are in; of tile it - 1, read
+{{/if}}{{#unless WARP_RING}}
         __syncthreads();  // tile it is in for every thread; tile it - 1 is done with
+{{/if}}
         if (it + STAGES - 1 < ntiles)
             load_tile(it + STAGES - 1);
         stof_cp_commit();
         const elem_t *Kt = ring + (it % STAGES) * 2 * BN * LDS, *Vt = Kt + BN * LDS;
-{{/if}}
 
         // S = Q Kᵀ: the 16 rows against this warp's 16 keys of the tile. Q's
         // fragments are read again each tile: kept in registers (32 more at
@@ -345,23 +253,15 @@ extern "C" __global__ void __launch_bounds__(THREADS) stof_attn_decode(
                                    dp * 16 + 8 * (lane / 16));
             dec_mma(o[2 * dp], pf[0], bfr[0], bfr[1]);
             dec_mma(o[2 * dp + 1], pf[0], bfr[2], bfr[3]);
-        }{{#if BULK}}
-        __syncwarp();
-        if (lane == 0)
-            mbar_arrive(empty0 + rp.stage * 8);  // this warp is done with the stage{{/if}}
-    }{{#if EARLY}}
-#if __CUDA_ARCH__ >= 900
-    // This CTA reads no more of K and V: the combine may launch (it waits
-    // for this grid's end and writes before it reads: stof_grid_wait).
-    asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
-#endif{{/if}}{{#unless BULK}}
-    stof_cp_wait<0>();{{/if}}
+        }
+    }
+    stof_cp_wait<0>();
     __syncthreads();  // the ring is drained and read: its space takes the warps' O
 
     // The warps merge: each row's max over the warps, its sum and O rescaled to it.
     float *Os = reinterpret_cast<float *>(ring);  // WARPS x 16 x D
 #pragma unroll
-    for (int h2 = 0; warp < WARPS && h2 < 2; h2++) {
+    for (int h2 = 0; h2 < 2; h2++) {
         float sum = l[h2];
         sum += __shfl_xor_sync(0xffffffffu, sum, 1);
         sum += __shfl_xor_sync(0xffffffffu, sum, 2);
@@ -404,7 +304,5 @@ extern "C" __global__ void __launch_bounds__(THREADS) stof_attn_decode(
             if (c == 0)
                 ws_lse[w] = sum > 0.f ? mx + __log2f(sum) : -STOF_INF;
         }
-    }{{#if FUSE}}
-    if (nsplit > 1)
-        merge_splits();{{/if}}
+    }
 }

@@ -5,11 +5,14 @@
 // never read. A row with no key in any split comes out as zeros.
 //
 // Tiling: one CTA per (batch, head, new row), in that order; HEAD_DIM
-// threads, one column each.
+// threads, one column each. The splits' lse come into shared memory at
+// once (a thread each), and the O loads are unrolled, so that a row waits
+// for a few loads' latency rather than one per split.
 //
 // Parameters:
 //   HEAD_DIM   32, 64, 80, 96 or 128
 //   MMA_TYPE   f16 or bf16 (storage of out)
+//   MAX_SPLITS the most splits a run cuts a sequence into
 
 #define D {{HEAD_DIM}}
 
@@ -19,25 +22,43 @@ extern "C" __global__ void __launch_bounds__(D) stof_attn_decode_combine(
     const float *__restrict__ ws_o, const float *__restrict__ ws_lse, elem_t *__restrict__ out,
     long long o_sb, long long o_sh, long long o_sl, int heads, int seq_q, int nsplit)
 {
+    __shared__ float wt[{{MAX_SPLITS}}];
+    __shared__ float inv;
     stof_grid_wait();  // common.cuh: the splits are written
     const int row = blockIdx.x, c = threadIdx.x;
     const int i = row % seq_q, h = row / seq_q % heads, b = row / seq_q / heads;
-    const float *lse = ws_lse + (long long)row * nsplit;
-    float mx = -STOF_INF;
-    for (int s = 0; s < nsplit; s++)
-        mx = fmaxf(mx, lse[s]);
-    float sum = 0.f, acc = 0.f;
-    if (mx != -STOF_INF) {
-        for (int s = 0; s < nsplit; s++) {
-            const float e = lse[s];
-            if (e == -STOF_INF)
-                continue;
-            float f;
-            asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(f) : "f"(e - mx));
+    for (int s = c; s < nsplit; s += D)
+        wt[s] = __ldcg(ws_lse + (long long)row * nsplit + s);
+    __syncthreads();
+    if (c < 32) {
+        // The weights 2^(lse - max), and 1 / their sum, by the first warp.
+        float mx = -STOF_INF;
+        for (int s = c; s < nsplit; s += 32)
+            mx = fmaxf(mx, wt[s]);
+        for (int o = 16; o > 0; o /= 2)
+            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
+        float sum = 0.f;
+        for (int s = c; s < nsplit; s += 32) {
+            float f = 0.f;
+            if (mx != -STOF_INF && wt[s] != -STOF_INF)
+                asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(f) : "f"(wt[s] - mx));
+            wt[s] = f;  // 0 for a split that read no key of the row: its O is never read
             sum += f;
-            acc += f * ws_o[((long long)row * nsplit + s) * D + c];
         }
+        for (int o = 16; o > 0; o /= 2)
+            sum += __shfl_xor_sync(0xffffffffu, sum, o);
+        if (c == 0)
+            inv = sum > 0.f ? 1.f / sum : 0.f;
+    }
+    __syncthreads();
+    const float *o = ws_o + (long long)row * nsplit * D + c;
+    float acc = 0.f;
+#pragma unroll 8
+    for (int s = 0; s < nsplit; s++) {
+        const float f = wt[s];
+        const float x = f > 0.f ? __ldcg(o + (long long)s * D) : 0.f;
+        acc += f * x;
     }
     out[(long long)b * o_sb + (long long)h * o_sh + (long long)i * o_sl + c] =
-        stof_f32_to_{{MMA_TYPE}}(sum > 0.f ? acc / sum : 0.f);
+        stof_f32_to_{{MMA_TYPE}}(acc * inv);
 }

@@ -18,8 +18,7 @@ struct stof_decode_plan {
     int forced;                  /* $STOF_DECODE_SPLITS at creation; 0: chosen per run */
     int span_max;                /* keys a sequence may read at max_seq_k */
     long long ws_seq_splits;     /* the workspace holds this many (sequence, split) pairs */
-    CUdeviceptr ws;              /* partial O (fp32), then their log2-sum-exps, then (fused
-                                    variants) a count per (sequence, KV head, row chunk) */
+    CUdeviceptr ws;              /* partial O (fp32), then their log2-sum-exps */
 };
 
 /* ---- the desc and the kernels ------------------------------------------ */
@@ -72,26 +71,29 @@ static stof_status check_desc(stof_ctx *ctx, const stof_decode_desc *d)
     return STOF_OK;
 }
 
-/* The variants bench_decode compares (issue 57): the default first. */
+/* The variants bench_decode compares (issue 57): the default first.
+ * Measured on an H200 (bench/results/decode-variants-H200-20261128.md, one
+ * process, ten cases, 32/8 heads, hd 128): the 128-byte L2 prefetch hint
+ * on the copies gains 1.02x (geomean; 1.00-1.04x a case), the 256-byte
+ * one 1.005x. Gone, as none beat plain cp: a producer warp's bulk copies
+ * into an mbarrier ring (0.5-0.93x), the last split merging the rest in
+ * place of the combine (0.6-0.94x), the combine launched early through PDL
+ * (0.997x), and 128-key tiles on 8 warps copied by the CTA (0.994x) or by
+ * 4 warps each copying its own rows (0.993x). */
 const decode_variant decode_variants[] = {
-    {"cp", 64, 0, 0, 2, 0, NULL},           /* cp.async 16 B a thread, 4 warps */
-    {"cp-pdl", 64, 0, 1, 2, 0, NULL},       /* and the combine launched early */
-    {"cp-fused", 64, 0, 0, 2, 1, NULL},     /* the last split merges: no combine */
-    {"bulk", 64, 1, 0, 2, 0, "cp"},         /* a producer warp's row copies, mbarrier ring */
-    {"bulk-pdl", 64, 1, 1, 2, 0, "cp-pdl"},
-    {"bulk-fused", 64, 1, 0, 2, 1, "cp-fused"},
-    {"wide", 128, 0, 0, 1, 0, NULL},        /* 8 warps, 128 keys a tile, one CTA an SM */
-    {"wide-bulk", 128, 1, 0, 1, 0, "wide"},
+    {"cp-l2-128", 64, 0, 2, 128},  /* the CTA copies each tile, 4 warps, two CTAs an SM */
+    {"cp", 64, 0, 2, 0},           /* no L2 prefetch hint */
+    {"cp-l2-256", 64, 0, 2, 256},
+    {"stream-wide", 128, 1, 1, 0}, /* 8 warps each copying its own rows, one CTA an SM */
+    {"stream-wide-l2-256", 128, 1, 1, 256},
 };
 const int decode_nvariants = (int)(sizeof decode_variants / sizeof decode_variants[0]);
 
-const decode_variant *decode_variant_named(const char *name, int arch_major)
+const decode_variant *decode_variant_named(const char *name)
 {
     for (int i = 0; name && i < decode_nvariants; i++)
-        if (strcmp(decode_variants[i].name, name) == 0) {
-            const decode_variant *v = &decode_variants[i];
-            return v->bulk && arch_major < 9 ? decode_variant_named(v->fallback, arch_major) : v;
-        }
+        if (strcmp(decode_variants[i].name, name) == 0)
+            return &decode_variants[i];
     return NULL;
 }
 
@@ -106,11 +108,10 @@ int decode_smem_bytes_of(const decode_variant *v, int head_dim)
 {
     /* Q's rows, the K and V ring (whose space later takes the warps' O:
      * warps x 16 x head_dim floats, at most one stage), each warp's row
-     * maxima and sums; with bulk, each stage's full and empty barriers. */
+     * maxima and sums. */
     const int lds = head_dim + 8;
     return DECODE_ROWS * lds * 2 + decode_stages_of(v, head_dim) * 2 * v->block_n * lds * 2 +
-           (v->block_n / 16) * DECODE_ROWS * 2 * 4 +
-           (v->bulk ? 2 * decode_stages_of(v, head_dim) * 8 : 0);
+           (v->block_n / 16) * DECODE_ROWS * 2 * 4;
 }
 
 int decode_stages(int head_dim) { return decode_stages_of(&decode_variants[0], head_dim); }
@@ -133,21 +134,21 @@ void decode_make_request(const stof_decode_desc *d, const decode_variant *v, dec
     r->vars[n++] = (render_var){"MMA_TYPE", mma};
     r->vars[n++] = (render_var){"GROUP", "0"};   /* the group is the kernel's argument */
     r->vars[n++] = (render_var){"SOFTCAP", r->text[3]};
-    r->vars[n++] = (render_var){"BULK", v->bulk ? "1" : "0"};
-    r->vars[n++] = (render_var){"EARLY", v->early ? "1" : "0"};
-    r->vars[n++] = (render_var){"FUSE", v->fuse ? "1" : "0"};
+    r->vars[n++] = (render_var){"WARP_RING", v->warp_ring ? "1" : "0"};
+    r->vars[n++] = (render_var){"PREFETCH", v->prefetch == 256   ? ".L2::256B"
+                                            : v->prefetch == 128 ? ".L2::128B"
+                                                                 : ""};
     /* attn_common.cuh's sections that only the prefill engines fill in */
     r->vars[n++] = (render_var){"MODS", "0"};
     r->vars[n++] = (render_var){"ALIBI", "0"};
     r->vars[n++] = (render_var){"BIAS", "0"};
     r->vars[n++] = (render_var){"VARLEN", "0"};
-    /* the bulk copy and the mbarriers are wgmma.cuh's */
-    r->main = (jit_request){"decode", "attn_decode.cu", "stof_attn_decode", r->vars, n,
-                            v->bulk ? "wgmma.cuh" : NULL};
+    r->main = (jit_request){"decode", "attn_decode.cu", "stof_attn_decode", r->vars, n, NULL};
     r->cvars[0] = (render_var){"HEAD_DIM", r->text[0]};
     r->cvars[1] = (render_var){"MMA_TYPE", mma};
+    r->cvars[2] = (render_var){"MAX_SPLITS", LIST_TEXT(DECODE_MAX_SPLITS)};
     r->combine = (jit_request){"decode", "attn_decode_combine.cu", "stof_attn_decode_combine",
-                               r->cvars, 2, NULL};
+                               r->cvars, 3, NULL};
 }
 
 int decode_choose_splits(int sm_count, int resident, long long ctas, int span)
@@ -213,19 +214,12 @@ static stof_status forced_splits(stof_ctx *ctx, int *out)
     return STOF_OK;
 }
 
-/* The compute capability's major number of what ctx compiles for ("sm_90a": 9). */
-static int arch_major(const stof_ctx *ctx)
-{
-    const char *a = ctx->arch;
-    return strncmp(a, "sm_", 3) == 0 ? atoi(a + 3) / 10 : 0;
-}
-
 /* $STOF_DECODE_VARIANT, or the default; an unknown name is refused with the
  * list. */
 static stof_status chosen_variant(stof_ctx *ctx, const decode_variant **out)
 {
     const char *e = getenv("STOF_DECODE_VARIANT");
-    *out = decode_variant_named(e && *e ? e : DECODE_DEFAULT_VARIANT, arch_major(ctx));
+    *out = decode_variant_named(e && *e ? e : DECODE_DEFAULT_VARIANT);
     if (*out)
         return STOF_OK;
     char names[256] = "";
@@ -288,7 +282,7 @@ stof_status stof_decode_plan_create(stof_ctx *ctx, const stof_decode_desc *desc,
     p->cta_tiles = cta_tiles;
     p->stages = decode_stages_of(v, desc->head_dim);
     p->smem = smem;
-    p->threads = (v->block_n / 16 + v->bulk) * 32;
+    p->threads = v->block_n / 16 * 32;
     /* An SM's shared memory is about a block's opt-in plus 1 KiB, each
      * block reserving 1 KiB. */
     p->resident = (ctx->dev.smem_optin + 1024) / (smem + 1024);
@@ -326,11 +320,8 @@ stof_status stof_decode_plan_create(stof_ctx *ctx, const stof_decode_desc *desc,
             st = CU(ctx, FuncGetAttribute(&p->combine_regs, CU_FUNC_ATTRIBUTE_NUM_REGS,
                                           p->combine));
         const size_t bytes = (size_t)most * p->d.heads * p->d.seq_q * (p->d.head_dim + 1) * 4;
-        const size_t counts = v->fuse ? (size_t)p->d.batch * p->d.kv_heads * p->row_chunks : 0;
         if (st == STOF_OK && most > 1)
-            st = CU(ctx, MemAlloc(&p->ws, bytes + 4 * counts));
-        if (st == STOF_OK && most > 1 && counts)   /* each run leaves them at 0 again */
-            st = CU(ctx, MemsetD8(p->ws + bytes, 0, 4 * counts));
+            st = CU(ctx, MemAlloc(&p->ws, bytes));
         jit_pop(ctx);
     }
     if (st != STOF_OK) {
@@ -391,9 +382,6 @@ stof_status stof_decode_run(stof_decode_plan *p, const void *q, const void *k, c
 
     CUdeviceptr ws_o = p->ws,
                 ws_lse = p->ws + (CUdeviceptr)((size_t)p->ws_seq_splits * H * LQ * D * 4);
-    CUdeviceptr sem = p->v->fuse && p->ws
-                          ? p->ws + (CUdeviceptr)((size_t)p->ws_seq_splits * H * LQ * (D + 1) * 4)
-                          : 0;
     CUdeviceptr qp = (CUdeviceptr)q, kp = (CUdeviceptr)k, vp = (CUdeviceptr)v,
                 op = (CUdeviceptr)out, lens = (CUdeviceptr)seqused_k;
     /* A window as long as the cache is none (and keeps the kernel's
@@ -403,7 +391,7 @@ stof_status stof_decode_run(stof_decode_plan *p, const void *q, const void *k, c
     float scale_log2 = d->scale * 1.4426950408889634f;
     void *args[] = {&qp,     &kp,      &vp,    &op,    &ws_o,       &ws_lse, &q_sb, &q_sh,
                     &q_sl,   &kv_sb,   &kv_sh, &kv_sl, &heads,      &group,  &seq_q, &cap,
-                    &window, &lens,    &nsplit, &chunk, &row_chunks, &scale_log2, &sem};
+                    &window, &lens,    &nsplit, &chunk, &row_chunks, &scale_log2};
     int rows = batch * heads * seq_q;
     void *cargs[] = {&ws_o, &ws_lse, &op, &q_sb, &q_sh, &q_sl, &heads, &seq_q, &nsplit};
 
@@ -417,7 +405,7 @@ stof_status stof_decode_run(stof_decode_plan *p, const void *q, const void *k, c
     stof_status st = jit_launch(ctx, p->fn, (unsigned)(nsplit * row_chunks), (unsigned)KVH,
                                 (unsigned)batch, (unsigned)p->threads, (unsigned)p->smem,
                                 (CUstream)stream, args);
-    if (st == STOF_OK && nsplit > 1 && !p->v->fuse)
+    if (st == STOF_OK && nsplit > 1)
         st = jit_launch(ctx, p->combine, (unsigned)rows, 1, 1, (unsigned)D, 0, (CUstream)stream,
                         cargs);
     if (push)

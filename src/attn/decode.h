@@ -19,19 +19,16 @@
  * desc. */
 typedef struct decode_variant {
     const char *name;
-    int block_n;     /* keys per tile: 16 per compute warp */
-    int bulk;        /* 1: a producer warp fills the ring with cp.async.bulk (sm_90 on) */
-    int early;       /* 1: griddepcontrol.launch_dependents once a CTA's last tile is read */
+    int block_n;     /* keys per tile: 16 per warp */
+    int warp_ring;   /* 1: each warp copies its own rows of a tile, no CTA barrier a tile */
     int resident;    /* CTAs per SM the ring is sized for: 2 (about 104 KiB each), or 1 */
-    int fuse;        /* 1: no combine kernel; a row chunk's last split merges them all */
-    const char *fallback;  /* the variant used below sm_90 where bulk is 1, else NULL */
+    int prefetch;    /* the L2 prefetch size of the K and V copies, bytes: 0 (none), 128, 256 */
 } decode_variant;
 extern const decode_variant decode_variants[];
 extern const int decode_nvariants;
-#define DECODE_DEFAULT_VARIANT "cp"
-/* The variant of that name, NULL for none; below sm_90 (arch_major < 9) a
- * bulk one gives its fallback. */
-const decode_variant *decode_variant_named(const char *name, int arch_major);
+#define DECODE_DEFAULT_VARIANT "cp-l2-128"
+/* The variant of that name, NULL for none. */
+const decode_variant *decode_variant_named(const char *name);
 
 /* K and V tiles in a CTA's ring at head_dim d: as many as fit about 104 KiB
  * (two CTAs to an SM on an H100) a resident CTA, 2 to 8. decode_stages is
@@ -59,7 +56,7 @@ int decode_choose_splits(int sm_count, int resident, long long ctas, int span);
  * live in *r. */
 typedef struct decode_request {
     char text[4][24];
-    render_var vars[13], cvars[2];
+    render_var vars[12], cvars[3];
     jit_request main, combine;
 } decode_request;
 void decode_make_request(const stof_decode_desc *d, const decode_variant *v, decode_request *r);

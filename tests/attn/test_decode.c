@@ -95,7 +95,7 @@ START_TEST(bad_arguments_name_the_field)
     setenv("STOF_DECODE_VARIANT", "tma9", 1);
     ck_assert_int_eq(stof_decode_plan_create(ctx, &ok, &p), STOF_ERR_INVALID_ARG);
     ck_assert_ptr_nonnull(strstr(stof_last_error(ctx), "$STOF_DECODE_VARIANT 'tma9'"));
-    ck_assert_ptr_nonnull(strstr(stof_last_error(ctx), "cp, cp-pdl, "));
+    ck_assert_ptr_nonnull(strstr(stof_last_error(ctx), "cp-l2-128, cp, cp-l2-256, "));
     ck_assert_int_eq(stof_decode_prepare(ctx, &ok), STOF_ERR_INVALID_ARG);
     ck_assert_ptr_nonnull(strstr(stof_last_error(ctx), "STOF_DECODE_VARIANT"));
     unsetenv("STOF_DECODE_VARIANT");
@@ -158,37 +158,23 @@ START_TEST(splits_fill_the_machine)
 }
 END_TEST
 
-/* The kernel variants: distinct names, the default first and unchanged
- * (cp.async, 64-key tiles, the stages decode_stages gives); a bulk one
- * below sm_90 is its cp.async twin of the same tile; each fits the shared
- * memory an H100 gives the CTAs an SM is to hold, and the warps' O fits the
- * ring it reuses; the split count keeps its bounds at every tile width. */
+/* The kernel variants: distinct names, the default first (64-key tiles, the
+ * stages decode_stages gives); each fits the shared memory an H100 gives
+ * the CTAs an SM is to hold, and the warps' O fits the ring it reuses; the
+ * split count keeps its bounds at every tile width. */
 START_TEST(variants_are_sound)
 {
-    ck_assert_int_ge(decode_nvariants, 4);
+    ck_assert_int_ge(decode_nvariants, 2);
     ck_assert_str_eq(decode_variants[0].name, DECODE_DEFAULT_VARIANT);
     ck_assert_int_eq(decode_variants[0].block_n, DECODE_BLOCK_N);
-    ck_assert_int_eq(decode_variants[0].bulk, 0);
-    ck_assert_int_eq(decode_variants[0].early, 0);
-    ck_assert_int_eq(decode_variants[0].fuse, 0);
-    ck_assert_ptr_null(decode_variant_named("nope", 9));
-    ck_assert_ptr_null(decode_variant_named(NULL, 9));
+    ck_assert_ptr_null(decode_variant_named("nope"));
+    ck_assert_ptr_null(decode_variant_named(NULL));
     static const int dims[] = {STOF_MHA_HEAD_DIMS};
     for (int i = 0; i < decode_nvariants; i++) {
         const decode_variant *v = &decode_variants[i];
         for (int j = 0; j < i; j++)
             ck_assert_str_ne(v->name, decode_variants[j].name);
-        ck_assert_ptr_eq(decode_variant_named(v->name, 9), v);
-        ck_assert_ptr_eq(decode_variant_named(v->name, 10), v);
-        const decode_variant *old = decode_variant_named(v->name, 8);
-        ck_assert_ptr_nonnull(old);
-        ck_assert_int_eq(old->bulk, 0);
-        ck_assert_int_eq(old->block_n, v->block_n);
-        ck_assert_int_eq(old->early, v->early);
-        ck_assert_int_eq(old->resident, v->resident);
-        ck_assert_int_eq(old->fuse, v->fuse);
-        if (!v->bulk)
-            ck_assert_ptr_eq(old, v);
+        ck_assert_ptr_eq(decode_variant_named(v->name), v);
         ck_assert_int_eq(v->block_n % 16, 0);
         ck_assert(v->resident == 1 || v->resident == 2);
         for (size_t d = 0; d < sizeof dims / sizeof dims[0]; d++) {
@@ -209,18 +195,18 @@ START_TEST(variants_are_sound)
                               .max_seq_k = 64, .dtype = STOF_BF16};
         decode_request r;
         decode_make_request(&d, v, &r);
-        ck_assert_str_eq(r.main.part ? r.main.part : "", v->bulk ? "wgmma.cuh" : "");
+        ck_assert_ptr_null(r.main.part);
         char bn[16];
         snprintf(bn, sizeof bn, "%d", v->block_n);
         for (int k = 0; k < r.main.nvars; k++) {
             if (strcmp(r.main.vars[k].name, "BLOCK_N") == 0)
                 ck_assert_str_eq(r.main.vars[k].value, bn);
-            if (strcmp(r.main.vars[k].name, "BULK") == 0)
-                ck_assert_str_eq(r.main.vars[k].value, v->bulk ? "1" : "0");
-            if (strcmp(r.main.vars[k].name, "EARLY") == 0)
-                ck_assert_str_eq(r.main.vars[k].value, v->early ? "1" : "0");
-            if (strcmp(r.main.vars[k].name, "FUSE") == 0)
-                ck_assert_str_eq(r.main.vars[k].value, v->fuse ? "1" : "0");
+            if (strcmp(r.main.vars[k].name, "WARP_RING") == 0)
+                ck_assert_str_eq(r.main.vars[k].value, v->warp_ring ? "1" : "0");
+            if (strcmp(r.main.vars[k].name, "PREFETCH") == 0)
+                ck_assert_str_eq(r.main.vars[k].value, v->prefetch == 128   ? ".L2::128B"
+                                                       : v->prefetch == 256 ? ".L2::256B"
+                                                                            : "");
         }
     }
     for (int span = 1; span <= 70000; span = span * 3 + 7)
@@ -242,7 +228,7 @@ START_TEST(variants_are_sound)
 END_TEST
 
 /* Every variant compiles for sm_90a with no GPU (head_dim 128 bf16 and 32
- * f16: the widest rows and the narrowest bulk copies). */
+ * f16: the widest rows and the narrowest). */
 START_TEST(every_variant_compiles_for_sm90a)
 {
     stof_ctx *ctx = open_ctx("sm_90a");

@@ -115,7 +115,7 @@ static stof_decode_desc desc_of(const dcase *c)
 
 /* Checks one variant's plan of case c against ref: a fresh plan (a second
  * of the same desc compiles nothing), two runs, the output poisoned before
- * each (a fused variant's counts must be back at 0 for the second). */
+ * each. */
 static double run_variant(stof_ctx *ctx, const dcase *c, const decode_variant *var,
                           CUdeviceptr dq, CUdeviceptr dk, CUdeviceptr dv, CUdeviceptr dout,
                           CUdeviceptr dlens, const double *ref, uint16_t *out, size_t nq)
@@ -288,9 +288,7 @@ START_TEST(every_variant_compiles)
         }
         const stof_decode_desc d = desc_of(&c);
         for (int vi = 0; vi < decode_nvariants; vi++) {
-            /* below sm_90 a bulk variant's plan takes its fallback */
-            decode_make_request(
-                &d, decode_variant_named(decode_variants[vi].name, ctx->dev.cc_major), &rq[n]);
+            decode_make_request(&d, &decode_variants[vi], &rq[n]);
             reqs[nr++] = rq[n].main;
             reqs[nr++] = rq[n].combine;
             n++;
