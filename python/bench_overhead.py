@@ -10,7 +10,16 @@ the checks around it), the output's allocation alone, stof.attention into a
 given out=, and torch's own SDPA on the same tensors for scale.
 The gate (issue 21) is stof.attention's median, which includes the launch.
 
+--varlen N times the packed form instead (issue 54): q, k and v as
+[L, H, D] holding N sequences, a new composition (cu_seqlens) every call
+from a pool of 16 made ahead, one plan for all. --decode times a decoding
+step (issue 57): one new row for each of B sequences against a cache of L
+keys, on 4x fewer KV heads where H allows, a new length (seqused_k) every
+call. Their gates: 15 us, with no plan and no compile during the calls.
+
     PYTHONPATH=python STOF_LIB=build/libstof.so python3 python/bench_overhead.py
+    ... python3 python/bench_overhead.py --varlen 8 --shape 1,32,16384,128 --dtype bf16
+    ... python3 python/bench_overhead.py --decode --shape 8,32,16384,128 --dtype bf16
 """
 import argparse
 import statistics
@@ -37,6 +46,12 @@ def main():
     ap.add_argument("--shape", default="1,12,512,64", help="B,H,L,D (default 1,12,512,64)")
     ap.add_argument("--mask", default="window:256+global:64")
     ap.add_argument("--dtype", default="fp16", choices=["fp16", "bf16"])
+    ap.add_argument("--varlen", type=int, default=0, metavar="N",
+                    help="the packed form: N sequences of random lengths summing to L (B 1), "
+                         "causal within each (or --mask), a new composition every call")
+    ap.add_argument("--decode", action="store_true",
+                    help="a decoding step: one new row a sequence against L keys, a new "
+                         "length every call")
     args = ap.parse_args()
     try:
         import torch
@@ -51,6 +66,8 @@ def main():
 
     b, h, l, d = (int(x) for x in args.shape.split(","))
     dt = torch.float16 if args.dtype == "fp16" else torch.bfloat16
+    if args.varlen or args.decode:
+        return per_call(args, torch, stof, b, h, l, d, dt)
     q, k, v = (torch.randn(b, h, l, d, device="cuda", dtype=dt) for _ in range(3))
     out = stof.attention(q, k, v, mask=args.mask)      # plans (cache hit or search)
     e = next(iter(_attention._plans.values()))
@@ -110,6 +127,65 @@ def main():
     med, _ = timed(rows[0][1], args.calls, sync)
     print("gate: stof.attention median %.2f us per call (limit 10 us): %s"
           % (med, "met" if med <= 10 else "NOT met"))
+    return 0
+
+
+def per_call(args, torch, stof, b, h, l, d, dt):
+    """--varlen and --decode: stof.attention with a new composition or a new
+    cache length every call; plans and compiles counted around the calls."""
+    import random
+    rng = random.Random(54)
+    if args.varlen:
+        if b != 1 or not 1 <= args.varlen <= l:
+            print("bench_overhead: --varlen takes B 1 and 1 .. L sequences")
+            return 2
+        q, k, v = (torch.randn(l, h, d, device="cuda", dtype=dt) for _ in range(3))
+        mask = args.mask if args.mask != "window:256+global:64" else "causal"
+        pool = []
+        for _ in range(16):
+            cuts = sorted(rng.sample(range(1, l), args.varlen - 1))
+            pool.append(torch.tensor([0] + cuts + [l], dtype=torch.int32, device="cuda"))
+
+        def call(i):
+            cu = pool[i % 16]
+            stof.attention(q, k, v, mask=mask, cu_seqlens_q=cu, cu_seqlens_k=cu, max_seqlen_q=l,
+                           max_seqlen_k=l)
+        what = "stof.attention, varlen, %d sequences, %s" % (args.varlen, mask)
+    else:
+        kvh = h // 4 if h % 4 == 0 else h
+        q = torch.randn(b, h, 1, d, device="cuda", dtype=dt)
+        k, v = (torch.randn(b, kvh, l, d, device="cuda", dtype=dt) for _ in range(2))
+        pool = [torch.full((b,), l - 16 + i, dtype=torch.int32, device="cuda")
+                for i in range(16)]
+
+        def call(i):
+            stof.attention(q, k, v, mask="causal", seqused_k=pool[i % 16])
+        what = "stof.attention, decode, %d on %d heads" % (h, kvh)
+    call(0)                                         # the plan
+    torch.cuda.synchronize()
+    def counts():
+        c = dict(stof.stats())
+        c["plans"] = len(stof.plans()) + len(stof.decode_plans())
+        return c
+    before = counts()
+    n = [0]
+
+    def step():
+        call(n[0])
+        n[0] += 1
+    for _ in range(200):
+        step()
+    med, p90 = timed(step, args.calls, torch.cuda.synchronize)
+    after = counts()
+    print("device: %s; torch %s; stof %s" % (torch.cuda.get_device_name(), torch.__version__,
+                                            stof.version()))
+    print("shape B,H,L,D = %s, %s; %d calls" % (args.shape, args.dtype, args.calls))
+    print("%-44s %12s %12s" % ("call", "median us", "p90 us"))
+    print("%-44s %12.2f %12.2f" % (what, med, p90))
+    keys = ("plans", "nvrtc_compiles", "module_loads", "timing_runs")
+    print("during the calls: " + ", ".join("%s +%d" % (x, after[x] - before[x]) for x in keys))
+    print("gate: median %.2f us per call (limit 15 us): %s" % (med, "met" if med <= 15 else
+                                                              "NOT met"))
     return 0
 
 
