@@ -29,7 +29,8 @@ an average over everything and a wrong mask shows), RMSNorm weights
   c-flex        torch.compile, flex_attention (Triton)
   c-flex-fa4    the same with kernel_options BACKEND="FLASH" (FlashAttention-4
                 through FlexAttention, where it loads)
-  ma-cudnn, ma-flash, ma-flex, ma-flex-fa4   mode="max-autotune"
+  ma-sdpa, ma-cudnn, ma-flash, ma-flex, ma-flex-fa4   mode="max-autotune" (its
+                CUDA graphs; masks, rotary tables and positions marked static)
 Masks and rotary embeddings come from transformers' own functions
 (create_causal_mask, create_sliding_window_causal_mask, the rotary module)
 for each attention implementation, made once per case outside the timing,
@@ -70,7 +71,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 
 DOCUMENTS = "documents"
 PEERS = ["eager-sdpa", "eager-flex", "c-sdpa", "c-cudnn", "c-flash", "c-flex", "c-flex-fa4",
-         "ma-cudnn", "ma-flash", "ma-flex", "ma-flex-fa4"]
+         "ma-sdpa", "ma-cudnn", "ma-flash", "ma-flex", "ma-flex-fa4"]
 MODES = {"eager": "eager", "c": None, "ma": "max-autotune"}   # by the name's prefix
 BACKENDS = {"cudnn": SDPBackend.CUDNN_ATTENTION, "flash": SDPBackend.FLASH_ATTENTION}
 GATE = 1.2
@@ -147,9 +148,9 @@ def positions(c, dev):
     """(position_ids [B, L], cu_seqlens over the B x L tokens or None, document lengths)."""
     b, l = c["b"], c["l"]
     if c["spec"] != DOCUMENTS:
-        return torch.arange(l, device=dev)[None].expand(b, l), None, [l]
+        return torch.arange(l, device=dev)[None].expand(b, l).contiguous(), None, [l]
     lengths = doc_lengths(l)
-    pos = torch.cat([torch.arange(n) for n in lengths]).to(dev)[None].expand(b, l)
+    pos = torch.cat([torch.arange(n) for n in lengths]).to(dev)[None].expand(b, l).contiguous()
     starts = np.cumsum([0] + lengths)
     cu = np.concatenate([starts[:-1] + r * l for r in range(b)] + [[b * l]])
     return pos, torch.tensor(cu, dtype=torch.int32, device=dev), lengths
@@ -187,9 +188,14 @@ def peer_fn(layer, peer, inputs):
     extra = {"kernel_options": {"BACKEND": "FLASH"}} if attn == "flex-fa4" else {}
     layer.self_attn.config._attn_implementation = impl
     f = call_layer(layer, BACKENDS.get(attn), extra)
+    mask, cos, sin, pos = inputs[impl]
+    if MODES[prefix] == "max-autotune":
+        # they stay put: its CUDA graphs need not copy them per call (a window's mask is L x L)
+        for t in (mask, cos, sin, pos):
+            if isinstance(t, torch.Tensor):
+                torch._dynamo.mark_static_address(t)
     if MODES[prefix] != "eager":
         f = torch.compile(f, dynamic=False, mode=MODES[prefix])
-    mask, cos, sin, pos = inputs[impl]
     return lambda x: f(x, mask, cos, sin, pos)
 
 
