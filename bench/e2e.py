@@ -1,38 +1,59 @@
 #!/usr/bin/env python3
-"""The end-to-end benchmark of issue 56, its encoder rows: whole transformers
-models, forward to forward, every contender in one process on the same
-inputs. Models come from configs with random weights; nothing is fetched.
+"""The end-to-end benchmark of issue 56: whole transformers models, forward to
+forward, every contender in one process on the same inputs. Models come from
+configs with random weights; nothing is fetched.
 
-Models and masks (float16, batch 8):
+Encoder models and masks (float16, batch 8; the default --models):
   bert-base  12 layers, hidden 768, 12 heads; L 512 and 2048;
              longformer window:256+global:64, bigbird window:192+global:64+random:3:64:1
   vit-base   12 layers, patch 16; image 224 (197 tokens) and 384 (577 tokens);
              local windows window:64+global:1 and window:128+global:1 (the CLS token global)
+Decoder models (bfloat16, shaped as their namesakes; --models llama3.2-1b,mistral-7b):
+  llama3.2-1b  LlamaForCausalLM, 16 layers, hidden 2048, 32/8 heads of 64, FFN 8192,
+               vocab 128256, Llama-3 RoPE scaling; causal
+  mistral-7b   MistralForCausalLM, 32 layers, hidden 4096, 32/8 heads of 128, FFN 14336,
+               vocab 32000; its config's sliding window 4096 ("window")
+  each also under packed documents ("documents": position_ids restarting at each
+  document, lengths as bench/peers_decoder.py draws them; Mistral keeps its window).
+  Prefill rows: batch 1 at L 8192 and 16384 (--lengths), the whole forward with
+  use_cache=False, logits checked. --layers N builds them N layers deep (the output
+  says how deep). Generate rows: generate() of --new-tokens (256) greedy tokens after
+  a 4096-token prompt at batch 1 and 8 (--gen-batches), sdpa and the "stof"
+  attention: ms per new token = (time for N - time for 1) / (N - 1), medians of
+  --gen-reps; how many leading tokens stof's run shares with sdpa's.
 Contenders:
-  sdpa         HF's sdpa, the mask given as a 4-D boolean attention_mask
-  flex         HF's flex_attention, the mask given as a BlockMask (made once per case)
+  sdpa         HF's sdpa; encoders: the mask given as a 4-D boolean attention_mask
+  flex         HF's flex_attention; encoders: the mask given as a BlockMask (made once
+               per case); decoders: the model's own mask (a BlockMask it makes)
   c-sdpa, c-flex  torch.compile(model) over each
-  stof-attn    attn_implementation="stof" under stof.hf.mask(spec, model=...)
+  stof-attn    attn_implementation="stof" (encoders: under stof.hf.mask(spec, model=...))
   c-stof-attn  torch.compile(model) over it
-  stof-opt     stof.hf.optimize(model, mask=spec): whole layers as stof.EncoderLayer
-               (not compiled: its layers are calls torch.compile cannot look into)
+  stof-opt     stof.hf.optimize(model[, mask=spec]): whole layers as stof.EncoderLayer
+               where it swaps them (not compiled: its layers are calls torch.compile
+               cannot look into); decoder layers as far as optimize swaps them (the
+               planning line counts them), the "stof" attention elsewhere
 Timing: triton's do_bench on the whole forward under torch.inference_mode()
 (L2 flushed between repeats, median), as bench/peers_mha.py's bench() takes
 its first figure; its CUDA-graph figure is left out, since a forward whose
 mask code reads values back cannot be captured, and every contender gets
-the same host-inclusive time. Check: each contender's last_hidden_state
-against the same weights in float32 under sdpa with the same mask (relative
-L2; over 5e-3 is a MISMATCH). The first call of each stof contender (its
-plans: cache hits or searches) is timed and printed per model. Prints a
-table, the issue's gates as "summary:" lines, and writes both under
-bench/results/ (and $OUT). --quick: one size and one mask per model (BERT
-L 512 longformer, ViT 224), fewer repeats.
+the same host-inclusive time. Check: each contender's output
+(last_hidden_state, or a decoder's logits) against the same weights in
+float32 under sdpa with the same mask as a dense 4-D mask (relative L2;
+over 5e-3 for float16, 2e-2 for bfloat16 is a MISMATCH, marked *). The
+first call of each stof contender (its plans: cache hits or searches) is
+timed and printed per model. Prints a table, the issue's gates as "summary:"
+lines, and writes both under bench/results/ (and $OUT). --quick: one size
+and one mask per model (BERT L 512 longformer, ViT 224, decoders L 8192
+under their own mask, 4 layers deep unless --layers, generate at batch 1),
+fewer repeats.
 
     PYTHONPATH=python STOF_LIB=build/libstof.so python3 bench/e2e.py [--quick]
-        [--models bert-base,vit-base] [--contenders sdpa,stof-attn,...]
+        [--models bert-base,vit-base,llama3.2-1b,mistral-7b] [--contenders sdpa,stof-attn,...]
+        [--lengths 8192,16384] [--layers N] [--new-tokens 256] [--gen-batches 1,8]
 """
 import argparse
 import copy
+import math
 import os
 import sys
 import time
@@ -40,8 +61,10 @@ import traceback
 
 import torch
 import triton.testing
+from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.nn.attention.flex_attention import create_block_mask
 
+from peers_decoder import LLAMA3_ROPE, doc_lengths
 from peers_mha import geomean, rel_l2, save_results, spec_fn
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "python"))
@@ -114,6 +137,39 @@ def make(contender, base, spec, n):
     return forward, model
 
 
+def measure(row, c, setup, inputs, want, rep, what, compare=rel_l2):
+    """Times contender c into row: setup() gives (forward(inputs) -> output, model); its first
+    call (plans, compiles) is timed apart, its output compared with want, then do_bench's
+    median. A contender that cannot run is a "fail" cell."""
+    try:
+        fwd, model = setup()
+        with torch.inference_mode():
+            torch.cuda.synchronize()
+            t0 = time.perf_counter()
+            out = fwd(inputs)
+            torch.cuda.synchronize()
+            row["first_ms"][c] = (time.perf_counter() - t0) * 1e3
+            row["err"][c] = compare(out, want)
+            out = None
+            row["ms"][c] = triton.testing.do_bench(lambda: fwd(inputs), warmup=rep // 4,
+                                                   rep=rep, return_mode="median")
+        if c == "stof-opt":
+            row["swapped"] = len(model.stof_swapped)
+        fwd = model = None   # the copy and its compiled code go before the next
+    except Exception as e:  # a contender that cannot run is a "fail" cell
+        row["fail"][c] = "%s: %s" % (type(e).__name__, (str(e).splitlines() or [""])[0][:120])
+        log("%s %s failed:\n%s" % (what, c, traceback.format_exc()))
+    torch.cuda.empty_cache()
+
+
+def print_planning(row, what):
+    for c in ("stof-attn", "stof-opt"):
+        if c in row["first_ms"]:
+            print("planning: %s: %s first call %.0f ms%s" % (
+                what, c, row["first_ms"][c],
+                " (%d layers swapped)" % row["swapped"] if c == "stof-opt" else ""))
+
+
 def run_case(name, size, mask, spec, contenders, rep):
     base, inputs, n = build(name, size)
     with torch.inference_mode():
@@ -122,36 +178,222 @@ def run_case(name, size, mask, spec, contenders, rep):
     inputs = half(inputs)
     row = {"model": name, "size": size, "L": n, "mask": mask, "spec": spec, "ms": {}, "err": {},
            "first_ms": {}, "fail": {}}
+    what = "%s %d %s" % (name, size, mask)
     for c in contenders:
-        try:
-            fwd, model = make(c, base, spec, n)
-            with torch.inference_mode():
-                torch.cuda.synchronize()
-                t0 = time.perf_counter()
-                out = fwd(inputs)
-                torch.cuda.synchronize()
-                row["first_ms"][c] = (time.perf_counter() - t0) * 1e3
-                row["err"][c] = rel_l2(out, want)
-                row["ms"][c] = triton.testing.do_bench(lambda: fwd(inputs), warmup=rep // 4,
-                                                       rep=rep, return_mode="median")
-            if c == "stof-opt":
-                row["swapped"] = len(model.stof_swapped)
-            fwd = model = None   # the copy and its compiled code go before the next
-        except Exception as e:  # a contender that cannot run is a "fail" cell
-            row["fail"][c] = "%s: %s" % (type(e).__name__, str(e).splitlines()[0][:120])
-            log("%s %d %s %s failed:\n%s" % (name, size, mask, c, traceback.format_exc()))
-        torch.cuda.empty_cache()
-    for c in ("stof-attn", "stof-opt"):
-        if c in row["first_ms"]:
-            print("planning: %s %s %s: %s first call %.0f ms%s" % (
-                name, size, mask, c, row["first_ms"][c],
-                " (%d layers swapped)" % row["swapped"] if c == "stof-opt" else ""))
+        measure(row, c, lambda: make(c, base, spec, n), inputs, want, rep, what)
+    print_planning(row, what)
     return row
 
 
-def best_peer(row, names):
-    got = [(row["ms"][p], p) for p in names if p in row["ms"] and row["err"][p] <= MISMATCH]
+# Decoder models, shaped as their namesakes (random weights): config class, config, the
+# prefill rows' masks (the model's own pattern, and packed documents).
+DECODERS = {
+    "llama3.2-1b": ("LlamaForCausalLM", "LlamaConfig", dict(
+        hidden_size=2048, intermediate_size=8192, num_hidden_layers=16, num_attention_heads=32,
+        num_key_value_heads=8, head_dim=64, vocab_size=128256, rms_norm_eps=1e-5,
+        rope_parameters=LLAMA3_ROPE, max_position_embeddings=131072, tie_word_embeddings=True),
+        ["causal", "documents"]),
+    "mistral-7b": ("MistralForCausalLM", "MistralConfig", dict(
+        hidden_size=4096, intermediate_size=14336, num_hidden_layers=32, num_attention_heads=32,
+        num_key_value_heads=8, head_dim=128, vocab_size=32000, rms_norm_eps=1e-5,
+        rope_parameters={"rope_type": "default", "rope_theta": 10000.0}, sliding_window=4096,
+        max_position_embeddings=32768), ["window", "documents"])}
+DECODER_LENGTHS = [8192, 16384]
+DECODER_MISMATCH = 2e-2   # bf16
+PROMPT = 4096
+DEV = "cuda"   # the decoder rows' device (a CPU smoke test of the code sets "cpu")
+MODELS = [name for name, _, _ in CASES] + list(DECODERS)
+
+
+def build_decoder(name, layers, dtype=torch.float32):
+    """(model on the GPU in dtype, its config), random weights (seed 0), layers deep (None:
+    the model's own depth)."""
+    cls, cfg_cls, kw, _ = DECODERS[name]
+    kw = dict(kw, attn_implementation="sdpa")
+    if layers:
+        kw["num_hidden_layers"] = layers
+    cfg = getattr(transformers, cfg_cls)(**kw)
+    torch.manual_seed(0)
+    with torch.device(DEV):
+        model = getattr(transformers, cls)(cfg)
+    return model.to(dtype).eval(), cfg
+
+
+def doc_positions(n):
+    """position_ids [1, n] restarting at each packed document (peers_decoder's lengths), and
+    each token's document."""
+    lengths = doc_lengths(n)
+    pos = torch.cat([torch.arange(k) for k in lengths])
+    doc = torch.cat([torch.full((k,), i) for i, k in enumerate(lengths)])
+    return pos[None].to(DEV), doc.to(DEV)
+
+
+def decoder_mask(n, window, doc):
+    """The 4-D boolean mask [1, 1, n, n] of the fp32 reference: causal, within window, within
+    a document."""
+    i = torch.arange(n, device=DEV)
+    allowed = i[None, :] <= i[:, None]
+    if window:
+        allowed &= i[:, None] - i[None, :] < window
+    if doc is not None:
+        allowed &= doc[:, None] == doc[None, :]
+    return allowed[None, None]
+
+
+def rel_l2_rows(out, want, rows=2048):
+    """rel_l2 over the last dimension's rows in chunks: a model's float32 logits at L 16384 are
+    GBs, and one float copy of the difference would be as many again."""
+    a, b = out.reshape(-1, out.shape[-1]), want.reshape(-1, want.shape[-1])
+    num = den = 0.0
+    for r in range(0, a.shape[0], rows):
+        x, y = a[r:r + rows].float(), b[r:r + rows].float()
+        num += (x - y).square().sum().item()
+        den += y.square().sum().item()
+    return math.sqrt(num / max(den, 1e-30))
+
+
+def make_decoder(contender, model):
+    """(forward(inputs) -> logits, model) for a contender on the bf16 model itself (stof-opt,
+    which swaps layers for good, runs last)."""
+    kind = contender.replace("c-", "", 1)
+    if kind == "stof-opt":
+        stof.hf.optimize(model)
+    else:
+        model.set_attn_implementation({"sdpa": "sdpa", "flex": "flex_attention",
+                                       "stof-attn": "stof"}[kind])
+    call = model
+    torch._dynamo.reset()
+    if contender.startswith("c-"):
+        call = torch.compile(model, dynamic=False)
+
+    def forward(inputs):
+        return call(**inputs, use_cache=False).logits
+    return forward, model
+
+
+def run_decoder_case(name, n, mask, contenders, rep, layers):
+    model, cfg = build_decoder(name, layers)
+    pos, doc = doc_positions(n) if mask == "documents" else (
+        torch.arange(n, device=DEV)[None], None)
+    ids = torch.randint(0, cfg.vocab_size, (1, n), device=DEV)
+    inputs = {"input_ids": ids, "position_ids": pos}
+    with torch.inference_mode(), sdpa_kernel([SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]):
+        # the config's sliding window holds under packed documents too
+        want = model(**inputs, attention_mask=decoder_mask(n, getattr(cfg, "sliding_window", 0),
+                                                           doc), use_cache=False).logits.float()
+    model.to(torch.bfloat16)
+    torch.cuda.empty_cache()
+    row = {"model": name, "size": n, "L": n, "mask": mask, "layers": cfg.num_hidden_layers,
+           "ms": {}, "err": {}, "first_ms": {}, "fail": {}}
+    what = "%s %d %s" % (name, n, mask)
+    for c in sorted(contenders, key=lambda c: c == "stof-opt"):
+        measure(row, c, lambda: make_decoder(c, model), inputs, want, rep, what, rel_l2_rows)
+    print_planning(row, what)
+    model = want = None
+    torch.cuda.empty_cache()
+    return row
+
+
+def timed(fn):
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    out = fn()
+    torch.cuda.synchronize()
+    return (time.perf_counter() - t0) * 1e3, out
+
+
+def run_generate(name, batch, new, reps, layers):
+    """generate() of new tokens after a PROMPT-token prompt, greedy, under sdpa and under the
+    "stof" attention: ms per new token = (time for new - time for 1) / (new - 1), medians of
+    reps; the first stof call (its plans) timed apart; stof's tokens against sdpa's."""
+    model, cfg = build_decoder(name, layers, torch.bfloat16)
+    prompt = torch.randint(0, cfg.vocab_size, (batch, PROMPT), device=DEV)
+    ones = torch.ones_like(prompt)
+    row = {"model": name, "batch": batch, "new": new, "layers": cfg.num_hidden_layers,
+           "per_token": {}, "prefill": {}, "first_ms": {}, "fail": {}, "tokens": {}}
+
+    def gen(k):
+        return model.generate(input_ids=prompt, attention_mask=ones, max_new_tokens=k,
+                              min_new_tokens=k, do_sample=False, pad_token_id=0)
+    for c in ("sdpa", "stof"):
+        try:
+            model.set_attn_implementation(c)
+            with torch.inference_mode():
+                row["first_ms"][c] = timed(lambda: gen(2))[0]
+                one = sorted(timed(lambda: gen(1))[0] for _ in range(reps))[reps // 2]
+                runs = [timed(lambda: gen(new)) for _ in range(reps)]
+            many = sorted(t for t, _ in runs)[reps // 2]
+            row["prefill"][c] = one
+            row["per_token"][c] = (many - one) / max(1, new - 1)
+            row["tokens"][c] = runs[-1][1][:, PROMPT:]
+        except Exception as e:  # a contender that cannot run is a "fail" cell
+            row["fail"][c] = "%s: %s" % (type(e).__name__, (str(e).splitlines() or [""])[0][:120])
+            log("generate %s b%d %s failed:\n%s" % (name, batch, c, traceback.format_exc()))
+        torch.cuda.empty_cache()
+    if len(row["tokens"]) == 2:   # how many leading tokens stof's greedy run shares with sdpa's
+        same = (row["tokens"]["sdpa"] == row["tokens"]["stof"]).int().cumprod(1).sum(1)
+        row["same"] = same.float().mean().item()
+    row.pop("tokens")
+    if "stof" in row["first_ms"]:
+        print("planning: generate %s b%d: stof first call (2 new tokens) %.0f ms, sdpa %.0f ms"
+              % (name, batch, row["first_ms"]["stof"], row["first_ms"].get("sdpa", float("nan"))))
+    model = None
+    torch.cuda.empty_cache()
+    return row
+
+
+def best_peer(row, names, tol=MISMATCH):
+    got = [(row["ms"][p], p) for p in names if p in row["ms"] and row["err"][p] <= tol]
     return min(got) if got else (None, None)
+
+
+def row_cells(r, contenders, tol):
+    """A row's contender cells and ratio columns; sets r["opt_x"] (optimize / best peer) and
+    r["attn_x"] (the attention backend / HF's best attention)."""
+    cells = []
+    for c in contenders:
+        if c in r["fail"]:
+            cells.append(" %11s" % "fail")
+        elif c in r["ms"]:
+            cells.append(" %10.2f%s" % (r["ms"][c], "*" if r["err"][c] > tol else " "))
+        else:
+            cells.append(" %11s" % "-")
+    best, _ = best_peer(r, PEERS, tol)
+    hf, _ = best_peer(r, ["sdpa", "flex"], tol)
+    opt = r["ms"].get("stof-opt") if r["err"].get("stof-opt", 1) <= tol else None
+    att = r["ms"].get("stof-attn") if r["err"].get("stof-attn", 1) <= tol else None
+    r["opt_x"] = best / opt if best and opt else None
+    r["attn_x"] = hf / att if hf and att else None
+    return "".join(cells) + " %9s %9s" % ("%.2fx" % r["opt_x"] if r["opt_x"] else "-",
+                                          "%.2fx" % r["attn_x"] if r["attn_x"] else "-")
+
+
+def row_notes(rows, contenders):
+    lines = ["errors (rel L2 to fp32): " + "; ".join(
+        "%s %d %s: %s" % (r["model"], r["size"], r["mask"], " ".join(
+            "%s %.1e" % (c, r["err"][c]) for c in contenders if c in r["err"])) for r in rows)]
+    for r in rows:
+        for c, why in r["fail"].items():
+            lines.append("fail: %s %d %s %s: %s" % (r["model"], r["size"], r["mask"], c, why))
+    return lines
+
+
+def gate(what, xs, need):
+    # None: stof failed or mismatched on that row, which fails the gate.
+    if not xs:
+        return "summary: %s: not measured" % what
+    ok = all(x is not None and x >= need for x in xs)
+    return "summary: %s: %s (need %.2fx each) %s" % (
+        what, " ".join("%.2fx" % x if x else "fail/mismatch" for x in xs), need,
+        "PASS" if ok else "FAIL")
+
+
+def within(rows, tol):
+    cells = [(r, c) for r in rows for c in r["err"]]
+    bad = ["%s %d %s %s" % (r["model"], r["size"], r["mask"], c) for r, c in cells
+           if r["err"][c] > tol]
+    return "summary: outputs within %.0e of fp32: %d of %d%s" % (
+        tol, len(cells) - len(bad), len(cells), " (over: %s)" % ", ".join(bad) if bad else "")
 
 
 def report(rows, contenders, gpu):
@@ -162,41 +404,11 @@ def report(rows, contenders, gpu):
         " %11s" % c for c in contenders) + " %9s %9s" % ("opt/best", "attn/HF")
     lines += [head, "-" * len(head)]
     for r in rows:
-        cells = []
-        for c in contenders:
-            if c in r["fail"]:
-                cells.append(" %11s" % "fail")
-            elif c in r["ms"]:
-                cells.append(" %10.2f%s" % (r["ms"][c], "*" if r["err"][c] > MISMATCH else " "))
-            else:
-                cells.append(" %11s" % "-")
-        best, _ = best_peer(r, PEERS)
-        hf, _ = best_peer(r, ["sdpa", "flex"])
-        opt = r["ms"].get("stof-opt") if r["err"].get("stof-opt", 1) <= MISMATCH else None
-        att = r["ms"].get("stof-attn") if r["err"].get("stof-attn", 1) <= MISMATCH else None
-        r["opt_x"] = best / opt if best and opt else None
-        r["attn_x"] = hf / att if hf and att else None
         lines.append("%-10s %5d %5d %-10s" % (r["model"], r["size"], r["L"], r["mask"])
-                     + "".join(cells)
-                     + " %9s %9s" % ("%.2fx" % r["opt_x"] if r["opt_x"] else "-",
-                                     "%.2fx" % r["attn_x"] if r["attn_x"] else "-"))
+                     + row_cells(r, contenders, MISMATCH))
     lines.append("")
-    lines.append("errors (rel L2 to fp32): " + "; ".join(
-        "%s %d %s: %s" % (r["model"], r["size"], r["mask"], " ".join(
-            "%s %.1e" % (c, r["err"][c]) for c in contenders if c in r["err"])) for r in rows))
-    for r in rows:
-        for c, why in r["fail"].items():
-            lines.append("fail: %s %d %s %s: %s" % (r["model"], r["size"], r["mask"], c, why))
+    lines += row_notes(rows, contenders)
     lines.append("")
-
-    def gate(what, xs, need):
-        # None: stof failed or mismatched on that row, which fails the gate.
-        if not xs:
-            return "summary: %s: not measured" % what
-        ok = all(x is not None and x >= need for x in xs)
-        return "summary: %s: %s (need %.2fx each) %s" % (
-            what, " ".join("%.2fx" % x if x else "fail/mismatch" for x in xs), need,
-            "PASS" if ok else "FAIL")
     bert = [r for r in rows if r["model"] == "bert-base"]
     lines.append(gate("optimize vs best peer, BERT L 2048 sparse",
                       [r["opt_x"] for r in bert if r["L"] == 2048], 1.5))
@@ -205,11 +417,7 @@ def report(rows, contenders, gpu):
     lines.append(gate("stof attention backend vs HF's best attention (sdpa, flex), every row "
                       "(all sparse)",
                       [r["attn_x"] for r in rows], 1.05))
-    cells = [(r, c) for r in rows for c in r["err"]]
-    bad = ["%s %d %s %s" % (r["model"], r["size"], r["mask"], c) for r, c in cells
-           if r["err"][c] > MISMATCH]
-    lines.append("summary: outputs within %.0e of fp32: %d of %d%s" % (
-        MISMATCH, len(cells) - len(bad), len(cells), " (over: %s)" % ", ".join(bad) if bad else ""))
+    lines.append(within(rows, MISMATCH))
     lines.append("summary: geomean optimize / best peer %.2fx, attention backend / HF best "
                  "%.2fx" % (
         geomean([r["opt_x"] for r in rows if r["opt_x"]]),
@@ -217,18 +425,93 @@ def report(rows, contenders, gpu):
     return "\n".join(lines) + "\n"
 
 
+def decoder_report(rows, gens, contenders, gpu):
+    depth = {r["model"]: r["layers"] for r in rows + gens}
+    lines = ["bench/e2e.py decoder rows on %s, torch %s, transformers %s, bf16; %s" % (
+        gpu, torch.__version__, transformers.__version__, ", ".join(
+            "%s-shaped %d of its %d layers" % (m, d, DECODERS[m][2]["num_hidden_layers"])
+            for m, d in depth.items()))]
+    if rows:
+        lines.append("prefill, batch 1, the whole forward with use_cache=False, ms (median; rel L2 "
+                     "of the logits to fp32 over %.0e marked *)" % DECODER_MISMATCH)
+        head = "%-12s %5s %-10s" % ("model", "L", "mask") + "".join(
+            " %11s" % c for c in contenders) + " %9s %9s" % ("opt/best", "attn/HF")
+        lines += [head, "-" * len(head)]
+        for r in rows:
+            lines.append("%-12s %5d %-10s" % (r["model"], r["L"], r["mask"])
+                         + row_cells(r, contenders, DECODER_MISMATCH))
+        lines.append("")
+        lines += row_notes(rows, contenders)
+    if gens:
+        lines += ["", "generate(): greedy, after a %d-token prompt; ms per new token = (time for N "
+                  "- time for 1) / (N - 1); prefill = the time for 1" % PROMPT]
+        head = "%-12s %5s %5s %12s %12s %9s %12s %12s %10s" % (
+            "model", "batch", "N", "sdpa/token", "stof/token", "sdpa/stof", "sdpa prefill",
+            "stof prefill", "same toks")
+        lines += [head, "-" * len(head)]
+        for g in gens:
+            pt, pf = g["per_token"], g["prefill"]
+            g["gen_x"] = pt["sdpa"] / pt["stof"] if "sdpa" in pt and "stof" in pt else None
+            lines.append("%-12s %5d %5d %12s %12s %9s %12s %12s %10s" % (
+                g["model"], g["batch"], g["new"],
+                *("%.3f" % pt[c] if c in pt else "fail" for c in ("sdpa", "stof")),
+                "%.2fx" % g["gen_x"] if g["gen_x"] else "-",
+                *("%.1f" % pf[c] if c in pf else "fail" for c in ("sdpa", "stof")),
+                "%.1f" % g["same"] if "same" in g else "-"))
+            for c, why in g["fail"].items():
+                lines.append("fail: generate %s b%d %s: %s" % (g["model"], g["batch"], c, why))
+    lines.append("")
+    lines.append(gate("optimize vs best peer, mistral-7b-shaped L 16384 sliding window",
+                      [r["opt_x"] for r in rows if r["model"] == "mistral-7b"
+                       and r["L"] == 16384 and r["mask"] == "window"], 1.2))
+    lines.append(gate("stof attention backend vs HF's best attention (sdpa, flex), every decoder "
+                      "row", [r["attn_x"] for r in rows], 1.0))
+    if rows:
+        lines.append(within(rows, DECODER_MISMATCH))
+    if gens:
+        lines.append("summary: generate, stof attention per token vs sdpa: %s" % " ".join(
+            "%s b%d %s" % (g["model"], g["batch"], "%.2fx" % g["gen_x"] if g["gen_x"] else "fail")
+            for g in gens))
+    return "\n".join(lines) + "\n"
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--quick", action="store_true",
-                    help="one size and one mask per model, fewer repeats")
-    ap.add_argument("--models", default="bert-base,vit-base")
+                    help="one size and one mask per model, fewer repeats; decoders 4 layers deep, "
+                         "generate at batch 1 only")
+    ap.add_argument("--models", default="bert-base,vit-base",
+                    help="comma-separated, of %s (default: the encoders)" % ", ".join(MODELS))
     ap.add_argument("--contenders", default=",".join(CONTENDERS))
+    ap.add_argument("--lengths", default=",".join(map(str, DECODER_LENGTHS)),
+                    help="decoder prefill lengths (default %(default)s)")
+    ap.add_argument("--layers", type=int,
+                    help="decoder models this many layers deep (default: their own depth)")
+    ap.add_argument("--new-tokens", type=int, default=256,
+                    help="generate()'s new tokens (default %(default)s)")
+    ap.add_argument("--gen-batches", default="1,8",
+                    help="generate()'s batches (default %(default)s; empty: no generate rows)")
+    ap.add_argument("--gen-reps", type=int, default=3,
+                    help="timed generate() calls of each length (default %(default)s)")
     a = ap.parse_args()
     contenders = [c for c in a.contenders.split(",") if c]
     for c in contenders:
         if c not in CONTENDERS:
             ap.error("unknown contender %r (of %s)" % (c, ", ".join(CONTENDERS)))
-    models = a.models.split(",")
+    models = [m for m in a.models.split(",") if m]
+    for m in models:
+        if m not in MODELS:
+            ap.error("unknown model %r (of %s)" % (m, ", ".join(MODELS)))
+    try:
+        lengths = [int(x) for x in a.lengths.split(",") if x]
+        batches = [int(x) for x in a.gen_batches.split(",") if x]
+    except ValueError:
+        ap.error("--lengths and --gen-batches take comma-separated whole numbers")
+    if a.new_tokens < 2 or a.gen_reps < 1 or (a.layers is not None and a.layers < 1):
+        ap.error("--new-tokens takes 2 or more, --gen-reps and --layers 1 or more")
+    if not torch.cuda.is_available():
+        sys.exit("e2e: no CUDA device (torch %s sees none): the models run on a GPU"
+                 % torch.__version__)
     rep = 40 if a.quick else 200
     gpu = torch.cuda.get_device_name()
     log("%s; stof %s at %s; cache %s" % (gpu, stof.version(), stof.library_path(),
@@ -241,16 +524,34 @@ def main():
             for mask, spec_of in list(masks.items())[:1] if a.quick else masks.items():
                 log("%s %d %s" % (name, size, mask))
                 rows.append(run_case(name, size, mask, spec_of(size), contenders, rep))
-    text = report(rows, contenders, gpu)
+    drows, gens = [], []
+    layers = a.layers or (4 if a.quick else None)
+    for name in (m for m in DECODERS if m in models):
+        for n in lengths[:1] if a.quick else lengths:
+            for mask in DECODERS[name][3][:1] if a.quick else DECODERS[name][3]:
+                log("%s %d %s" % (name, n, mask))
+                drows.append(run_decoder_case(name, n, mask, contenders, rep, layers))
+        for b in batches[:1] if a.quick else batches:
+            log("generate %s b%d" % (name, b))
+            gens.append(run_generate(name, b, a.new_tokens, a.gen_reps, layers))
+    text = report(rows, contenders, gpu) if rows else ""
+    if drows or gens:
+        text += ("\n" if text else "") + decoder_report(drows, gens, contenders, gpu)
     print(text, end="")
     def cells(r, names):
         return {c: {"ms": r["ms"].get(c), "rel_l2": r["err"].get(c), "fail": r["fail"].get(c)}
                 for c in names if c in contenders}
-    save_results("e2e", gpu, "-quick" if a.quick else "", text,
-                 [("%s %d %s %s" % (r["model"], r["size"], r["mask"], r["spec"]),
-                   cells(r, [c for c in CONTENDERS if "stof" in c]), cells(r, PEERS))
-                  for r in rows])
-    return 1 if any(r["fail"].get(c) for r in rows for c in ("stof-attn", "stof-opt")) else 0
+    saved = [("%s %d %s %s" % (r["model"], r["size"], r["mask"], r.get("spec", "")),
+              cells(r, [c for c in CONTENDERS if "stof" in c]), cells(r, PEERS))
+             for r in rows + drows]
+    saved += [("generate %s b%d n%d" % (g["model"], g["batch"], g["new"]),
+               {"stof": {"ms_per_token": g["per_token"].get("stof"),
+                         "fail": g["fail"].get("stof")}},
+               {"sdpa": {"ms_per_token": g["per_token"].get("sdpa"),
+                         "fail": g["fail"].get("sdpa")}}) for g in gens]
+    save_results("e2e", gpu, "-quick" if a.quick else "", text, saved)
+    failed = any(r["fail"].get(c) for r in rows + drows for c in ("stof-attn", "stof-opt"))
+    return 1 if failed or any("stof" in g["fail"] for g in gens) else 0
 
 
 if __name__ == "__main__":

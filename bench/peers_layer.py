@@ -1,5 +1,6 @@
 #!/usr/bin/env python3
-"""The encoder-layer benchmark, both sides in one command.
+"""The encoder-layer benchmark, both sides in one command (--kind decoder: the
+decoder layers instead, bench/peers_decoder.py; --kind all: both).
 
 For each case of bench/workloads/layers.json, runs it through build/bench_layer
 (stof; one process takes the cases one at a time) and then times PyTorch peers
@@ -43,7 +44,8 @@ rounded to the dtype. x: S=1, scale 1; qkv_w, o_w, ff1_w, ff2_w: S=11, 13, 17,
 scale 0.1; ln1_g, ln2_g: S=15, 21, offset 1, scale 0.1; ln1_b, ln2_b: S=16,
 22, scale 0.1. Weights are nn.Linear's [out_features, in_features].
 
-    python3 bench/peers_layer.py [--model M] [--seq N] [--mask SPEC] [--peers eager,c-flex]
+    python3 bench/peers_layer.py [--kind encoder|decoder|all] [--model M] [--seq N] [--mask SPEC]
+        [--peers eager,c-flex]
 """
 import argparse
 import datetime
@@ -231,8 +233,9 @@ def peer_fn(c, peer):
     return COMPILED[key]
 
 
-def bench(fn, xs):
-    """Median ms of fn(x) over 21 batches of about 5 ms, x rotating through xs, after SETTLE s of rest."""
+def bench(fn, xs, side="peers"):
+    """Median ms of fn(x) over 21 batches of about 5 ms, x rotating through xs, after SETTLE s of
+    rest; side names whose timed runs these were, for Clocks."""
     torch.cuda.synchronize()
     time.sleep(SETTLE)
     t0 = time.time()
@@ -252,7 +255,7 @@ def bench(fn, xs):
     n = max(1, min(500, int(5.0 / max(batch(3), 1e-3))))
     ms = sorted(batch(n) for _ in range(21))[10]
     if CLOCKS:
-        CLOCKS.window("peers", t0, time.time())
+        CLOCKS.window(side, t0, time.time())
     return ms
 
 
@@ -314,25 +317,36 @@ def peers(c, wanted, stof_out, sets, dev):
     return res
 
 
-def cases_of(workload, models, seqs, masks):
+def cases_of(workload, models, seqs, masks, kind="encoder", extra_masks=()):
+    """The cases of workload's models of kind ("encoder" or "decoder"), filtered; extra_masks are
+    added to each case's own (the decoder's packed documents, which layers.json cannot name)."""
     out = []
     for k in workload["cases"]:
         m = workload["models"][k["model"]]
-        if m.get("kind", "encoder") != "encoder":
-            continue    # decoder layers: not timed here yet
+        if m.get("kind", "encoder") != kind:
+            continue
         if models and k["model"] not in models:
             continue
         for l in k["seq"]:
             if seqs and l not in seqs:
                 continue
-            for spec in k["masks"]:
+            for spec in k["masks"] + [x for x in extra_masks if x not in k["masks"]]:
                 if masks and spec not in masks:
                     continue
                 h = m["hidden"]
-                out.append(dict(name="%s/l=%d/%s" % (k["model"], l, spec), model=k["model"], spec=spec,
-                                b=k["batch"], l=l, hidden=h, heads=m["heads"],
-                                ffn_hidden=int(round(m["ffn"] * h)), activation=m["activation"],
-                                norm=m["norm"], dtype=k["dtype"]))
+                # a decoder model has two batches at one length: its names carry the batch
+                name = ("%s/l=%d/%s" % (k["model"], l, spec) if kind == "encoder"
+                        else "%s/b=%d/l=%d/%s" % (k["model"], k["batch"], l, spec))
+                c = dict(name=name, model=k["model"], spec=spec, b=k["batch"], l=l, hidden=h,
+                         heads=m["heads"])
+                if kind == "encoder":
+                    c.update(ffn_hidden=int(round(m["ffn"] * h)), activation=m["activation"],
+                             norm=m["norm"])
+                else:
+                    c.update(kv_heads=m["kv_heads"], head_dim=m["head_dim"],
+                             ffn_hidden=m["ffn_hidden"])
+                c["dtype"] = k["dtype"]
+                out.append(c)
     return out
 
 
@@ -474,29 +488,57 @@ def report(rows, wanted, gpu):
 
 
 def main():
-    ap = argparse.ArgumentParser(description="stof's encoder layer vs PyTorch peers")
+    # peers_decoder imports this file as peers_layer: one module, whether run or imported
+    sys.modules.setdefault("peers_layer", sys.modules[__name__])
+    import peers_decoder
+    ap = argparse.ArgumentParser(description="stof's encoder and decoder layers vs PyTorch peers")
+    ap.add_argument("--kind", choices=("encoder", "decoder", "all"), default="encoder",
+                    help="which of layers.json's cases: the encoder layers (default; through "
+                         "build/bench_layer), the decoder layers (stof.DecoderLayer on Hugging "
+                         "Face's layers, bench/peers_decoder.py) or both")
     ap.add_argument("--workload", default="bench/workloads/layers.json")
     ap.add_argument("--model", action="append", help="only this model (repeatable)")
     ap.add_argument("--seq", action="append", type=int, help="only this sequence length (repeatable)")
     ap.add_argument("--mask", action="append", help="only this mask spec, as written in the workload (repeatable)")
-    ap.add_argument("--peers", default=",".join(PEERS), help="comma-separated subset of " + ",".join(PEERS))
+    ap.add_argument("--peers", help="comma-separated subset of the encoder's %s; the decoder's %s "
+                    "(default: all)" % (",".join(PEERS), ",".join(peers_decoder.PEERS)))
     ap.add_argument("--stof", default="build/bench_layer")
     ap.add_argument("--cache", default=os.environ.get("STOF_CACHE", "build/bench-cache.db"))
     ap.add_argument("--tag", default="")
     ap.add_argument("--settle", type=float, default=1.0,
                     help="seconds the GPU rests before each side's timing of a case (default 1)")
     args = ap.parse_args()
-    wanted = [p for p in args.peers.split(",") if p]
-    unknown = [p for p in wanted if p not in PEERS]
+    kinds = ("encoder", "decoder") if args.kind == "all" else (args.kind,)
+    known = {"encoder": PEERS, "decoder": peers_decoder.PEERS}
+    asked = [p for p in (args.peers or "").split(",") if p]
+    unknown = [p for p in asked if not any(p in known[k] for k in kinds)]
     if unknown:
-        ap.error("unknown peers %s (known: %s)" % (",".join(unknown), ",".join(PEERS)))
+        ap.error("unknown peers %s (known: %s)" % (",".join(unknown), ",".join(
+            dict.fromkeys(p for k in kinds for p in known[k]))))
+    if not torch.cuda.is_available():
+        sys.exit("peers_layer: no CUDA device (torch %s sees none): the layers and their peers "
+                 "run on a GPU" % torch.__version__)
     for knob in ("cache_size_limit", "recompile_limit", "accumulated_cache_size_limit"):
         if hasattr(torch._dynamo.config, knob):
             setattr(torch._dynamo.config, knob, max(256, getattr(torch._dynamo.config, knob)))
+    rc = 0
+    for kind in kinds:
+        wanted = [p for p in asked if p in known[kind]] if asked else list(known[kind])
+        if not wanted:
+            continue
+        rc |= (encoders if kind == "encoder" else peers_decoder.run)(args, ap, wanted)
+    return rc
+
+
+def encoders(args, ap, wanted):
+    """The encoder cases: bench_layer's stof, then the peers, case by case."""
     dev = "cuda"
     gpu = torch.cuda.get_device_name(0)
     cases = cases_of(json.load(open(args.workload)), args.model, args.seq, args.mask)
     if not cases:
+        if args.kind == "all":
+            log("no encoder case matches the filters")
+            return 0
         ap.error("no case matches the filters")
     out_dir = tempfile.mkdtemp(prefix="stof-layer-")
     global CLOCKS, SETTLE

@@ -1,0 +1,133 @@
+"""bench/'s Python drivers without a GPU: the decoder cases peers_layer.py
+--kind decoder lists from layers.json (and the packed documents it adds),
+the documents' lengths and allowed entries, the fp32 check of
+bench/peers_decoder.py on a tiny Hugging Face layer (a bf16 layer passes it,
+one under the wrong mask does not), and both scripts' --help and their
+message where no CUDA device is. Skipped, saying so, where torch,
+transformers or triton is missing.
+"""
+import json
+import os
+import subprocess
+import sys
+import unittest
+
+from _util import REPO
+
+BENCH = os.path.join(REPO, "bench")
+sys.path.insert(0, BENCH)
+try:
+    import torch
+    import transformers  # noqa: F401
+    import peers_decoder as D
+    import peers_layer as P
+    WHY = None
+except ImportError as e:
+    WHY = "torch, transformers or triton is not installed (%s)" % e
+
+needs = unittest.skipIf(WHY is not None, WHY or "")
+
+
+def run(script, *args):
+    return subprocess.run([sys.executable, os.path.join(BENCH, script)] + list(args), cwd=REPO,
+                          capture_output=True, text=True, timeout=300)
+
+
+@needs
+class Cases(unittest.TestCase):
+    def setUp(self):
+        with open(os.path.join(BENCH, "workloads", "layers.json")) as f:
+            self.workload = json.load(f)
+
+    def test_decoder_cases_and_documents(self):
+        cases = P.cases_of(self.workload, None, None, None, kind="decoder",
+                           extra_masks=(D.DOCUMENTS,))
+        want = 0
+        for k in self.workload["cases"]:
+            if self.workload["models"][k["model"]].get("kind") == "decoder":
+                want += len(k["seq"]) * (len(k["masks"]) + 1)
+        self.assertEqual(len(cases), want)
+        names = [c["name"] for c in cases]
+        self.assertEqual(len(set(names)), len(names), "two cases share a name")
+        self.assertIn("llama3-8b/b=4/l=4096/documents", names)
+        c = next(c for c in cases if c["name"] == "llama3.2-1b/b=1/l=16384/causal_window:4096")
+        self.assertEqual((c["hidden"], c["heads"], c["kv_heads"], c["head_dim"], c["ffn_hidden"],
+                          c["dtype"]), (2048, 32, 8, 64, 8192, "bf16"))
+        only = P.cases_of(self.workload, ["llama3-8b"], [16384], ["causal"], kind="decoder",
+                          extra_masks=(D.DOCUMENTS,))
+        self.assertEqual([c["name"] for c in only], ["llama3-8b/b=1/l=16384/causal"])
+
+    def test_encoder_cases_keep_their_form(self):
+        cases = P.cases_of(self.workload, ["bert-base"], [512], ["window:256"])
+        self.assertEqual(cases, [dict(name="bert-base/l=512/window:256", model="bert-base",
+                                      spec="window:256", b=8, l=512, hidden=768, heads=12,
+                                      ffn_hidden=3072, activation="gelu", norm="post_ln",
+                                      dtype="fp16")])
+
+    def test_documents(self):
+        for l in (300, 4096, 16384):
+            lengths = D.doc_lengths(l)
+            self.assertEqual(sum(lengths), l)
+            self.assertGreater(len(lengths), 2)
+            self.assertTrue(all(n > 0 for n in lengths))
+            self.assertEqual(lengths, D.doc_lengths(l), "drawn afresh each time")
+        for lengths, window in (([10], 0), ([10], 3), ([7, 1, 5], 4), ([6], 6)):
+            brute = sum(1 for n in lengths for q in range(n) for k in range(n)
+                        if k <= q and (not window or q - k < window))
+            self.assertEqual(D.allowed_entries(lengths, window), brute)
+
+
+@needs
+class Check(unittest.TestCase):
+    def test_the_check_passes_bf16_and_catches_a_wrong_mask(self):
+        torch.set_grad_enabled(False)
+        c = dict(model="llama3.2-1b", spec="documents", b=2, l=160, hidden=128, heads=4,
+                 kv_heads=2, head_dim=32, ffn_hidden=256, dtype="bf16")
+        layer32, rotary = D.hf_layer(c, "cpu")
+        pos, cu, lengths = D.positions(c, "cpu")
+        self.assertEqual(cu.tolist()[-1], 2 * 160)
+        self.assertEqual(len(cu), 2 * len(lengths) + 1)
+        x = torch.randn(2, 160, 128).bfloat16()
+        x32 = x.float()
+        cos, sin = rotary(x32, pos)
+        ref = D.call_layer(layer32, None, {})(x32, D.hf_mask(layer32, "sdpa", x32, pos, False),
+                                              cos, sin, pos)
+        layer = layer32.to(torch.bfloat16)
+        cos, sin = rotary(x, pos)
+        inputs = {"sdpa": (D.hf_mask(layer, "sdpa", x, pos), cos, sin, pos)}
+        res = {"err": {}, "err_update": {}, "wrong": []}
+        self.assertTrue(D.checked(res, "eager-sdpa", D.peer_fn(layer, "eager-sdpa", inputs)(x),
+                                  ref, x))
+        plain = D.call_layer(layer, None, {})(x, None, cos, sin, pos)   # causal over it all
+        self.assertFalse(D.checked(res, "no-documents", plain, ref, x))
+        self.assertEqual(res["wrong"], ["no-documents"])
+
+
+@needs
+class CommandLine(unittest.TestCase):
+    def test_help(self):
+        for script, flag in (("peers_layer.py", "--kind"), ("e2e.py", "--gen-batches")):
+            r = run(script, "--help")
+            self.assertEqual(r.returncode, 0, r.stderr)
+            self.assertIn(flag, r.stdout)
+
+    def test_bad_arguments(self):
+        r = run("peers_layer.py", "--kind", "decoder", "--peers", "c-flex,cg-flex")
+        self.assertEqual(r.returncode, 2)
+        self.assertIn("unknown peers cg-flex", r.stderr)
+        r = run("e2e.py", "--models", "gpt2")
+        self.assertEqual(r.returncode, 2)
+        self.assertIn("unknown model 'gpt2'", r.stderr)
+
+    @unittest.skipIf(WHY is None and torch.cuda.is_available(), "a CUDA device is here")
+    def test_no_device_is_a_message(self):
+        for script, args in (("peers_layer.py", ["--kind", "decoder"]),
+                             ("peers_layer.py", []), ("e2e.py", ["--models", "mistral-7b"])):
+            r = run(script, *args)
+            self.assertEqual(r.returncode, 1, r.stderr)
+            self.assertIn("no CUDA device", r.stderr)
+            self.assertNotIn("Traceback", r.stderr)
+
+
+if __name__ == "__main__":
+    unittest.main()
