@@ -79,8 +79,15 @@ class Cases(unittest.TestCase):
 
 @needs
 class Check(unittest.TestCase):
-    def test_the_check_passes_bf16_and_catches_a_wrong_mask(self):
+    def setUp(self):
+        # As the bench runs; put back after, for the other files' tests in this process.
+        self._grad = torch.is_grad_enabled()
         torch.set_grad_enabled(False)
+
+    def tearDown(self):
+        torch.set_grad_enabled(self._grad)
+
+    def test_the_check_passes_bf16_and_catches_a_wrong_mask(self):
         c = dict(model="llama3.2-1b", spec="documents", b=2, l=160, hidden=128, heads=4,
                  kv_heads=2, head_dim=32, ffn_hidden=256, dtype="bf16")
         layer32, rotary = D.hf_layer(c, "cpu")
