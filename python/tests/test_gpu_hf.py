@@ -243,6 +243,36 @@ class Backend(unittest.TestCase):
 
 
 class Optimize(unittest.TestCase):
+    def test_decoders(self):
+        """Llama (GQA), Mistral (sliding window 64) and Qwen2 (q/k/v biases)
+        swapped for stof.DecoderLayer: a use_cache=False forward runs them,
+        logits within the fp16 tolerance of the fp32 model; a forward with a
+        cache keeps HF's layers (and the "stof" attention), said once."""
+        common = dict(hidden_size=256, intermediate_size=512, num_attention_heads=4,
+                      num_key_value_heads=2, num_hidden_layers=2, vocab_size=1000)
+        for name, cfg in (("Llama", transformers.LlamaConfig(**common)),
+                          ("Mistral", transformers.MistralConfig(sliding_window=64, **common)),
+                          ("Qwen2", transformers.Qwen2Config(**common))):
+            torch.manual_seed(SEED)
+            arch = {"Llama": transformers.LlamaForCausalLM,
+                    "Mistral": transformers.MistralForCausalLM,
+                    "Qwen2": transformers.Qwen2ForCausalLM}[name]
+            model, ref = pair(arch(cfg).eval())
+            stof.hf.optimize(model)
+            self.assertEqual(model.stof_swapped, ["model.layers.0", "model.layers.1"], name)
+            ids = torch.randint(0, 1000, (2, 333), device="cuda")
+            with torch.no_grad(), Quiet() as q:
+                got = model(input_ids=ids, use_cache=False).logits
+                want = ref(input_ids=ids, use_cache=False).logits
+            self.assertEqual(q.said, [], name)
+            err = rel_l2(got, want)
+            print("stof.hf optimize %-8s use_cache=False rel L2 %.2e" % (name, err))
+            self.assertLessEqual(err, TOL, name)
+            with torch.no_grad(), Quiet() as q:
+                got = model(input_ids=ids).logits
+            self.assertTrue(any("KV cache to fill" in s for s in q.said), q.said)
+            self.assertLessEqual(rel_l2(got, want), TOL, name)
+
     def test_bert(self):
         model, ref = pair(bert(layers=3))
         stof.hf.optimize(model)

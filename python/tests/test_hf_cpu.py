@@ -543,8 +543,63 @@ class _FakeLayer:
             return self.hf(x, allowed)
 
 
+class _FakeDecoderLayer:
+    """A stof.DecoderLayer's call, answered by the HF layer's own code under
+    a causal mask, rotating by the positions it was given."""
+
+    def __init__(self, layer, rotary):
+        p = next(layer.parameters())
+        self.dtype, self.device, self.window, self.calls = p.dtype, p.device, 0, []
+        self.layer, self.rotary = layer, rotary
+
+    def __call__(self, x, positions=None):
+        n = x.shape[1]
+        pos = torch.arange(n)[None] if positions is None else positions
+        self.calls.append(pos[0].tolist())
+        causal = torch.ones(n, n, dtype=torch.bool).tril()[None, None]
+        with warnings.catch_warnings():     # its attention falls back to sdpa: on the CPU
+            warnings.simplefilter("ignore")
+            return type(self.layer).forward(self.layer, x, attention_mask=causal,
+                                            position_ids=pos,
+                                            position_embeddings=self.rotary(x, pos))
+
+
 @needs_hf
 class Swap(unittest.TestCase):
+    def test_decoder_swap_runs_a_forward_with_no_cache(self):
+        """optimize's decoder swap on the CPU, stof.DecoderLayer stood in
+        for: a use_cache=False forward runs it with the positions and the
+        same logits; one with a cache to fill, or with padding, runs HF's
+        layer code and says why once."""
+        from stof.hf import _optimize
+        cfg = transformers.LlamaConfig(hidden_size=64, intermediate_size=128,
+                                       num_attention_heads=4, num_key_value_heads=2,
+                                       num_hidden_layers=2, vocab_size=500)
+        torch.manual_seed(7)
+        model = transformers.LlamaForCausalLM(cfg).eval()
+        ids = torch.randint(0, 500, (2, 24))
+        with torch.no_grad():
+            want = model(input_ids=ids, use_cache=False).logits
+        model.set_attn_implementation("stof")
+        fakes = [_FakeDecoderLayer(layer, model.model.rotary_emb) for layer in model.model.layers]
+        for layer, fake in zip(model.model.layers, fakes):
+            _optimize._swap_decoder(layer, fake)
+        with torch.no_grad(), stof.hf.mask(None):
+            got = model(input_ids=ids, use_cache=False).logits
+        self.assertEqual([f.calls for f in fakes], [[list(range(24))]] * 2)
+        self.assertLess(((got - want).norm() / want.norm()).item(), 1e-5)
+        am = torch.ones_like(ids)
+        am[1, 20:] = 0
+        for kw, said in ((dict(), "KV cache to fill"),
+                         (dict(attention_mask=am, use_cache=False), "padding")):
+            with warnings.catch_warnings(record=True) as w, torch.no_grad():
+                warnings.simplefilter("always")
+                _backend._said.clear()
+                model(input_ids=ids, **kw)
+            self.assertEqual([len(f.calls) for f in fakes], [1, 1])
+            self.assertTrue(any(said in str(x.message) for x in w), [str(x.message) for x in w])
+
+
     def test_swapped_forward_takes_the_model_mask(self):
         """optimize's swap on the CPU, stof.EncoderLayer stood in for: the
         layer gets the spec and seq_lens, HF's hooks still see its output,
