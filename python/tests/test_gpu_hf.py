@@ -96,6 +96,25 @@ class Backend(unittest.TestCase):
         print("stof.hf %-52s rel L2 %.2e" % (name, err))
         self.assertLessEqual(err, TOL, name)
 
+    def test_packed_sequences_as_varlen(self):
+        """position_ids restarting with no attention_mask (packed documents,
+        as HF detects them): stof's varlen form, causal within each; the
+        logits as fp32 sdpa's within the fp16 tolerance, nothing said."""
+        cfg = transformers.LlamaConfig(hidden_size=256, intermediate_size=512,
+                                       num_attention_heads=4, num_key_value_heads=2,
+                                       num_hidden_layers=2, vocab_size=1000)
+        torch.manual_seed(SEED)
+        model, ref = pair(transformers.LlamaForCausalLM(cfg).eval())
+        model.set_attn_implementation("stof")
+        lens = [100, 37, 250, 13]
+        pos = torch.cat([torch.arange(n) for n in lens])[None].cuda()
+        ids = torch.randint(0, 1000, (1, sum(lens)), device="cuda")
+        with torch.no_grad(), Quiet() as q:
+            got = model(input_ids=ids, position_ids=pos, use_cache=False).logits
+            want = ref(input_ids=ids, position_ids=pos, use_cache=False).logits
+        self.assertEqual(q.said, [])
+        self.check(got, want, "Llama-shaped, 4 packed sequences (varlen)")
+
     def test_padding_as_seq_lens(self):
         model, ref = pair(bert())
         model.set_attn_implementation("stof")

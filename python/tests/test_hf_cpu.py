@@ -428,6 +428,25 @@ class Models(unittest.TestCase):
         self.assertTrue(any("left padding" in x for x in said), said)
         self.assertEqual(len(said), len(set(said)))                 # once per reason
 
+    def test_mask_hook_packed_sequences(self):
+        """Packed sequences (transformers' packed_sequence_mask_function in the
+        mask function): the spec of the rest, and cu_seqlens over the
+        batch's rows flattened, with the longest sequence."""
+        hook = _backend.mask_hook
+        ids = torch.tensor([[0, 0, 0, 1, 1, 2, 2, 2, 2]])
+        fn = mu.and_masks(mu.causal_mask_function, mu.packed_sequence_mask_function(ids))
+        mm = hook(1, 9, 9, mask_function=fn)
+        self.assertEqual((mm.why, mm.spec, mm.packed[0].tolist(), mm.packed[1]),
+                         (None, "causal", [0, 3, 5, 9], 4))
+        self.assertEqual(mm.packed[0].dtype, torch.int32)
+        two = torch.tensor([[0, 0, 1, 1], [0, 0, 0, 1]])
+        w = mu.sliding_window_causal_mask_function(3)
+        fn = mu.and_masks(w, mu.packed_sequence_mask_function(two))
+        mm = hook(2, 4, 4, mask_function=fn)
+        self.assertEqual((mm.why, mm.spec, mm.packed[0].tolist(), mm.packed[1]),
+                         (None, "causal_window:3", [0, 2, 4, 7, 8], 3))
+        self.assertIsNone(hook(2, 4, 4, mask_function=mu.causal_mask_function).packed)
+
     def test_mask_hook_steps(self):
         hook = _backend.mask_hook
         ones = torch.ones(2, 13, dtype=torch.bool)

@@ -66,7 +66,7 @@ class ModelMask:
     devices through to(); lens follows the query's device in any case."""
 
     __slots__ = ("spec", "lens", "why", "lq", "lk", "user", "pad", "args", "step", "keys",
-                 "_dense", "_lens_on")
+                 "packed", "_dense", "_lens_on")
     # It stands for a 4-D mask: generate() with a StaticCache makes the mask
     # ahead of the forward (through this hook) and hands it to the model,
     # whose mask code asks its ndim before the hook gets it back.
@@ -76,6 +76,7 @@ class ModelMask:
         self.spec, self.lens, self.why, self.user, self.pad = None, None, None, None, None
         self.step = None        # a decoding step: stof.decode's window (lens: seqused_k)
         self.keys = None        # a prefill against a cache: the keys in use, the first ones
+        self.packed = None      # packed sequences: (cu_seqlens over B * L tokens, longest)
         self.lq, self.lk, self.args = lq, lk, args
         self._dense, self._lens_on = {}, {}
 
@@ -144,6 +145,10 @@ def mask_hook(batch_size, q_length, kv_length, q_offset=0, kv_offset=0, mask_fun
         mm.spec = mm.user
         return mm
     mm.spec = _masks.spec_of_mask_function(mask_function) if mask_function is not None else None
+    packed = _masks.packed_form(mask_function) if mm.spec is None and mask_function else None
+    if packed is not None:
+        # Packed sequences (position_ids restarting): varlen, the spec within each.
+        mm.spec, mm.packed = packed[0], packed[1:]
     if mm.spec is None and sdpa_mask is not None:
         # A pattern stof has no spec for (packed sequences, chunks, overlays):
         # HF's own matrix without the padding, made a stof.Mask where it is
@@ -339,6 +344,22 @@ def _run(q, k, v, spec, lens, scaling, softcap=None):
                           softcap=softcap)
 
 
+def _run_packed(q, k, v, spec, packed, scaling, softcap):
+    """Packed sequences through stof's varlen form: [B, H, L, D] views as
+    [B * L, H, D] tokens (BLHD in memory, as the model hands them over;
+    copied where not), cu_seqlens from the hook. Returns [B, L, H, D]."""
+    b, h, n, d = q.shape
+
+    def tokens(t):
+        t = t.transpose(1, 2)
+        return (t if t.is_contiguous() else t.contiguous()).reshape(b * n, t.shape[2], d)
+    cu, longest = packed
+    out = stof_attention(tokens(q), tokens(k), tokens(v), mask=spec, cu_seqlens_q=cu,
+                         cu_seqlens_k=cu, max_seqlen_q=longest, max_seqlen_k=longest,
+                         scale=scaling, softcap=softcap)
+    return out.reshape(b, n, h, d)
+
+
 def attention(module, query, key, value, attention_mask, dropout=0.0, scaling=None, **kwargs):
     """transformers' attention interface for "stof": (attn_output
     [B, L, H, D], None)."""
@@ -359,6 +380,16 @@ def attention(module, query, key, value, attention_mask, dropout=0.0, scaling=No
         why = "a mask stof has no form for"
     if why is not None:
         return _fallback(why, module, query, key, value, attention_mask, dropout, scaling, kwargs)
+    if isinstance(attention_mask, ModelMask) and attention_mask.packed is not None:
+        if attention_mask.packed[0].device != query.device:
+            attention_mask.packed = (attention_mask.packed[0].to(query.device),
+                                     attention_mask.packed[1])
+        try:
+            return _run_packed(query, key, value, spec, attention_mask.packed, scaling,
+                               kwargs.get("softcap")), None
+        except L.UnsupportedError as e:
+            return _fallback("stof cannot run it (%s)" % e, module, query, key, value,
+                             attention_mask, dropout, scaling, kwargs)
     if isinstance(attention_mask, ModelMask):
         lens = attention_mask.lens_on(query.device)
         if attention_mask.keys is not None:     # a prefill against a longer cache

@@ -110,8 +110,11 @@ def _closure(fn, name):
 
 def _terms(fn):
     """The parts of a mask function joined by and_masks, as
-    ('causal' | 'dense' | ('back', W) | ('near', W)) terms; None for a part
-    stof does not know (packed sequences, chunks, overlays, user code)."""
+    ('causal' | 'dense' | ('back', W) | ('near', W) | ('packed', ids))
+    terms; None for a part stof does not know (chunks, overlays, user code).
+    ids: the [B, L] sequence index of each token of packed sequences
+    (transformers' find_packed_sequence_indices, from restarting
+    position_ids)."""
     qual = getattr(fn, "__qualname__", "")
     mod = getattr(fn, "__module__", "") or ""
     if not mod.startswith("transformers."):
@@ -124,6 +127,9 @@ def _terms(fn):
         return [("back", _closure(fn, "sliding_window"))]
     if qual == "sliding_window_bidirectional_overlay.<locals>.inner_mask":
         return [("near", _closure(fn, "sliding_window"))]
+    if qual == "packed_sequence_mask_function.<locals>.inner_mask":
+        ids = _closure(fn, "packed_sequence_mask")
+        return [("packed", ids)] if ids is not None else None
     if qual == "and_masks.<locals>.and_mask":
         parts = _closure(fn, "mask_functions")
         out = []
@@ -138,9 +144,13 @@ def _terms(fn):
 
 def spec_of_mask_function(fn):
     """The spec of one of transformers' mask functions (causal, bidirectional,
-    their sliding windows), or None where stof has no spec for it."""
-    terms = _terms(fn)
-    if not terms:
+    their sliding windows), or None where stof has no spec for it (packed
+    sequences among them: see packed_form)."""
+    return _spec_of_terms(_terms(fn))
+
+
+def _spec_of_terms(terms):
+    if not terms or any(isinstance(t, tuple) and t[0] == "packed" for t in terms):
         return None
     causal = "causal" in terms
     windows = [t for t in terms if isinstance(t, tuple)]
@@ -157,6 +167,29 @@ def spec_of_mask_function(fn):
         # |q - kv| <= W; stof's window:W2 is |q - k| <= W2 / 2.
         return "window:%d" % (2 * min(near))
     return "causal" if causal else "dense"
+
+
+def packed_form(fn):
+    """(spec, cu_seqlens, longest) where a mask function is a pattern stof
+    has a spec for, within packed sequences (transformers' and_masks of it
+    and packed_sequence_mask_function, made from restarting position_ids),
+    else None. cu_seqlens: int32 on the ids' device over the batch's rows
+    flattened ([B * L] tokens, each row's sequences in turn); longest: a
+    host int, read once (a synchronisation, once per forward)."""
+    terms = _terms(fn) or ()
+    packed = [t[1] for t in terms if isinstance(t, tuple) and t[0] == "packed"]
+    spec = _spec_of_terms([t for t in terms if not (isinstance(t, tuple) and t[0] == "packed")])
+    if spec is None or len(packed) != 1 or packed[0].dim() != 2:
+        return None
+    import torch
+    ids = packed[0]
+    b, n = ids.shape
+    # A sequence starts at each row's first token and where the index changes.
+    starts = torch.ones(b, n, dtype=torch.bool, device=ids.device)
+    starts[:, 1:] = ids[:, 1:] != ids[:, :-1]
+    at = torch.nonzero(starts.reshape(-1)).reshape(-1)
+    cu = torch.cat([at, at.new_tensor([b * n])]).to(torch.int32)
+    return spec, cu, int((cu[1:] - cu[:-1]).max())
 
 
 def spec_of_module(module, kwargs):

@@ -124,6 +124,8 @@ def _swap(layer, stof_layer):
                                                 config)
             if why is None and spec is None:
                 why = "a mask stof has no form for"
+            elif why is None and getattr(attention_mask, "packed", None) is not None:
+                why = PACKED % "an encoder"
         if why is not None:
             _backend.say_once(why, "HF's layer code")
             return hf_forward(hidden_states, attention_mask, *args, **kwargs)
@@ -134,6 +136,7 @@ def _swap(layer, stof_layer):
     _install(layer, forward, stof_layer, hooked, hf_forward)
 
 
+PACKED = "packed sequences (a stof %s layer takes no cu_seqlens yet)"
 NO_CACHE = ("a KV cache to fill (a stof decoder layer keeps no K and V: pass use_cache=False "
             "for a forward without one; generate() runs HF's layer with the \"stof\" attention)")
 
@@ -158,6 +161,8 @@ def _swap_decoder(layer, stof_layer):
             spec, lens, why = _backend.mask_for(layer.self_attn, attention_mask, n, n, {}, config)
             if why is None and lens is not None:
                 why = "padding (a stof decoder layer takes sequences of one length)"
+            elif why is None and getattr(attention_mask, "packed", None) is not None:
+                why = PACKED % "decoder"
             elif why is None and spec != want:
                 why = "the mask %s (this stof decoder layer runs %s)" % (
                     getattr(spec, "spec", spec), want)
