@@ -96,6 +96,28 @@ class Backend(unittest.TestCase):
         print("stof.hf %-52s rel L2 %.2e" % (name, err))
         self.assertLessEqual(err, TOL, name)
 
+    def test_compiled_model_still_runs_stof(self):
+        """torch.compile(model) under the "stof" attention: the compiled
+        forward launches stof's attention kernels (seen by the profiler),
+        not sdpa by a fallback or by a trace that left stof out."""
+        model, ref = pair(bert(layers=2))
+        model.set_attn_implementation("stof")
+        ids = torch.randint(0, 1000, (2, 256), device="cuda")
+        compiled = torch.compile(model)
+        with torch.no_grad(), Quiet() as q:
+            compiled(input_ids=ids)                     # traces and compiles
+            with torch.profiler.profile(
+                    activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+                got = compiled(input_ids=ids).last_hidden_state
+                torch.cuda.synchronize()
+            want = ref(input_ids=ids).last_hidden_state
+        names = sorted({e.key for e in prof.key_averages()})
+        ours = [n for n in names if n.startswith("stof_attn")]
+        print("stof.hf torch.compile(BertModel): kernels %s; said %s" % (ours, q.said))
+        self.assertEqual(q.said, [])
+        self.assertTrue(ours, names[:30])
+        self.check(got, want, "BERT-shaped, torch.compile(model)")
+
     def test_packed_sequences_as_varlen(self):
         """position_ids restarting with no attention_mask (packed documents,
         as HF detects them): stof's varlen form, causal within each; the
