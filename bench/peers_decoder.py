@@ -64,7 +64,7 @@ import numpy as np
 import torch
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-import peers_layer as P
+import layer_common as C
 from peers_mha import save_results
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "python"))
@@ -234,9 +234,9 @@ def checked(res, name, out, ref, x):
     """Records name's errors; True where its output may be timed (correct, or no reference)."""
     if ref is None:
         return True
-    res["err"][name] = P.rel_l2(out, ref)
-    res["err_update"][name] = P.rel_l2(out.float() - x.float(), ref - x.float())
-    if res["err"][name] > P.MISMATCH or not torch.isfinite(out).all():
+    res["err"][name] = C.rel_l2(out, ref)
+    res["err_update"][name] = C.rel_l2(out.float() - x.float(), ref - x.float())
+    if res["err"][name] > C.MISMATCH or not torch.isfinite(out).all():
         res["wrong"].append(name)
         return False
     return True
@@ -256,7 +256,7 @@ def stof_side(c, layer, xs, ref, pos, cu, res):
         res["stof_describe"] = dl.describe(c["b"], c["l"])
         if checked(res, "stof", out, ref, x):
             del out
-            res["ms"]["stof"] = P.bench(lambda xi: dl(xi, **kw), xs, side="stof")
+            res["ms"]["stof"] = C.bench(lambda xi: dl(xi, **kw), xs, side="stof")
     except Exception as e:  # stof refusing the case (packed documents) is n/a, not a crash
         res["na"]["stof"] = why(e)
         res["stof_unsupported"] = isinstance(e, stof.UnsupportedError)
@@ -285,13 +285,13 @@ def run_case(c, wanted, dev):
                                                     cos, sin, pos)
         except torch.OutOfMemoryError:
             ref = None
-            P.log("  the fp32 reference layer ran out of memory: no output check")
+            C.log("  the fp32 reference layer ran out of memory: no output check")
         x32 = cos = sin = None
         layer = copy.deepcopy(layer32).to(dt)
         del layer32
         torch.cuda.empty_cache()
         stof_side(c, layer, xs, ref, pos, cu, res)
-        P.log("  stof        %s" % ("%.4f ms" % res["ms"]["stof"] if "stof" in res["ms"] else
+        C.log("  stof        %s" % ("%.4f ms" % res["ms"]["stof"] if "stof" in res["ms"] else
                                     "WRONG (rel L2 %.1e)" % res["err"]["stof"]
                                     if "stof" in res["wrong"] else "n/a: " + res["na"]["stof"]))
         inputs = {}
@@ -305,7 +305,7 @@ def run_case(c, wanted, dev):
                 out = fn(xs[0])   # compiles, where it does
                 if checked(res, p, out, ref, xs[0]):
                     del out
-                    res["ms"][p] = P.bench(fn, xs)
+                    res["ms"][p] = C.bench(fn, xs)
                     res["kernels"][p] = busiest_kernels(fn, xs[0])
             except Exception as e:  # a peer that cannot run is n/a, never the end of the others
                 res["na"][p] = why(e)
@@ -313,7 +313,7 @@ def run_case(c, wanted, dev):
             got = ("%.4f ms" % res["ms"][p] if p in res["ms"] else
                    "WRONG (rel L2 %.1e)" % res["err"][p] if p in res["wrong"] else
                    "n/a: " + res["na"][p])
-            P.log("  %-11s %s (%.0f s, compiling included)" % (p, got, time.time() - t0))
+            C.log("  %-11s %s (%.0f s, compiling included)" % (p, got, time.time() - t0))
             torch._dynamo.reset()   # compiled graphs and CUDA-graph pools go before the next
             torch.cuda.empty_cache()
     del layer, ref, inputs, xs
@@ -338,7 +338,7 @@ def report(rows, wanted, gpu):
            "# ms: median per layer; best: the fastest compiled peer (c-, ma-) with a correct "
            "output; ratio = best / stof (>1: stof faster); TF/s: (GEMM + allowed-entry attention "
            "FLOPs) / stof's time; err: stof's rel L2 to the fp32 layer; WRONG: over %g, not timed"
-           % P.MISMATCH,
+           % C.MISMATCH,
            "%-38s %10s %6s " % ("case", "stof", "TF/s") + " ".join("%10s" % p for p in wanted)
            + " %6s %8s" % ("ratio", "err")]
     summary, met, checks = [], [0, 0], [0, 0]
@@ -389,11 +389,11 @@ def report(rows, wanted, gpu):
     out += summary
     out.append("summary: gate %.1fx over the best compiled peer: met in %d of %d cases timed"
                % (GATE, met[0], met[0] + met[1]))
-    if P.CLOCKS:
+    if C.CLOCKS:
         for side in ("stof", "peers"):
-            out.append("summary: clocks: " + P.CLOCKS.summary(side))
+            out.append("summary: clocks: " + C.CLOCKS.summary(side))
     out.append("summary: check: stof %d ok, %d WRONG (rel L2 to the fp32 layer > %g)"
-               % (checks[0], checks[1], P.MISMATCH))
+               % (checks[0], checks[1], C.MISMATCH))
     wrong = sorted({p for _, res in rows for p in res.get("wrong", []) if p != "stof"})
     if wrong:
         out.append("summary: peers WRONG somewhere: %s" % ", ".join(wrong))
@@ -405,17 +405,17 @@ def run(args, ap, wanted):
     (other than refusing a case) or was WRONG anywhere."""
     dev = "cuda"
     gpu = torch.cuda.get_device_name(0)
-    cases = P.cases_of(json.load(open(args.workload)), args.model, args.seq, args.mask,
+    cases = C.cases_of(json.load(open(args.workload)), args.model, args.seq, args.mask,
                        kind="decoder", extra_masks=(DOCUMENTS,))
     if not cases:
         if args.kind == "all":
-            P.log("no decoder case matches the filters")
+            C.log("no decoder case matches the filters")
             return 0
         ap.error("no decoder case matches the filters")
-    P.CLOCKS, P.SETTLE = P.Clocks(), args.settle
+    C.CLOCKS, C.SETTLE = C.Clocks(), args.settle
     rows = []
     for i, c in enumerate(cases):
-        P.log("[%d/%d] %s" % (i + 1, len(cases), c["name"]))
+        C.log("[%d/%d] %s" % (i + 1, len(cases), c["name"]))
         try:
             res = run_case(c, wanted, dev)
         except Exception as e:  # the case's set-up itself (its layer, its masks) failed
@@ -423,12 +423,12 @@ def run(args, ap, wanted):
                    "error": why(e)}
             torch.cuda.empty_cache()
         rows.append((c, res))
-    P.CLOCKS.stop()
+    C.CLOCKS.stop()
     text = report(rows, wanted, gpu)
     print(text)
     save_results("layer-decoder", gpu, args.tag, text, [(c, {}, res) for c, res in rows])
     broken = [c["name"] for c, res in rows if "stof" in res["wrong"] or
               ("stof" in res["na"] and not res.get("stof_unsupported"))]
     if broken:
-        P.log("stof failed or was WRONG on %d case(s): %s" % (len(broken), ", ".join(broken)))
+        C.log("stof failed or was WRONG on %d case(s): %s" % (len(broken), ", ".join(broken)))
     return 1 if broken else 0

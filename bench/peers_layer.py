@@ -56,7 +56,6 @@ import re
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 
 import numpy as np
@@ -65,88 +64,20 @@ import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.nn.attention.flex_attention import create_block_mask, flex_attention
 
+import layer_common as C
+from layer_common import MISMATCH, Clocks, bench, cases_of, log, rel_l2
 from peers_mha import random_tensor, save_results, spec_fn
 
 PEERS = ["eager", "sdpa", "c-sdpa", "c-cudnn", "c-flex", "c-flex-fa4", "cg-flex", "cg-flex-fa4", "ma-flex",
          "ma-flex-fa4"]
 # Issue 20's gate 1: the geomean over layers.json's masks at that length.
 GATES = [("bert-base", 8, 2048, 1.5), ("bert-base", 8, 512, 1.8)]
-MISMATCH = 2e-2
 EPS = 1e-5
 ACTS = {"gelu": F.gelu, "gelu_tanh": lambda t: F.gelu(t, approximate="tanh"), "relu": F.relu}
 # (name, seed, offset, scale: None means 1/sqrt(in_features)), in the argument order of layer().
 TENSORS = [("qkv_w", 11, 0, None), ("qkv_b", 12, 0, 0.1), ("o_w", 13, 0, None), ("o_b", 14, 0, 0.1),
            ("ln1_g", 15, 1, 0.1), ("ln1_b", 16, 0, 0.1), ("ff1_w", 17, 0, None), ("ff1_b", 18, 0, 0.1),
            ("ff2_w", 19, 0, None), ("ff2_b", 20, 0, 0.1), ("ln2_g", 21, 1, 0.1), ("ln2_b", 22, 0, 0.1)]
-
-
-class Clocks:
-    """The SM clock, board power and throttle reasons every 50 ms (nvidia-smi), so that a report can say
-    what clock each side's timed runs saw: a layer that draws the board's power limit runs at a lower clock
-    when timed for longer (the SW power cap, reason bit 0x4)."""
-    CAP = 0x4
-
-    def __init__(self):
-        self.samples, self.windows = [], {"stof": [], "peers": []}
-        # power.draw is a 1 s average on recent drivers: the instant reading where there is one
-        power = "power.draw"
-        try:
-            probe = subprocess.run(["nvidia-smi", "--query-gpu=power.draw.instant", "--format=csv,noheader,nounits"],
-                                   capture_output=True, text=True, timeout=30)
-            if probe.returncode == 0 and re.match(r"^\s*[0-9.]+\s*$", probe.stdout.splitlines()[0] if probe.stdout else ""):
-                power = "power.draw.instant"
-        except (OSError, subprocess.TimeoutExpired):
-            pass
-        self.power = power
-        try:
-            self.p = subprocess.Popen(["nvidia-smi",
-                                       "--query-gpu=timestamp,clocks.sm,%s,clocks_throttle_reasons.active" % power,
-                                       "--format=csv,noheader,nounits", "-lms", "50"],
-                                      stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
-        except OSError:
-            self.p = None
-            return
-        threading.Thread(target=self._read, daemon=True).start()
-
-    def _read(self):
-        # The sample's own time: lines through a pipe can arrive in late bursts.
-        for line in self.p.stdout:
-            f = [x.strip() for x in line.split(",")]
-            try:
-                when = datetime.datetime.strptime(f[0], "%Y/%m/%d %H:%M:%S.%f").timestamp()
-                self.samples.append((when, float(f[1]), float(f[2]), int(f[3], 16)))
-            except (ValueError, IndexError):
-                pass
-
-    def window(self, side, t0, t1):
-        self.windows[side].append((t0, t1))
-
-    def stop(self):
-        if self.p:
-            self.p.terminate()
-            self.p.wait()
-
-    def summary(self, side):
-        """One line on the samples inside side's windows (the timed runs: bench_layer says when its were) that
-        found the GPU busy (over 200 W); readings can lag a window of 0.1 s, so there may be none."""
-        got = [s for s in self.samples if s[2] > 200 and any(a <= s[0] <= b for a, b in self.windows[side])]
-        if not got:
-            return "%s: no busy samples" % side if self.p else "%s: nvidia-smi not found" % side
-        clk = sorted(s[1] for s in got)
-        watts = sorted(s[2] for s in got)
-        cap = sum(1 for s in got if s[3] & self.CAP)
-        when = {"stof": "stof's timed runs", "peers": "the peers' timed runs"}[side]
-        return "%s: SM clock median %.0f MHz (min %.0f), %s median %.0f W, power cap in %.0f%% of %d samples" % (
-            when, clk[len(clk) // 2], clk[0], self.power, watts[len(watts) // 2], 100.0 * cap / len(got), len(got))
-
-
-CLOCKS = None
-SETTLE = 1.0
-
-
-def log(msg):
-    sys.stderr.write("peers_layer: %s\n" % msg)
-    sys.stderr.flush()
 
 
 def draw(shape, seed, dt, offset=0.0, scale=1.0):
@@ -233,37 +164,6 @@ def peer_fn(c, peer):
     return COMPILED[key]
 
 
-def bench(fn, xs, side="peers"):
-    """Median ms of fn(x) over 21 batches of about 5 ms, x rotating through xs, after SETTLE s of
-    rest; side names whose timed runs these were, for Clocks."""
-    torch.cuda.synchronize()
-    time.sleep(SETTLE)
-    t0 = time.time()
-    for x in xs:
-        fn(x)
-    torch.cuda.synchronize()
-    e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-
-    def batch(n):
-        e0.record()
-        for i in range(n):
-            fn(xs[i % len(xs)])
-        e1.record()
-        e1.synchronize()
-        return e0.elapsed_time(e1) / n
-
-    n = max(1, min(500, int(5.0 / max(batch(3), 1e-3))))
-    ms = sorted(batch(n) for _ in range(21))[10]
-    if CLOCKS:
-        CLOCKS.window(side, t0, time.time())
-    return ms
-
-
-def rel_l2(out, ref):
-    out = out.float()
-    return (torch.linalg.vector_norm(out - ref) / torch.linalg.vector_norm(ref)).item()
-
-
 def peers(c, wanted, stof_out, sets, dev):
     dt = torch.float16 if c["dtype"] == "fp16" else torch.bfloat16
     b, l = c["b"], c["l"]
@@ -317,41 +217,8 @@ def peers(c, wanted, stof_out, sets, dev):
     return res
 
 
-def cases_of(workload, models, seqs, masks, kind="encoder", extra_masks=()):
-    """The cases of workload's models of kind ("encoder" or "decoder"), filtered; extra_masks are
-    added to each case's own (the decoder's packed documents, which layers.json cannot name)."""
-    out = []
-    for k in workload["cases"]:
-        m = workload["models"][k["model"]]
-        if m.get("kind", "encoder") != kind:
-            continue
-        if models and k["model"] not in models:
-            continue
-        for l in k["seq"]:
-            if seqs and l not in seqs:
-                continue
-            for spec in k["masks"] + [x for x in extra_masks if x not in k["masks"]]:
-                if masks and spec not in masks:
-                    continue
-                h = m["hidden"]
-                # a decoder model has two batches at one length: its names carry the batch
-                name = ("%s/l=%d/%s" % (k["model"], l, spec) if kind == "encoder"
-                        else "%s/b=%d/l=%d/%s" % (k["model"], k["batch"], l, spec))
-                c = dict(name=name, model=k["model"], spec=spec, b=k["batch"], l=l, hidden=h,
-                         heads=m["heads"])
-                if kind == "encoder":
-                    c.update(ffn_hidden=int(round(m["ffn"] * h)), activation=m["activation"],
-                             norm=m["norm"])
-                else:
-                    c.update(kv_heads=m["kv_heads"], head_dim=m["head_dim"],
-                             ffn_hidden=m["ffn_hidden"])
-                c["dtype"] = k["dtype"]
-                out.append(c)
-    return out
-
-
 class Stof:
-    """bench_layer, one case at a time: the GPU rests SETTLE seconds before each, as before each peer."""
+    """bench_layer, one case at a time: the GPU rests C.SETTLE seconds before each, as before each peer."""
 
     def __init__(self, args, out_dir):
         self.p = subprocess.Popen([args.stof, "--cache", args.cache, "--out-dir", out_dir], stdin=subprocess.PIPE,
@@ -359,7 +226,7 @@ class Stof:
 
     def run(self, c):
         """bench_layer's JSON line for case c ({} when it printed none), progress echoed."""
-        time.sleep(SETTLE)
+        time.sleep(C.SETTLE)
         try:
             self.p.stdin.write("%s %d %d %d %d %d %s %s %s %s\n" % (
                 c["name"], c["b"], c["l"], c["hidden"], c["heads"], c["ffn_hidden"], c["activation"], c["norm"],
@@ -374,7 +241,7 @@ class Stof:
                 log("bench_layer printed: %s" % line.rstrip()[:200])
                 continue
             if "timed_from" in r:
-                CLOCKS.window("stof", r["timed_from"], r["timed_to"])
+                C.CLOCKS.window("stof", r["timed_from"], r["timed_to"])
             log("stof %s: %s" % (r["name"], r["error"] if "error" in r else "%.4f ms" % r["ms"]))
             return r
         return {}
@@ -467,9 +334,9 @@ def report(rows, wanted, gpu):
         rs = ratios.get((model, b, l))
         verdict = "n/a" if not rs else "%.3fx, %s" % (geomean(rs), "met" if geomean(rs) >= gate else "not met")
         out.append("summary: %s b%d seq %d: %s (gate %.1fx)" % (model, b, l, verdict, gate))
-    if CLOCKS:
+    if C.CLOCKS:
         for side in ("stof", "peers"):
-            out.append("summary: clocks: " + CLOCKS.summary(side))
+            out.append("summary: clocks: " + C.CLOCKS.summary(side))
     out.append("summary: check: %d ok, %d mismatches (stof's rel L2 to the fp32 layer > %g)" % (
         checks[0], checks[1], MISMATCH))
     plans = [s for _, s, _ in rows if "plan_first_ms" in s]
@@ -488,8 +355,6 @@ def report(rows, wanted, gpu):
 
 
 def main():
-    # peers_decoder imports this file as peers_layer: one module, whether run or imported
-    sys.modules.setdefault("peers_layer", sys.modules[__name__])
     import peers_decoder
     ap = argparse.ArgumentParser(description="stof's encoder and decoder layers vs PyTorch peers")
     ap.add_argument("--kind", choices=("encoder", "decoder", "all"), default="encoder",
@@ -541,8 +406,7 @@ def encoders(args, ap, wanted):
             return 0
         ap.error("no case matches the filters")
     out_dir = tempfile.mkdtemp(prefix="stof-layer-")
-    global CLOCKS, SETTLE
-    CLOCKS, SETTLE = Clocks(), args.settle
+    C.CLOCKS, C.SETTLE = Clocks(), args.settle
     stof = Stof(args, out_dir)
     rows = []
     for i, c in enumerate(cases):
@@ -560,7 +424,7 @@ def encoders(args, ap, wanted):
         os.remove(os.path.join(out_dir, name))
     os.rmdir(out_dir)
 
-    CLOCKS.stop()
+    C.CLOCKS.stop()
     text = report(rows, wanted, gpu)
     print(text)
     save_results("layer", gpu, args.tag, text, rows)

@@ -47,6 +47,11 @@ def setUpModule():
           % (SEED, torch.cuda.get_device_name(), torch.__version__, transformers.__version__))
 
 
+# A small decoder model's config: GQA 4 on 2, head_dim 64, two layers.
+SMALL_DECODER = dict(hidden_size=256, intermediate_size=512, num_attention_heads=4,
+                     num_key_value_heads=2, num_hidden_layers=2, vocab_size=1000)
+
+
 def bert(layers=2, hidden=256, heads=4, cls=None):
     cfg = transformers.BertConfig(hidden_size=hidden, num_attention_heads=heads,
                                   num_hidden_layers=layers, intermediate_size=4 * hidden,
@@ -122,9 +127,7 @@ class Backend(unittest.TestCase):
         """position_ids restarting with no attention_mask (packed documents,
         as HF detects them): stof's varlen form, causal within each; the
         logits as fp32 sdpa's within the fp16 tolerance, nothing said."""
-        cfg = transformers.LlamaConfig(hidden_size=256, intermediate_size=512,
-                                       num_attention_heads=4, num_key_value_heads=2,
-                                       num_hidden_layers=2, vocab_size=1000)
+        cfg = transformers.LlamaConfig(**SMALL_DECODER)
         torch.manual_seed(SEED)
         model, ref = pair(transformers.LlamaForCausalLM(cfg).eval())
         model.set_attn_implementation("stof")
@@ -194,9 +197,7 @@ class Backend(unittest.TestCase):
         self.check(own, want, "BERT, stof.hf.mask(%r)" % spec)
 
     def test_gqa_runs(self):
-        cfg = transformers.LlamaConfig(hidden_size=256, intermediate_size=512,
-                                       num_attention_heads=4, num_key_value_heads=2,
-                                       num_hidden_layers=2, vocab_size=1000)
+        cfg = transformers.LlamaConfig(**SMALL_DECODER)
         torch.manual_seed(SEED)
         model, ref = pair(transformers.LlamaForCausalLM(cfg).eval())
         model.set_attn_implementation("stof")
@@ -230,9 +231,7 @@ class Backend(unittest.TestCase):
     def test_generate_decodes_through_stof(self):
         """generate()'s steps through stof.decode: a DynamicCache, a
         StaticCache (seqused_k), 16 new tokens, GQA; one decode plan."""
-        cfg = transformers.LlamaConfig(hidden_size=256, intermediate_size=512,
-                                       num_attention_heads=4, num_key_value_heads=2,
-                                       num_hidden_layers=2, vocab_size=1000)
+        cfg = transformers.LlamaConfig(**SMALL_DECODER)
         torch.manual_seed(SEED)
         model = transformers.LlamaForCausalLM(cfg).eval().half().cuda()
         ids = torch.randint(0, 1000, (2, 100), device="cuda")
@@ -289,11 +288,10 @@ class Optimize(unittest.TestCase):
         swapped for stof.DecoderLayer: a use_cache=False forward runs them,
         logits within the fp16 tolerance of the fp32 model; a forward with a
         cache keeps HF's layers (and the "stof" attention), said once."""
-        common = dict(hidden_size=256, intermediate_size=512, num_attention_heads=4,
-                      num_key_value_heads=2, num_hidden_layers=2, vocab_size=1000)
-        for name, cfg in (("Llama", transformers.LlamaConfig(**common)),
-                          ("Mistral", transformers.MistralConfig(sliding_window=64, **common)),
-                          ("Qwen2", transformers.Qwen2Config(**common))):
+        for name, cfg in (("Llama", transformers.LlamaConfig(**SMALL_DECODER)),
+                          ("Mistral", transformers.MistralConfig(sliding_window=64,
+                                                                 **SMALL_DECODER)),
+                          ("Qwen2", transformers.Qwen2Config(**SMALL_DECODER))):
             torch.manual_seed(SEED)
             arch = {"Llama": transformers.LlamaForCausalLM,
                     "Mistral": transformers.MistralForCausalLM,
