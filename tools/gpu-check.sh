@@ -2,8 +2,9 @@
 # gpu-check.sh — the device loop. On the GPU machine, from a checkout whose
 # build/ was made elsewhere (this builds nothing: the GPU machine has no
 # Check or SQLite headers), it runs the test binary with the GPU suites, the
-# demo, and every benchmark (build/bench_*), keeps their logs under
-# ${OUT:-/tmp/gpu-check}, and prints a summary table last.
+# Python package's GPU tests, the demo, and every benchmark (build/bench_*),
+# keeps their logs under ${OUT:-/tmp/gpu-check}, and prints a summary table
+# last.
 #
 #   bash tools/gpu-check.sh              tests, demo, benchmarks
 #   bash tools/gpu-check.sh tests        tests and demo only
@@ -91,6 +92,26 @@ if [[ $mode == all || $mode == tests ]]; then
         [[ $gpu == *"NO GPU"* ]] && detail+=$'\n'"GPU suites NOT run: ${gpu#*NOT run }"
         [[ -n $fails ]] && detail+=$'\n'$fails
         row tests "$([[ $rc == 0 && -n $line ]] && echo PASS || echo FAIL)" "$detail"
+    fi
+
+    # The Python package's GPU tests (test_gpu*.py: stof.attention, decode,
+    # varlen, the layers, stof.hf), where torch is; libstof.so from $build.
+    if ! python3 -c "import torch" 2> /dev/null; then
+        row python SKIP "no torch for python3: the package's GPU tests NOT run"
+    else
+        echo "gpu-check: running python/tests/test_gpu*.py (log: $logs/python.log)"
+        lib=$(cd "$build" && pwd)/libstof.so pkg=$(pwd)/python
+        (cd python/tests && STOF_LIB=$lib PYTHONPATH=$pkg \
+            python3 -m unittest -v test_gpu test_gpu_hf) > "$logs/python.log" 2>&1
+        rc=$?
+        ran=$(grep -E '^Ran [0-9]+ tests' "$logs/python.log" | tail -n 1)
+        end=$(grep -E '^(OK|FAILED)' "$logs/python.log" | tail -n 1)
+        fails=$(grep -E '^(FAIL|ERROR): ' "$logs/python.log" | head -n 5)
+        detail="${ran:-"no unittest summary (exit $rc)"} ${end}"
+        [[ -n $fails ]] && detail+=$'\n'$fails
+        state=$([[ $rc == 0 && -n $ran ]] && echo PASS || echo FAIL)
+        [[ $state == PASS && $ran == "Ran 0 tests"* ]] && state=SKIP detail+=" (torch sees no GPU)"
+        row python "$state" "$detail"
     fi
 
     if [[ ! -x $build/stof-demo || ! -x $build/stof-demo-attn ]]; then
