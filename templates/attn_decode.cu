@@ -30,17 +30,12 @@
 //   WARP_RING  1: each warp copies its own rows of a tile; 0: the CTA does
 //   PREFETCH   the L2 prefetch size of the K and V copies: "" (none),
 //              ".L2::128B" or ".L2::256B"
-//   UNROLL     1: a thread's copies of a tile in a loop of known trip count,
-//              unrolled; 0: a loop to the tile's end
-//   KFIRST     with UNROLL, 1: all of a tile's K rows are asked for before
-//              its V rows; 0: K and V row by row
 
 {{>attn_common.cuh}}
 
 #define D {{HEAD_DIM}}
 #define BN {{BLOCK_N}}
 #define STAGES {{STAGES}}
-#define KFIRST {{KFIRST}}
 #define WARPS (BN / 16)
 #define THREADS (WARPS * 32)
 #define LDS (D + 8)     // smem row stride in elements: 16 B of padding keeps
@@ -160,36 +155,15 @@ extern "C" __global__ void __launch_bounds__(THREADS) stof_attn_decode(
     auto load_tile = [&](int it) {
         elem_t *Kt = ring + (it % STAGES) * 2 * BN * LDS, *Vt = Kt + BN * LDS;
         const int key0 = kbeg + it * BN;
-        // Chunk x of K (kk), of V (vv) or of both.
-        auto chunk = [&](int x, bool kk, bool vv) {
+        for (int x = x0; x < x1; x += xs) {
             const int r = x / CH, c = x % CH, key = key0 + r;
             const bool ok = key < kend;
             const int at = ok ? key : kbeg;
-            if (kk)
-                dec_cp16(stof_smem_u32(Kt + r * LDS + c * 8),
-                         dec_kv_row(k, b, kvh, at, kv_sb, kv_sh, kv_sl) + c * 8, ok ? 16 : 0);
-            if (vv)
-                dec_cp16(stof_smem_u32(Vt + r * LDS + c * 8),
-                         dec_kv_row(v, b, kvh, at, kv_sb, kv_sh, kv_sl) + c * 8, ok ? 16 : 0);
-        };
-{{#if UNROLL}}
-        // In either ring a thread has CH / 2 chunks, x0 + i * xs (x0 < xs,
-        // x1 - x0 = CH / 2 * xs): a trip count known here, so the loop
-        // unrolls and x / CH folds. KFIRST: the tile's K rows all go first.
-        static_assert(CH % 2 == 0, "an even count of 16-byte chunks a row");
-        (void)x1;
-#pragma unroll
-        for (int i = 0; i < CH / 2; i++)
-            chunk(x0 + i * xs, true, !KFIRST);
-        if (KFIRST) {
-#pragma unroll
-            for (int i = 0; i < CH / 2; i++)
-                chunk(x0 + i * xs, false, true);
+            dec_cp16(stof_smem_u32(Kt + r * LDS + c * 8),
+                     dec_kv_row(k, b, kvh, at, kv_sb, kv_sh, kv_sl) + c * 8, ok ? 16 : 0);
+            dec_cp16(stof_smem_u32(Vt + r * LDS + c * 8),
+                     dec_kv_row(v, b, kvh, at, kv_sb, kv_sh, kv_sl) + c * 8, ok ? 16 : 0);
         }
-{{/if}}{{#unless UNROLL}}
-        for (int x = x0; x < x1; x += xs)
-            chunk(x, true, true);
-{{/if}}
     };
     // Q goes with the first tile's group; a group is committed every step,
     // empty or not, so that waiting for STAGES - 2 pending means tile it is in.
