@@ -14,24 +14,15 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
 #include "base/half.h"
+#include "base/now.h"
+#include "base/util.h"
 #include "ctx.h"
 #include "gpu/jit.h"
+#include "gpu/timing.h"
 
-static double now_us(void)
-{
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return t.tv_sec * 1e6 + t.tv_nsec / 1e3;
-}
-
-static int cmp_d(const void *a, const void *b)
-{
-    double x = *(const double *)a, y = *(const double *)b;
-    return x < y ? -1 : x > y;
-}
+static double now_us(void) { return now_mono_ms() * 1e3; }
 
 #define CHECK(call)                                                                   \
     do {                                                                              \
@@ -58,6 +49,36 @@ static const bcase CASES[] = {
 
 static const int H = 32, KVH = 8, D = 128;
 
+/* A step's device buffers: q and out of nq values, k and v of nk. */
+typedef struct bufs {
+    CUdeviceptr q, k, v, out;
+} bufs;
+
+static stof_status bufs_alloc(stof_ctx *ctx, bufs *b, size_t nq, size_t nk)
+{
+    TRY(jit_push(ctx));
+    stof_status st = CU(ctx, MemAlloc(&b->q, 2 * nq));
+    if (st == STOF_OK)
+        st = CU(ctx, MemAlloc(&b->out, 2 * nq));
+    if (st == STOF_OK)
+        st = CU(ctx, MemAlloc(&b->k, 2 * nk));
+    if (st == STOF_OK)
+        st = CU(ctx, MemAlloc(&b->v, 2 * nk));
+    jit_pop(ctx);
+    return st;
+}
+
+static void bufs_free(stof_ctx *ctx, bufs *b)
+{
+    const CUdeviceptr p[] = {b->q, b->k, b->v, b->out};
+    if (ctx->dev.ok && jit_push(ctx) == STOF_OK) {
+        for (int i = 0; i < 4; i++)
+            if (p[i])
+                ctx->dev.api.MemFree(p[i]);
+        jit_pop(ctx);
+    }
+}
+
 /* Fills n 16-bit values with a cheap pattern in [-1, 1). */
 static void fill(uint16_t *p, size_t n, uint64_t seed)
 {
@@ -71,7 +92,7 @@ static void run_case(stof_ctx *ctx, const bcase *c, CUdeviceptr flush, size_t fl
 {
     const char *name = c->name;
     stof_decode_plan *plan = NULL;
-    CUdeviceptr q = 0, k = 0, v = 0, out = 0;
+    bufs b = {0};
     CUevent e0 = NULL, e1 = NULL;
     uint16_t *host = NULL;
     stof_decode_desc d = {.batch = c->batch, .heads = H, .kv_heads = KVH, .head_dim = D,
@@ -85,17 +106,14 @@ static void run_case(stof_ctx *ctx, const bcase *c, CUdeviceptr flush, size_t fl
         printf("%-28s out of memory\n", name);
         goto done;
     }
+    CHECK(bufs_alloc(ctx, &b, nq, nk));
     CHECK(jit_push(ctx));
-    CHECK(CU(ctx, MemAlloc(&q, 2 * nq)));
-    CHECK(CU(ctx, MemAlloc(&out, 2 * nq)));
-    CHECK(CU(ctx, MemAlloc(&k, 2 * nk)));
-    CHECK(CU(ctx, MemAlloc(&v, 2 * nk)));
     fill(host, nq, 1);
-    CHECK(CU(ctx, MemcpyHtoD(q, host, 2 * nq)));
+    CHECK(CU(ctx, MemcpyHtoD(b.q, host, 2 * nq)));
     fill(host, nk, 2);
-    CHECK(CU(ctx, MemcpyHtoD(k, host, 2 * nk)));
+    CHECK(CU(ctx, MemcpyHtoD(b.k, host, 2 * nk)));
     fill(host, nk, 3);
-    CHECK(CU(ctx, MemcpyHtoD(v, host, 2 * nk)));
+    CHECK(CU(ctx, MemcpyHtoD(b.v, host, 2 * nk)));
     CHECK(CU(ctx, EventCreate(&e0, CU_EVENT_DEFAULT)));
     CHECK(CU(ctx, EventCreate(&e1, CU_EVENT_DEFAULT)));
     jit_pop(ctx);
@@ -106,18 +124,16 @@ static void run_case(stof_ctx *ctx, const bcase *c, CUdeviceptr flush, size_t fl
         CHECK(CU(ctx, MemsetD8(flush, (unsigned char)rep, flush_bytes)));
         CHECK(CU(ctx, EventRecord(e0, NULL)));
         jit_pop(ctx);
-        CHECK(stof_decode_run(plan, (void *)q, (void *)k, (void *)v, (void *)out, NULL, 0, 0,
-                              NULL));
+        CHECK(stof_decode_run(plan, (void *)b.q, (void *)b.k, (void *)b.v, (void *)b.out, NULL,
+                              0, 0, NULL));
         float t = 0;
         CHECK(jit_push(ctx));
-        CHECK(CU(ctx, EventRecord(e1, NULL)));
-        CHECK(CU(ctx, EventSynchronize(e1)));
-        CHECK(CU(ctx, EventElapsedTime(&t, e0, e1)));
+        CHECK(timing_elapsed(ctx, e0, e1, &t));
         jit_pop(ctx);
         if (rep >= 0)
             ms[rep] = t;
     }
-    qsort(ms, 25, sizeof ms[0], cmp_d);
+    qsort(ms, 25, sizeof ms[0], util_cmp_double);
     const long long keys = c->window && c->window + c->seq_q - 1 < c->cap
                                ? c->window + c->seq_q - 1 : c->cap;
     const double bytes = 2.0 * 2 * c->batch * KVH * (double)keys * D;
@@ -129,11 +145,8 @@ static void run_case(stof_ctx *ctx, const bcase *c, CUdeviceptr flush, size_t fl
            sp ? sp : "");
 done:
     fflush(stdout);
+    bufs_free(ctx, &b);
     if (ctx->dev.ok && jit_push(ctx) == STOF_OK) {
-        if (q) ctx->dev.api.MemFree(q);
-        if (k) ctx->dev.api.MemFree(k);
-        if (v) ctx->dev.api.MemFree(v);
-        if (out) ctx->dev.api.MemFree(out);
         if (e0) ctx->dev.api.EventDestroy(e0);
         if (e1) ctx->dev.api.EventDestroy(e1);
         jit_pop(ctx);
@@ -148,7 +161,7 @@ static void run_loop(stof_ctx *ctx, int steps)
     const char *name = "loop";
     const int B = 8, first = 4096, last = first + steps;
     stof_decode_plan *plan = NULL;
-    CUdeviceptr q = 0, k = 0, v = 0, out = 0;
+    bufs b = {0};
     double *us = malloc(sizeof(double) * steps);
     stof_decode_desc d = {.batch = B, .heads = H, .kv_heads = KVH, .head_dim = D, .seq_q = 1,
                           .max_seq_k = last, .dtype = STOF_BF16};
@@ -159,14 +172,11 @@ static void run_loop(stof_ctx *ctx, int steps)
     const double plan_us = now_us() - t0;
     stof_get_stats(ctx, &s1);
     const size_t nq = (size_t)B * H * D, nk = (size_t)B * KVH * last * D;
+    CHECK(bufs_alloc(ctx, &b, nq, nk));
     CHECK(jit_push(ctx));
-    CHECK(CU(ctx, MemAlloc(&q, 2 * nq)));
-    CHECK(CU(ctx, MemAlloc(&out, 2 * nq)));
-    CHECK(CU(ctx, MemAlloc(&k, 2 * nk)));
-    CHECK(CU(ctx, MemAlloc(&v, 2 * nk)));
-    CHECK(CU(ctx, MemsetD8(q, 0x3c, 2 * nq)));
-    CHECK(CU(ctx, MemsetD8(k, 0x3c, 2 * nk)));
-    CHECK(CU(ctx, MemsetD8(v, 0x3c, 2 * nk)));
+    CHECK(CU(ctx, MemsetD8(b.q, 0x3c, 2 * nq)));
+    CHECK(CU(ctx, MemsetD8(b.k, 0x3c, 2 * nk)));
+    CHECK(CU(ctx, MemsetD8(b.v, 0x3c, 2 * nk)));
     jit_pop(ctx);
     if (!us) {
         printf("loop: out of memory\n");
@@ -174,8 +184,8 @@ static void run_loop(stof_ctx *ctx, int steps)
     }
     for (int i = 0; i < steps; i++) {
         const double a = now_us();
-        CHECK(stof_decode_run(plan, (void *)q, (void *)k, (void *)v, (void *)out, NULL, B,
-                              first + i + 1, NULL));
+        CHECK(stof_decode_run(plan, (void *)b.q, (void *)b.k, (void *)b.v, (void *)b.out, NULL,
+                              B, first + i + 1, NULL));
         us[i] = now_us() - a;
         CHECK(jit_push(ctx));
         CHECK(CU(ctx, CtxSynchronize()));
@@ -185,7 +195,7 @@ static void run_loop(stof_ctx *ctx, int steps)
     double mean = 0;
     for (int i = 0; i < steps; i++)
         mean += us[i] / steps;
-    qsort(us, steps, sizeof us[0], cmp_d);
+    qsort(us, steps, sizeof us[0], util_cmp_double);
     printf("loop: %d steps, cache %d -> %d, batch %d: plan %.1f ms before it (%lld compiles); "
            "during it 0 plans, %lld compiles, %lld module loads; host time of "
            "stof_decode_run: median %.2f us, mean %.2f us, p99 %.2f us\n",
@@ -194,13 +204,7 @@ static void run_loop(stof_ctx *ctx, int steps)
            us[steps / 2], mean, us[steps * 99 / 100]);
 done:
     fflush(stdout);
-    if (ctx->dev.ok && jit_push(ctx) == STOF_OK) {
-        if (q) ctx->dev.api.MemFree(q);
-        if (k) ctx->dev.api.MemFree(k);
-        if (v) ctx->dev.api.MemFree(v);
-        if (out) ctx->dev.api.MemFree(out);
-        jit_pop(ctx);
-    }
+    bufs_free(ctx, &b);
     free(us);
     stof_decode_plan_free(plan);
 }
