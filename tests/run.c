@@ -6,6 +6,7 @@
  * times; the run closes with its wall time and "N passed, N failed".
  */
 #include <errno.h>
+#include <math.h>
 #include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
@@ -18,6 +19,8 @@
 #include <sqlite3.h>
 #include <pthread.h>
 
+#include "base/half.h"
+#include "ctx.h"
 #include "stof.h"
 #include "testutil.h"
 
@@ -232,6 +235,47 @@ const char *test_build_path(const char *name)
     char *p = path[next++ & 3];
     snprintf(p, sizeof path[0], "%s/%s", b && *b ? b : "build", name);
     return p;
+}
+
+stof_ctx *test_open_in(const char *dir)
+{
+    char path[4096];
+    snprintf(path, sizeof path, "%s/cache.db", dir);
+    stof_ctx *ctx;
+    ck_assert_int_eq(stof_open(&ctx, &(stof_options){.cache_path = path}), STOF_OK);
+    return ctx;
+}
+
+CUdeviceptr test_upload(stof_ctx *ctx, const void *host, size_t bytes)
+{
+    CUdeviceptr p = 0;
+    ck_assert_int_eq(jit_push(ctx), STOF_OK);
+    ck_assert_int_eq(CU(ctx, MemAlloc(&p, bytes)), STOF_OK);
+    if (host)
+        ck_assert_int_eq(CU(ctx, MemcpyHtoD(p, host, bytes)), STOF_OK);
+    else
+        ck_assert_int_eq(CU(ctx, MemsetD8(p, 0xff, bytes)), STOF_OK);
+    jit_pop(ctx);
+    return p;
+}
+
+void test_fill_uniform(test_rng *r, stof_dtype t, void *p, size_t n, double offset, double scale)
+{
+    for (size_t i = 0; i < n; i++)
+        dtype_store(t, p, i, offset + scale * (test_rng_uniform(r) * 2 - 1));
+}
+
+double test_rel_l2(stof_dtype t, const void *got, const double *ref, size_t n)
+{
+    double num = 0, den = 0;
+    for (size_t i = 0; i < n; i++) {
+        const double x = dtype_load(t, got, i);
+        if (isnan(x) || isinf(x))
+            return INFINITY;
+        num += (x - ref[i]) * (x - ref[i]);
+        den += ref[i] * ref[i];
+    }
+    return sqrt(num / den);
 }
 
 /* The suites in file order (build/gen/suites.inc), the order their output

@@ -1,7 +1,9 @@
 /*
  * testutil — what every suite shares: a seeded random source whose seed is
  * printed (set STOF_SEED to replay), temporary folders, the kernel cache
- * the variant sweeps share, and reading a whole command's output.
+ * the variant sweeps share, reading a whole command's output, and for the
+ * GPU suites device buffers (uploaded or poisoned), random tensors and
+ * their relative L2 error.
  */
 #ifndef STOF_TESTUTIL_H
 #define STOF_TESTUTIL_H
@@ -10,6 +12,8 @@
 #include <pthread.h>
 #include <stdint.h>
 #include <stdio.h>
+
+#include "gpu/jit.h"
 
 /* The run's seed: $STOF_SEED or the clock, printed once by the runner. */
 uint64_t test_seed(void);
@@ -67,5 +71,18 @@ int test_take(pthread_mutex_t *lock, int *next, int n);
 
 /* 1 when a GPU can be used (decided once by the runner). */
 int test_have_gpu(void);
+
+/* ---- for the GPU suites (each call fails the test on any error) ---- */
+
+/* A context whose kernel cache is dir/cache.db. */
+stof_ctx *test_open_in(const char *dir);
+/* bytes of device memory holding a copy of host, or where host is NULL
+ * poisoned with 0xff bytes (NaN in fp16 and bf16); ctx pushed and popped. */
+CUdeviceptr test_upload(stof_ctx *ctx, const void *host, size_t bytes);
+/* n values of dtype t at p, each offset + scale * u with u uniform in [-1, 1). */
+void test_fill_uniform(test_rng *r, stof_dtype t, void *p, size_t n, double offset, double scale);
+/* The relative L2 error of n values of dtype t at got against ref;
+ * INFINITY where one of them is NaN or infinite (unwritten or overflowed). */
+double test_rel_l2(stof_dtype t, const void *got, const double *ref, size_t n);
 
 #endif

@@ -26,19 +26,6 @@ typedef struct dcase {
     float scale;        /* 0: 1/sqrt(d); the softcap cases scale the scores up to the cap */
 } dcase;
 
-static CUdeviceptr upload(stof_ctx *ctx, const void *host, size_t bytes)
-{
-    CUdeviceptr p = 0;
-    ck_assert_int_eq(jit_push(ctx), STOF_OK);
-    ck_assert_int_eq(CU(ctx, MemAlloc(&p, bytes)), STOF_OK);
-    if (host)
-        ck_assert_int_eq(CU(ctx, MemcpyHtoD(p, host, bytes)), STOF_OK);
-    else
-        ck_assert_int_eq(CU(ctx, MemsetD8(p, 0xff, bytes)), STOF_OK); /* poison: NaN */
-    jit_pop(ctx);
-    return p;
-}
-
 /* Element offsets of q/out row (b, h, i) and of k/v row (b, kvh, key). */
 static size_t q_at(const dcase *c, int b, int h, int i)
 {
@@ -147,9 +134,9 @@ static double run_case(const dcase *c, uint64_t salt)
     ck_assert_int_eq(s1.nvrtc_compiles, s0.nvrtc_compiles);
     stof_decode_plan_free(again);
 
-    CUdeviceptr dq = upload(ctx, q, 2 * nq), dk = upload(ctx, k, 2 * nk),
-                dv = upload(ctx, v, 2 * nk), dout = upload(ctx, NULL, 2 * nq);
-    CUdeviceptr dlens = lens ? upload(ctx, lens, sizeof(int) * batch) : 0;
+    CUdeviceptr dq = test_upload(ctx, q, 2 * nq), dk = test_upload(ctx, k, 2 * nk),
+                dv = test_upload(ctx, v, 2 * nk), dout = test_upload(ctx, NULL, 2 * nq);
+    CUdeviceptr dlens = lens ? test_upload(ctx, lens, sizeof(int) * batch) : 0;
     st = stof_decode_run(plan, (void *)dq, (void *)dk, (void *)dv, (void *)dout,
                          (const int *)dlens, c->run_batch, c->cap, NULL);
     ck_assert_msg(st == STOF_OK, "%s: run: %s", c->name, stof_last_error(ctx));
@@ -263,8 +250,8 @@ START_TEST(run_checks_its_arguments)
     stof_decode_plan *plan;
     ck_assert_msg(stof_decode_plan_create(ctx, &d, &plan) == STOF_OK, "%s", stof_last_error(ctx));
     const size_t nq = 4 * 8 * 4 * 64, nk = 4 * 2 * 1000 * 64;
-    CUdeviceptr q = upload(ctx, NULL, 2 * nq), k = upload(ctx, NULL, 2 * nk),
-                v = upload(ctx, NULL, 2 * nk), out = upload(ctx, NULL, 2 * nq);
+    CUdeviceptr q = test_upload(ctx, NULL, 2 * nq), k = test_upload(ctx, NULL, 2 * nk),
+                v = test_upload(ctx, NULL, 2 * nk), out = test_upload(ctx, NULL, 2 * nq);
     void *Q = (void *)q, *K = (void *)k, *V = (void *)v, *O = (void *)out;
     struct {
         void *q, *k, *v, *o;

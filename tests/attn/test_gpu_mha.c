@@ -55,25 +55,6 @@ static int has_wgmma(void)
     return strcmp(arch, "sm_90a") == 0;
 }
 
-static CUdeviceptr upload(stof_ctx *ctx, const void *host, size_t bytes)
-{
-    CUdeviceptr p = 0;
-    ck_assert_int_eq(jit_push(ctx), STOF_OK);
-    ck_assert_int_eq(CU(ctx, MemAlloc(&p, bytes)), STOF_OK);
-    if (host)
-        ck_assert_int_eq(CU(ctx, MemcpyHtoD(p, host, bytes)), STOF_OK);
-    else
-        ck_assert_int_eq(CU(ctx, MemsetD8(p, 0xff, bytes)), STOF_OK); /* poison: NaN */
-    jit_pop(ctx);
-    return p;
-}
-
-static void random_fill(test_rng *r, stof_dtype t, void *p, size_t n)
-{
-    for (size_t i = 0; i < n; i++)
-        dtype_store(t, p, i, test_rng_uniform(r) * 2 - 1);
-}
-
 /* The cache run_case plans with (none when NULL), and the mask summaries
  * its last plan made. */
 static const char *case_cache;
@@ -100,9 +81,9 @@ static double run_case(const mcase *c, uint64_t salt)
     uint16_t *packed = c->packed ? malloc(2 * npk) : NULL;
     double *ref = malloc(sizeof(double) * nq);
     ck_assert(q && k && v && out && ref && (!c->packed || packed));
-    random_fill(&r, c->dtype, q, nq);
-    random_fill(&r, c->dtype, k, nk);
-    random_fill(&r, c->dtype, v, nk);
+    test_fill_uniform(&r, c->dtype, q, nq, 0, 1);
+    test_fill_uniform(&r, c->dtype, k, nk, 0, 1);
+    test_fill_uniform(&r, c->dtype, v, nk, 0, 1);
     int lens[64];
     for (int b = 0; b < c->batch; b++)
         lens[b] = c->lens ? test_rng_int(&r, 1, c->lq) : c->lq;
@@ -124,8 +105,8 @@ static double run_case(const mcase *c, uint64_t salt)
         slopes[h] = (float)(1.0 / 64 + test_rng_uniform(&r) * (0.5 - 1.0 / 64));
     for (size_t i = 0; i < H * (size_t)sm.buckets; i++)
         table[i] = (float)(test_rng_uniform(&r) * 4 - 2);
-    CUdeviceptr dslopes = sm.alibi && sm.given ? upload(ctx, slopes, sizeof(float) * H) : 0;
-    CUdeviceptr dtable = sm.buckets ? upload(ctx, table, sizeof(float) * H * sm.buckets) : 0;
+    CUdeviceptr dslopes = sm.alibi && sm.given ? test_upload(ctx, slopes, sizeof(float) * H) : 0;
+    CUdeviceptr dtable = sm.buckets ? test_upload(ctx, table, sizeof(float) * H * sm.buckets) : 0;
 
     stof_mha_desc d = {.batch = c->batch, .heads = c->heads, .seq_q = c->lq, .seq_k = c->lk,
                        .head_dim = c->d, .dtype = c->dtype, .layout = c->layout,
@@ -145,10 +126,12 @@ static double run_case(const mcase *c, uint64_t salt)
     }
     ck_assert_msg(st == STOF_OK, "plan %s: %s", c->spec, stof_last_error(ctx));
     case_walks = mask_summaries_made() - walks;
-    CUdeviceptr dq = upload(ctx, c->packed ? (void *)packed : (void *)q, 2 * (c->packed ? npk : nq));
-    CUdeviceptr dk = c->packed ? 0 : upload(ctx, k, 2 * nk), dv = c->packed ? 0 : upload(ctx, v, 2 * nk);
-    CUdeviceptr dout = upload(ctx, NULL, 2 * nq);
-    CUdeviceptr dlens = c->lens ? upload(ctx, lens, sizeof(int) * B) : 0;
+    CUdeviceptr dq = test_upload(ctx, c->packed ? (void *)packed : (void *)q,
+                                 2 * (c->packed ? npk : nq));
+    CUdeviceptr dk = c->packed ? 0 : test_upload(ctx, k, 2 * nk),
+                dv = c->packed ? 0 : test_upload(ctx, v, 2 * nk);
+    CUdeviceptr dout = test_upload(ctx, NULL, 2 * nq);
+    CUdeviceptr dlens = c->lens ? test_upload(ctx, lens, sizeof(int) * B) : 0;
     st = stof_mha_run(plan, (void *)dq, (void *)dk, (void *)dv, (void *)dout, (const int *)dlens, NULL);
     ck_assert_msg(st == STOF_OK, "run: %s", stof_last_error(ctx));
     ck_assert_int_eq(jit_push(ctx), STOF_OK);
@@ -445,10 +428,10 @@ START_TEST(ws_runs_follow_pointers)
     for (int s = 0; s < 2; s++) {
         for (int t = 0; t < 3; t++) {
             host[s][t] = malloc(2 * n);
-            random_fill(&r, STOF_F16, host[s][t], n);
-            dev[s][t] = upload(ctx, host[s][t], 2 * n);
+            test_fill_uniform(&r, STOF_F16, host[s][t], n, 0, 1);
+            dev[s][t] = test_upload(ctx, host[s][t], 2 * n);
         }
-        out[s] = upload(ctx, NULL, 2 * n);
+        out[s] = test_upload(ctx, NULL, 2 * n);
         ref[s] = malloc(sizeof(double) * n);
         ref_attn_args a = {B, H, L, L, D, STOF_F16, STOF_LAYOUT_BHLD, 0,
                            host[s][0], host[s][1], host[s][2], m, NULL, NULL, 0, 0, 0, NULL, 0,
@@ -666,9 +649,9 @@ START_TEST(varlen_sequences)
     double *ref = malloc(sizeof(double) * nq);
     unsigned char *mine = calloc((size_t)total_q, 1);  /* rows a sequence writes */
     ck_assert(q && k && v && out && ref && mine);
-    random_fill(&r, c->dtype, q, nq);
-    random_fill(&r, c->dtype, k, nk);
-    random_fill(&r, c->dtype, v, nk);
+    test_fill_uniform(&r, c->dtype, q, nq, 0, 1);
+    test_fill_uniform(&r, c->dtype, k, nk, 0, 1);
+    test_fill_uniform(&r, c->dtype, v, nk, 0, 1);
 
     stof_mha_desc d = {.batch = c->n + 1, .heads = c->heads, .seq_q = c->lq, .seq_k = c->lk,
                        .head_dim = c->d, .dtype = c->dtype, .layout = STOF_LAYOUT_BLHD,
@@ -682,10 +665,10 @@ START_TEST(varlen_sequences)
         st = mha_plan_forced(ctx, &d, m, &cand, &plan);
     }
     ck_assert_msg(st == STOF_OK, "plan %s: %s", c->spec, stof_last_error(ctx));
-    CUdeviceptr dq = upload(ctx, q, 2 * nq), dk = upload(ctx, k, 2 * nk),
-                dv = upload(ctx, v, 2 * nk), dout = upload(ctx, NULL, 2 * nq);
-    CUdeviceptr dcq = upload(ctx, cu_q, sizeof(int) * (c->n + 1)),
-                dck = upload(ctx, cu_k, sizeof(int) * (c->n + 1));
+    CUdeviceptr dq = test_upload(ctx, q, 2 * nq), dk = test_upload(ctx, k, 2 * nk),
+                dv = test_upload(ctx, v, 2 * nk), dout = test_upload(ctx, NULL, 2 * nq);
+    CUdeviceptr dcq = test_upload(ctx, cu_q, sizeof(int) * (c->n + 1)),
+                dck = test_upload(ctx, cu_k, sizeof(int) * (c->n + 1));
     void *Q = (void *)dq, *K = (void *)dk, *V = (void *)dv, *O = (void *)dout;
     const int *CQ = (const int *)dcq, *CK = (const int *)dck;
 
@@ -794,9 +777,9 @@ START_TEST(varlen_equal_lengths_match_the_batch)
     uint16_t *q = malloc(2 * nq), *k = malloc(2 * nk), *v = malloc(2 * nk);
     uint16_t *o1 = malloc(2 * nq), *o2 = malloc(2 * nq);
     ck_assert(q && k && v && o1 && o2);
-    random_fill(&r, STOF_F16, q, nq);
-    random_fill(&r, STOF_F16, k, nk);
-    random_fill(&r, STOF_F16, v, nk);
+    test_fill_uniform(&r, STOF_F16, q, nq, 0, 1);
+    test_fill_uniform(&r, STOF_F16, k, nk, 0, 1);
+    test_fill_uniform(&r, STOF_F16, v, nk, 0, 1);
     stof_mha_desc d = {.batch = B, .heads = H, .seq_q = L, .seq_k = L, .head_dim = D,
                        .dtype = STOF_F16, .layout = STOF_LAYOUT_BLHD, .kv_heads = KVH};
     stof_mha_plan *padded = NULL, *packed = NULL;
@@ -806,9 +789,9 @@ START_TEST(varlen_equal_lengths_match_the_batch)
     ck_assert_msg(mha_plan_forced(ctx, &d, m, cand, &packed) == STOF_OK, "%s",
                   stof_last_error(ctx));
     int cu[4] = {0, L, 2 * L, 3 * L};
-    CUdeviceptr dq = upload(ctx, q, 2 * nq), dk = upload(ctx, k, 2 * nk),
-                dv = upload(ctx, v, 2 * nk), d1 = upload(ctx, NULL, 2 * nq),
-                d2 = upload(ctx, NULL, 2 * nq), dcu = upload(ctx, cu, sizeof cu);
+    CUdeviceptr dq = test_upload(ctx, q, 2 * nq), dk = test_upload(ctx, k, 2 * nk),
+                dv = test_upload(ctx, v, 2 * nk), d1 = test_upload(ctx, NULL, 2 * nq),
+                d2 = test_upload(ctx, NULL, 2 * nq), dcu = test_upload(ctx, cu, sizeof cu);
     ck_assert_int_eq(stof_mha_run_varlen(padded, (void *)dq, (void *)dk, (void *)dv, (void *)d2,
                                          (const int *)dcu, (const int *)dcu, B, 3LL * L, 3LL * L,
                                          NULL),
@@ -943,7 +926,7 @@ START_TEST(mods_refused)
     stof_mha_plan *plan;
     ck_assert_msg(mha_plan_forced(ctx, &d, m, &cand, &plan) == STOF_OK, "%s", stof_last_error(ctx));
     size_t n = 4 * 1000 * 64;
-    CUdeviceptr x = upload(ctx, NULL, 2 * n);
+    CUdeviceptr x = test_upload(ctx, NULL, 2 * n);
     ck_assert_int_eq(stof_mha_run(plan, (void *)x, (void *)x, (void *)x, (void *)x, NULL, NULL),
                      STOF_ERR_INVALID_ARG);
     ck_assert_ptr_nonnull(strstr(stof_last_error(ctx), "desc.bias_table"));

@@ -77,14 +77,11 @@ static void make_data(stof_ctx *ctx, const dcase *c, test_rng *r, dec_data *L)
     const double sc[NW + 1] = {sh, sh, sh, .5, .5, .5, 1 / sqrt((double)qn),
                                sh, sh, 1 / sqrt((double)f), .2, .2, 1};
     const double of[NW + 1] = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 0};
-    ck_assert_int_eq(jit_push(ctx), STOF_OK);
     for (int i = 0; i < NW + 1; i++) {
         L->host[i] = malloc(2 * n[i]);
         ck_assert_ptr_nonnull(L->host[i]);
-        for (size_t j = 0; j < n[i]; j++)
-            dtype_store(c->dtype, L->host[i], j, of[i] + sc[i] * (test_rng_uniform(r) * 2 - 1));
-        ck_assert_int_eq(CU(ctx, MemAlloc(&L->dev[i], 2 * n[i])), STOF_OK);
-        ck_assert_int_eq(CU(ctx, MemcpyHtoD(L->dev[i], L->host[i], 2 * n[i])), STOF_OK);
+        test_fill_uniform(r, c->dtype, L->host[i], n[i], of[i], sc[i]);
+        L->dev[i] = test_upload(ctx, L->host[i], 2 * n[i]);
         if (i < NW) {
             ((const void **)&L->hw)[i] = L->host[i];
             ((const void **)&L->dw)[i] = (const void *)L->dev[i];
@@ -99,10 +96,8 @@ static void make_data(stof_ctx *ctx, const dcase *c, test_rng *r, dec_data *L)
             at = test_rng_int(r, 0, 7) == 0 ? 0 : at + 1;
             L->pos[i] = at + (i == 0 ? 1000 : 0);
         }
-        ck_assert_int_eq(CU(ctx, MemAlloc(&L->dpos, sizeof(int) * L->rows)), STOF_OK);
-        ck_assert_int_eq(CU(ctx, MemcpyHtoD(L->dpos, L->pos, sizeof(int) * L->rows)), STOF_OK);
+        L->dpos = test_upload(ctx, L->pos, sizeof(int) * L->rows);
     }
-    jit_pop(ctx);
 }
 
 static void free_data(stof_ctx *ctx, dec_data *L)
@@ -268,14 +263,8 @@ static double run_and_compare(stof_ctx *ctx, stof_decoder_plan *p, const dec_dat
 {
     size_t ws_bytes;
     ck_assert_int_eq(stof_decoder_workspace_size(p, &ws_bytes), STOF_OK);
-    CUdeviceptr ws, out;
     const size_t nout = L->rows * (size_t)L->d.hidden;
-    ck_assert_int_eq(jit_push(ctx), STOF_OK);
-    ck_assert_int_eq(CU(ctx, MemAlloc(&ws, ws_bytes)), STOF_OK);
-    ck_assert_int_eq(CU(ctx, MemAlloc(&out, 2 * nout)), STOF_OK);
-    ck_assert_int_eq(CU(ctx, MemsetD8(out, 0xff, 2 * nout)), STOF_OK);
-    ck_assert_int_eq(CU(ctx, MemsetD8(ws, 0xff, ws_bytes)), STOF_OK);
-    jit_pop(ctx);
+    const CUdeviceptr ws = test_upload(ctx, NULL, ws_bytes), out = test_upload(ctx, NULL, 2 * nout);
     stof_status st = stof_decoder_run(p, (void *)L->dev[NW], (void *)out, (const int *)L->dpos,
                                       offset, (void *)ws, NULL);
     ck_assert_msg(st == STOF_OK, "stof_decoder_run: %s", stof_last_error(ctx));
@@ -287,30 +276,12 @@ static double run_and_compare(stof_ctx *ctx, stof_decoder_plan *p, const dec_dat
     ctx->dev.api.MemFree(ws);
     ctx->dev.api.MemFree(out);
     jit_pop(ctx);
-    double num = 0, den = 0;
-    for (size_t i = 0; i < nout; i++) {
-        const double x = dtype_load(L->d.dtype, got, i);
-        if (isnan(x) || isinf(x)) {
-            free(got);
-            return INFINITY;
-        }
-        num += (x - ref[i]) * (x - ref[i]);
-        den += ref[i] * ref[i];
-    }
+    const double err = test_rel_l2(L->d.dtype, got, ref, nout);
     free(got);
-    return sqrt(num / den);
+    return err;
 }
 
 #define TOL 2e-2
-
-static stof_ctx *open_ctx(const char *dir)
-{
-    char path[1024];
-    snprintf(path, sizeof path, "%s/cache.db", dir);
-    stof_ctx *ctx;
-    ck_assert_int_eq(stof_open(&ctx, &(stof_options){.cache_path = path}), STOF_OK);
-    return ctx;
-}
 
 /* The searched plan matches the reference; a second context plans from
  * the record (no compile, no timing) and matches it too. */
@@ -318,7 +289,7 @@ START_TEST(decoder_matches_reference)
 {
     const dcase *c = &CASES[_i];
     char *dir = test_tmpdir();
-    stof_ctx *ctx = open_ctx(dir);
+    stof_ctx *ctx = test_open_in(dir);
     test_rng r = test_rng_make(0xdec0de + (uint64_t)_i);
     dec_data L;
     make_data(ctx, c, &r, &L);
@@ -340,7 +311,7 @@ START_TEST(decoder_matches_reference)
     ck_assert_msg(err <= TOL, "case %d, again: relative L2 %.3g", _i, err);
     stof_decoder_plan_free(p);
 
-    stof_ctx *again = open_ctx(dir);
+    stof_ctx *again = test_open_in(dir);
     stof_stats s0, s1;
     ck_assert_int_eq(stof_get_stats(again, &s0), STOF_OK);
     st = stof_decoder_plan_create(again, &L.d, &L.dw, &p);

@@ -60,14 +60,11 @@ static void make_data(stof_ctx *ctx, const lcase *c, test_rng *r, layer_data *L)
     const double sc[13] = {1 / sqrt((double)h), .2, 1 / sqrt((double)h), .2, .2, .2,
                            1 / sqrt((double)h), .2, 1 / sqrt((double)f), .2, .2, .2, 1};
     const double of[13] = {0, 0, 0, 0, 1, 0, 0, 0, 0, 0, 1, 0, 0};
-    ck_assert_int_eq(jit_push(ctx), STOF_OK);
     for (int i = 0; i < 13; i++) {
         L->host[i] = malloc(2 * n[i]);
         ck_assert_ptr_nonnull(L->host[i]);
-        for (size_t j = 0; j < n[i]; j++)
-            dtype_store(c->dtype, L->host[i], j, of[i] + sc[i] * (test_rng_uniform(r) * 2 - 1));
-        ck_assert_int_eq(CU(ctx, MemAlloc(&L->dev[i], 2 * n[i])), STOF_OK);
-        ck_assert_int_eq(CU(ctx, MemcpyHtoD(L->dev[i], L->host[i], 2 * n[i])), STOF_OK);
+        test_fill_uniform(r, c->dtype, L->host[i], n[i], of[i], sc[i]);
+        L->dev[i] = test_upload(ctx, L->host[i], 2 * n[i]);
         if (i < 12) {
             ((const void **)&L->hw)[i] = L->host[i];
             ((const void **)&L->dw)[i] = (const void *)L->dev[i];
@@ -75,9 +72,7 @@ static void make_data(stof_ctx *ctx, const lcase *c, test_rng *r, layer_data *L)
     }
     for (int b = 0; b < c->batch; b++)
         L->lens[b] = c->lens ? test_rng_int(r, c->seq / 2, c->seq) : c->seq;
-    ck_assert_int_eq(CU(ctx, MemAlloc(&L->dlens, sizeof L->lens)), STOF_OK);
-    ck_assert_int_eq(CU(ctx, MemcpyHtoD(L->dlens, L->lens, sizeof L->lens)), STOF_OK);
-    jit_pop(ctx);
+    L->dlens = test_upload(ctx, L->lens, sizeof L->lens);
 }
 
 static void free_data(stof_ctx *ctx, layer_data *L)
@@ -99,14 +94,8 @@ static double run_and_compare(stof_ctx *ctx, stof_layer_plan *p, const layer_dat
 {
     size_t ws_bytes;
     ck_assert_int_eq(stof_layer_workspace_size(p, &ws_bytes), STOF_OK);
-    CUdeviceptr ws, out;
     const size_t nout = L->rows * (size_t)c->hidden;
-    ck_assert_int_eq(jit_push(ctx), STOF_OK);
-    ck_assert_int_eq(CU(ctx, MemAlloc(&ws, ws_bytes)), STOF_OK);
-    ck_assert_int_eq(CU(ctx, MemAlloc(&out, 2 * nout)), STOF_OK);
-    ck_assert_int_eq(CU(ctx, MemsetD8(out, 0xff, 2 * nout)), STOF_OK);
-    ck_assert_int_eq(CU(ctx, MemsetD8(ws, 0xff, ws_bytes)), STOF_OK);
-    jit_pop(ctx);
+    const CUdeviceptr ws = test_upload(ctx, NULL, ws_bytes), out = test_upload(ctx, NULL, 2 * nout);
     stof_status st = stof_layer_run(p, (void *)L->dev[12], (void *)out,
                                     c->lens ? (const int *)L->dlens : NULL, (void *)ws, NULL);
     ck_assert_msg(st == STOF_OK, "stof_layer_run: %s", stof_last_error(ctx));
@@ -118,18 +107,9 @@ static double run_and_compare(stof_ctx *ctx, stof_layer_plan *p, const layer_dat
     ctx->dev.api.MemFree(ws);
     ctx->dev.api.MemFree(out);
     jit_pop(ctx);
-    double num = 0, den = 0;
-    for (size_t i = 0; i < nout; i++) {
-        double x = dtype_load(c->dtype, got, i);
-        if (isnan(x) || isinf(x)) {
-            free(got);
-            return INFINITY;
-        }
-        num += (x - ref[i]) * (x - ref[i]);
-        den += ref[i] * ref[i];
-    }
+    const double err = test_rel_l2(c->dtype, got, ref, nout);
     free(got);
-    return sqrt(num / den);
+    return err;
 }
 
 static double tol(stof_dtype t) { return t == STOF_BF16 ? 1.5e-2 : 5e-3; }
@@ -179,22 +159,13 @@ static int count_layer_record(const cache_tuning *t, const char *version, void *
     return 0;
 }
 
-static stof_ctx *open_ctx(const char *dir)
-{
-    char path[1024];
-    snprintf(path, sizeof path, "%s/cache.db", dir);
-    stof_ctx *ctx;
-    ck_assert_int_eq(stof_open(&ctx, &(stof_options){.cache_path = path}), STOF_OK);
-    return ctx;
-}
-
 /* The planned layer (search, then a cached plan in a second context, then
  * the other launch path) matches the reference. */
 START_TEST(layer_matches_reference)
 {
     const lcase *c = &CASES[_i];
     char *dir = test_tmpdir();
-    stof_ctx *ctx = open_ctx(dir);
+    stof_ctx *ctx = test_open_in(dir);
     test_rng r = test_rng_make(0x1a7e5 + (uint64_t)_i);
     layer_data L;
     make_data(ctx, c, &r, &L);
@@ -234,7 +205,7 @@ START_TEST(layer_matches_reference)
     ck_assert_int_eq(layers[1], 0);
 
     /* A second context plans from the record: no compile, no timing. */
-    stof_ctx *again = open_ctx(dir);
+    stof_ctx *again = test_open_in(dir);
     stof_stats s0, s1;
     ck_assert_int_eq(stof_get_stats(again, &s0), STOF_OK);
     st = stof_layer_plan_create(again, &L.d, L.mask, &L.dw, &p);
@@ -253,7 +224,7 @@ START_TEST(layer_matches_reference)
     /* Another mask, same shape, a third context: the groups come from their
      * own records, attention alone is searched, and the layer still
      * matches its reference. */
-    stof_ctx *other = open_ctx(dir);
+    stof_ctx *other = test_open_in(dir);
     stof_mask *m2;
     const char *spec2 = strcmp(c->spec, "causal") ? "causal" : "dense";
     ck_assert_int_eq(stof_mask_parse(other, spec2, c->seq, c->seq, &m2), STOF_OK);
@@ -390,16 +361,11 @@ START_TEST(layer_graphs_per_buffers)
     ck_assert_int_eq(stof_layer_workspace_size(p, &ws_bytes), STOF_OK);
     const size_t nout = L.rows * (size_t)c->hidden;
     enum { SETS = 5 };
-    CUdeviceptr x2, ws, out[SETS];
-    ck_assert_int_eq(jit_push(ctx), STOF_OK);
-    ck_assert_int_eq(CU(ctx, MemAlloc(&x2, 2 * nout)), STOF_OK);
-    ck_assert_int_eq(CU(ctx, MemcpyHtoD(x2, L.host[12], 2 * nout)), STOF_OK);
-    ck_assert_int_eq(CU(ctx, MemAlloc(&ws, ws_bytes)), STOF_OK);
-    for (int i = 0; i < SETS; i++) {
-        ck_assert_int_eq(CU(ctx, MemAlloc(&out[i], 2 * nout)), STOF_OK);
-        ck_assert_int_eq(CU(ctx, MemsetD8(out[i], 0xff, 2 * nout)), STOF_OK);
-    }
-    jit_pop(ctx);
+    /* the workspace poisoned too: a run must not read what it did not write */
+    CUdeviceptr x2 = test_upload(ctx, L.host[12], 2 * nout), ws = test_upload(ctx, NULL, ws_bytes),
+                out[SETS];
+    for (int i = 0; i < SETS; i++)
+        out[i] = test_upload(ctx, NULL, 2 * nout);
     /* Set i: out[i], x2 for set 1, else x. */
     const int order[] = {0, 1, 0, 1, 2, 3, 0, 1, 2, 3, 4, 1, 0};
     const long long captures[] = {1, 2, 2, 2, 3, 4, 4, 4, 4, 4, 5, 5, 6};
@@ -429,13 +395,8 @@ START_TEST(layer_graphs_per_buffers)
     ctx->dev.api.MemFree(ws);
     ctx->dev.api.MemFree(x2);
     jit_pop(ctx);
-    double num = 0, den = 0;
-    for (size_t i = 0; i < nout; i++) {
-        const double v = dtype_load(c->dtype, first, i);
-        num += (v - ref[i]) * (v - ref[i]);
-        den += ref[i] * ref[i];
-    }
-    ck_assert_msg(sqrt(num / den) <= tol(c->dtype), "relative L2 %.3g", sqrt(num / den));
+    const double err = test_rel_l2(c->dtype, first, ref, nout);
+    ck_assert_msg(err <= tol(c->dtype), "relative L2 %.3g", err);
     free(got);
     free(first);
     free(ref);
