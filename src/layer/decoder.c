@@ -129,15 +129,6 @@ static stof_ln_desc rms_desc_of(const stof_decoder_desc *d)
     return (stof_ln_desc){d->batch * d->seq, d->hidden, d->dtype, eps_of(d)};
 }
 
-/* Shared memory a block may opt in to: the device's, else the named arch's. */
-static int smem_of(const stof_ctx *ctx)
-{
-    return ctx->dev.ok && ctx->dev.smem_optin > 0 ? ctx->dev.smem_optin
-           : !strncmp(ctx->arch, "sm_90", 5)      ? 227 * 1024
-           : !strcmp(ctx->arch, "sm_80")          ? 163 * 1024
-                                                  : 99 * 1024;
-}
-
 /* ---- plans ------------------------------------------------------------------------ */
 
 /* The weights a run reads: the plan's stacked copies and the caller's rest. */
@@ -220,77 +211,26 @@ static stof_status forward(stof_decoder_plan *p, const dec_weights *w, CUdevicep
 #undef V
 }
 
-/* Scratch for timing whole layers: random weights, two inputs, workspace. */
-typedef struct dscratch {
-    CUdeviceptr p[7], x[2], out, ws;
-    dec_weights w;
-} dscratch;
-
-static void dscratch_free(stof_ctx *ctx, dscratch *s)
+/* The layer on the search's scratch: weights in dec_weights order. */
+static stof_status scratch_body(void *plan, const layer_scratch *s, int i, CUstream st)
 {
-    if (jit_push(ctx) == STOF_OK) {
-        search_free_all(ctx, s->p, 7);
-        search_free_all(ctx, s->x, 2);
-        search_free_all(ctx, &s->out, 1);
-        search_free_all(ctx, &s->ws, 1);
-        jit_pop(ctx);
-    }
-}
-
-static stof_status dscratch_alloc(stof_decoder_plan *p, dscratch *s)
-{
-    stof_ctx *ctx = p->ctx;
-    memset(s, 0, sizeof *s);
-    const size_t h = (size_t)p->d.hidden, f = (size_t)p->d.ffn_hidden,
-                 q = (size_t)qkv_width(&p->d), rows = (size_t)p->d.batch * p->d.seq;
-    const stof_dtype t = p->d.dtype;
-    /* Sizes and scales in dec_weights order. */
-    const size_t n[7] = {q * h, q, h * h, 2 * f * h, h * f, h, h};
-    const float sc[7] = {1 / sqrtf((float)h), .1f, 1 / sqrtf((float)h), 1 / sqrtf((float)h),
-                         1 / sqrtf((float)f), .1f, .1f};
-    const float of[7] = {0, 0, 0, 0, 0, 1, 1};
-    size_t off[WS_COUNT], total;
-    ws_layout(&p->d, off, &total);
-    TRY(jit_push(ctx));
-    stof_status st = STOF_OK;
-    for (int i = 0; st == STOF_OK && i < 7; i++)
-        st = search_upload(ctx, &s->p[i], n[i], t, 400 + i, sc[i], of[i], NULL);
-    for (int i = 0; st == STOF_OK && i < 2; i++)
-        st = search_upload(ctx, &s->x[i], rows * h, t, 501 + i, 1, 0, NULL);
-    if (st == STOF_OK)
-        st = search_upload(ctx, &s->out, rows * h, t, 0, 0, 0, NULL);
-    if (st == STOF_OK)
-        st = CU(ctx, MemAlloc(&s->ws, total));
-    jit_pop(ctx);
-    s->w = (dec_weights){s->p[0], s->p[1], s->p[2], s->p[3], s->p[4], s->p[5], s->p[6]};
-    if (st != STOF_OK)
-        dscratch_free(ctx, s);
-    return st;
-}
-
-typedef struct scratch_run {
-    stof_decoder_plan *p;
-    const dscratch *s;
-} scratch_run;
-
-static stof_status scratch_body(void *arg, int i, CUstream st)
-{
-    const scratch_run *t = arg;
-    return forward(t->p, &t->s->w, t->s->x[i % 2], t->s->out, NULL, 0, t->s->ws, st);
+    const dec_weights w = {s->w[0], s->w[1], s->w[2], s->w[3], s->w[4], s->w[5], s->w[6]};
+    return forward(plan, &w, s->x[i % 2], s->out, NULL, 0, s->ws, st);
 }
 
 /* Times the whole layer with and without a CUDA Graph and keeps the faster. */
 static stof_status choose_graph(stof_decoder_plan *p)
 {
-    dscratch s;
-    TRY(dscratch_alloc(p, &s));
-    scratch_run t = {p, &s};
-    stof_status st =
-        graphs_time(p->ctx, &p->graphs, scratch_body, &t, &p->rec.plain_ms, &p->rec.graph_ms);
+    const size_t h = (size_t)p->d.hidden, f = (size_t)p->d.ffn_hidden,
+                 q = (size_t)qkv_width(&p->d), rows = (size_t)p->d.batch * p->d.seq;
+    const float sh = 1 / sqrtf((float)h), sf = 1 / sqrtf((float)f);
+    /* Sizes and scales in dec_weights order. */
+    scratch_spec sp = {p->d.dtype, 7, {q * h, q, h * h, 2 * f * h, h * f, h, h},
+                       {sh, .1f, sh, sh, sf, .1f, .1f}, {0, 0, 0, 0, 0, 1, 1}, 400, rows * h, 0};
+    size_t off[WS_COUNT];
+    ws_layout(&p->d, off, &sp.ws_bytes);
+    stof_status st = search_layer_graph(p->ctx, &sp, &p->graphs, scratch_body, p, &p->rec);
     p->timed += 2;
-    dscratch_free(p->ctx, &s);
-    if (st == STOF_OK)
-        p->rec.graph = p->rec.graph_ms < p->rec.plain_ms;
     return st;
 }
 
@@ -298,24 +238,10 @@ static stof_status choose_graph(stof_decoder_plan *p)
  * runs one. */
 static stof_status load_groups(stof_decoder_plan *p)
 {
-    int lib = 0;
-    for (int g = 0; g < DG_COUNT; g++) {
-        TRY(group_load(p->ctx, &p->g[g], &p->rec.c[g], &p->ex[g]));
-        lib |= p->rec.c[g].scheme == LS_BLAS || p->rec.c[g].scheme == LS_LT;
-    }
-    if (!lib || p->blas_ws)
-        return STOF_OK;
-    TRY(jit_push(p->ctx));
-    stof_status st = CU(p->ctx, MemAlloc(&p->blas_ws, BLAS_WORKSPACE_BYTES));
-    jit_pop(p->ctx);
-    return st;
+    return group_load_all(p->ctx, p->g, p->rec.c, DG_COUNT, p->ex, &p->blas_ws);
 }
 
-static void unload_groups(stof_decoder_plan *p)
-{
-    for (int g = 0; g < DG_COUNT; g++)
-        group_free(p->ctx, &p->ex[g]);
-}
+static void unload_groups(stof_decoder_plan *p) { group_free_all(p->ctx, p->ex, DG_COUNT); }
 
 static const char *const WEIGHT_NAMES[12] = {
     "q_proj", "k_proj", "v_proj", "q_bias", "k_bias", "v_bias", "o_proj", "gate_proj",
@@ -460,18 +386,13 @@ static stof_status choose(stof_decoder_plan *p, double t0)
     if (from_cache(p, hash, shape))
         return STOF_OK;
     const stof_tune level = util_tune_level(p->d.tune);
-    const int smem_max = smem_of(ctx);
+    const int smem_max = search_smem_max(ctx);
     const search_set set = {p->g, decoder_group_names, DG_COUNT};
     model_device md;
     TRY(mha_device_figures(ctx, &md));
     if (level == STOF_TUNE_OFF) {
         p->origin = "model";
-        TRY(search_by_model(ctx, &set, smem_max, &md, p->rec.c, p->rec.ms));
-        double total = 0;
-        for (int g = 0; g < DG_COUNT; g++)
-            total += p->rec.ms[g];
-        /* The graph where launch gaps count. */
-        p->rec.graph = total < 1.0;
+        TRY(search_by_model(ctx, &set, smem_max, &md, &p->rec));
         return load_groups(p);
     }
     search_state *ss = calloc(1, sizeof *ss);
@@ -697,7 +618,7 @@ stof_status stof_decoder_prepare(stof_ctx *ctx, const stof_decoder_desc *desc)
     /* Every GEMM a scheme could use, with default parameters, in one batch;
      * then the passes and attention. */
     const search_set set = {g, decoder_group_names, DG_COUNT};
-    TRY(search_prepare(ctx, &set, smem_of(ctx), NULL));
+    TRY(search_prepare(ctx, &set, search_smem_max(ctx), NULL));
     const stof_ln_desc lnd = rms_desc_of(desc);
     TRY(ln_rms_prepare(ctx, &lnd, 16, 0, 0, NULL));
     const rope_shape rs = rope_shape_of(desc);

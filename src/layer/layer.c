@@ -129,80 +129,30 @@ static stof_status forward(stof_layer_plan *p, const stof_layer_weights *w, CUde
 #undef D
 }
 
-/* Scratch for timing whole layers: random weights, two inputs, workspace. */
-typedef struct lscratch {
-    CUdeviceptr p[12], x[2], out, ws;
+/* The layer on the search's scratch: weights in stof_layer_weights order. */
+static stof_status scratch_body(void *plan, const layer_scratch *s, int i, CUstream st)
+{
     stof_layer_weights w;
-} lscratch;
-
-static void lscratch_free(stof_ctx *ctx, lscratch *s)
-{
-    if (jit_push(ctx) == STOF_OK) {
-        search_free_all(ctx, s->p, 12);
-        search_free_all(ctx, s->x, 2);
-        search_free_all(ctx, &s->out, 1);
-        search_free_all(ctx, &s->ws, 1);
-        jit_pop(ctx);
-    }
-}
-
-static stof_status lscratch_alloc(stof_layer_plan *p, lscratch *s)
-{
-    stof_ctx *ctx = p->ctx;
-    memset(s, 0, sizeof *s);
-    const size_t h = (size_t)p->d.hidden, f = (size_t)group_ffn_width(&p->d),
-                 rows = (size_t)p->d.batch * p->d.seq;
-    const stof_dtype t = p->d.dtype;
-    /* Sizes and scales in stof_layer_weights order. */
-    const size_t n[12] = {3 * h * h, 3 * h, h * h, h, h, h, f * h, f, h * f, h, h, h};
-    const float sc[12] = {1 / sqrtf((float)h), .1f, 1 / sqrtf((float)h), .1f, .1f, .1f,
-                          1 / sqrtf((float)h), .1f, 1 / sqrtf((float)f), .1f, .1f, .1f};
-    const float of[12] = {0, 0, 0, 0, 1, 0, 0, 0, 0, 0, 1, 0};
-    size_t off[WS_COUNT], total;
-    ws_layout(&p->d, off, &total);
-    TRY(jit_push(ctx));
-    stof_status st = STOF_OK;
-    for (int i = 0; st == STOF_OK && i < 12; i++)
-        st = search_upload(ctx, &s->p[i], n[i], t, 200 + i, sc[i], of[i], NULL);
-    for (int i = 0; st == STOF_OK && i < 2; i++)
-        st = search_upload(ctx, &s->x[i], rows * h, t, 301 + i, 1, 0, NULL);
-    if (st == STOF_OK)
-        st = search_upload(ctx, &s->out, rows * h, t, 0, 0, 0, NULL);
-    if (st == STOF_OK)
-        st = CU(ctx, MemAlloc(&s->ws, total));
-    jit_pop(ctx);
-    const void **w = (const void **)&s->w;
-    for (int i = 0; i < 12; i++)
-        w[i] = (const void *)s->p[i];
-    if (st != STOF_OK)
-        lscratch_free(ctx, s);
-    return st;
-}
-
-/* The layer on the search's scratch, run i on input set i % 2. */
-typedef struct scratch_run {
-    stof_layer_plan *p;
-    const lscratch *s;
-} scratch_run;
-
-static stof_status scratch_body(void *arg, int i, CUstream st)
-{
-    const scratch_run *t = arg;
-    return forward(t->p, &t->s->w, t->s->x[i % 2], t->s->out, NULL, t->s->ws, st);
+    const void **wp = (const void **)&w;
+    for (int k = 0; k < 12; k++)
+        wp[k] = (const void *)s->w[k];
+    return forward(plan, &w, s->x[i % 2], s->out, NULL, s->ws, st);
 }
 
 /* Times the whole layer with and without a CUDA Graph and keeps the faster. */
 static stof_status choose_graph(stof_layer_plan *p)
 {
-    lscratch s;
-    TRY(lscratch_alloc(p, &s));
-    scratch_run t = {p, &s};
-    stof_status st =
-        graphs_time(p->ctx, &p->graphs, scratch_body, &t, &p->rec.plain_ms, &p->rec.graph_ms);
+    const size_t h = (size_t)p->d.hidden, f = (size_t)group_ffn_width(&p->d),
+                 rows = (size_t)p->d.batch * p->d.seq;
+    const float sh = 1 / sqrtf((float)h), sf = 1 / sqrtf((float)f);
+    /* Sizes and scales in stof_layer_weights order. */
+    scratch_spec sp = {p->d.dtype, 12, {3 * h * h, 3 * h, h * h, h, h, h, f * h, f, h * f, h, h, h},
+                       {sh, .1f, sh, .1f, .1f, .1f, sh, .1f, sf, .1f, .1f, .1f},
+                       {0, 0, 0, 0, 1, 0, 0, 0, 0, 0, 1, 0}, 200, rows * h, 0};
+    size_t off[WS_COUNT];
+    ws_layout(&p->d, off, &sp.ws_bytes);
+    stof_status st = search_layer_graph(p->ctx, &sp, &p->graphs, scratch_body, p, &p->rec);
     p->timed += 2;
-    lscratch_free(p->ctx, &s);
-    if (st == STOF_OK)
-        p->rec.graph = p->rec.graph_ms < p->rec.plain_ms;
     return st;
 }
 
@@ -216,30 +166,7 @@ void layer_plan_force_graph(stof_layer_plan *p, int graph)
  * group runs one. */
 static stof_status load_all(stof_layer_plan *p)
 {
-    int lib = 0;
-    for (int g = 0; g < LG_COUNT; g++) {
-        TRY(group_load(p->ctx, &p->g[g], &p->rec.c[g], &p->ex[g]));
-        lib |= p->rec.c[g].scheme == LS_BLAS || p->rec.c[g].scheme == LS_LT;
-    }
-    if (!lib || p->blas_ws)
-        return STOF_OK;
-    TRY(jit_push(p->ctx));
-    stof_status st = CU(p->ctx, MemAlloc(&p->blas_ws, BLAS_WORKSPACE_BYTES));
-    jit_pop(p->ctx);
-    return st;
-}
-
-/* The model's choice per group with default parameters; the graph for
- * layers the model puts under a millisecond, where launch gaps count. */
-static stof_status model_choice(stof_layer_plan *p, const model_device *md, int smem_max)
-{
-    const search_set set = {p->g, group_encoder_names, LG_COUNT};
-    TRY(search_by_model(p->ctx, &set, smem_max, md, p->rec.c, p->rec.ms));
-    double total = 0;
-    for (int g = 0; g < LG_COUNT; g++)
-        total += p->rec.ms[g];
-    p->rec.graph = total < 1.0;
-    return STOF_OK;
+    return group_load_all(p->ctx, p->g, p->rec.c, LG_COUNT, p->ex, &p->blas_ws);
 }
 
 static stof_mha_desc mha_desc_of(const stof_layer_desc *d)
@@ -309,8 +236,7 @@ static stof_status plan_make(stof_ctx *ctx, const stof_layer_desc *desc, const s
             cache_tuning_free(&rec);
         }
         if (!have) {
-            for (int g = 0; g < LG_COUNT; g++)
-                group_free(ctx, &p->ex[g]);
+            group_free_all(ctx, p->ex, LG_COUNT);
             ctx->err = saved;
         }
         p->origin = "cache";
@@ -321,7 +247,8 @@ static stof_status plan_make(stof_ctx *ctx, const stof_layer_desc *desc, const s
     if (st == STOF_OK && !have)
         st = mha_device_figures(ctx, &md);
     if (st == STOF_OK && !have && level == STOF_TUNE_OFF) {
-        st = model_choice(p, &md, smem_max);
+        const search_set set = {p->g, group_encoder_names, LG_COUNT};
+        st = search_by_model(ctx, &set, smem_max, &md, &p->rec);
         p->origin = "model";
         if (st == STOF_OK)
             st = load_all(p);
@@ -476,8 +403,7 @@ void stof_layer_plan_free(stof_layer_plan *p)
     if (!p)
         return;
     stof_ctx *ctx = p->ctx;
-    for (int g = 0; g < LG_COUNT; g++)
-        group_free(ctx, &p->ex[g]);
+    group_free_all(ctx, p->ex, LG_COUNT);
     graphs_free(ctx, &p->graphs);
     if (p->blas_ws && jit_push(ctx) == STOF_OK) {
         ctx->dev.api.MemFree(p->blas_ws);
@@ -495,10 +421,7 @@ stof_status stof_layer_prepare(stof_ctx *ctx, const stof_layer_desc *desc, const
     layer_group g[LG_COUNT];
     layer_groups(desc, g);
     /* Without the device, the named arch's opt-in shared memory. */
-    const int smem_max = ctx->dev.ok && ctx->dev.smem_optin > 0 ? ctx->dev.smem_optin
-                         : !strncmp(ctx->arch, "sm_90", 5)       ? 227 * 1024
-                         : !strcmp(ctx->arch, "sm_80")           ? 163 * 1024
-                                                                 : 99 * 1024;
+    const int smem_max = search_smem_max(ctx);
     /* Every kernel a scheme could use, the generated GEMMs with default
      * parameters, compiled together; pre-LN's LayerNorm before attention too. */
     const search_set set = {g, group_encoder_names, LG_COUNT};

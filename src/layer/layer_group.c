@@ -128,6 +128,28 @@ stof_status group_load(stof_ctx *ctx, const layer_group *g, const layer_choice *
     return st;
 }
 
+stof_status group_load_all(stof_ctx *ctx, const layer_group *g, const layer_choice *c, int n,
+                           group_exec *ex, CUdeviceptr *blas_ws)
+{
+    int lib = 0;
+    for (int i = 0; i < n; i++) {
+        TRY(group_load(ctx, &g[i], &c[i], &ex[i]));
+        lib |= c[i].scheme == LS_BLAS || c[i].scheme == LS_LT;
+    }
+    if (!lib || *blas_ws)
+        return STOF_OK;
+    TRY(jit_push(ctx));
+    stof_status st = CU(ctx, MemAlloc(blas_ws, BLAS_WORKSPACE_BYTES));
+    jit_pop(ctx);
+    return st;
+}
+
+void group_free_all(stof_ctx *ctx, group_exec *ex, int n)
+{
+    for (int i = 0; i < n; i++)
+        group_free(ctx, &ex[i]);
+}
+
 stof_status group_run(stof_ctx *ctx, const group_exec *e, const group_io *io, CUstream s)
 {
     const layer_group *g = &e->g;

@@ -92,5 +92,12 @@ typedef struct group_io {
 stof_status group_load(stof_ctx *ctx, const layer_group *g, const layer_choice *c, group_exec *e);
 stof_status group_run(stof_ctx *ctx, const group_exec *e, const group_io *io, CUstream s);
 void group_free(stof_ctx *ctx, group_exec *e);   /* zeroes e; a zeroed e is a no-op */
+/* A layer's n groups: g[i] loaded with choice c[i] into ex[i], and the
+ * libraries' workspace (BLAS_WORKSPACE_BYTES) into *blas_ws, unless it is
+ * there already, where a group runs cuBLAS or cuBLASLt; on a failure the
+ * groups loaded stay loaded (group_free_all frees them). */
+stof_status group_load_all(stof_ctx *ctx, const layer_group *g, const layer_choice *c, int n,
+                           group_exec *ex, CUdeviceptr *blas_ws);
+void group_free_all(stof_ctx *ctx, group_exec *ex, int n);
 
 #endif

@@ -856,6 +856,68 @@ int layer_group_record_parse(const char *text, int g, layer_choice *c, double *m
     return group_record_parse(text, group_encoder_names[g], c, ms);
 }
 
+/* ---- whole layers -------------------------------------------------------------- */
+
+#define SCRATCH_PTRS (SCRATCH_MAX_WEIGHTS + 4)
+
+static void scratch_free(stof_ctx *ctx, layer_scratch *s)
+{
+    if (jit_push(ctx) == STOF_OK) {
+        search_free_all(ctx, s->w, SCRATCH_PTRS);
+        jit_pop(ctx);
+    }
+}
+
+static stof_status scratch_alloc(stof_ctx *ctx, const scratch_spec *sp, layer_scratch *s)
+{
+    memset(s, 0, sizeof *s);
+    if (sp->nw > SCRATCH_MAX_WEIGHTS)
+        return CTX_FAIL(ctx, STOF_ERR_INTERNAL, "a layer of %d weights (at most %d)", sp->nw,
+                        SCRATCH_MAX_WEIGHTS);
+    const stof_dtype t = sp->dtype;
+    TRY(jit_push(ctx));
+    stof_status st = STOF_OK;
+    for (int i = 0; st == STOF_OK && i < sp->nw; i++)
+        st = search_upload(ctx, &s->w[i], sp->n[i], t, sp->seed + (uint64_t)i, sp->scale[i],
+                           sp->offset[i], NULL);
+    for (int i = 0; st == STOF_OK && i < 2; i++)
+        st = search_upload(ctx, &s->x[i], sp->x_n, t, sp->seed + 101 + (uint64_t)i, 1, 0, NULL);
+    if (st == STOF_OK)
+        st = search_upload(ctx, &s->out, sp->x_n, t, 0, 0, 0, NULL);
+    if (st == STOF_OK)
+        st = CU(ctx, MemAlloc(&s->ws, sp->ws_bytes));
+    jit_pop(ctx);
+    if (st != STOF_OK)
+        scratch_free(ctx, s);
+    return st;
+}
+
+/* The layer kind's body on the scratch, as layer_graph's body. */
+typedef struct scratch_run {
+    layer_scratch_body body;
+    void *plan;
+    const layer_scratch *s;
+} scratch_run;
+
+static stof_status scratch_run_body(void *arg, int i, CUstream st)
+{
+    const scratch_run *t = arg;
+    return t->body(t->plan, t->s, i, st);
+}
+
+stof_status search_layer_graph(stof_ctx *ctx, const scratch_spec *sp, layer_graphs *G,
+                               layer_scratch_body body, void *plan, layer_record *r)
+{
+    layer_scratch s;
+    TRY(scratch_alloc(ctx, sp, &s));
+    scratch_run t = {body, plan, &s};
+    stof_status st = graphs_time(ctx, G, scratch_run_body, &t, &r->plain_ms, &r->graph_ms);
+    scratch_free(ctx, &s);
+    if (st == STOF_OK)
+        r->graph = r->graph_ms < r->plain_ms;
+    return st;
+}
+
 /* ---- a layer kind's groups ------------------------------------------------------- */
 
 /* Group g's choice from its own record (LAYER_GROUP_OP), if there is one
@@ -929,13 +991,25 @@ stof_status search_groups(stof_ctx *ctx, const search_set *set, int smem_max,
 }
 
 stof_status search_by_model(stof_ctx *ctx, const search_set *set, int smem_max,
-                            const model_device *md, layer_choice *c, double *ms)
+                            const model_device *md, layer_record *r)
 {
-    for (int g = 0; g < set->n; g++)
-        if (!model_pick(ctx, &set->g[g], smem_max, md, &c[g], &ms[g]))
+    double total = 0;
+    for (int g = 0; g < set->n; g++) {
+        if (!model_pick(ctx, &set->g[g], smem_max, md, &r->c[g], &r->ms[g]))
             return CTX_FAIL(ctx, STOF_ERR_UNSUPPORTED, "no scheme can run the layer's %s group",
                             set->names[g]);
+        total += r->ms[g];
+    }
+    r->graph = total < 1.0;
     return STOF_OK;
+}
+
+int search_smem_max(const stof_ctx *ctx)
+{
+    return ctx->dev.ok && ctx->dev.smem_optin > 0 ? ctx->dev.smem_optin
+           : !strncmp(ctx->arch, "sm_90", 5)      ? 227 * 1024
+           : !strcmp(ctx->arch, "sm_80")          ? 163 * 1024
+                                                  : 99 * 1024;
 }
 
 stof_status search_prepare(stof_ctx *ctx, const search_set *set, int smem_max,

@@ -4,12 +4,15 @@
  * check of its output, the two-stage search (stage 1 the scheme, stage 2
  * its parameters) over whichever groups a layer kind hands it, the batches
  * that compile their kernels ahead, and the tuning records (the layer's
- * and each group's own). Plans, graphs and the run are layer.c's.
+ * and each group's own), and the whole layer on scratch timed with and
+ * without its CUDA Graph. Plans, graphs and the run are the layer kinds'
+ * (layer.c, decoder.c) and layer_graph's.
  */
 #ifndef STOF_LAYER_SEARCH_H
 #define STOF_LAYER_SEARCH_H
 
 #include "attn/model.h"
+#include "layer/layer_graph.h"
 #include "layer/layer_group.h"
 
 /* ---- the model ---- */
@@ -83,6 +86,35 @@ stof_status search_upload(stof_ctx *ctx, CUdeviceptr *d, size_t n, stof_dtype t,
 /* Frees the n device buffers of p that are set, and zeroes them (ctx pushed). */
 void search_free_all(stof_ctx *ctx, CUdeviceptr *p, int n);
 
+/* ---- whole layers ---- */
+
+/* The scratch a layer kind's whole layer is timed on: nw weights drawn at
+ * random (weight i: n[i] values of scale[i] about offset[i], from seed
+ * seed + i), two inputs of x_n values (seeds seed + 101 and seed + 102; run
+ * i reads input i % 2, so the L2 does not flatter), an output of x_n
+ * values and a workspace of ws_bytes. */
+#define SCRATCH_MAX_WEIGHTS 12
+typedef struct scratch_spec {
+    stof_dtype dtype;
+    int nw;
+    size_t n[SCRATCH_MAX_WEIGHTS];
+    float scale[SCRATCH_MAX_WEIGHTS], offset[SCRATCH_MAX_WEIGHTS];
+    uint64_t seed;
+    size_t x_n, ws_bytes;
+} scratch_spec;
+typedef struct layer_scratch {
+    CUdeviceptr w[SCRATCH_MAX_WEIGHTS], x[2], out, ws;
+} layer_scratch;
+
+/* Enqueues the layer kind's plan once on scratch s, as run i of a batch. */
+typedef stof_status (*layer_scratch_body)(void *plan, const layer_scratch *s, int i, CUstream st);
+
+/* Times the whole layer on fresh scratch as sp draws it, launch by launch
+ * and as a CUDA Graph (graphs_time on G): r gets both times, and r->graph
+ * the faster. */
+stof_status search_layer_graph(stof_ctx *ctx, const scratch_spec *sp, layer_graphs *G,
+                               layer_scratch_body body, void *plan, layer_record *r);
+
 /* ---- the search ---- */
 
 /* What a layer kind hands the search: its groups, in the order it runs
@@ -115,9 +147,13 @@ stof_status search_groups(stof_ctx *ctx, const search_set *set, int smem_max,
                           const model_device *md, search_state *ss, layer_choice *c, double *ms,
                           int *from_record);
 /* The model's choice for every group of set, default parameters, ms
- * predicted (tune off). */
+ * predicted (tune off), into r; r->graph set for a layer the model puts
+ * under a millisecond, where launch gaps count. */
 stof_status search_by_model(stof_ctx *ctx, const search_set *set, int smem_max,
-                            const model_device *md, layer_choice *c, double *ms);
+                            const model_device *md, layer_record *r);
+/* The shared memory a block may opt in to: the device's, else the named
+ * arch's (ctx->arch; a compile without the device). */
+int search_smem_max(const stof_ctx *ctx);
 /* Compiles, without the device, every kernel a scheme of set's groups
  * could use (the generated GEMMs with default parameters) in one batch,
  * with LayerNorm ln too where given. */
