@@ -153,7 +153,7 @@ stof_status group_run(stof_ctx *ctx, const group_exec *e, const group_io *io, CU
     default: {
         gemm_shape sh = group_gemm_shape(g);
         gemm_args a = {(void *)io->x, (void *)io->w, bias, res, (void *)io->gamma,
-                       (void *)io->beta, (void *)y, (void *)io->sum_out, g->eps};
+                       (void *)io->beta, (void *)y, (void *)io->sum_out, g->eps, 0};
         TRY(gemm_launch(ctx, e->gemm_fn, &e->c.cfg, &sh, &a, s));
     }
     }
