@@ -397,7 +397,7 @@ static stof_status load_parts(stof_decoder_plan *p)
     TRY(ln_rms_load(ctx, &lnd, 16, 0, 0, &p->rms));
     const rope_shape rs = rope_shape_of(d);
     TRY(rope_load(ctx, &rs, 16, &p->rope));
-    TRY(swiglu_load(ctx, d->ffn_hidden, 2 * d->ffn_hidden, d->dtype, 16, &p->swiglu));
+    TRY(swiglu_load(ctx, d->ffn_hidden, 2 * d->ffn_hidden, 0, d->dtype, 16, &p->swiglu));
     float inv[ROPE_MAX_HEAD_DIM / 2];
     const rope_params rp = rope_of(d);
     rope_inv_freq(&rp, d->head_dim, inv);
@@ -702,7 +702,7 @@ stof_status stof_decoder_prepare(stof_ctx *ctx, const stof_decoder_desc *desc)
     TRY(ln_rms_prepare(ctx, &lnd, 16, 0, 0, NULL));
     const rope_shape rs = rope_shape_of(desc);
     TRY(rope_prepare(ctx, &rs, 16, NULL));
-    TRY(swiglu_prepare(ctx, desc->ffn_hidden, 2 * desc->ffn_hidden, desc->dtype, 16, NULL));
+    TRY(swiglu_prepare(ctx, desc->ffn_hidden, 2 * desc->ffn_hidden, 0, desc->dtype, 16, NULL));
     char spec[48];
     mask_spec_of(desc, spec, sizeof spec);
     stof_mask *m = NULL;
