@@ -40,9 +40,17 @@ static double predict(const layer_group *g, layer_scheme s, const model_device *
     /* The elementwise rest reads the product (and the residual) and writes. */
     const double rest = 2 + g->epi.residual + g->epi.ln_sum;
     const int bare = !g->epi.bias && !g->epi.residual && !g->epi.ln && g->epi.act == GEMM_ACT_NONE;
+    /* A SwiGLU group: fused, one launch; else the product, then the pass
+     * that reads its m x n and writes m x n / 2. */
+    if (g->epi.act == GEMM_ACT_SWIGLU) {
+        const double pass = pass_ms(g, 1.5, bw) + 2 * LAUNCH_MS;
+        if (s == LS_GEN_SWIGLU)
+            return gemm_ms(g, gen, bw) + LAUNCH_MS;
+        return gemm_ms(g, s == LS_GEN ? gen : lib, bw) + pass;
+    }
     switch (s) {
     case LS_BLAS:
-        /* A bare product (the decoder's gate/up) leaves no pass behind. */
+        /* A bare product (a bias-free QKV) leaves no pass behind. */
         if (bare)
             return gemm_ms(g, lib, bw) + LAUNCH_MS;
         return gemm_ms(g, lib, bw) + pass_ms(g, rest, bw) + 2 * LAUNCH_MS;
@@ -68,11 +76,15 @@ static double predict(const layer_group *g, layer_scheme s, const model_device *
 int layer_rank_schemes(const layer_group *g, int blas, int smem_max, const model_device *md,
                        layer_scheme *out, double *predicted_ms)
 {
+    const int sw = g->epi.act == GEMM_ACT_SWIGLU;
     int n = 0;
     for (int s = 0; s < LS_COUNT; s++) {
         if ((s == LS_BLAS || s == LS_LT) && !blas)
             continue;
         if (s == LS_GEN_LN && !g->epi.ln)
+            continue;
+        /* gen-swiglu only for a SwiGLU group; cuBLAS alone adds no bias there. */
+        if (sw ? s == LS_BLAS && g->epi.bias : s == LS_GEN_SWIGLU)
             continue;
         if (s >= LS_GEN) {
             gemm_shape sh = group_gemm_shape(g);
@@ -85,7 +97,7 @@ int layer_rank_schemes(const layer_group *g, int blas, int smem_max, const model
         out[n] = s;
         predicted_ms[n++] = predict(g, s, md);
     }
-    /* Insertion sort: four at most. */
+    /* Insertion sort: five at most. */
     for (int i = 1; i < n; i++)
         for (int j = i; j > 0 && predicted_ms[j] < predicted_ms[j - 1]; j--) {
             double t = predicted_ms[j];

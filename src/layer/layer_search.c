@@ -125,6 +125,9 @@ static stof_status reference_rows(stof_ctx *ctx, const layer_group *g, const gin
                 a += dtype_load(t, in->r, r * n + c);
             v[c] = o[c] = a;
         }
+        /* SwiGLU: out's n / 2 columns silu(gate) * up of the interleaved pairs. */
+        for (int c = 0; g->epi.act == GEMM_ACT_SWIGLU && c < n / 2; c++)
+            o[c] = v[2 * c] / (1 + exp(-v[2 * c])) * v[2 * c + 1];
         if (!g->epi.ln)
             continue;
         double mean = 0, var = 0;
@@ -178,7 +181,8 @@ static group_io gio_of(const gscratch *s, int set)
  * element) gives infinity. */
 static stof_status cpu_check(stof_ctx *ctx, const layer_group *g, const gscratch *s, double *err)
 {
-    const int n = g->n, es = 2;
+    /* SwiGLU's out has half the product's columns (want's rows keep n). */
+    const int n = g->epi.act == GEMM_ACT_SWIGLU ? g->n / 2 : g->n, es = 2, wn = g->n;
     const stof_dtype t = g->dtype;
     uint16_t *got = malloc((size_t)es * n), *sum = malloc((size_t)es * n);
     stof_status st = got && sum ? jit_push(ctx)
@@ -191,9 +195,9 @@ static stof_status cpu_check(stof_ctx *ctx, const layer_group *g, const gscratch
         if (st == STOF_OK && g->epi.ln_sum)
             st = CU(ctx, MemcpyDtoH(sum, s->sum_out + r * n * es, (size_t)n * es));
         for (int c = 0; st == STOF_OK && c < n; c++) {
-            const double want = s->want[(size_t)i * n + c];
+            const double want = s->want[(size_t)i * wn + c];
             if (g->epi.ln_sum) {
-                double x = dtype_load(t, sum, c), w = s->want_sum[(size_t)i * n + c];
+                double x = dtype_load(t, sum, c), w = s->want_sum[(size_t)i * wn + c];
                 num += isnan(x) ? INFINITY : (x - w) * (x - w);
                 den += w * w;
             }
@@ -280,6 +284,8 @@ stof_status layer_try_choice(stof_ctx *ctx, const layer_group *g, const layer_ch
 static int scheme_params(stof_ctx *ctx, const layer_group *g, layer_scheme s, int smem_max,
                          layer_choice *out, int cap)
 {
+    if (s == LS_GEN_SWIGLU && g->epi.act != GEMM_ACT_SWIGLU)
+        return 0;
     if (s == LS_BLAS) {
         out[0] = (layer_choice){s, 0, {0}};
         return 1;
@@ -385,8 +391,9 @@ typedef struct kbatch {
     gemm_request gr[KB_GEMMS];
     ln_request ln[KB_AUX];
     ba_request ba[KB_AUX];
-    jit_request reqs[KB_GEMMS + 2 * KB_AUX];
-    int ngemm, nln, nba;
+    swiglu_request sw[KB_AUX];
+    jit_request reqs[KB_GEMMS + 3 * KB_AUX];
+    int ngemm, nln, nba, nsw;
 } kbatch;
 
 static void kbatch_gemm(kbatch *b, const layer_group *g, layer_scheme s, const gemm_config *c)
@@ -407,6 +414,8 @@ static void kbatch_aux(kbatch *b, const layer_group *g, layer_scheme s)
         ln_make_request(&lnd, 16, a.bias, a.residual, g->epi.ln_sum, &b->ln[b->nln++]);
     if (a.ba && b->nba < KB_AUX)
         ba_make_request(g->n, g->dtype, g->epi.act, a.bias, a.residual, &b->ba[b->nba++]);
+    if (a.swiglu && b->nsw < KB_AUX)
+        swiglu_make_request(g->n / 2, g->n, 1, g->dtype, 16, &b->sw[b->nsw++]);
 }
 
 /* GEMMs that gemm_check or the device's shared memory refuse are left out,
@@ -420,6 +429,8 @@ static stof_status kbatch_compile(stof_ctx *ctx, kbatch *b)
         b->reqs[n++] = b->ln[i].req;
     for (int i = 0; i < b->nba; i++)
         b->reqs[n++] = b->ba[i].req;
+    for (int i = 0; i < b->nsw; i++)
+        b->reqs[n++] = b->sw[i].req;
     return jit_prepare_all(ctx, b->reqs, n);
 }
 
@@ -849,8 +860,9 @@ stof_status search_prepare(stof_ctx *ctx, const search_set *set, int smem_max,
     for (int i = 0; st == STOF_OK && i < set->n; i++) {
         for (layer_scheme s = LS_BLAS; s <= LS_GEN; s++)
             kbatch_aux(b, &g[i], s);
-        for (layer_scheme s = LS_GEN; st == STOF_OK && s <= LS_GEN_LN; s++) {
-            if (s == LS_GEN_LN && !g[i].epi.ln)
+        for (layer_scheme s = LS_GEN; st == STOF_OK && s <= LS_GEN_SWIGLU; s++) {
+            if ((s == LS_GEN_LN && !g[i].epi.ln) ||
+                (s == LS_GEN_SWIGLU && g[i].epi.act != GEMM_ACT_SWIGLU))
                 continue;
             gemm_shape sh = group_gemm_shape(&g[i]);
             gemm_epilogue ge = group_gen_epilogue(&g[i], s);
