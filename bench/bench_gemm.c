@@ -122,7 +122,7 @@ static void bench_case(stof_ctx *ctx, const gemm_shape *s, const char *epi_name,
         bench_run r = {&c[i], s, NULL,
                        {(void *)x, (void *)w, e->bias ? (void *)b : NULL,
                         e->residual ? (void *)res : NULL, e->ln ? (void *)gamma : NULL,
-                        e->ln ? (void *)beta : NULL, (void *)out, NULL, 0}};
+                        e->ln ? (void *)beta : NULL, (void *)out, NULL, 0, 0}};
         CHECK(ctx, gemm_load(ctx, &c[i], s, e, &r.fn, NULL));
         double ms = 0;
         CHECK(ctx, timing_median(ctx, run_once, &r, &ms));

@@ -9,6 +9,8 @@
 // Epilogue: bias, activation and residual in fp32 registers; then either the
 // tile is staged in shared memory (as elements) for 16-byte row stores, or,
 // with LN, its fp32 rows are staged so that warps normalise whole rows.
+// SwiGLU (ACT 4) stages one element per column pair, a BLOCK_M x BLOCK_N / 2
+// tile of out [m, N / 2].
 //
 // X is [m, K] and W [N, K], out, residual and sum_out [m, N], all row-major;
 // bias, gamma and beta [N]. Rows at or past m are zero-filled on load and
@@ -25,7 +27,8 @@
 //   STAGES     cp.async pipeline depth, 2 to 4
 //   MMA_TYPE   f16 or bf16: operand type of mma.sync and of storage
 //   BIAS       1: add bias[n]
-//   ACT        after the bias: 0 none, 1 GELU (erf), 2 GELU (tanh), 3 ReLU
+//   ACT        after the bias: 0 none, 1 GELU (erf), 2 GELU (tanh), 3 ReLU,
+//              4 SwiGLU (gemm_common.cuh)
 //   RESIDUAL   1: add residual[m, n] after the activation
 //   LN         1: LayerNorm over each row with gamma, beta and eps
 //   LN_SUM     1 (with LN): also store the pre-norm row to sum_out
@@ -49,6 +52,7 @@ enum : int {
     LDS = BK + 8,              // smem row stride in elements: 16 B of padding
                                // puts ldmatrix's eight rows on distinct banks
     LDC = BN + 8,              // staged output tile, elements
+    LDO = BN / 2 + 8,          // SwiGLU's, half as wide
     LDF = BN + 8,              // staged LN rows, floats: a half-warp's
                                // float2 stores of rows g, g + 1 ... on distinct banks
     KT = (K + BK - 1) / BK,    // pipeline steps
@@ -58,6 +62,7 @@ static_assert(WTM % 16 == 0 && WTN % 16 == 0, "warp tiles are whole m16 x n16 bl
 static_assert(THREADS % (BK / 8) == 0, "every thread copies whole chunks");
 static_assert(N % 8 == 0 && K % 8 == 0, "rows are whole 16-byte chunks");
 static_assert(!HAS_LN || BN >= N, "LayerNorm needs whole rows in one CTA");
+static_assert(!SWIGLU || !HAS_LN, "SwiGLU has no LayerNorm");
 
 __device__ __forceinline__ void ldsm_x4(unsigned *r, const elem_t *p)
 {
@@ -119,6 +124,21 @@ __device__ __forceinline__ void stage_acc(T *buf, const float (&acc)[MI][NI][4],
                                                   j * 8 + 2 * t) =
                         mma_tag::pack2(acc[i][j][2 * h], acc[i][j][2 * h + 1]);
             }
+}
+
+// SwiGLU: thread (g, t)'s pair of columns 2t, 2t + 1 of each m16n8 tile is
+// column t of the staged tile's 4-column slice of it (row pitch LDO).
+__device__ __forceinline__ void stage_swiglu(elem_t *buf, const float (&acc)[MI][NI][4], int wr,
+                                             int wc, int g, int t)
+{
+#pragma unroll
+    for (int i = 0; i < MI; i++)
+#pragma unroll
+        for (int j = 0; j < NI; j++)
+#pragma unroll
+            for (int h = 0; h < 2; h++)
+                buf[(wr + i * 16 + g + 8 * h) * LDO + (wc + j * 8) / 2 + t] =
+                    swiglu_out(acc[i][j][2 * h], acc[i][j][2 * h + 1]);
 }
 
 extern "C" __global__ void __launch_bounds__(THREADS)
@@ -217,6 +237,14 @@ stof_gemm(const elem_t *x, const elem_t *w, const elem_t *bias, const elem_t *re
             }
     }
 
+    if (SWIGLU) {
+        // One element a pair, then whole 16-byte chunks of out's rows.
+        elem_t *Cs = reinterpret_cast<elem_t *>(smem_raw);
+        stage_swiglu(Cs, acc, wr, wc, g, t);
+        __syncthreads();
+        stof_store_tile<BM, BN / 2, LDO, THREADS, OUT_N>(out, Cs, m0, n0 / 2, m);
+        return;
+    }
     if (!HAS_LN) {
         // Stage the tile as elements, then write whole 16-byte row chunks.
         elem_t *Cs = reinterpret_cast<elem_t *>(smem_raw);

@@ -13,8 +13,9 @@
 //   STAGES     K steps in shared memory
 //   MMA_TYPE   f16 or bf16: operand type of the products and of storage
 //   BIAS       1: add bias[n]
-//   ACT        after the bias: 0 none, 1 GELU (erf), 2 GELU (tanh), 3 ReLU
-//   RESIDUAL   1: add residual[m, n] after the activation
+//   ACT        after the bias: 0 none, 1 GELU (erf), 2 GELU (tanh), 3 ReLU,
+//              4 SwiGLU (columns 2j, 2j + 1 are gate_j, up_j; out is [m, N / 2])
+//   RESIDUAL   1: add residual[m, n] after the activation (not with SwiGLU)
 
 // Constants, not macros: the prelude's templates use these short names too.
 // Enumerators, not constexpr variables: NVRTC makes each such variable a
@@ -29,7 +30,13 @@ enum : int {
     HAS_BIAS = {{BIAS}},
     ACT = {{ACT}},
     HAS_RESIDUAL = {{RESIDUAL}},
+
+    SWIGLU = ACT == 4,            // stof_act<4> is the identity: the pair is joined at the store
+    OUT_N = SWIGLU ? N / 2 : N,   // out's columns
 };
+
+static_assert(!SWIGLU || (N % 16 == 0 && !HAS_RESIDUAL),
+              "SwiGLU: out's N / 2 columns in 16-byte rows, no residual");
 
 typedef unsigned short elem_t;
 typedef stof_{{MMA_TYPE}}_tag mma_tag;
@@ -50,4 +57,12 @@ __device__ __forceinline__ float2 residual_pair(const elem_t *residual, int row,
 {
     const unsigned rr = *reinterpret_cast<const unsigned *>(residual + (long long)row * N + col);
     return make_float2(to_f32((elem_t)(rr & 0xffff)), to_f32((elem_t)(rr >> 16)));
+}
+
+// SwiGLU's output of a thread's column pair (gate_j, up_j): silu(gate) * up
+// in fp32, silu(x) = x sigmoid(x) as Hugging Face's, written as swiglu.cu's
+// pass writes it, so that the fused and the unfused forms agree.
+__device__ __forceinline__ elem_t swiglu_out(float gate, float up)
+{
+    return stof_f32_to_{{MMA_TYPE}}(gate / (1.f + __expf(-gate)) * up);
 }

@@ -35,6 +35,9 @@
 // where plain stores held the consumers for 10 to 18% of a BERT product's
 // time on an H100). Bias, activation and residual are applied in fp32 on
 // the accumulators, in their own layout (conflict-free under the swizzle).
+// SwiGLU (ACT 4) writes one element per column pair: its staging tile is
+// half as wide, in boxes of 32 columns (64-byte rows) with the 64-byte
+// swizzle, stored to out [m, N / 2].
 // With LN (whose tiles would lose pipeline stages to a staging tile, on an
 // H100 11 to 20% of their rate): each warp stages 16 rows x 32 columns at
 // a time in fp32 in a buffer of its own, reads them back as 8-element row
@@ -61,7 +64,8 @@
 // X is [m, K] and W [N, K] (nn.Linear), out and residual [m, N], row-major;
 // bias, gamma, beta [N]. The launch passes TMA descriptors of X (box 64 x
 // BLOCK_M), W (box 64 x BLOCK_N; COOP 2: BLOCK_N / 2) and, without LN, out
-// and residual (box 64 x a consumer's rows), all with 128-byte swizzling.
+// and residual (box 64 x a consumer's rows), all with 128-byte swizzling;
+// SwiGLU's out is [m, N / 2] in boxes of 32 x a consumer's rows, 64-byte.
 //
 // Parameters:
 //   N, K       out columns (a multiple of 8) and reduction length (of 8)
@@ -72,7 +76,8 @@
 //              split by rows; 2: split by columns
 //   MMA_TYPE   f16 or bf16: operand type of wgmma and of storage
 //   BIAS       1: add bias[n]
-//   ACT        after the bias: 0 none, 1 GELU (erf), 2 GELU (tanh), 3 ReLU
+//   ACT        after the bias: 0 none, 1 GELU (erf), 2 GELU (tanh), 3 ReLU,
+//              4 SwiGLU (gemm_common.cuh; not with LN)
 //   RESIDUAL   1: add residual[m, n] after the activation
 //   LN         1: LayerNorm over each row (BLOCK_M 64, COOP 0 or 2, cluster N / BLOCK_N)
 
@@ -99,7 +104,9 @@ enum : int {
     PARTS = COOP == 2 ? 2 * CL : CL, // LN: partial statistics per row
     STAGE_BYTES = A_BYTES + B_BYTES,
     EPI_LD = 36,                  // LN: floats per staged row: 32 and 16 bytes of padding
-    OUT_BYTES = LN ? 0 : WG_ROWS * WG_COLS * 2, // a consumer's staging tile
+    OUT_COLS = SWIGLU ? WG_COLS / 2 : WG_COLS, // a consumer's columns of out
+    OUT_BOX = SWIGLU ? 32 : 64,   // columns of a staging box: 64 or 128 bytes a row
+    OUT_BYTES = LN ? 0 : WG_ROWS * OUT_COLS * 2, // a consumer's staging tile
 };
 
 static_assert(WG_ROWS == 64 || WG_ROWS == 128, "64 or 128 rows per consumer warpgroup");
@@ -108,6 +115,7 @@ static_assert(WG_ROWS * WG_COLS / 128 <= 128, "at most 128 accumulators per cons
 static_assert(!LN || (BM == 64 && COOP != 1 && N % BN == 0 && CL <= 8),
               "LN: 64-row blocks, consumers in turn or on half the columns each, at most 8 CTAs a row");
 static_assert(K % 8 == 0 && N % 8 == 0, "16-byte rows");
+static_assert(!SWIGLU || !LN, "SwiGLU has no LayerNorm");
 static_assert(STAGES >= 2 && STAGES <= 8, "2 to 8 stages");
 
 // The CTA's i-th tile of its walk at (m0, n0); false past the end. With LN
@@ -370,7 +378,9 @@ stof_gemm_tma(const __grid_constant__ stof_tmap tx, const __grid_constant__ stof
             // Thread (g, t) holds, of each n8 block j of a product, columns
             // 8j + 2t and 8j + 2t + 1 of rows wrow (elements 0, 1) and
             // wrow + 8 (2, 3): 4 bytes at the swizzled 16-byte chunk of
-            // column 8j of its 64-column box.
+            // column 8j of its 64-column box. SwiGLU: the pair is out's
+            // column 4j + t, 2 bytes in its 32-column box, whose 64-byte
+            // rows swizzle their 4 chunks by (row / 2) % 4.
 #pragma unroll
             for (int mi = 0; mi < MI; mi++)
 #pragma unroll
@@ -382,10 +392,19 @@ stof_gemm_tma(const __grid_constant__ stof_tmap tx, const __grid_constant__ stof
 #pragma unroll
                         for (int h = 0; h < 2; h++) {
                             const int r = mi * 64 + wrow + 8 * h;
-                            const unsigned at = ob + cl / 64 * WG_ROWS * 128 + r * 128 +
-                                                (((cl % 64) / 8) ^ (r % 8)) * 16 + 4 * t;
                             float v0 = stof_act<ACT>(acc[mi][b][j][2 * h] + bv.x),
                                   v1 = stof_act<ACT>(acc[mi][b][j][2 * h + 1] + bv.y);
+                            if (SWIGLU) {
+                                const int oc = cl / 2 + t;
+                                const unsigned so = ob + oc / 32 * WG_ROWS * 64 + r * 64 +
+                                                    (((oc % 32) / 8) ^ ((r / 2) % 4)) * 16 +
+                                                    (oc % 8) * 2;
+                                asm volatile("st.shared.b16 [%0], %1;\n" ::"r"(so),
+                                             "h"(swiglu_out(v0, v1)));
+                                continue;
+                            }
+                            const unsigned at = ob + cl / 64 * WG_ROWS * 128 + r * 128 +
+                                                (((cl % 64) / 8) ^ (r % 8)) * 16 + 4 * t;
                             if (HAS_RESIDUAL) {
                                 unsigned rw;
                                 asm volatile("ld.shared.b32 %0, [%1];\n" : "=r"(rw) : "r"(at));
@@ -403,8 +422,9 @@ stof_gemm_tma(const __grid_constant__ stof_tmap tx, const __grid_constant__ stof
             named_sync(1 + c, 128);
             if (threadIdx.x % 128 == 0) {
 #pragma unroll
-                for (int bx = 0; bx < WG_COLS / 64; bx++)
-                    tma_store(&to, ob + bx * WG_ROWS * 128, n0 + bx * 64, m0);
+                for (int bx = 0; bx < OUT_COLS / OUT_BOX; bx++)
+                    tma_store(&to, ob + bx * WG_ROWS * OUT_BOX * 2,
+                              (SWIGLU ? n0 / 2 : n0) + bx * OUT_BOX, m0);
                 tma_commit();
             }
             continue;

@@ -14,7 +14,8 @@
 // as one group and left in flight while tile j - 1's group is waited for,
 // its stage released and tile j + STAGES - 1 loaded into it.
 // Epilogue: bias, activation and residual in fp32 on the accumulators, then
-// the tile is staged in shared memory (as elements) for 16-byte row stores.
+// the tile is staged in shared memory (as elements) for 16-byte row stores;
+// SwiGLU (ACT 4) stages one element per column pair, BLOCK_N / 2 columns.
 //
 // X is [m, K] and W [N, K], out and residual [m, N], all row-major; bias [N].
 // Rows at or past m, and W's rows (out's columns) at or past N, are zero-
@@ -29,7 +30,8 @@
 //   STAGES     K tiles in shared memory, 2 to 5; loads run STAGES - 1 ahead
 //   MMA_TYPE   f16 or bf16: operand type of wgmma and of storage
 //   BIAS       1: add bias[n]
-//   ACT        after the bias: 0 none, 1 GELU (erf), 2 GELU (tanh), 3 ReLU
+//   ACT        after the bias: 0 none, 1 GELU (erf), 2 GELU (tanh), 3 ReLU,
+//              4 SwiGLU (gemm_common.cuh)
 //   RESIDUAL   1: add residual[m, n] after the activation
 
 {{>gemm_common.cuh}}
@@ -46,6 +48,7 @@ enum : int {
     STAGE_BYTES = A_BYTES + B_BYTES,
     LDC = BN + 8,              // staged output row, elements: 16 B of padding
                                // put a warp's pair stores on distinct banks
+    LDO = SWIGLU ? BN / 2 + 8 : LDC, // SwiGLU's: one element a pair
     CHUNKS = BK / 8,           // 16-byte chunks per row
     STEP = THREADS / CHUNKS,   // rows per pass of the CTA
 };
@@ -199,9 +202,18 @@ stof_gemm_wg(const elem_t *x, const elem_t *w, const elem_t *bias, const elem_t 
 #pragma unroll
         for (int i = 0; i < WN / 8; i++)
 #pragma unroll
-            for (int h = 0; h < 2; h++)
-                *reinterpret_cast<unsigned *>(Cs + (row0 + 8 * h) * LDC + b * WN + i * 8 + 2 * t) =
-                    mma_tag::pack2(acc[b][i][2 * h], acc[b][i][2 * h + 1]);
+            for (int h = 0; h < 2; h++) {
+                if (SWIGLU)  // the pair is column (b WN + 8 i) / 2 + t of out's tile
+                    Cs[(row0 + 8 * h) * LDO + (b * WN + i * 8) / 2 + t] =
+                        swiglu_out(acc[b][i][2 * h], acc[b][i][2 * h + 1]);
+                else
+                    *reinterpret_cast<unsigned *>(Cs + (row0 + 8 * h) * LDC + b * WN + i * 8 +
+                                                  2 * t) =
+                        mma_tag::pack2(acc[b][i][2 * h], acc[b][i][2 * h + 1]);
+            }
     __syncthreads();
-    stof_store_tile<BM, BN, LDC, THREADS, N>(out, Cs, m0, n0, m);
+    if (SWIGLU)
+        stof_store_tile<BM, BN / 2, LDO, THREADS, OUT_N>(out, Cs, m0, n0 / 2, m);
+    else
+        stof_store_tile<BM, BN, LDC, THREADS, N>(out, Cs, m0, n0, m);
 }

@@ -34,6 +34,7 @@ static const struct { const char *name; size_t off; } SYMS[] = {
     S(MemcpyHtoD, "cuMemcpyHtoD_v2"),
     S(MemcpyDtoH, "cuMemcpyDtoH_v2"),
     S(MemcpyDtoDAsync, "cuMemcpyDtoDAsync_v2"),
+    S(Memcpy2DAsync, "cuMemcpy2DAsync_v2"),
     S(MemsetD8, "cuMemsetD8_v2"),
     S(StreamSynchronize, "cuStreamSynchronize"),
     S(StreamCreate, "cuStreamCreate"),

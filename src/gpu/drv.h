@@ -35,6 +35,7 @@ typedef struct drv_api {
     CUresult (*MemcpyHtoD)(CUdeviceptr, const void *, size_t);
     CUresult (*MemcpyDtoH)(void *, CUdeviceptr, size_t);
     CUresult (*MemcpyDtoDAsync)(CUdeviceptr, CUdeviceptr, size_t, CUstream);
+    CUresult (*Memcpy2DAsync)(const CUDA_MEMCPY2D *, CUstream);
     CUresult (*MemsetD8)(CUdeviceptr, unsigned char, size_t);
     CUresult (*StreamSynchronize)(CUstream);
     CUresult (*StreamCreate)(CUstream *, unsigned);

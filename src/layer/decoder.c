@@ -14,7 +14,6 @@
 #include "layer/layer_graph.h"
 #include "layer/layernorm.h"
 #include "layer/rope.h"
-#include "layer/swiglu.h"
 
 const char *const decoder_group_names[DG_COUNT] = {"qkv", "o", "gate_up", "down"};
 
@@ -91,8 +90,9 @@ void decoder_groups(const stof_decoder_desc *d, layer_group g[DG_COUNT])
     const float eps = eps_of(d);
     g[DG_QKV] = (layer_group){m, qkv_width(d), h, d->dtype, {.bias = d->qkv_bias != 0}, eps};
     g[DG_O] = (layer_group){m, h, h, d->dtype, {.residual = 1}, eps};
-    /* gate and up stacked: one product of 2 ffn columns, SwiGLU after it */
-    g[DG_GATE_UP] = (layer_group){m, 2 * f, h, d->dtype, {0}, eps};
+    /* gate and up interleaved: one product of 2 ffn columns (gate_j, up_j
+     * side by side), SwiGLU in its epilogue (gen-swiglu) or a pass after it */
+    g[DG_GATE_UP] = (layer_group){m, 2 * f, h, d->dtype, {.act = GEMM_ACT_SWIGLU}, eps};
     g[DG_DOWN] = (layer_group){m, h, f, d->dtype, {.residual = 1}, eps};
 }
 
@@ -131,7 +131,8 @@ static stof_ln_desc rms_desc_of(const stof_decoder_desc *d)
 
 /* ---- plans ------------------------------------------------------------------------ */
 
-/* The weights a run reads: the plan's stacked copies and the caller's rest. */
+/* The weights a run reads: the plan's stacked and interleaved copies and
+ * the caller's rest. */
 typedef struct dec_weights {
     CUdeviceptr qkv_w, qkv_b, o_w, gu_w, down_w, ln1, ln2;
 } dec_weights;
@@ -145,9 +146,8 @@ struct stof_decoder_plan {
     stof_mha_plan *mha;
     ln_kernel rms;                /* both RMSNorms: the same shape */
     rope_kernel rope;
-    swiglu_kernel swiglu;
     CUdeviceptr inv_freq;         /* head_dim / 2 floats */
-    CUdeviceptr own;              /* the stacked weights: qkv_w, qkv_b, gu_w */
+    CUdeviceptr own;              /* the copied weights: qkv_w, qkv_b, gu_w */
     dec_weights w;
     int has_weights;
     CUdeviceptr blas_ws;
@@ -159,8 +159,9 @@ struct stof_decoder_plan {
 };
 
 /* The workspace: buffers of rows x width elements, each 256-byte aligned.
- * BIG holds the packed qkv, later gate/up; ATT the attention output, later
- * SwiGLU's; H the residual stream; A a normalised copy. */
+ * BIG holds the packed qkv, later the gate/up product where SwiGLU is a
+ * pass; ATT the attention output, later SwiGLU's; H the residual stream; A
+ * a normalised copy. */
 enum { WS_BIG, WS_ATT, WS_H, WS_A, WS_COUNT };
 
 static void ws_layout(const stof_decoder_desc *d, size_t off[WS_COUNT], size_t *total)
@@ -200,12 +201,10 @@ static stof_status forward(stof_decoder_plan *p, const dec_weights *w, CUdevicep
     group_io o = {att, w->o_w, 0, x, 0, 0, hs, 0, 0, p->blas_ws};
     TRY(group_run(ctx, &p->ex[DG_O], &o, s));
     TRY(ln_launch(ctx, &p->rms, V(hs), NULL, NULL, V(w->ln2), NULL, V(a), NULL, s));
-    /* [gate | up] = a [Wgate; Wup]'; silu(gate) * up; out = h + that Wdown' */
-    group_io gu = {a, w->gu_w, 0, 0, 0, 0, big, 0, 0, p->blas_ws};
+    /* silu(gate) * up of a [gate_0 up_0 gate_1 ...]' (fused, or the
+     * product in big and a pass); out = h + that Wdown' */
+    group_io gu = {a, w->gu_w, 0, 0, 0, 0, att, 0, big, p->blas_ws};
     TRY(group_run(ctx, &p->ex[DG_GATE_UP], &gu, s));
-    TRY(swiglu_launch(ctx, &p->swiglu, rows, V(big), V(big + (CUdeviceptr)p->d.ffn_hidden *
-                                                             dtype_size(p->d.dtype)),
-                      V(att), s));
     group_io dn = {att, w->down_w, 0, hs, 0, 0, out, 0, 0, p->blas_ws};
     return group_run(ctx, &p->ex[DG_DOWN], &dn, s);
 #undef V
@@ -266,8 +265,10 @@ static stof_status check_weights(stof_ctx *ctx, const stof_decoder_desc *d,
     return STOF_OK;
 }
 
-/* The stacked copies: [q; k; v] and their biases, [gate; up], in one
- * allocation of the plan's (each part 256-byte aligned). */
+/* The copies: [q; k; v] and their biases stacked, gate and up interleaved
+ * by rows (row 2j gate_proj's row j, 2j + 1 up_proj's: the gate/up group's
+ * product pairs, gemm.h), in one allocation of the plan's (each part
+ * 256-byte aligned). */
 static stof_status stack_weights(stof_decoder_plan *p, const stof_decoder_weights *w)
 {
     stof_ctx *ctx = p->ctx;
@@ -290,13 +291,25 @@ static stof_status stack_weights(stof_decoder_plan *p, const stof_decoder_weight
                 {p->own + (qn + kn) * h * es, w->v_proj, kn * h * es},
                 {p->own + at_b, w->q_bias, qn * es},
                 {p->own + at_b + qn * es, w->k_bias, kn * es},
-                {p->own + at_b + (qn + kn) * es, w->v_bias, kn * es},
-                {p->own + at_gu, w->gate_proj, f * h * es},
-                {p->own + at_gu + f * h * es, w->up_proj, f * h * es}};
+                {p->own + at_b + (qn + kn) * es, w->v_bias, kn * es}};
     for (size_t i = 0; st == STOF_OK && i < sizeof part / sizeof part[0]; i++)
-        if (i < 3 || i > 5 || d->qkv_bias)
+        if (i < 3 || d->qkv_bias)
             st = CU(ctx, MemcpyDtoDAsync(part[i].dst, (CUdeviceptr)part[i].src, part[i].bytes,
                                          NULL));
+    /* gate's rows to the even rows, up's to the odd: f rows of h elements,
+     * each copy's destination rows 2 h elements apart. */
+    for (int i = 0; st == STOF_OK && i < 2; i++) {
+        CUDA_MEMCPY2D c;
+        memset(&c, 0, sizeof c);
+        c.srcMemoryType = c.dstMemoryType = CU_MEMORYTYPE_DEVICE;
+        c.srcDevice = (CUdeviceptr)(i ? w->up_proj : w->gate_proj);
+        c.srcPitch = h * es;
+        c.dstDevice = p->own + at_gu + (size_t)i * h * es;
+        c.dstPitch = 2 * h * es;
+        c.WidthInBytes = h * es;
+        c.Height = f;
+        st = CU(ctx, Memcpy2DAsync(&c, NULL));
+    }
     /* Done before a run on any stream (a non-blocking one included) reads them. */
     if (st == STOF_OK)
         st = CU(ctx, CtxSynchronize());
@@ -323,7 +336,6 @@ static stof_status load_parts(stof_decoder_plan *p)
     TRY(ln_rms_load(ctx, &lnd, 16, 0, 0, &p->rms));
     const rope_shape rs = rope_shape_of(d);
     TRY(rope_load(ctx, &rs, 16, &p->rope));
-    TRY(swiglu_load(ctx, d->ffn_hidden, 2 * d->ffn_hidden, d->dtype, 16, &p->swiglu));
     float inv[ROPE_MAX_HEAD_DIM / 2];
     const rope_params rp = rope_of(d);
     rope_inv_freq(&rp, d->head_dim, inv);
@@ -577,7 +589,9 @@ stof_status stof_decoder_plan_describe(const stof_decoder_plan *p, char *buf, si
             strbuf_printf(&b, "  rope: pass\n  attention: %s\n", m);
         }
         if (g == DG_GATE_UP)
-            strbuf_printf(&b, "  swiglu: pass\n");
+            strbuf_printf(&b, "  swiglu: %s\n", c->scheme == LS_GEN_SWIGLU
+                                                    ? "in the gate_up epilogue (fused)"
+                                                    : "pass after the gate_up product");
     }
     char *s = strbuf_take(&b);
     if (!s)
@@ -615,15 +629,15 @@ stof_status stof_decoder_prepare(stof_ctx *ctx, const stof_decoder_desc *desc)
     TRY(check_desc(ctx, desc));
     layer_group g[DG_COUNT];
     decoder_groups(desc, g);
-    /* Every GEMM a scheme could use, with default parameters, in one batch;
-     * then the passes and attention. */
+    /* Every GEMM a scheme could use, with default parameters, and the
+     * passes beside them (SwiGLU's included) in one batch; then the other
+     * passes and attention. */
     const search_set set = {g, decoder_group_names, DG_COUNT};
     TRY(search_prepare(ctx, &set, search_smem_max(ctx), NULL));
     const stof_ln_desc lnd = rms_desc_of(desc);
     TRY(ln_rms_prepare(ctx, &lnd, 16, 0, 0, NULL));
     const rope_shape rs = rope_shape_of(desc);
     TRY(rope_prepare(ctx, &rs, 16, NULL));
-    TRY(swiglu_prepare(ctx, desc->ffn_hidden, 2 * desc->ffn_hidden, desc->dtype, 16, NULL));
     char spec[48];
     mask_spec_of(desc, spec, sizeof spec);
     stof_mask *m = NULL;

@@ -1,9 +1,11 @@
 /*
  * decoder — the decoder-layer plans (Llama, Mistral, Qwen2): the desc's
  * checks, the layer's four groups handed to layer_search's search_set
- * (QKV; o_proj + residual; gate/up; down_proj + residual) with RMSNorm,
- * RoPE and SwiGLU as passes between them and attention through an mha
- * plan on the packed qkv, the weights the plan stacks at create, the
+ * (QKV; o_proj + residual; gate/up with SwiGLU, in its GEMM's epilogue
+ * or as a pass after it, as the search chooses; down_proj + residual) with
+ * RMSNorm and RoPE as passes between them and attention through an mha
+ * plan on the packed qkv, the weights the plan stacks (q, k, v) and
+ * interleaves (gate, up) at create, the
  * record in the cache, the CUDA Graphs (layer_graph's) and the public
  * calls (stof_decoder_*).
  */

@@ -62,6 +62,13 @@ int gemm_threads(const gemm_config *c)
     return c->wg == GEMM_TMA ? 384 : c->wg ? c->wm * 128 : c->wm * c->wn * 32;
 }
 
+/* Columns of out that a tile of bn product columns writes: SwiGLU's take
+ * one of each pair. */
+static int out_cols(int bn, const gemm_epilogue *e)
+{
+    return e && e->act == GEMM_ACT_SWIGLU ? bn / 2 : bn;
+}
+
 int gemm_smem_bytes(const gemm_config *c, const gemm_shape *s, const gemm_epilogue *e)
 {
     if (c->wg == GEMM_TMA) {
@@ -73,7 +80,7 @@ int gemm_smem_bytes(const gemm_config *c, const gemm_shape *s, const gemm_epilog
          * cluster's CTAs x 32 row pairs x 16 bytes. */
         const int ln = e && e->ln, cl = ln && c->bn > 0 ? s->n / c->bn : 0;
         const int staging = ln ? 8 * 16 * 36 * 4 + 4 * cl * 32 * 16
-                               : (c->wm == 2 ? 1 : 2) * c->bm * c->bn * 2;
+                               : (c->wm == 2 ? 1 : 2) * c->bm * out_cols(c->bn, e) * 2;
         return c->stages * (c->bm + c->bn) * 128 + 16 * c->stages + 64 + staging + 1024;
     }
     if (c->wg) {
@@ -81,11 +88,11 @@ int gemm_smem_bytes(const gemm_config *c, const gemm_shape *s, const gemm_epilog
          * barrier per stage, 1 KiB of alignment slack; the staged output
          * tile reuses the stages. */
         const int pipe = c->stages * (c->bm + c->bn) * 128 + 16 * c->stages;
-        const int staged = c->bm * (c->bn + 8) * 2;
+        const int staged = c->bm * (out_cols(c->bn, e) + 8) * 2;
         return (pipe > staged ? pipe : staged) + 1024;
     }
     const int pipe = c->stages * (c->bm + c->bn) * (c->bk + 8) * 2;
-    const int staged = e && e->ln ? c->bm * (c->bn + 8) * 4 : c->bm * (c->bn + 8) * 2;
+    const int staged = e && e->ln ? c->bm * (c->bn + 8) * 4 : c->bm * (out_cols(c->bn, e) + 8) * 2;
     return pipe > staged ? pipe : staged;
 }
 
@@ -331,10 +338,20 @@ stof_status gemm_check(stof_ctx *ctx, const gemm_shape *s, const gemm_epilogue *
     if (s->dtype != STOF_F16 && s->dtype != STOF_BF16)
         return CTX_FAIL(ctx, STOF_ERR_UNSUPPORTED, "gemm: dtype %s is not fp16 or bf16",
                         dtype_name(s->dtype));
-    if ((int)e->act < GEMM_ACT_NONE || (int)e->act > GEMM_ACT_RELU)
+    if ((int)e->act < GEMM_ACT_NONE || (int)e->act > GEMM_ACT_SWIGLU)
         return CTX_FAIL(ctx, STOF_ERR_INVALID_ARG, "gemm: activation %d is not a gemm_act", (int)e->act);
     if (e->ln_sum && !e->ln)
         return CTX_FAIL(ctx, STOF_ERR_INVALID_ARG, "gemm: ln_sum needs ln");
+    if (e->act == GEMM_ACT_SWIGLU && (e->ln || e->residual))
+        return CTX_FAIL(ctx, STOF_ERR_UNSUPPORTED,
+                        "gemm: the SwiGLU epilogue takes no %s (its output is half the product's "
+                        "columns)",
+                        e->ln ? "ln" : "residual");
+    if (e->act == GEMM_ACT_SWIGLU && s->n % 16)
+        return CTX_FAIL(ctx, STOF_ERR_UNSUPPORTED,
+                        "gemm: with SwiGLU n (%d) must be a multiple of 16 (output rows of n / 2 "
+                        "in 16-byte chunks)",
+                        s->n);
     if (!c)
         return STOF_OK;
     char name[48];
@@ -366,7 +383,7 @@ stof_status gemm_check(stof_ctx *ctx, const gemm_shape *s, const gemm_epilogue *
 void gemm_make_request(const gemm_config *c, const gemm_shape *s, const gemm_epilogue *e,
                        gemm_request *r)
 {
-    static const char *const acts[] = {"0", "1", "2", "3"};
+    static const char *const acts[] = {"0", "1", "2", "3", "4"};
     const int nums[8] = {s->n, s->k, c->bm, c->bn, c->bk, c->wm, c->wn, c->stages};
     static const char *const names[8] = {"N",       "K",       "BLOCK_M", "BLOCK_N",
                                          "BLOCK_K", "WARPS_M", "WARPS_N", "STAGES"};
@@ -379,7 +396,7 @@ void gemm_make_request(const gemm_config *c, const gemm_shape *s, const gemm_epi
         snprintf(r->text[i], sizeof r->text[i], "%d", nums[i]);
         r->vars[n++] = (render_var){names[i], r->text[i]};
     }
-    const int act = (int)e->act >= 0 && (int)e->act <= 3 ? (int)e->act : 0;
+    const int act = (int)e->act >= 0 && (int)e->act <= GEMM_ACT_SWIGLU ? (int)e->act : 0;
     r->vars[n++] = (render_var){"MMA_TYPE", s->dtype == STOF_BF16 ? "bf16" : "f16"};
     r->vars[n++] = (render_var){"BIAS", e->bias ? "1" : "0"};
     r->vars[n++] = (render_var){"ACT", acts[act]};
@@ -488,19 +505,21 @@ static stof_status check_ptr(stof_ctx *ctx, const void *p, const char *name, int
 }
 
 /* A TMA descriptor of rows x k elements, row-major, read or written in
- * boxes of box_rows x 64 with 128-byte swizzling; out-of-range elements
- * read as 0 and are not written. */
+ * boxes of box_rows x box_cols (64, with 128-byte swizzling, or 32, with
+ * 64-byte: SwiGLU's output); out-of-range elements read as 0 and are not
+ * written. */
 static stof_status tma_map(stof_ctx *ctx, CUtensorMap *map, const void *p, stof_dtype t, int rows,
-                           int k, int box_rows)
+                           int k, int box_rows, int box_cols)
 {
     const cuuint64_t dims[2] = {(cuuint64_t)k, (cuuint64_t)rows};
     const cuuint64_t strides[1] = {(cuuint64_t)k * 2};
-    const cuuint32_t box[2] = {64, (cuuint32_t)box_rows}, elem_strides[2] = {1, 1};
+    const cuuint32_t box[2] = {(cuuint32_t)box_cols, (cuuint32_t)box_rows};
+    const cuuint32_t elem_strides[2] = {1, 1};
     return CU(ctx, TensorMapEncodeTiled(
                        map, t == STOF_BF16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16,
                        2, (void *)p, dims, strides, box, elem_strides, CU_TENSOR_MAP_INTERLEAVE_NONE,
-                       CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
-                       CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE));
+                       box_cols == 64 ? CU_TENSOR_MAP_SWIZZLE_128B : CU_TENSOR_MAP_SWIZZLE_64B,
+                       CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE));
 }
 
 static stof_status launch_tma(stof_ctx *ctx, CUfunction fn, const gemm_config *c, const gemm_shape *s,
@@ -515,7 +534,7 @@ static stof_status launch_tma(stof_ctx *ctx, CUfunction fn, const gemm_config *c
     float eps = a->eps > 0.f ? a->eps : 1e-5f;
     void *args[] = {&tx, &tw, &to, &tr, &bias, &res, &gamma, &beta, &out, &m, &eps};
     const int ln = tma_ln_layout(c), cl = ln ? s->n / c->bn : 1;
-    const gemm_epilogue layout = {.ln = ln};
+    const gemm_epilogue layout = {.ln = ln, .act = a->swiglu ? GEMM_ACT_SWIGLU : GEMM_ACT_NONE};
     const unsigned smem = (unsigned)gemm_smem_bytes(c, s, &layout);
     /* Persistent: as many CTAs as run at once, at most one per tile; with
      * ln, whole clusters (the kernel's fixed size), as many as the device
@@ -538,16 +557,18 @@ static stof_status launch_tma(stof_ctx *ctx, CUfunction fn, const gemm_config *c
     }
     const unsigned grid = (unsigned)((units < slots ? units : slots) * cl);
     if (st == STOF_OK)
-        st = tma_map(ctx, &tx, a->x, s->dtype, s->m, s->k, c->bm);
+        st = tma_map(ctx, &tx, a->x, s->dtype, s->m, s->k, c->bm, 64);
     if (st == STOF_OK)
-        st = tma_map(ctx, &tw, a->w, s->dtype, s->n, s->k, c->wn == 2 ? c->bn / 2 : c->bn);
+        st = tma_map(ctx, &tw, a->w, s->dtype, s->n, s->k, c->wn == 2 ? c->bn / 2 : c->bn, 64);
     /* Without ln, the output and the residual in boxes of 64 columns by a
-     * consumer's rows (the staging tile's boxes). */
+     * consumer's rows (the staging tile's boxes); SwiGLU's output of n / 2
+     * columns in boxes of 32. */
     const int wg_rows = c->wm == 2 ? c->bm / 2 : c->bm;
     if (st == STOF_OK && !ln)
-        st = tma_map(ctx, &to, a->out, s->dtype, s->m, s->n, wg_rows);
+        st = tma_map(ctx, &to, a->out, s->dtype, s->m, a->swiglu ? s->n / 2 : s->n, wg_rows,
+                     a->swiglu ? 32 : 64);
     if (st == STOF_OK && !ln && a->residual)
-        st = tma_map(ctx, &tr, a->residual, s->dtype, s->m, s->n, wg_rows);
+        st = tma_map(ctx, &tr, a->residual, s->dtype, s->m, s->n, wg_rows, 64);
     if (st == STOF_OK)
         st = jit_launch(ctx, fn, grid, 1, 1, 384, smem, stream, args);
     jit_pop(ctx);
@@ -563,7 +584,8 @@ stof_status gemm_launch(stof_ctx *ctx, CUfunction fn, const gemm_config *c, cons
         return CTX_FAIL(ctx, STOF_ERR_INVALID_ARG, "gemm: argument '%s' is NULL",
                         !fn ? "fn" : !c ? "config" : "args");
     /* The function was built for some epilogue; only the layout matters here. */
-    const gemm_epilogue layout = {.ln = tma_ln_layout(c)};
+    const gemm_epilogue layout = {.ln = tma_ln_layout(c),
+                                  .act = a->swiglu ? GEMM_ACT_SWIGLU : GEMM_ACT_NONE};
     TRY(gemm_check(ctx, s, &layout, c));
     TRY(check_ptr(ctx, a->x, "x", 1));
     TRY(check_ptr(ctx, a->w, "w", 1));

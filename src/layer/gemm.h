@@ -6,13 +6,25 @@
  * any epilogue) and, on sm_90a, warpgroup MMA fed by cp.async
  * (templates/gemm_wg.cu, every epilogue but LayerNorm) or by TMA
  * (templates/gemm_tma.cu, every epilogue but LayerNorm with ln_sum).
+ * SwiGLU (GEMM_ACT_SWIGLU) runs on all three.
  */
 #ifndef STOF_GEMM_H
 #define STOF_GEMM_H
 
 #include "gpu/jit.h"
 
-typedef enum gemm_act { GEMM_ACT_NONE = 0, GEMM_ACT_GELU, GEMM_ACT_GELU_TANH, GEMM_ACT_RELU } gemm_act;
+/* GEMM_ACT_SWIGLU: the product's columns alternate gate_j, up_j (W's row
+ * 2j is gate_proj's row j, 2j + 1 up_proj's), and out is [m, n / 2] with
+ * out[r, j] = silu(gate) * up in fp32 (silu(x) = x sigmoid(x)), after the
+ * bias (of the n interleaved columns); n a multiple of 16, no residual and
+ * no LayerNorm. */
+typedef enum gemm_act {
+    GEMM_ACT_NONE = 0,
+    GEMM_ACT_GELU,
+    GEMM_ACT_GELU_TANH,
+    GEMM_ACT_RELU,
+    GEMM_ACT_SWIGLU,
+} gemm_act;
 
 typedef struct gemm_epilogue {
     int bias;            /* add bias[n] */
@@ -50,8 +62,9 @@ int gemm_smem_bytes(const gemm_config *c, const gemm_shape *s, const gemm_epilog
 int gemm_threads(const gemm_config *c);
 
 /* Checks the shape and epilogue (K % 8, N % 8, ln only with bn >= n; wg
- * configs only for sm_90a, without ln, with K % 64 ...); a clear CTX_FAIL
- * message on failure. c may be NULL: the shape and epilogue only. */
+ * configs only for sm_90a, without ln, with K % 64; SwiGLU with N % 16,
+ * without residual or ln ...); a clear CTX_FAIL message on failure. c may
+ * be NULL: the shape and epilogue only. */
 stof_status gemm_check(stof_ctx *ctx, const gemm_shape *s, const gemm_epilogue *e,
                        const gemm_config *c);
 
@@ -70,6 +83,7 @@ typedef struct gemm_args {
     const void *x, *w, *bias, *residual, *gamma, *beta;
     void *out, *sum_out;
     float eps;           /* LayerNorm's; <= 0 means 1e-5 */
+    int swiglu;          /* fn's epilogue is GEMM_ACT_SWIGLU: out is [m, n / 2] */
 } gemm_args;
 
 /* Loads (jit_get) and returns the function, setting its dynamic smem
@@ -78,8 +92,10 @@ stof_status gemm_load(stof_ctx *ctx, const gemm_config *c, const gemm_shape *s,
                       const gemm_epilogue *e, CUfunction *fn, char *key);
 
 /* Launches fn on stream; makes the context current for the call. fn must
- * come from gemm_load with the same c and s: the shared memory it needs is
- * read back from the function. */
+ * come from gemm_load with the same c and s, and a->swiglu say whether its
+ * epilogue is SwiGLU (the TMA engine's output map and staging follow it).
+ * The shared memory it needs is read back from the function (TMA's:
+ * computed from c, s and a->swiglu). */
 stof_status gemm_launch(stof_ctx *ctx, CUfunction fn, const gemm_config *c, const gemm_shape *s,
                         const gemm_args *a, CUstream stream);
 

@@ -4,7 +4,8 @@
 
 /* ---- names and the encoder's groups ------------------------------------------ */
 
-static const char *const SCHEME_NAMES[LS_COUNT] = {"cublas+gen", "cublaslt+gen", "gen", "gen-ln"};
+static const char *const SCHEME_NAMES[LS_COUNT] = {"cublas+gen", "cublaslt+gen", "gen", "gen-ln",
+                                                   "gen-swiglu"};
 const char *const group_encoder_names[LG_COUNT] = {"qkv", "out", "ffn1", "ffn2"};
 
 const char *layer_scheme_name(layer_scheme s)
@@ -50,6 +51,9 @@ gemm_epilogue group_gen_epilogue(const layer_group *g, layer_scheme s)
     gemm_epilogue e = g->epi;
     if (s != LS_GEN_LN)
         e.ln = e.ln_sum = 0;
+    /* The others leave SwiGLU to its pass. */
+    if (s != LS_GEN_SWIGLU && e.act == GEMM_ACT_SWIGLU)
+        e.act = GEMM_ACT_NONE;
     return e;
 }
 
@@ -70,27 +74,31 @@ blas_gemm group_lt_gemm(const layer_group *g)
     static const blas_epilogue epis[] = {BLAS_EPI_BIAS, BLAS_EPI_BIAS, BLAS_EPI_GELU_TANH_BIAS,
                                          BLAS_EPI_RELU_BIAS};
     static const char residual_marker;
+    /* SwiGLU follows as a pass. */
+    const int act = g->epi.act == GEMM_ACT_SWIGLU ? GEMM_ACT_NONE : g->epi.act;
     return (blas_gemm){g->m, g->n, g->k, g->dtype, NULL, NULL, NULL,
                        g->epi.residual ? &residual_marker : NULL, NULL,
-                       g->epi.bias ? epis[g->epi.act] : BLAS_EPI_NONE, NULL};
+                       g->epi.bias ? epis[act] : BLAS_EPI_NONE, NULL};
 }
 
 /* group_load loads the pass, the search's batches compile it ahead. */
 group_aux group_aux_of(const layer_group *g, layer_scheme s)
 {
     const gemm_epilogue *p = &g->epi;
+    if (p->act == GEMM_ACT_SWIGLU) /* the pass, where the GEMM did not fuse it */
+        return (group_aux){0, 0, 0, 0, s != LS_GEN_SWIGLU};
     switch (s) {
     case LS_BLAS: /* the GEMM alone: the whole epilogue follows, where there is one */
         if (!p->ln && !p->bias && !p->residual && p->act == GEMM_ACT_NONE)
-            return (group_aux){0, 0, 0, 0};
-        return p->ln ? (group_aux){1, 0, p->bias, p->residual}
-                     : (group_aux){0, 1, p->bias, p->residual};
+            return (group_aux){0, 0, 0, 0, 0};
+        return p->ln ? (group_aux){1, 0, p->bias, p->residual, 0}
+                     : (group_aux){0, 1, p->bias, p->residual, 0};
     case LS_LT: /* bias, residual and ReLU or tanh GELU inside; LN and erf GELU follow */
-        return (group_aux){p->ln, !p->ln && group_lt_needs_act(g), 0, 0};
+        return (group_aux){p->ln, !p->ln && group_lt_needs_act(g), 0, 0, 0};
     case LS_GEN: /* everything inside but the LayerNorm */
-        return (group_aux){p->ln, 0, 0, 0};
+        return (group_aux){p->ln, 0, 0, 0, 0};
     default:
-        return (group_aux){0, 0, 0, 0};
+        return (group_aux){0, 0, 0, 0, 0};
     }
 }
 
@@ -99,6 +107,13 @@ stof_status group_load(stof_ctx *ctx, const layer_group *g, const layer_choice *
     memset(e, 0, sizeof *e);
     e->g = *g;
     e->c = *c;
+    const int sw = g->epi.act == GEMM_ACT_SWIGLU;
+    if (c->scheme == LS_GEN_SWIGLU && !sw)
+        return CTX_FAIL(ctx, STOF_ERR_INVALID_ARG,
+                        "scheme gen-swiglu is for a SwiGLU group (gate/up), not this one");
+    if (c->scheme == LS_BLAS && sw && g->epi.bias)
+        return CTX_FAIL(ctx, STOF_ERR_UNSUPPORTED,
+                        "scheme cublas+gen does not add a SwiGLU group's bias");
     stof_status st = STOF_OK;
     if (c->scheme == LS_LT) {
         blas_gemm bg = group_lt_gemm(g);
@@ -122,6 +137,9 @@ stof_status group_load(stof_ctx *ctx, const layer_group *g, const layer_choice *
     } else if (st == STOF_OK && a.ba) {
         e->has_ba = 1;
         st = ba_load(ctx, g->n, g->dtype, g->epi.act, a.bias, a.residual, &e->ba);
+    } else if (st == STOF_OK && a.swiglu) {
+        e->has_swiglu = 1;
+        st = swiglu_load(ctx, g->n / 2, g->n, 1, g->dtype, 16, &e->sw);
     }
     if (st != STOF_OK)
         group_free(ctx, e);
@@ -154,13 +172,16 @@ stof_status group_run(stof_ctx *ctx, const group_exec *e, const group_io *io, CU
 {
     const layer_group *g = &e->g;
     const void *bias = (void *)io->bias, *res = g->epi.residual ? (void *)io->residual : NULL;
-    /* A LayerNorm after the product needs it in a buffer of its own. */
-    CUdeviceptr y = e->has_ln ? io->tmp : io->out;
+    /* A LayerNorm or SwiGLU pass after the product needs it in a buffer of
+     * its own (SwiGLU's: the n product columns, twice out's). */
+    CUdeviceptr y = e->has_ln || e->has_swiglu ? io->tmp : io->out;
     blas_gemm bg = {g->m, g->n, g->k, g->dtype, (void *)io->x, (void *)io->w, bias, res,
                     (void *)y, BLAS_EPI_NONE, (void *)io->blas_ws};
     switch (e->c.scheme) {
     case LS_BLAS:
         TRY(blas_gemm_run(ctx, &bg, s));
+        if (e->has_swiglu)
+            return swiglu_launch(ctx, &e->sw, g->m, (void *)y, (void *)y, (void *)io->out, s);
         if (e->has_ln)
             return ln_launch(ctx, &e->ln, (void *)y, bias, res, (void *)io->gamma,
                              (void *)io->beta, (void *)io->out, (void *)io->sum_out, s);
@@ -175,7 +196,8 @@ stof_status group_run(stof_ctx *ctx, const group_exec *e, const group_io *io, CU
     default: {
         gemm_shape sh = group_gemm_shape(g);
         gemm_args a = {(void *)io->x, (void *)io->w, bias, res, (void *)io->gamma,
-                       (void *)io->beta, (void *)y, (void *)io->sum_out, g->eps};
+                       (void *)io->beta, (void *)y, (void *)io->sum_out, g->eps,
+                       e->c.scheme == LS_GEN_SWIGLU};
         TRY(gemm_launch(ctx, e->gemm_fn, &e->c.cfg, &sh, &a, s));
     }
     }
@@ -184,5 +206,7 @@ stof_status group_run(stof_ctx *ctx, const group_exec *e, const group_io *io, CU
                          (void *)io->out, (void *)io->sum_out, s);
     if (e->has_ba)
         return ba_launch(ctx, &e->ba, g->m, (void *)y, NULL, NULL, (void *)io->out, s);
+    if (e->has_swiglu)
+        return swiglu_launch(ctx, &e->sw, g->m, (void *)y, (void *)y, (void *)io->out, s);
     return STOF_OK;
 }

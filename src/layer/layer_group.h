@@ -4,7 +4,9 @@
  * projection + residual + LayerNorm; FFN1 + activation; FFN2 + residual +
  * LayerNorm; attention runs between the first two), the fusion schemes a
  * group can run, and a chosen scheme loaded (group_load) and launched on
- * device buffers (group_run). It knows nothing of searching or plans.
+ * device buffers (group_run), with the pass (LayerNorm, bias and
+ * activation, SwiGLU) a scheme runs after its GEMM. It knows nothing of
+ * searching or plans.
  */
 #ifndef STOF_LAYER_GROUP_H
 #define STOF_LAYER_GROUP_H
@@ -13,6 +15,7 @@
 #include "layer/bias_act.h"
 #include "layer/gemm.h"
 #include "layer/layernorm.h"
+#include "layer/swiglu.h"
 
 /* The encoder's groups, in the order a layer runs them (attention sits
  * between the first two). */
@@ -28,10 +31,15 @@ typedef enum layer_scheme {
                       then the generated LayerNorm where the group has one */
     LS_GEN_LN,     /* the generated GEMM with everything fused, LayerNorm included
                       (a CTA owns whole rows) */
+    LS_GEN_SWIGLU, /* the generated GEMM with SwiGLU in its epilogue (a SwiGLU group);
+                      the others write the product and run the SwiGLU pass */
     LS_COUNT
 } layer_scheme;
 
-/* What a group computes: out = epi(x w' ...) on an m x k input. */
+/* What a group computes: out = epi(x w' ...) on an m x k input. A SwiGLU
+ * group (epi.act GEMM_ACT_SWIGLU, the decoder's gate/up) has n interleaved
+ * product columns (gemm.h) and out [m, n / 2], no residual, no LayerNorm
+ * and, under cuBLAS alone (LS_BLAS), no bias. */
 typedef struct layer_group {
     int m, n, k;
     stof_dtype dtype;
@@ -47,7 +55,7 @@ typedef struct layer_choice {
     gemm_config cfg;
 } layer_choice;
 
-const char *layer_scheme_name(layer_scheme s);   /* "cublas+gen" ... */
+const char *layer_scheme_name(layer_scheme s);   /* "cublas+gen" ... "gen-swiglu" */
 const char *layer_group_name(int g);             /* "qkv", "out", "ffn1", "ffn2" */
 /* The encoder's group names, by LG_ index (records and messages name groups so). */
 extern const char *const group_encoder_names[LG_COUNT];
@@ -66,10 +74,12 @@ int group_lt_needs_act(const layer_group *g);
 blas_gemm group_lt_gemm(const layer_group *g);
 
 /* The kernel a scheme runs beside its GEMM: a LayerNorm (ln), a bias and
- * activation pass (ba), or none, with what that pass adds itself. */
+ * activation pass (ba), the SwiGLU pass over the product's pairs (swiglu),
+ * or none, with what that pass adds itself. */
 typedef struct group_aux {
     int ln, ba;
     int bias, residual;
+    int swiglu;
 } group_aux;
 group_aux group_aux_of(const layer_group *g, layer_scheme s);
 
@@ -81,7 +91,8 @@ typedef struct group_exec {
     CUfunction gemm_fn;
     ln_kernel ln;
     ba_kernel ba;
-    int has_ln, has_ba;
+    swiglu_kernel sw;
+    int has_ln, has_ba, has_swiglu;
 } group_exec;
 
 /* Device buffers of one group run. */

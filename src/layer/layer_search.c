@@ -13,106 +13,6 @@
 #include "cache/cache.h"
 #include "gpu/timing.h"
 
-/* ---- the model ------------------------------------------------------------- */
-
-/* GEMM rates relative to the measured dense-attention rates: cuBLAS on
- * Hopper against the wgmma engine (about 600 against 364 TFLOP/s), the
- * generated mma.sync GEMM against mma.sync attention. Guesses, refined by
- * the timings the search records. */
-#define LIB_VS_WGMMA 1.65
-#define GEN_VS_MMA 1.3
-/* The generated GEMM on wgmma, TMA-fed (measured on an H100 at BERT-base
- * products of 16384 rows: 590 to 635 TFLOP/s, 550 with the erf GELU fused,
- * 430 at 768 x 768). */
-#define GEN_VS_WGMMA 1.55
-#define LAUNCH_MS 0.004
-
-static double gemm_ms(const layer_group *g, double tflops, double gbs)
-{
-    const int es = dtype_size(g->dtype);
-    double flops = 2.0 * g->m * (double)g->n * g->k;
-    double bytes = (double)es * ((double)g->m * g->k + (double)g->n * g->k + (double)g->m * g->n);
-    double t = flops / (tflops * 1e9), b = bytes / (gbs * 1e6);
-    return t > b ? t : b;
-}
-
-/* Milliseconds to move `passes` m x n matrices of g's dtype. */
-static double pass_ms(const layer_group *g, double passes, double gbs)
-{
-    return passes * g->m * (double)g->n * dtype_size(g->dtype) / (gbs * 1e6);
-}
-
-static double predict(const layer_group *g, layer_scheme s, const model_device *md)
-{
-    const double lib = md->wgmma_tflops > 0 ? md->wgmma_tflops * LIB_VS_WGMMA : md->mma_tflops * 2;
-    /* The generated GEMM runs on wgmma where it can: with a LayerNorm, where
-     * it need not keep the pre-norm sum (the TMA engine's clusters). */
-    const int wg_ln = md->wgmma_tflops > 0 && !g->epi.ln_sum;
-    const double gen = md->wgmma_tflops > 0 && (s != LS_GEN_LN || wg_ln)
-                           ? md->wgmma_tflops * GEN_VS_WGMMA
-                           : md->mma_tflops * GEN_VS_MMA;
-    const double bw = md->mem_gbs;
-    /* The elementwise rest reads the product (and the residual) and writes. */
-    const double rest = 2 + g->epi.residual + g->epi.ln_sum;
-    const int bare = !g->epi.bias && !g->epi.residual && !g->epi.ln && g->epi.act == GEMM_ACT_NONE;
-    switch (s) {
-    case LS_BLAS:
-        /* A bare product (the decoder's gate/up) leaves no pass behind. */
-        if (bare)
-            return gemm_ms(g, lib, bw) + LAUNCH_MS;
-        return gemm_ms(g, lib, bw) + pass_ms(g, rest, bw) + 2 * LAUNCH_MS;
-    case LS_LT:
-        if (g->epi.ln)
-            return gemm_ms(g, lib, bw) + pass_ms(g, g->epi.residual, bw) +
-                   pass_ms(g, 2 + g->epi.ln_sum, bw) + 2 * LAUNCH_MS;
-        return gemm_ms(g, lib, bw) + pass_ms(g, g->epi.residual, bw) +
-               (group_lt_needs_act(g) ? pass_ms(g, 2, bw) + LAUNCH_MS : 0) + LAUNCH_MS;
-    case LS_GEN:
-        return gemm_ms(g, gen, bw) + pass_ms(g, g->epi.residual, bw) +
-               (g->epi.ln ? pass_ms(g, 2 + g->epi.ln_sum, bw) + LAUNCH_MS : 0) + LAUNCH_MS;
-    default:
-        /* Whole rows per CTA or cluster: a longer epilogue, and for the
-         * TMA clusters fewer SMs at work (on an H100, 117 of 132 CTAs in
-         * clusters of 3) in more rounds: measured 1.15 to 1.19 times the
-         * plain TMA GEMM at BERT-base sizes. One launch. */
-        return (wg_ln ? 1.2 : 1.15) * gemm_ms(g, gen, bw) +
-               pass_ms(g, g->epi.residual + g->epi.ln_sum, bw) + LAUNCH_MS;
-    }
-}
-
-int layer_rank_schemes(const layer_group *g, int blas, int smem_max, const model_device *md,
-                       layer_scheme *out, double *predicted_ms)
-{
-    int n = 0;
-    for (int s = 0; s < LS_COUNT; s++) {
-        if ((s == LS_BLAS || s == LS_LT) && !blas)
-            continue;
-        if (s == LS_GEN_LN && !g->epi.ln)
-            continue;
-        if (s >= LS_GEN) {
-            gemm_shape sh = group_gemm_shape(g);
-            gemm_epilogue e = group_gen_epilogue(g, s);
-            gemm_config c;
-            /* Whether any config fits: mma.sync ones do wherever wg ones do. */
-            if (gemm_candidates(&sh, &e, smem_max, 0, &c, 1) < 1)
-                continue;
-        }
-        out[n] = s;
-        predicted_ms[n++] = predict(g, s, md);
-    }
-    /* Insertion sort: four at most. */
-    for (int i = 1; i < n; i++)
-        for (int j = i; j > 0 && predicted_ms[j] < predicted_ms[j - 1]; j--) {
-            double t = predicted_ms[j];
-            predicted_ms[j] = predicted_ms[j - 1];
-            predicted_ms[j - 1] = t;
-            layer_scheme u = out[j];
-            out[j] = out[j - 1];
-            out[j - 1] = u;
-        }
-    return n;
-}
-
 /* ---- device scratch ---------------------------------------------------------- */
 
 /* Allocates n 16-bit values on the device, filled as mha_fill_periodic
@@ -225,6 +125,9 @@ static stof_status reference_rows(stof_ctx *ctx, const layer_group *g, const gin
                 a += dtype_load(t, in->r, r * n + c);
             v[c] = o[c] = a;
         }
+        /* SwiGLU: out's n / 2 columns silu(gate) * up of the interleaved pairs. */
+        for (int c = 0; g->epi.act == GEMM_ACT_SWIGLU && c < n / 2; c++)
+            o[c] = v[2 * c] / (1 + exp(-v[2 * c])) * v[2 * c + 1];
         if (!g->epi.ln)
             continue;
         double mean = 0, var = 0;
@@ -278,7 +181,8 @@ static group_io gio_of(const gscratch *s, int set)
  * element) gives infinity. */
 static stof_status cpu_check(stof_ctx *ctx, const layer_group *g, const gscratch *s, double *err)
 {
-    const int n = g->n, es = 2;
+    /* SwiGLU's out has half the product's columns (want's rows keep n). */
+    const int n = g->epi.act == GEMM_ACT_SWIGLU ? g->n / 2 : g->n, es = 2, wn = g->n;
     const stof_dtype t = g->dtype;
     uint16_t *got = malloc((size_t)es * n), *sum = malloc((size_t)es * n);
     stof_status st = got && sum ? jit_push(ctx)
@@ -291,9 +195,9 @@ static stof_status cpu_check(stof_ctx *ctx, const layer_group *g, const gscratch
         if (st == STOF_OK && g->epi.ln_sum)
             st = CU(ctx, MemcpyDtoH(sum, s->sum_out + r * n * es, (size_t)n * es));
         for (int c = 0; st == STOF_OK && c < n; c++) {
-            const double want = s->want[(size_t)i * n + c];
+            const double want = s->want[(size_t)i * wn + c];
             if (g->epi.ln_sum) {
-                double x = dtype_load(t, sum, c), w = s->want_sum[(size_t)i * n + c];
+                double x = dtype_load(t, sum, c), w = s->want_sum[(size_t)i * wn + c];
                 num += isnan(x) ? INFINITY : (x - w) * (x - w);
                 den += w * w;
             }
@@ -380,6 +284,8 @@ stof_status layer_try_choice(stof_ctx *ctx, const layer_group *g, const layer_ch
 static int scheme_params(stof_ctx *ctx, const layer_group *g, layer_scheme s, int smem_max,
                          layer_choice *out, int cap)
 {
+    if (s == LS_GEN_SWIGLU && g->epi.act != GEMM_ACT_SWIGLU)
+        return 0;
     if (s == LS_BLAS) {
         out[0] = (layer_choice){s, 0, {0}};
         return 1;
@@ -485,8 +391,9 @@ typedef struct kbatch {
     gemm_request gr[KB_GEMMS];
     ln_request ln[KB_AUX];
     ba_request ba[KB_AUX];
-    jit_request reqs[KB_GEMMS + 2 * KB_AUX];
-    int ngemm, nln, nba;
+    swiglu_request sw[KB_AUX];
+    jit_request reqs[KB_GEMMS + 3 * KB_AUX];
+    int ngemm, nln, nba, nsw;
 } kbatch;
 
 static void kbatch_gemm(kbatch *b, const layer_group *g, layer_scheme s, const gemm_config *c)
@@ -507,6 +414,8 @@ static void kbatch_aux(kbatch *b, const layer_group *g, layer_scheme s)
         ln_make_request(&lnd, 16, a.bias, a.residual, g->epi.ln_sum, &b->ln[b->nln++]);
     if (a.ba && b->nba < KB_AUX)
         ba_make_request(g->n, g->dtype, g->epi.act, a.bias, a.residual, &b->ba[b->nba++]);
+    if (a.swiglu && b->nsw < KB_AUX)
+        swiglu_make_request(g->n / 2, g->n, 1, g->dtype, 16, &b->sw[b->nsw++]);
 }
 
 /* GEMMs that gemm_check or the device's shared memory refuse are left out,
@@ -520,6 +429,8 @@ static stof_status kbatch_compile(stof_ctx *ctx, kbatch *b)
         b->reqs[n++] = b->ln[i].req;
     for (int i = 0; i < b->nba; i++)
         b->reqs[n++] = b->ba[i].req;
+    for (int i = 0; i < b->nsw; i++)
+        b->reqs[n++] = b->sw[i].req;
     return jit_prepare_all(ctx, b->reqs, n);
 }
 
@@ -1023,8 +934,9 @@ stof_status search_prepare(stof_ctx *ctx, const search_set *set, int smem_max,
     for (int i = 0; st == STOF_OK && i < set->n; i++) {
         for (layer_scheme s = LS_BLAS; s <= LS_GEN; s++)
             kbatch_aux(b, &g[i], s);
-        for (layer_scheme s = LS_GEN; st == STOF_OK && s <= LS_GEN_LN; s++) {
-            if (s == LS_GEN_LN && !g[i].epi.ln)
+        for (layer_scheme s = LS_GEN; st == STOF_OK && s <= LS_GEN_SWIGLU; s++) {
+            if ((s == LS_GEN_LN && !g[i].epi.ln) ||
+                (s == LS_GEN_SWIGLU && g[i].epi.act != GEMM_ACT_SWIGLU))
                 continue;
             gemm_shape sh = group_gemm_shape(&g[i]);
             gemm_epilogue ge = group_gen_epilogue(&g[i], s);

@@ -1,7 +1,8 @@
 /*
- * layer_search — how a layer plan chooses its groups' schemes: the cost
- * model that ranks them, the device scratch a candidate runs on and the CPU
- * check of its output, the two-stage search (stage 1 the scheme, stage 2
+ * layer_search — how a layer plan chooses its groups' schemes: given the
+ * cost model's ranking (layer_model), the device scratch a candidate runs
+ * on and the CPU check of its output, the two-stage search (stage 1 the
+ * scheme, stage 2
  * its parameters) over whichever groups a layer kind hands it, the batches
  * that compile their kernels ahead, and the tuning records (the layer's
  * and each group's own), and the whole layer on scratch timed with and
@@ -14,14 +15,7 @@
 #include "attn/model.h"
 #include "layer/layer_graph.h"
 #include "layer/layer_group.h"
-
-/* ---- the model ---- */
-
-/* The schemes group g can run (blas: cuBLAS is usable; smem_max: shared
- * memory per block), in the model's order, fastest predicted first, with
- * their predicted ms; returns how many. */
-int layer_rank_schemes(const layer_group *g, int blas, int smem_max, const model_device *md,
-                       layer_scheme *out, double *predicted_ms);
+#include "layer/layer_model.h"
 
 /* A library scheme (cuBLAS, cuBLASLt) wins a group only where it is faster
  * than every generated candidate timed by more than this fraction

@@ -13,7 +13,7 @@ static int vec_of(int ffn, int in_stride, int align_bytes)
     return vec;
 }
 
-void swiglu_make_request(int ffn, int in_stride, stof_dtype t, int align_bytes,
+void swiglu_make_request(int ffn, int in_stride, int pairs, stof_dtype t, int align_bytes,
                          swiglu_request *r)
 {
     const int nums[3] = {ffn, in_stride, vec_of(ffn, in_stride, align_bytes)};
@@ -26,10 +26,11 @@ void swiglu_make_request(int ffn, int in_stride, stof_dtype t, int align_bytes,
     r->vars[3] = (render_var){"ELEM", bf ? "stof_bf16" : "stof_f16"};
     r->vars[4] = (render_var){"LOAD", bf ? "stof_bf16_to_f32" : "stof_f16_to_f32"};
     r->vars[5] = (render_var){"STORE", bf ? "stof_f32_to_bf16" : "stof_f32_to_f16"};
-    r->req = (jit_request){"swiglu", "swiglu.cu", "stof_swiglu", r->vars, 6, NULL};
+    r->vars[6] = (render_var){"PAIRS", pairs ? "1" : "0"};
+    r->req = (jit_request){"swiglu", "swiglu.cu", "stof_swiglu", r->vars, 7, NULL};
 }
 
-stof_status swiglu_check(stof_ctx *ctx, int ffn, int in_stride, stof_dtype t)
+stof_status swiglu_check(stof_ctx *ctx, int ffn, int in_stride, int pairs, stof_dtype t)
 {
     if (ffn <= 0)
         return CTX_FAIL(ctx, STOF_ERR_INVALID_ARG, "desc.ffn_hidden must be positive (got %d)",
@@ -38,27 +39,31 @@ stof_status swiglu_check(stof_ctx *ctx, int ffn, int in_stride, stof_dtype t)
         return CTX_FAIL(ctx, STOF_ERR_INVALID_ARG,
                         "the SwiGLU input rows must be ffn_hidden %d or twice it apart (got %d)",
                         ffn, in_stride);
+    if (pairs && in_stride != 2 * ffn)
+        return CTX_FAIL(ctx, STOF_ERR_INVALID_ARG,
+                        "the SwiGLU input pairs need rows of twice ffn_hidden %d (got %d)", ffn,
+                        in_stride);
     if (t != STOF_F16 && t != STOF_BF16)
         return CTX_FAIL(ctx, STOF_ERR_UNSUPPORTED, "desc.dtype must be STOF_F16 or STOF_BF16");
     return STOF_OK;
 }
 
-stof_status swiglu_prepare(stof_ctx *ctx, int ffn, int in_stride, stof_dtype t, int align_bytes,
-                           char *key)
+stof_status swiglu_prepare(stof_ctx *ctx, int ffn, int in_stride, int pairs, stof_dtype t,
+                           int align_bytes, char *key)
 {
     if (!ctx)
         return STOF_ERR_INVALID_ARG;
-    TRY(swiglu_check(ctx, ffn, in_stride, t));
+    TRY(swiglu_check(ctx, ffn, in_stride, pairs, t));
     swiglu_request r;
-    swiglu_make_request(ffn, in_stride, t, align_bytes, &r);
+    swiglu_make_request(ffn, in_stride, pairs, t, align_bytes, &r);
     return jit_prepare(ctx, &r.req, key, NULL);
 }
 
-stof_status swiglu_load(stof_ctx *ctx, int ffn, int in_stride, stof_dtype t, int align_bytes,
-                        swiglu_kernel *k)
+stof_status swiglu_load(stof_ctx *ctx, int ffn, int in_stride, int pairs, stof_dtype t,
+                        int align_bytes, swiglu_kernel *k)
 {
     swiglu_request r;
-    swiglu_make_request(ffn, in_stride, t, align_bytes, &r);
+    swiglu_make_request(ffn, in_stride, pairs, t, align_bytes, &r);
     k->ffn = ffn;
     k->vec = vec_of(ffn, in_stride, align_bytes);
     return jit_get(ctx, &r.req, &k->fn, NULL, NULL);
@@ -84,7 +89,7 @@ stof_status swiglu_run(stof_ctx *ctx, int ffn, stof_dtype t, long long rows, con
     if (!ctx)
         return STOF_ERR_INVALID_ARG;
     const int stride = up ? ffn : 2 * ffn;
-    TRY(swiglu_check(ctx, ffn, stride, t));
+    TRY(swiglu_check(ctx, ffn, stride, 0, t));
     if (rows <= 0)
         return CTX_FAIL(ctx, STOF_ERR_INVALID_ARG, "rows must be positive (got %lld)", rows);
     const void *ptrs[3] = {gate, up, out};
@@ -102,6 +107,6 @@ stof_status swiglu_run(stof_ctx *ctx, int ffn, stof_dtype t, long long rows, con
     while (align > 2 && all % (uintptr_t)align)
         align /= 2;
     swiglu_kernel k;
-    TRY(swiglu_load(ctx, ffn, stride, t, align, &k));
+    TRY(swiglu_load(ctx, ffn, stride, 0, t, align, &k));
     return swiglu_launch(ctx, &k, rows, gate, up, out, (CUstream)stream);
 }

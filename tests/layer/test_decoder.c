@@ -28,7 +28,17 @@ START_TEST(groups_and_key)
     ck_assert(!g[DG_QKV].epi.bias && !g[DG_QKV].epi.residual && !g[DG_QKV].epi.ln);
     ck_assert(g[DG_O].n == 2048 && g[DG_O].k == 2048 && g[DG_O].epi.residual);
     ck_assert(g[DG_GATE_UP].n == 2 * 8192 && g[DG_GATE_UP].k == 2048);
-    ck_assert(!g[DG_GATE_UP].epi.bias && !g[DG_GATE_UP].epi.residual && !g[DG_GATE_UP].epi.act);
+    ck_assert(!g[DG_GATE_UP].epi.bias && !g[DG_GATE_UP].epi.residual && !g[DG_GATE_UP].epi.ln);
+    /* SwiGLU on the interleaved product: in the epilogue or a pass after it */
+    ck_assert_int_eq(g[DG_GATE_UP].epi.act, GEMM_ACT_SWIGLU);
+    ck_assert_int_eq(group_gen_epilogue(&g[DG_GATE_UP], LS_GEN_SWIGLU).act, GEMM_ACT_SWIGLU);
+    ck_assert_int_eq(group_gen_epilogue(&g[DG_GATE_UP], LS_GEN).act, GEMM_ACT_NONE);
+    ck_assert_int_eq(group_lt_gemm(&g[DG_GATE_UP]).epi, BLAS_EPI_NONE);
+    for (int s = LS_BLAS; s < LS_COUNT; s++) {
+        const group_aux a = group_aux_of(&g[DG_GATE_UP], (layer_scheme)s);
+        ck_assert(!a.ln && !a.ba && a.swiglu == (s != LS_GEN_SWIGLU));
+    }
+    ck_assert_str_eq(layer_scheme_name(LS_GEN_SWIGLU), "gen-swiglu");
     ck_assert(g[DG_DOWN].n == 2048 && g[DG_DOWN].k == 8192 && g[DG_DOWN].epi.residual);
     ck_assert(fabsf(g[DG_O].eps - 1e-5f) < 1e-12f);
     char shape[160];
@@ -44,15 +54,19 @@ START_TEST(groups_and_key)
 }
 END_TEST
 
-/* The groups without an epilogue (gate/up, a bias-free QKV) run cuBLAS with
- * no pass behind it, and the model ranks every scheme for them. */
+/* The group without an epilogue (a bias-free QKV) runs cuBLAS with no pass
+ * behind it, gate/up cuBLAS with the SwiGLU pass; the model ranks every
+ * scheme for them, gen-swiglu only for gate/up, where at Llama-3.2-1B's size
+ * on an H100 the fused form comes first. */
 START_TEST(bare_groups_rank)
 {
     stof_decoder_desc d = llama(1, 4096);
     layer_group g[DG_COUNT];
     decoder_groups(&d, g);
+    const group_aux q = group_aux_of(&g[DG_QKV], LS_BLAS);
+    ck_assert(!q.ln && !q.ba && !q.swiglu);
     const group_aux a = group_aux_of(&g[DG_GATE_UP], LS_BLAS);
-    ck_assert(!a.ln && !a.ba);
+    ck_assert(!a.ln && !a.ba && a.swiglu);
     const group_aux o = group_aux_of(&g[DG_O], LS_BLAS);
     ck_assert(o.ba && o.residual && !o.bias);
     model_device md = {.sm_count = 132, .clock_mhz = 1980, .mma_tflops = 184,
@@ -61,9 +75,14 @@ START_TEST(bare_groups_rank)
         layer_scheme s[LS_COUNT];
         double ms[LS_COUNT];
         const int n = layer_rank_schemes(&g[gi], 1, 227 * 1024, &md, s, ms);
-        ck_assert_int_eq(n, 3);    /* no LayerNorm: no gen-ln */
-        for (int i = 0; i < n; i++)
+        /* no LayerNorm: no gen-ln; gen-swiglu for gate/up alone */
+        ck_assert_int_eq(n, gi == DG_GATE_UP ? 4 : 3);
+        for (int i = 0; i < n; i++) {
             ck_assert(ms[i] > 0 && isfinite(ms[i]) && (i == 0 || ms[i] >= ms[i - 1]));
+            ck_assert(s[i] != LS_GEN_LN && (s[i] != LS_GEN_SWIGLU || gi == DG_GATE_UP));
+        }
+        if (gi == DG_GATE_UP)
+            ck_assert_int_eq(s[0], LS_GEN_SWIGLU);
     }
 }
 END_TEST
@@ -72,13 +91,15 @@ START_TEST(record_round_trip)
 {
     layer_record r = {0}, back;
     for (int g = 0; g < DG_COUNT; g++) {
-        r.c[g] = (layer_choice){(layer_scheme)(g % 3), g, {128, 128, 64, 2, 1, 4, 1}};
+        r.c[g] = (layer_choice){g == DG_GATE_UP ? LS_GEN_SWIGLU : (layer_scheme)(g % 3), g,
+                                {128, 128, 64, 2, 1, 4, 1}};
         r.ms[g] = 0.25 * (g + 1);
     }
     r.graph = 1, r.plain_ms = 2.5, r.graph_ms = 2.25;
     char *text = search_record_format(decoder_group_names, DG_COUNT, &r, NULL, 0, "fast");
     ck_assert_ptr_nonnull(text);
     ck_assert_ptr_nonnull(strstr(text, "gate_up"));
+    ck_assert_ptr_nonnull(strstr(text, "\"scheme\":\"gen-swiglu\""));
     ck_assert(search_record_parse(decoder_group_names, DG_COUNT, text, &back));
     for (int g = 0; g < DG_COUNT; g++) {
         ck_assert_int_eq(back.c[g].scheme, r.c[g].scheme);
@@ -181,6 +202,21 @@ START_TEST(bad_descriptions)
     stof_decoder_plan_free(NULL);
     ck_assert_int_eq(stof_decoder_prepare(NULL, &d), STOF_ERR_INVALID_ARG);
     ck_assert_int_eq(stof_decoder_prepare(ctx, NULL), STOF_ERR_INVALID_ARG);
+    /* gen-swiglu only on a SwiGLU group; cuBLAS alone adds no SwiGLU bias */
+    layer_group g[DG_COUNT];
+    decoder_groups(&d, g);
+    group_exec e;
+    const layer_choice fused = {LS_GEN_SWIGLU, 0, {128, 128, 64, 1, 1, 6, GEMM_TMA}};
+    ck_assert_int_eq(group_load(ctx, &g[DG_O], &fused, &e), STOF_ERR_INVALID_ARG);
+    ck_assert_ptr_nonnull(strstr(stof_last_error(ctx), "gen-swiglu is for a SwiGLU group"));
+    layer_choice none[4];
+    ck_assert_int_eq(layer_scheme_params(ctx, &g[DG_O], LS_GEN_SWIGLU, none, 4), 0);
+    ck_assert_int_ge(layer_scheme_params(ctx, &g[DG_GATE_UP], LS_GEN_SWIGLU, none, 4), 1);
+    layer_group biased = g[DG_GATE_UP];
+    biased.epi.bias = 1;
+    ck_assert_int_eq(group_load(ctx, &biased, &(layer_choice){LS_BLAS, 0, {0}}, &e),
+                     STOF_ERR_UNSUPPORTED);
+    ck_assert_ptr_nonnull(strstr(stof_last_error(ctx), "SwiGLU group's bias"));
     stof_close(ctx);
 }
 END_TEST

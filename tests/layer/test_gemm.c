@@ -500,6 +500,107 @@ START_TEST(every_variant_compiles)
 }
 END_TEST
 
+/* The SwiGLU epilogue (GEMM_ACT_SWIGLU): what cannot combine with it is
+ * refused by name; its candidates fit in no more shared memory than the
+ * plain product's (the staging tile is half as wide); the first config of
+ * each engine renders and compiles for sm_90a (and mma.sync for sm_80) without
+ * spilling, at Llama-3.2-1B's gate/up product and at one whose n / 2 (1000)
+ * no tile divides. */
+START_TEST(swiglu_epilogue)
+{
+    stof_ctx *ctx = open_ctx("sm_90a");
+    const gemm_epilogue sw = {0, GEMM_ACT_SWIGLU, 0, 0, 0}, plain = {0, GEMM_ACT_NONE, 0, 0, 0};
+    const gemm_config mma = {128, 128, 32, 2, 4, 3, 0}, tma = {128, 128, 64, 1, 1, 6, GEMM_TMA};
+    const gemm_shape gu = {4096, 16384, 2048, STOF_BF16};
+    struct {
+        gemm_shape s;
+        gemm_epilogue e;
+        gemm_config c;
+        stof_status want;
+        const char *says;
+    } bad[] = {
+        {gu, {0, GEMM_ACT_SWIGLU, 0, 1, 0}, mma, STOF_ERR_UNSUPPORTED,
+         "SwiGLU epilogue takes no ln"},
+        {gu, {1, GEMM_ACT_SWIGLU, 1, 0, 0}, tma, STOF_ERR_UNSUPPORTED,
+         "SwiGLU epilogue takes no residual"},
+        {{4096, 2008, 2048, STOF_F16}, sw, mma, STOF_ERR_UNSUPPORTED, "with SwiGLU n (2008)"},
+        {gu, {0, GEMM_ACT_SWIGLU + 1, 0, 0, 0}, mma, STOF_ERR_INVALID_ARG, "activation 5"},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        ck_assert_int_eq(gemm_check(ctx, &bad[i].s, &bad[i].e, &bad[i].c), bad[i].want);
+        ck_assert_msg(strstr(stof_last_error(ctx), bad[i].says), "case %zu: %s", i,
+                      stof_last_error(ctx));
+        ck_assert_int_eq(gemm_check(ctx, &bad[i].s, &bad[i].e, NULL), bad[i].want);
+        ck_assert_int_eq(gemm_prepare(ctx, &bad[i].c, &bad[i].s, &bad[i].e, NULL), bad[i].want);
+    }
+    /* A launch checks the shape it is told is SwiGLU's. */
+    gemm_args a = {.x = (void *)0x1000, .w = (void *)0x2000, .out = (void *)0x3000, .swiglu = 1};
+    const gemm_shape odd16 = {4096, 2008, 2048, STOF_F16};
+    ck_assert_int_eq(gemm_launch(ctx, (CUfunction)0x1, &mma, &odd16, &a, NULL),
+                     STOF_ERR_UNSUPPORTED);
+    ck_assert_ptr_nonnull(strstr(stof_last_error(ctx), "with SwiGLU n (2008)"));
+    stof_stats st0;
+    stof_get_stats(ctx, &st0);
+    ck_assert_int_eq(st0.nvrtc_compiles, 0);
+    stof_close(ctx);
+
+    /* Candidates, requests and compiles. */
+    const gemm_shape shapes[2] = {gu, {1000, 2000, 832, STOF_F16}};
+    static const char *const arches[2] = {"sm_90a", "sm_80"};
+    int engines = 0;
+    for (int ai = 0; ai < 2; ai++) {
+        stof_options o = {.cache_path = test_kernel_cache(), .arch = arches[ai]};
+        ck_assert_int_eq(stof_open(&ctx, &o), STOF_OK);
+        for (int si = 0; si < 2; si++) {
+            const gemm_shape *s = &shapes[si];
+            gemm_config c[GEMM_MAX_CANDIDATES];
+            const int n = gemm_candidates(s, &sw, 227 * 1024, !ai, c, GEMM_MAX_CANDIDATES);
+            ck_assert_int_ge(n, ai ? 2 : 6);
+            ck_assert_int_eq(c[0].wg, ai ? 0 : GEMM_TMA);
+            for (int k = 0; k < n; k++) {
+                char name[48];
+                gemm_config_str(&c[k], name, sizeof name);
+                ck_assert_msg(gemm_check(ctx, s, &sw, &c[k]) == STOF_OK, "%s: %s", name,
+                              stof_last_error(ctx));
+                ck_assert_int_le(gemm_smem_bytes(&c[k], s, &sw), 227 * 1024);
+                ck_assert_int_le(gemm_smem_bytes(&c[k], s, &sw), gemm_smem_bytes(&c[k], s, &plain));
+                if (k > 0 && c[k].wg == c[k - 1].wg)
+                    continue;
+                /* The first of each engine: rendered with ACT 4, compiled. */
+                gemm_request r;
+                gemm_make_request(&c[k], s, &sw, &r);
+                char *src = render_request(ctx, &r.req);
+                ck_assert_ptr_null(strstr(src, "{{"));
+                ck_assert_ptr_nonnull(strstr(src, "    ACT = 4,"));
+                ck_assert_ptr_nonnull(strstr(src, "swiglu_out("));
+                free(src);
+                char key[65];
+                ck_assert_msg(gemm_prepare(ctx, &c[k], s, &sw, key) == STOF_OK, "%s %s: %s",
+                              arches[ai], name, stof_last_error(ctx));
+                cache_kernel kk;
+                int found = 0, rejected = 0;
+                ck_assert_int_eq(cache_get_kernel(&ctx->err, ctx->cache, key, &kk, &found,
+                                                  &rejected), STOF_OK);
+                ck_assert(found);
+                ck_assert_msg(strstr(kk.log, " 0 bytes spill stores") &&
+                                  !strstr(kk.log, "ptxas warning"),
+                              "%s %s spills: %s", arches[ai], name, kk.log);
+                char global[96];
+                ck_assert_msg(!test_ptx_global(kk.ptx, global, sizeof global), "%s: %s", name,
+                              global);
+                cache_kernel_free(&kk);
+                printf("test_gemm: swiglu %s n%d k%d %s compiles\n", arches[ai], s->n, s->k,
+                       name);
+                engines |= 1 << c[k].wg;
+            }
+        }
+        stof_close(ctx);
+    }
+    /* mma.sync, cp.async wgmma and TMA all took the SwiGLU epilogue. */
+    ck_assert_int_eq(engines, 7);
+}
+END_TEST
+
 Suite *suite_gemm(void)
 {
     Suite *s = suite_create("gemm");
@@ -508,6 +609,10 @@ Suite *suite_gemm(void)
     tcase_add_test(t, bad_shapes_are_named);
     tcase_add_test(t, template_renders_completely);
     suite_add_tcase(s, t);
+    TCase *sw = tcase_create("swiglu");
+    tcase_set_timeout(sw, 600);
+    tcase_add_test(sw, swiglu_epilogue);
+    suite_add_tcase(s, sw);
     TCase *c = tcase_create("compile");
     tcase_set_timeout(c, 900);
     tcase_add_loop_test(c, every_variant_compiles, 0, 2);

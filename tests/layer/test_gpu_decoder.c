@@ -3,8 +3,11 @@
  * fresh random weights and inputs, the output and workspace poisoned first:
  * odd lengths, GQA 4:1, a sliding window, Qwen2's biases, positions from an
  * offset and from a device array, Llama-3 scaling; the searched plan, the
- * cached one, each scheme forced on every group, graphs per offset.
- * Runs only where a GPU is present. */
+ * cached one, each scheme forced on every group, graphs per offset; SwiGLU
+ * fused into the gate/up GEMM and as a pass, the layer's output the same
+ * either way, and every scheme and parameter set of a gate/up group whose
+ * ffn (1000) and rows (333) no tile divides. Runs only where a GPU is
+ * present. */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -387,6 +390,98 @@ START_TEST(each_scheme_forced)
 }
 END_TEST
 
+/* The gate/up group with SwiGLU fused into its GEMM (gen-swiglu) and as a
+ * pass after the generated GEMM (gen), every other group on the generated
+ * GEMM: both match the reference, and each other; describe names the form.
+ * Then every scheme and parameter set of a gate/up group of ffn 1000 and
+ * 333 rows, each checked by layer_try_choice (fresh random inputs, output
+ * poisoned, rows against the CPU in double). */
+START_TEST(swiglu_fused_and_pass)
+{
+    const dcase *c = &CASES[_i];
+    stof_ctx *ctx;
+    ck_assert_int_eq(stof_open(&ctx, &(stof_options){.no_cache = 1}), STOF_OK);
+    test_rng r = test_rng_make(0x5e1u + (uint64_t)_i);
+    dec_data L;
+    make_data(ctx, c, &r, &L);
+    const size_t nout = L.rows * (size_t)L.d.hidden;
+    double *ref = malloc(sizeof(double) * nout), *first = malloc(sizeof(double) * nout);
+    uint16_t *got = malloc(2 * nout);
+    ck_assert(ref && first && got);
+    ref_decoder(ctx, &L, c->offset, ref);
+    layer_group g[DG_COUNT];
+    decoder_groups(&L.d, g);
+    ck_assert_int_eq(g[DG_GATE_UP].epi.act, GEMM_ACT_SWIGLU);
+    for (int fused = 0; fused < 2; fused++) {
+        layer_choice ch[DG_COUNT];
+        for (int gi = 0; gi < DG_COUNT; gi++) {
+            layer_choice all[32];
+            const layer_scheme s = gi == DG_GATE_UP && fused ? LS_GEN_SWIGLU : LS_GEN;
+            ck_assert_int_ge(layer_scheme_params(ctx, &g[gi], s, all, 32), 1);
+            ch[gi] = all[0];
+        }
+        stof_decoder_plan *p;
+        stof_status st = decoder_plan_forced(ctx, &L.d, &L.dw, ch, 0, &p);
+        ck_assert_msg(st == STOF_OK, "fused %d: %s", fused, stof_last_error(ctx));
+        char desc[4096];
+        ck_assert_int_eq(stof_decoder_plan_describe(p, desc, sizeof desc), STOF_OK);
+        ck_assert_ptr_nonnull(strstr(desc, fused ? "gate_up: gen-swiglu" : "gate_up: gen "));
+        ck_assert_ptr_nonnull(strstr(desc, fused ? "swiglu: in the gate_up epilogue"
+                                                 : "swiglu: pass after the gate_up product"));
+        const double err = run_and_compare(ctx, p, &L, c->offset, ref);
+        printf("decoder %d: swiglu %s rel L2 %.2e\n", _i, fused ? "fused" : "pass", err);
+        ck_assert_msg(err <= TOL, "case %d, swiglu %s: relative L2 %.3g\n%s", _i,
+                      fused ? "fused" : "pass", err, desc);
+        /* the two forms' outputs against each other */
+        size_t ws_bytes;
+        ck_assert_int_eq(stof_decoder_workspace_size(p, &ws_bytes), STOF_OK);
+        const CUdeviceptr ws = test_upload(ctx, NULL, ws_bytes),
+                          out = test_upload(ctx, NULL, 2 * nout);
+        st = stof_decoder_run(p, (void *)L.dev[NW], (void *)out, (const int *)L.dpos, c->offset,
+                              (void *)ws, NULL);
+        ck_assert_msg(st == STOF_OK, "run: %s", stof_last_error(ctx));
+        ck_assert_int_eq(jit_push(ctx), STOF_OK);
+        ck_assert_int_eq(CU(ctx, CtxSynchronize()), STOF_OK);
+        ck_assert_int_eq(CU(ctx, MemcpyDtoH(got, out, 2 * nout)), STOF_OK);
+        ctx->dev.api.MemFree(ws);
+        ctx->dev.api.MemFree(out);
+        jit_pop(ctx);
+        if (!fused) {
+            for (size_t i = 0; i < nout; i++)
+                first[i] = dtype_load(L.d.dtype, got, i);
+        } else {
+            const double apart = test_rel_l2(L.d.dtype, got, first, nout);
+            ck_assert_msg(apart <= TOL, "case %d: fused and pass %.3g apart", _i, apart);
+        }
+        stof_decoder_plan_free(p);
+    }
+    /* A gate/up group no tile divides: every scheme, every parameter set. */
+    const layer_group odd = {333, 2000, 256, L.d.dtype, {.act = GEMM_ACT_SWIGLU}, 1e-5f};
+    static const layer_scheme schemes[] = {LS_BLAS, LS_LT, LS_GEN, LS_GEN_SWIGLU};
+    int tried = 0;
+    for (int si = 0; si < 4; si++) {
+        layer_choice all[32];
+        const int n = layer_scheme_params(ctx, &odd, schemes[si], all, 32);
+        ck_assert_msg(n > 0, "no %s parameters", layer_scheme_name(schemes[si]));
+        for (int i = 0; i < n; i++) {
+            const char *verdict;
+            double ms, err;
+            stof_status st = layer_try_choice(ctx, &odd, &all[i], &verdict, &ms, &err);
+            char cfg[64];
+            gemm_config_str(&all[i].cfg, cfg, sizeof cfg);
+            ck_assert_msg(st == STOF_OK && !strcmp(verdict, "ok"),
+                          "%s algo %d %s: %s, err %.3g (%s)", layer_scheme_name(all[i].scheme),
+                          all[i].algo, cfg, verdict ? verdict : "-", err, stof_last_error(ctx));
+            tried++;
+        }
+    }
+    printf("decoder %d: %d gate/up choices right at m 333, ffn 1000\n", _i, tried);
+    free(ref), free(first), free(got);
+    free_data(ctx, &L);
+    stof_close(ctx);
+}
+END_TEST
+
 /* Run-time argument checks on a real plan. */
 START_TEST(decoder_bad_run_arguments)
 {
@@ -427,6 +522,7 @@ Suite *suite_gpu_decoder(void)
     tcase_set_timeout(t, 900);
     tcase_add_loop_test(t, decoder_matches_reference, 0, NCASES);
     tcase_add_loop_test(t, each_scheme_forced, 0, NCASES);
+    tcase_add_loop_test(t, swiglu_fused_and_pass, 0, NCASES);
     tcase_add_test(t, decoder_bad_run_arguments);
     suite_add_tcase(s, t);
     return s;

@@ -11,7 +11,8 @@
  * no multiple of any tile; the last two shapes have N that no tile divides,
  * one of them K too (no wg config takes it), the other K in whole 64-column
  * steps. Also the erf GELU alone on every fp16 input (and every 64th bf16
- * one) within 1 ulp. The runner adds this suite only where a GPU is usable. */
+ * one) within 1 ulp, and the SwiGLU epilogue on every engine. The runner
+ * adds this suite only where a GPU is usable. */
 #include <math.h>
 #include <pthread.h>
 #include <stdlib.h>
@@ -294,7 +295,7 @@ START_TEST(every_config_and_epilogue)
                 gemm_args a = {(void *)dx, (void *)dw, e->bias ? (void *)db : NULL,
                                e->residual ? (void *)dres : NULL, e->ln ? (void *)dg : NULL,
                                e->ln ? (void *)dbe : NULL, (void *)dout,
-                               e->ln_sum ? (void *)dsum : NULL, EPS};
+                               e->ln_sum ? (void *)dsum : NULL, EPS, 0};
                 check_st(ctx, gemm_launch(ctx, fn, &j.c[i], &s, &a, NULL), what);
                 fetch(ctx, dout, hout, nmn, N, what);
                 double err = rel_l2(t, hout, ref, nmn, what);
@@ -392,6 +393,104 @@ START_TEST(gelu_every_input)
 }
 END_TEST
 
+/* The SwiGLU epilogue (GEMM_ACT_SWIGLU) on every engine: each candidate
+ * of each shape without a bias, the first of each engine with one, against
+ * silu(v_2j) * v_2j+1 in double (v the interleaved product plus bias).
+ * Out [m, n / 2] starts poisoned with a poisoned guard row; m, n / 2 (1000,
+ * 264) and one K (200, where no cp.async wg config runs) are no multiple of
+ * any tile. Loop: the dtype. */
+START_TEST(swiglu_every_engine)
+{
+    static const int shapes[][3] = {{333, 2000, 832}, {77, 528, 200}};
+    const stof_dtype t = _i ? STOF_BF16 : STOF_F16;
+    const double limit = _i ? 1.5e-2 : 5e-3;
+    char *dir = test_tmpdir(), path[1200];
+    ck_assert_ptr_nonnull(dir);
+    snprintf(path, sizeof path, "%s/cache.db", dir);
+    stof_ctx *ctx = open_gpu(&(stof_options){.cache_path = path});
+    test_rng rng = test_rng_make(0x5a16 + (uint64_t)_i);
+    int runs = 0, engines = 0;
+    double worst = 0;
+    for (int si = 0; si < 2; si++) {
+        const int M = shapes[si][0], N = shapes[si][1], K = shapes[si][2], NO = N / 2;
+        const size_t nx = (size_t)M * K, nw = (size_t)N * K, no = (size_t)M * NO;
+        const gemm_shape s = {M, N, K, t};
+        gemm_config c[GEMM_MAX_CANDIDATES];
+        const int n = gemm_candidates(&s, &(gemm_epilogue){0, GEMM_ACT_SWIGLU, 0, 0, 0},
+                                      ctx->dev.smem_optin, !strcmp(ctx->arch, "sm_90a"), c,
+                                      GEMM_MAX_CANDIDATES);
+        ck_assert_int_ge(n, 1);
+        /* Every config without a bias, each engine's first with one; compiled together. */
+        gemm_config jc[2 * GEMM_MAX_CANDIDATES];
+        gemm_shape js[2 * GEMM_MAX_CANDIDATES];
+        gemm_epilogue je[2 * GEMM_MAX_CANDIDATES];
+        int nj = 0;
+        for (int k = 0; k < n; k++)
+            for (int bias = 0; bias < 2; bias++)
+                if (!bias || k == 0 || c[k].wg != c[k - 1].wg) {
+                    jc[nj] = c[k], js[nj] = s;
+                    je[nj++] = (gemm_epilogue){bias, GEMM_ACT_SWIGLU, 0, 0, 0};
+                }
+        check_st(ctx, gemm_prepare_all(ctx, jc, js, je, nj), "gemm_prepare_all");
+        uint16_t *hx = malloc(2 * nx), *hw = malloc(2 * nw), *hb = malloc(2 * (size_t)N),
+                 *hout = malloc(2 * (no + NO));
+        double *acc = malloc(sizeof(double) * (size_t)M * N), *ref = malloc(sizeof(double) * no);
+        ck_assert(hx && hw && hb && hout && acc && ref);
+        test_fill_uniform(&rng, t, hx, nx, 0, 1);
+        test_fill_uniform(&rng, t, hw, nw, 0, 1.7 / sqrt((double)K));
+        test_fill_uniform(&rng, t, hb, (size_t)N, 0, 0.5);
+        for (int r = 0; r < M; r++)
+            for (int col = 0; col < N; col++) {
+                double v = 0;
+                for (int k = 0; k < K; k++)
+                    v += dtype_load(t, hx, (size_t)r * K + k) *
+                         dtype_load(t, hw, (size_t)col * K + k);
+                acc[(size_t)r * N + col] = v;
+            }
+        CUdeviceptr dx = dalloc(ctx, hx, 2 * nx), dw = dalloc(ctx, hw, 2 * nw),
+                    db = dalloc(ctx, hb, 2 * (size_t)N), dout = dalloc(ctx, NULL, 2 * (no + NO));
+        for (int q = 0; q < nj; q++) {
+            const int bias = je[q].bias;
+            for (int r = 0; r < M; r++)
+                for (int j = 0; j < NO; j++) {
+                    const double *v = acc + (size_t)r * N + 2 * j;
+                    const double g = v[0] + (bias ? dtype_load(t, hb, 2 * (size_t)j) : 0),
+                                 u = v[1] + (bias ? dtype_load(t, hb, 2 * (size_t)j + 1) : 0);
+                    ref[(size_t)r * NO + j] = g / (1 + exp(-g)) * u;
+                }
+            char name[48], what[160];
+            gemm_config_str(&jc[q], name, sizeof name);
+            snprintf(what, sizeof what, "swiglu %s m%d n%d k%d %s bias %d", dtype_name(t), M, N,
+                     K, name, bias);
+            CUfunction fn;
+            check_st(ctx, gemm_load(ctx, &jc[q], &s, &je[q], &fn, NULL), what);
+            poison(ctx, dout, 2 * (no + NO));
+            gemm_args a = {.x = (void *)dx, .w = (void *)dw, .bias = bias ? (void *)db : NULL,
+                           .out = (void *)dout, .swiglu = 1};
+            check_st(ctx, gemm_launch(ctx, fn, &jc[q], &s, &a, NULL), what);
+            fetch(ctx, dout, hout, no, NO, what);
+            const double err = rel_l2(t, hout, ref, no, what);
+            ck_assert_msg(err <= limit, "%s: relative L2 error %.3g > %.1g", what, err, limit);
+            worst = fmax(worst, err);
+            engines |= 1 << jc[q].wg;
+            runs++;
+        }
+        CUdeviceptr all[] = {dx, dw, db, dout};
+        for (int q = 0; q < 4; q++)
+            dfree(ctx, all[q]);
+        free(hx), free(hw), free(hb), free(hout), free(acc), free(ref);
+    }
+    /* sm_90a: TMA and mma.sync on both shapes, cp.async wg on the first. */
+    if (!strcmp(ctx->arch, "sm_90a"))
+        ck_assert_int_eq(engines, 7);
+    printf("gpu_gemm: swiglu %s: %d kernels right on engines 0x%x; worst relative L2 %.3g\n",
+           dtype_name(t), runs, engines, worst);
+    stof_close(ctx);
+    test_rmtree(dir);
+    free(dir);
+}
+END_TEST
+
 Suite *suite_gpu_gemm(void)
 {
     Suite *s = suite_create("gpu_gemm");
@@ -399,6 +498,7 @@ Suite *suite_gpu_gemm(void)
     tcase_set_timeout(t, 600);
     tcase_add_loop_test(t, every_config_and_epilogue, 0, 2);
     tcase_add_loop_test(t, gelu_every_input, 0, 4);
+    tcase_add_loop_test(t, swiglu_every_engine, 0, 2);
     suite_add_tcase(s, t);
     return s;
 }

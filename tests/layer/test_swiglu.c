@@ -1,7 +1,8 @@
 /*
  * test_swiglu — the CPU side of the gated activation pass: its requests
  * (vector width by row lengths and alignment), compiles for sm_90a with no
- * GPU, and the argument checks of swiglu_run.
+ * GPU (gate and up apart, stacked and in pairs), and the argument checks of
+ * swiglu_run and swiglu_check.
  */
 #include <stdlib.h>
 #include <string.h>
@@ -13,14 +14,18 @@
 START_TEST(requests)
 {
     swiglu_request r;
-    swiglu_make_request(8192, 16384, STOF_BF16, 16, &r);
+    swiglu_make_request(8192, 16384, 0, STOF_BF16, 16, &r);
     ck_assert_str_eq(r.vars[2].value, "8");
     ck_assert_str_eq(r.vars[3].value, "stof_bf16");
-    swiglu_make_request(8192, 8192, STOF_F16, 4, &r);   /* pointers 4 bytes apart from 16 */
+    ck_assert_str_eq(r.vars[6].value, "0");
+    swiglu_make_request(8192, 8192, 0, STOF_F16, 4, &r);   /* pointers 4 bytes apart from 16 */
     ck_assert_str_eq(r.vars[2].value, "2");
-    swiglu_make_request(1001, 2002, STOF_F16, 16, &r);   /* an odd row length: one at a time */
+    swiglu_make_request(1001, 2002, 0, STOF_F16, 16, &r);   /* an odd row length: one at a time */
     ck_assert_str_eq(r.vars[2].value, "1");
     ck_assert_str_eq(r.vars[1].value, "2002");
+    swiglu_make_request(8192, 16384, 1, STOF_BF16, 16, &r); /* pairs: the same widths */
+    ck_assert_str_eq(r.vars[2].value, "8");
+    ck_assert_str_eq(r.vars[6].value, "1");
 }
 END_TEST
 
@@ -32,9 +37,9 @@ START_TEST(prepare_sm90a)
                      STOF_OK);
     const int ffn[] = {8192, 14336, 1001};
     for (int i = 0; i < 3; i++)
-        for (int stacked = 0; stacked < 2; stacked++) {
+        for (int form = 0; form < 3; form++) {   /* apart, stacked, pairs */
             char key[65] = "";
-            ck_assert_msg(swiglu_prepare(ctx, ffn[i], ffn[i] * (1 + stacked),
+            ck_assert_msg(swiglu_prepare(ctx, ffn[i], ffn[i] * (1 + (form > 0)), form == 2,
                                          i ? STOF_BF16 : STOF_F16, 16, key) == STOF_OK,
                           "%s", stof_last_error(ctx));
             ck_assert_int_eq((int)strlen(key), 64);
@@ -65,7 +70,10 @@ START_TEST(bad_arguments)
         ck_assert_msg(strstr(stof_last_error(ctx), bad[i].msg), "case %zu: %s", i,
                       stof_last_error(ctx));
     }
-    ck_assert_int_eq(swiglu_check(ctx, 64, 96, STOF_BF16), STOF_ERR_INVALID_ARG);
+    ck_assert_int_eq(swiglu_check(ctx, 64, 96, 0, STOF_BF16), STOF_ERR_INVALID_ARG);
+    ck_assert_int_eq(swiglu_check(ctx, 64, 64, 1, STOF_BF16), STOF_ERR_INVALID_ARG);
+    ck_assert_ptr_nonnull(strstr(stof_last_error(ctx), "pairs need rows of twice"));
+    ck_assert_int_eq(swiglu_check(ctx, 64, 128, 1, STOF_BF16), STOF_OK);
     ck_assert_int_eq(swiglu_run(NULL, 64, STOF_BF16, 1, p, NULL, p, NULL), STOF_ERR_INVALID_ARG);
     if (!test_have_gpu())
         ck_assert_int_eq(swiglu_run(ctx, 64, STOF_BF16, 1, p, NULL, p + 4096, NULL),
