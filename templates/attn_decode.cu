@@ -30,12 +30,19 @@
 //   WARP_RING  1: each warp copies its own rows of a tile; 0: the CTA does
 //   PREFETCH   the L2 prefetch size of the K and V copies: "" (none),
 //              ".L2::128B" or ".L2::256B"
+//   UNROLL     1: a thread's copies of a tile in a loop of known trip count,
+//              unrolled, addressed by steps from its first row in a whole
+//              tile, and a warp's keys that every row reads unmasked; 0: a
+//              loop to the tile's end, every key tested
+//   KFIRST     with UNROLL, 1: all of a tile's K rows are asked for before
+//              its V rows; 0: K and V row by row
 
 {{>attn_common.cuh}}
 
 #define D {{HEAD_DIM}}
 #define BN {{BLOCK_N}}
 #define STAGES {{STAGES}}
+#define KFIRST {{KFIRST}}
 #define WARPS (BN / 16)
 #define THREADS (WARPS * 32)
 #define LDS (D + 8)     // smem row stride in elements: 16 B of padding keeps
@@ -155,15 +162,62 @@ extern "C" __global__ void __launch_bounds__(THREADS) stof_attn_decode(
     auto load_tile = [&](int it) {
         elem_t *Kt = ring + (it % STAGES) * 2 * BN * LDS, *Vt = Kt + BN * LDS;
         const int key0 = kbeg + it * BN;
-        for (int x = x0; x < x1; x += xs) {
+        // Chunk x of K (kk), of V (vv) or of both.
+        auto chunk = [&](int x, bool kk, bool vv) {
             const int r = x / CH, c = x % CH, key = key0 + r;
             const bool ok = key < kend;
             const int at = ok ? key : kbeg;
-            dec_cp16(stof_smem_u32(Kt + r * LDS + c * 8),
-                     dec_kv_row(k, b, kvh, at, kv_sb, kv_sh, kv_sl) + c * 8, ok ? 16 : 0);
-            dec_cp16(stof_smem_u32(Vt + r * LDS + c * 8),
-                     dec_kv_row(v, b, kvh, at, kv_sb, kv_sh, kv_sl) + c * 8, ok ? 16 : 0);
+            if (kk)
+                dec_cp16(stof_smem_u32(Kt + r * LDS + c * 8),
+                         dec_kv_row(k, b, kvh, at, kv_sb, kv_sh, kv_sl) + c * 8, ok ? 16 : 0);
+            if (vv)
+                dec_cp16(stof_smem_u32(Vt + r * LDS + c * 8),
+                         dec_kv_row(v, b, kvh, at, kv_sb, kv_sh, kv_sl) + c * 8, ok ? 16 : 0);
+        };
+{{#if UNROLL}}
+        // In either ring a thread has CH / 2 chunks, x0 + i * xs (x0 < xs,
+        // x1 - x0 = CH / 2 * xs). Where xs is a multiple of CH they are rows
+        // r0 + i * (xs / CH) of column c0: in a tile wholly before kend the
+        // thread addresses its first row through dec_kv_row and steps from
+        // it (a tile's keys lie in one span of the cache: a paged cache's
+        // pages would hold whole tiles), with no division and no bound per
+        // chunk. KFIRST: the tile's K rows all go first.
+        static_assert(CH % 2 == 0, "an even count of 16-byte chunks a row");
+        (void)x1;
+        constexpr int XS = {{#if WARP_RING}}32{{/if}}{{#unless WARP_RING}}THREADS{{/if}};
+        if (XS % CH == 0 && key0 + BN <= kend) {
+            constexpr int RS = XS % CH == 0 ? XS / CH : 1;
+            const int r0 = x0 / CH, c0 = x0 % CH;
+            const elem_t *kr = dec_kv_row(k, b, kvh, key0 + r0, kv_sb, kv_sh, kv_sl) + c0 * 8;
+            const elem_t *vr = dec_kv_row(v, b, kvh, key0 + r0, kv_sb, kv_sh, kv_sl) + c0 * 8;
+            const unsigned ks = stof_smem_u32(Kt + r0 * LDS + c0 * 8),
+                           vs = stof_smem_u32(Vt + r0 * LDS + c0 * 8);
+            const long long gstep = RS * kv_sl;
+#pragma unroll
+            for (int i = 0; i < CH / 2; i++) {
+                dec_cp16(ks + i * RS * LDS * 2, kr + i * gstep, 16);
+                if (!KFIRST)
+                    dec_cp16(vs + i * RS * LDS * 2, vr + i * gstep, 16);
+            }
+            if (KFIRST) {
+#pragma unroll
+                for (int i = 0; i < CH / 2; i++)
+                    dec_cp16(vs + i * RS * LDS * 2, vr + i * gstep, 16);
+            }
+            return;
         }
+#pragma unroll
+        for (int i = 0; i < CH / 2; i++)
+            chunk(x0 + i * xs, true, !KFIRST);
+        if (KFIRST) {
+#pragma unroll
+            for (int i = 0; i < CH / 2; i++)
+                chunk(x0 + i * xs, false, true);
+        }
+{{/if}}{{#unless UNROLL}}
+        for (int x = x0; x < x1; x += xs)
+            chunk(x, true, true);
+{{/if}}
     };
     // Q goes with the first tile's group; a group is committed every step,
     // empty or not, so that waiting for STAGES - 2 pending means tile it is in.
@@ -229,18 +283,29 @@ extern "C" __global__ void __launch_bounds__(THREADS) stof_attn_decode(
         // s[j][e] holds key 8j + 2t + (e % 2) of the warp's 16, row g (e < 2)
         // or g + 8: past the split, past the row's position, before its window.
         const int key0 = kbeg + it * BN + warp * 16;
+        // With UNROLL, a warp's 16 keys that every row reads whole skip the
+        // test: before kend, at or before the lowest row's position (len -
+        // seq_q; padding rows are never written) and past the highest row's
+        // window start. Uniform across the warp.
+        bool whole = false;
+{{#if UNROLL}}
+        whole = key0 + 16 <= kend && key0 + 15 <= len - seq_q &&
+                (window == 0 || key0 > len - 1 - window);
+{{/if}}
+        if (!whole) {
 #pragma unroll
-        for (int j = 0; j < 2; j++)
+            for (int j = 0; j < 2; j++)
 #pragma unroll
-            for (int e = 0; e < 2; e++) {
-                const int key = key0 + 8 * j + 2 * t + e;
+                for (int e = 0; e < 2; e++) {
+                    const int key = key0 + 8 * j + 2 * t + e;
 #pragma unroll
-                for (int h2 = 0; h2 < 2; h2++) {
-                    const int p = pos[h2];
-                    if (key >= kend || key > p || (window > 0 && key <= p - window))
-                        s[j][2 * h2 + e] = -STOF_INF;
+                    for (int h2 = 0; h2 < 2; h2++) {
+                        const int p = pos[h2];
+                        if (key >= kend || key > p || (window > 0 && key <= p - window))
+                            s[j][2 * h2 + e] = -STOF_INF;
+                    }
                 }
-            }
+        }
 
         unsigned pf[1][4];
         stof_softmax_step<mma_tag>(s, o, m, l, pf, scale_log2);
