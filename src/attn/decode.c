@@ -72,24 +72,26 @@ static stof_status check_desc(stof_ctx *ctx, const stof_decode_desc *d)
 }
 
 /* The variants bench_decode compares (issue 57): the default first.
- * Measured on an H200 (bench/results/decode-variants-H200-20261128.md, one
- * process, ten cases, 32/8 heads, hd 128): the 128-byte L2 prefetch hint
- * on the copies gains 1.02x (geomean; 1.00-1.04x a case), the 256-byte
- * one 1.005x. Gone, as none beat plain cp: a producer warp's bulk copies
- * into an mbarrier ring (0.5-0.93x), the last split merging the rest in
- * place of the combine (0.6-0.94x), the combine launched early through PDL
- * (0.997x), and 128-key tiles on 8 warps copied by the CTA (0.994x) or by
- * 4 warps each copying its own rows (0.993x). */
+ * Measured on an H200 (bench/results/decode-variants-H200-20261128.md and
+ * -0125.md and -0330.md, one process each, ten cases, 32/8 heads, hd 128):
+ * the 128-byte L2 prefetch hint on the copies gains 1.02x (geomean;
+ * 1.00-1.04x a case); the copies of a whole tile addressed by steps, the
+ * mask test skipped where every row reads a warp's keys, and a tile's K
+ * rows asked for before its V rows (kfirst) 1.006x over that, unrolled
+ * with K and V row by row 1.003x. Gone, as none beat plain cp by more than
+ * noise: the 256-byte hint (1.005x, then 0.989x), 8 warps each copying its
+ * own rows (0.98x), unrolled copies with no hint (0.988x), a producer
+ * warp's bulk copies into an mbarrier ring (0.5-0.93x), the last split
+ * merging the rest in place of the combine (0.6-0.94x), the combine
+ * launched early through PDL (0.997x), and 128-key tiles on 8 warps copied
+ * by the CTA (0.994x). */
 const decode_variant decode_variants[] = {
-    {"cp-l2-128", 64, 0, 2, 128, 0, 0},  /* the CTA copies each tile, 4 warps, two CTAs an SM */
-    {"cp", 64, 0, 2, 0, 0, 0},           /* no L2 prefetch hint */
-    {"cp-l2-256", 64, 0, 2, 256, 0, 0},
-    {"stream-wide", 128, 1, 1, 0, 0, 0}, /* 8 warps each copying its own rows, one CTA an SM */
-    {"stream-wide-l2-256", 128, 1, 1, 256, 0, 0},
-    /* Not yet measured (the ncu run found 2.4x cuDNN's instructions): */
-    {"cp-l2-128-unroll", 64, 0, 2, 128, 1, 0},  /* the copy loop unrolled */
-    {"cp-l2-128-kfirst", 64, 0, 2, 128, 1, 1},  /* and a tile's K rows before its V rows */
-    {"cp-unroll", 64, 0, 2, 0, 1, 0},           /* unrolled, no L2 prefetch hint */
+    /* the CTA copies each tile, 4 warps, two CTAs an SM, K rows then V */
+    {"cp-l2-128-kfirst", 64, 0, 2, 128, 1, 1},
+    {"cp-l2-128-unroll", 64, 0, 2, 128, 1, 0}, /* K and V row by row */
+    {"cp-l2-128", 64, 0, 2, 128, 0, 0},        /* a loop to the tile's end, every key tested */
+    {"cp", 64, 0, 2, 0, 0, 0},                 /* and no L2 prefetch hint */
+    {"stream-wide-l2-256", 128, 1, 1, 256, 0, 0}, /* 8 warps each copying its own rows */
 };
 const int decode_nvariants = (int)(sizeof decode_variants / sizeof decode_variants[0]);
 
