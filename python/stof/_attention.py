@@ -301,16 +301,19 @@ def _check_packed(e, qp, kp, vp):
 
 
 def plans():
-    """The plans this process holds, varlen ones too: [(key, describe line)]."""
+    """The plans this process holds, varlen ones too (decode ones:
+    stof.decode_plans): [(key, describe line)]."""
     return [(k, e.describe()) for k, e in list(_plans.items())] + _varlen.plans()
 
 
 def clear_plans():
-    """Frees every plan (for tests and for memory; the next calls plan again,
-    from the cache)."""
+    """Frees every plan, varlen and decode ones too (for tests and for
+    memory; the next calls plan again, from the cache)."""
+    from . import _decode
     with _plans_lock:
         _plans.clear()
     _varlen.clear_plans()
+    _decode.clear_plans()
 
 
 # ---- torch ----------------------------------------------------------------------------------

@@ -100,6 +100,52 @@ def _plan(key, ctx, desc):
         return p
 
 
+class _Call:
+    """What a call's tensors' shapes, strides, dtypes and devices decide,
+    found once and kept (_calls): the plan, the launch, the batch and the
+    capacity, so that a step's host time is the launch's."""
+    __slots__ = ("plan", "call", "fn", "batch", "cap", "dev")
+
+
+_calls = {}
+MAX_CALLS = 4096      # distinct call forms kept; past it the memo starts again
+
+
+def _prepare(q, k, v, seqused_k, window, softcap, scale, layout):
+    """Every check of a decoding call (raising on what is wrong) and its plan."""
+    import torch
+    b, h, sq, d, hk, cap, lay = _check(q, k, v, layout)
+    for name, t in zip("qkv", (q, k, v)):
+        if not t.is_contiguous():
+            raise L.InvalidArgumentError("%s must be contiguous in %s order" % (name,
+                                                                             layout.upper()))
+    if window < 0:
+        raise L.InvalidArgumentError("window must be >= 0, got %r" % (window,))
+    cap_ = 0.0 if softcap is None else float(softcap)
+    sc = 0.0 if scale is None else float(scale)
+    dev = q.get_device()
+    if seqused_k is not None:
+        if (not isinstance(seqused_k, torch.Tensor) or seqused_k.dtype != torch.int32
+                or tuple(seqused_k.shape) != (b,) or seqused_k.get_device() != dev
+                or not seqused_k.is_contiguous()):
+            raise L.InvalidArgumentError("seqused_k must be a contiguous int32 tensor [%d] on "
+                                         "q's device, got %s %s"
+                                         % (b, getattr(seqused_k, "dtype", type(seqused_k)),
+                                            list(getattr(seqused_k, "shape", []))))
+    bb, cb = _bucket(b, 1), _bucket(cap, 4096)
+    key = (dev, _dtype(q), lay, h, hk, d, sq, sc, cap_, int(window), bb, cb)
+    p = _plans.get(key)
+    if p is None:
+        desc = L.DecodeDesc(batch=bb, heads=h, kv_heads=hk, head_dim=d, seq_q=sq, max_seq_k=cb,
+                            dtype=_dtype(q), layout=lay, scale=sc, softcap=cap_,
+                            window=int(window))
+        p = _plan(key, L.Context.for_device(dev), desc)
+    c = _Call()
+    c.plan, c.batch, c.cap, c.dev = p, b, cap, dev
+    c.call, c.fn = p.ctx._lib.launcher("decode_run", "decode_run")
+    return c
+
+
 def decode(q, k, v, seqused_k=None, *, window=0, softcap=None, scale=None, layout="bhld",
            out=None):
     """Attention of a step's new rows against a KV cache (torch CUDA tensors).
@@ -114,41 +160,41 @@ def decode(q, k, v, seqused_k=None, *, window=0, softcap=None, scale=None, layou
     device and clamped to [0, C]. softcap: the logit softcap. Returns a new
     tensor like q (or writes out). q must be contiguous in its layout; k and
     v contiguous in theirs, so that a cache with room to grow is taken as it
-    is (pass its full capacity with seqused_k)."""
-    import torch
-    b, h, sq, d, hk, cap, lay = _check(q, k, v, layout)
-    for name, t in zip("qkv", (q, k, v)):
-        if not t.is_contiguous():
-            raise L.InvalidArgumentError("%s must be contiguous in %s order" % (name,
-                                                                             layout.upper()))
-    if window < 0:
-        raise L.InvalidArgumentError("window must be >= 0, got %r" % (window,))
-    cap_ = 0.0 if softcap is None else float(softcap)
-    sc = 0.0 if scale is None else float(scale)
-    dev = q.get_device()
-    if seqused_k is not None:
-        if (seqused_k.dtype != torch.int32 or tuple(seqused_k.shape) != (b,)
-                or seqused_k.get_device() != dev or not seqused_k.is_contiguous()):
-            raise L.InvalidArgumentError("seqused_k must be a contiguous int32 tensor [%d] on "
-                                         "q's device, got %s %s" % (b, seqused_k.dtype,
-                                                                   list(seqused_k.shape)))
-    bb, cb = _bucket(b, 1), _bucket(cap, 4096)
-    key = (dev, _dtype(q), lay, h, hk, d, sq, sc, cap_, int(window), bb, cb)
-    p = _plans.get(key)
-    if p is None:
-        desc = L.DecodeDesc(batch=bb, heads=h, kv_heads=hk, head_dim=d, seq_q=sq, max_seq_k=cb,
-                            dtype=_dtype(q), layout=lay, scale=sc, softcap=cap_,
-                            window=int(window))
-        p = _plan(key, L.Context.for_device(dev), desc)
+    is (pass its full capacity with seqused_k).
+
+    The checks run once per form of call (shapes, strides, dtypes, devices
+    and options): a loop's later steps only launch."""
+    from . import _arrays as A
+    try:
+        key = (q.shape, q.stride(), q.dtype, q.device, k.shape, k.stride(), k.dtype, k.device,
+               v.shape, v.stride(), v.dtype, v.device, window, softcap, scale, layout,
+               None if seqused_k is None else (seqused_k.shape, seqused_k.stride(),
+                                               seqused_k.dtype, seqused_k.device))
+        c = _calls.get(key)
+    except (AttributeError, TypeError):
+        key, c = None, None
+    if c is None:
+        for name, t in zip("qkv", (q, k, v)):
+            if not hasattr(t, "data_ptr") or not hasattr(t, "dim"):
+                raise L.InvalidArgumentError("%s must be a torch tensor, got %s"
+                                             % (name, type(t).__name__))
+        c = _prepare(q, k, v, seqused_k, window, softcap, scale, layout)
+        if key is not None:
+            if len(_calls) >= MAX_CALLS:
+                _calls.clear()
+            _calls[key] = c
+    if A._Tensor is None:
+        A._setup_torch()
     if out is None:
-        out = torch.empty_like(q)
-    elif out.shape != q.shape or out.dtype != q.dtype or not out.is_contiguous():
-        raise L.InvalidArgumentError("out must be a contiguous tensor like q")
-    stream = torch.cuda.current_stream(q.device).cuda_stream
+        out = A._empty_like(q)
+    elif (not isinstance(out, A._Tensor) or out.shape != q.shape or out.dtype != q.dtype
+          or out.get_device() != c.dev or not out.is_contiguous()):
+        raise L.InvalidArgumentError("out must be a contiguous tensor like q, on q's device")
+    p = c.plan
     lens = None if seqused_k is None else seqused_k.data_ptr()
     with p.ctx.lock:
-        st = p.run(p.plan, q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr(), lens, b,
-                   cap, stream)
+        st = c.call(c.fn, p.plan, q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr(), lens,
+                    c.batch, c.cap, A._raw_stream(c.dev))
         if st:
             raise p.ctx.fail(st)
     return out
@@ -165,6 +211,14 @@ def window_of(mask):
         return int(spec[14:])
     raise L.InvalidArgumentError("a decoding step's mask is causal or causal_window:W, got %r"
                                  % (mask,))
+
+
+def clear_plans():
+    """Forgets the decode plans and the call forms (the plans are freed
+    when nothing holds them)."""
+    with _lock:
+        _plans.clear()
+        _calls.clear()
 
 
 def decode_plans():

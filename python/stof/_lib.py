@@ -307,14 +307,17 @@ class _Lib:
                 f.restype, f.argtypes = res, args
             setattr(self, name[5:], f)
 
-    def launcher(self, name):
-        """(call, fn) with call(fn, *pointers) running stof_<name>, a launch
-        (mha_run, layer_run) whose host time counts: through _native's
-        call when it was built (its argument handling took 0.2 us where
-        ctypes' took 0.6, on an H200's host), else ctypes."""
-        f = getattr(self, name)
-        if self.native is not None:
-            return self.native.call, ctypes.cast(f, c_void_p).value
+    def launcher(self, name, form="call"):
+        """(call, fn) with call(fn, *args) running stof_<name>, a launch
+        (mha_run, layer_run, decode_run, mha_run_varlen) whose host time
+        counts: through _native's function `form` when it was built ("call":
+        pointers only; "decode_run" and "varlen_run": those calls' ints; its
+        argument handling took 0.2 us where ctypes' took 0.6, on an H200's
+        host), else ctypes."""
+        f = self.need(name)
+        native = getattr(self.native, form, None) if self.native is not None else None
+        if native is not None:
+            return native, ctypes.cast(f, c_void_p).value
         return _ctypes_call, f
 
     def need(self, name):

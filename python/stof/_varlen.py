@@ -7,7 +7,7 @@ the device and the longest lengths given. Its plans are keyed on buckets
 (the power of two at or above the longest length, at least 1024, and at or
 above the number of sequences), never on a composition: a new cu_seqlens
 costs no plan and no compile, and nothing reads it on the host. The run
-goes to stof_mha_run_varlen through ctypes.
+goes to stof_mha_run_varlen through _native's varlen_run (or ctypes).
 """
 import sys
 import threading
@@ -49,6 +49,7 @@ def plans():
 def clear_plans():
     with _lock:
         _plans.clear()
+        _calls.clear()
 
 
 # ---- what an array is: torch tensors and __cuda_array_interface__ --------------------
@@ -216,9 +217,27 @@ def _plan(qv, n, h, hk, d, max_q, max_k, mask, scale, tune, softcap):
     return p
 
 
+class _Call:
+    """What a torch call's arguments' shapes, strides, dtypes and devices
+    (and its options) decide, found once and kept (_calls): the plan, the
+    launch, the sequence count and the row totals."""
+    __slots__ = ("plan", "call", "fn", "n", "tq", "tk", "dev", "shape")
+
+
+_calls = {}
+MAX_CALLS = 4096      # distinct call forms kept; past it the memo starts again
+
+
+def _meta(t):
+    return t.shape, t.stride(), t.dtype, t.device
+
+
 def attention(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, mask="dense",
               scale=None, tune=None, out=None, stream=None, device=None, softcap=None):
-    """The varlen form of stof.attention (its docstring says what it takes)."""
+    """The varlen form of stof.attention (its docstring says what it takes).
+    For torch tensors the checks run once per form of call (shapes, strides,
+    dtypes, devices, the longest lengths and the options): later calls, a
+    new composition each, only launch."""
     from . import _arrays as A
     if A._Tensor is None and "torch" in sys.modules:
         A._setup_torch()
@@ -227,25 +246,48 @@ def attention(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, m
         from . import _torch as op
         return op.call_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
                               mask, scale, softcap)
-    qv, kv, vv, cq, ck, n, h, hk, d, max_q, max_k = check(
-        q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, device)
-    p = _plan(qv, n, h, hk, d, max_q, max_k, mask, scale, tune, softcap)
-    dev = qv[3]
+    key = c = None
+    if (is_torch and type(max_seqlen_q) is int and type(max_seqlen_k) is int
+            and (isinstance(mask, (str, _mask.Mask)))):
+        try:
+            key = (_meta(q), _meta(k), _meta(v), _meta(cu_seqlens_q), _meta(cu_seqlens_k),
+                   max_seqlen_q, max_seqlen_k, mask, scale, tune, softcap, device)
+            c = _calls.get(key)
+        except (AttributeError, TypeError):
+            key = None
+    views = None
+    if c is None:
+        qv, kv, vv, cq, ck, n, h, hk, d, max_q, max_k = check(
+            q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, device)
+        views = qv, kv, vv, cq, ck
+        c = _Call()
+        c.plan = _plan(qv, n, h, hk, d, max_q, max_k, mask, scale, tune, softcap)
+        c.n, c.tq, c.tk, c.dev, c.shape = n, qv[0][0], kv[0][0], qv[3], qv[0]
+        c.call, c.fn = c.plan.ctx._lib.launcher("mha_run_varlen", "varlen_run")
+        if key is not None:
+            if len(_calls) >= MAX_CALLS:
+                _calls.clear()
+            _calls[key] = c
+    dev = c.dev
     cupy = not is_torch and type(q).__module__.split(".")[0] == "cupy" and sys.modules.get("cupy")
     if out is None:
         if is_torch:
             out = A._empty_like(q)
         elif cupy:
             with cupy.cuda.Device(dev):
-                out = cupy.empty(qv[0], dtype=q.dtype)
+                out = cupy.empty(c.shape, dtype=q.dtype)
         else:
             raise L.InvalidArgumentError(
                 "for a %s input pass out= (a contiguous CUDA array of shape %s): stof allocates "
-                "outputs only for torch and CuPy" % (type(q).__name__, list(qv[0])))
-    ov = _view(out, "out", dev)
-    if ov[0] != qv[0] or ov[2] != qv[2] or ov[3] != dev or not _contiguous(ov[0], ov[1]):
-        raise L.InvalidArgumentError("out must be a contiguous array of q's shape %s, dtype and "
-                                     "device" % list(qv[0]))
+                "outputs only for torch and CuPy" % (type(q).__name__, list(c.shape)))
+        op = out.data_ptr() if is_torch else _view(out, "out", dev)[4]
+    else:
+        ov = _view(out, "out", dev)
+        if ov[0] != c.shape or ov[2] != _view(q, "q", dev)[2] or ov[3] != dev or not _contiguous(
+                ov[0], ov[1]):
+            raise L.InvalidArgumentError("out must be a contiguous array of q's shape %s, dtype "
+                                         "and device" % list(c.shape))
+        op = ov[4]
     if is_torch:
         if stream is not None:
             stream = A._stream_handle(stream)
@@ -255,9 +297,15 @@ def attention(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, m
         stream = cupy.cuda.get_current_stream().ptr if cupy else None
     else:
         stream = A._stream_handle(stream)
+    if views is None:      # a torch call of a known form
+        ptrs = (q.data_ptr(), k.data_ptr(), v.data_ptr(), op, cu_seqlens_q.data_ptr(),
+                cu_seqlens_k.data_ptr())
+    else:
+        qv, kv, vv, cq, ck = views
+        ptrs = (qv[4], kv[4], vv[4], op, cq[4], ck[4])
+    p = c.plan
     with p.ctx.lock:
-        st = p.run(p.plan, qv[4], kv[4], vv[4], ov[4], cq[4], ck[4], n, qv[0][0], kv[0][0],
-                   stream or None)
+        st = c.call(c.fn, p.plan, *ptrs, c.n, c.tq, c.tk, stream or None)
         if st:
             raise p.ctx.fail(st)
     return out

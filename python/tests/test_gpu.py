@@ -332,6 +332,30 @@ class Varlen(unittest.TestCase):
         self.assertEqual(len(stof.plans()), n_plans)
         self.assertEqual(stof.stats()["nvrtc_compiles"], compiles)
 
+    def test_compositions_of_one_form(self):
+        # Calls of one form (shapes, strides, dtypes, max lengths) skip the
+        # checks after the first: each new composition still gets its own
+        # result, with out= and without, and a call of another form (an
+        # int64 cu_seqlens) is still checked and refused.
+        for i, lens in enumerate(([100, 200, 33], [250, 50, 33], [1, 1, 331])):
+            self.run_case(F16, 8, 2, 64, lens, lens, "causal", salt=40 + i)
+        g = gen(545)
+        q = randn(333, 8, 64, dtype=F16, gen=g)
+        k, v = (randn(333, 2, 64, dtype=F16, gen=g) for _ in range(2))
+        for lens in ([300, 3, 30], [3, 300, 30]):
+            cu = cu_of(lens)
+            got = stof.attention(q, k, v, mask="causal", cu_seqlens_q=cu, cu_seqlens_k=cu,
+                                 max_seqlen_q=300, max_seqlen_k=300)
+            err = _ref.rel_l2(got, varlen_reference(q, k, v, lens, lens, "causal"))
+            print("varlen one form, no out= %-37s f16 rel L2 %.2e" % (lens, err))
+            self.assertLessEqual(err, _ref.tol(F16))
+        with self.assertRaisesRegex(stof.InvalidArgumentError, "cu_seqlens_q must be"):
+            stof.attention(q, k, v, mask="causal", cu_seqlens_q=cu.long(), cu_seqlens_k=cu,
+                           max_seqlen_q=300, max_seqlen_k=300)
+        with self.assertRaisesRegex(stof.InvalidArgumentError, "out must be"):
+            stof.attention(q, k, v, mask="causal", cu_seqlens_q=cu, cu_seqlens_k=cu,
+                           max_seqlen_q=300, max_seqlen_k=300, out=q[:100])
+
     def test_cuda_graph_and_compile(self):
         h, hk, d, spec = 8, 2, 64, "causal"
         g = gen(530)
@@ -456,6 +480,25 @@ class Decode(unittest.TestCase):
             got = stof.decode(qq, kk, kk)
             self.check(got, decode_reference(qq, kk, kk, [c]), "dynamic cache %d" % c)
         self.assertLessEqual(len(stof.decode_plans()), n0 + 1)
+
+    def test_steps_of_one_form(self):
+        # Steps of one form (shapes, strides, dtypes, options) skip the
+        # checks after the first: new tensors and lengths still get their
+        # own result, and what is wrong is still refused.
+        g = gen(450)
+        for i in range(3):
+            q = randn(2, 8, 1, 64, dtype=F16, gen=g)
+            k, v = (randn(2, 2, 300, 64, dtype=F16, gen=g) for _ in range(2))
+            n = [300 - i, 5 + 100 * i]
+            lens = torch.tensor(n, dtype=torch.int32, device="cuda")
+            self.check(stof.decode(q, k, v, lens), decode_reference(q, k, v, n),
+                       "one form, step %d lens %s" % (i, n))
+        with self.assertRaisesRegex(stof.InvalidArgumentError, "seqused_k"):
+            stof.decode(q, k, v, lens.long())
+        with self.assertRaisesRegex(stof.InvalidArgumentError, "out must be"):
+            stof.decode(q, k, v, lens, out=torch.empty(2, 8, 2, 64, dtype=F16, device="cuda"))
+        with self.assertRaisesRegex(stof.InvalidArgumentError, "out must be"):
+            stof.decode(q, k, v, lens, out=q.to(BF16))
 
     def test_refusals(self):
         q = torch.zeros(1, 8, 17, 64, dtype=F16, device="cuda")

@@ -143,6 +143,22 @@ class Binding(unittest.TestCase):
                 call(fn, "q", 1, 2, 3, 4, None, None)  # pointers are ints
             with self.assertRaises(ValueError):
                 call(None, None, 1, 2, 3, 4, None, None)
+        # The decode and varlen launches' forms, with their ints.
+        for name, form, at_int, args in (
+                ("decode_run", "decode_run", 6, [None, 16, 32, 48, 64, None, 1, 4096, None]),
+                ("mha_run_varlen", "varlen_run", 7,
+                 [None, 16, 32, 48, 64, 80, 96, 2, 1 << 33, 1 << 33, None])):
+            call, fn = L.launcher(name, form)
+            self.assertEqual(call(fn, *args), 1, name)
+            self.assertEqual(_lib._ctypes_call(getattr(L, name), *args), 1, name)
+            if L.native is not None:
+                self.assertIs(call, getattr(L.native, form))
+                with self.assertRaises(TypeError):
+                    call(fn, None, 1)                  # the form's count only
+                bad = list(args)
+                bad[at_int] = 1 << 40                  # past an int
+                with self.assertRaises(OverflowError):
+                    call(fn, *bad)
 
     def test_library_not_found_says_where(self):
         r = run_py("import stof\ntry:\n stof.version()\nexcept stof.LibraryNotFoundError as e:\n"
