@@ -13,6 +13,7 @@ import threading
 from ctypes import byref, c_void_p
 
 from . import _arrays
+from . import _decode
 from . import _lib as L
 from . import _mask
 from . import _varlen
@@ -309,7 +310,6 @@ def plans():
 def clear_plans():
     """Frees every plan, varlen and decode ones too (for tests and for
     memory; the next calls plan again, from the cache)."""
-    from . import _decode
     with _plans_lock:
         _plans.clear()
     _varlen.clear_plans()
@@ -551,7 +551,6 @@ def attention(q, k, v, mask="dense", seq_lens=None, scale=None, layout="bhld", *
         return _varlen.attention(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
                                  max_seqlen_k, mask, scale, tune, out, stream, device, softcap)
     if seqused_k is not None:
-        from . import _decode
         if seq_lens is not None or alibi is not None or bias is not None:
             raise L.InvalidArgumentError("a decoding step (seqused_k=) takes no seq_lens, alibi "
                                          "or bias")

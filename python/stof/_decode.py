@@ -9,6 +9,7 @@ cost one launch each: the lengths are read on the device, never here.
 import threading
 from ctypes import byref, c_void_p
 
+from . import _arrays as A
 from . import _lib as L
 
 _plans = {}
@@ -164,7 +165,6 @@ def decode(q, k, v, seqused_k=None, *, window=0, softcap=None, scale=None, layou
 
     The checks run once per form of call (shapes, strides, dtypes, devices
     and options): a loop's later steps only launch."""
-    from . import _arrays as A
     try:
         key = (q.shape, q.stride(), q.dtype, q.device, k.shape, k.stride(), k.dtype, k.device,
                v.shape, v.stride(), v.dtype, v.device, window, softcap, scale, layout,
@@ -200,9 +200,23 @@ def decode(q, k, v, seqused_k=None, *, window=0, softcap=None, scale=None, layou
     return out
 
 
+_windows = {}
+
+
 def window_of(mask):
     """decode's window for a mask spec of stof.attention: "causal" 0,
     "causal_window:W" W; anything else cannot be a decoding step's."""
+    if isinstance(mask, str):
+        w = _windows.get(mask)
+        if w is None:
+            w = _window_of(mask)
+            if len(_windows) < 256:
+                _windows[mask] = w
+        return w
+    return _window_of(mask)
+
+
+def _window_of(mask):
     spec = mask if isinstance(mask, str) else getattr(mask, "spec", None)
     spec = (spec or "").replace(" ", "")
     if spec == "causal":

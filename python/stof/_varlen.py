@@ -13,6 +13,7 @@ import sys
 import threading
 from ctypes import byref, c_void_p
 
+from . import _arrays as A
 from . import _lib as L
 from . import _mask
 
@@ -58,7 +59,6 @@ def clear_plans():
 def _view(x, name, device):
     """(shape, element strides, dtype, device, address) of a torch tensor or
     a CUDA array; dtype a stof_dtype code for fp16/bf16, else a name."""
-    from . import _arrays as A
     t = A._Tensor
     if t is None and "torch" in sys.modules:
         A._setup_torch()
@@ -238,7 +238,6 @@ def attention(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, m
     For torch tensors the checks run once per form of call (shapes, strides,
     dtypes, devices, the longest lengths and the options): later calls, a
     new composition each, only launch."""
-    from . import _arrays as A
     if A._Tensor is None and "torch" in sys.modules:
         A._setup_torch()
     is_torch = A._Tensor is not None and isinstance(q, A._Tensor)
