@@ -251,6 +251,38 @@ __device__ __forceinline__ attn_span ws_span(const int *cu_q, const int *cu_k, i
     return attn_varlen_span(cu_q, cu_k, seq, lq, lk, total_q, total_k, shift);
 }
 
+// The first of items i .. i1 - 1 that holds rows of its sequence, else i1
+// (the TMA producer's walk). The warp reads 32 items and their sequences'
+// spans at once and keeps which hold rows in bits (of items win .. win +
+// 31), so that a run's idle items (slots past its sequences, query groups
+// past a shorter sequence: most of them where a plan's buckets are far
+// above the run's lengths) cost a load a lane. Warp-collective.
+__device__ __forceinline__ int ws_next_live(int i, int i1, unsigned &bits, int &win,
+                                            const int4 *items, const int *cu_q, const int *cu_k,
+                                            int nseq, int lq, int lk, long long total_q,
+                                            long long total_k, int shift)
+{
+    const int lane = threadIdx.x % 32;
+    while (i < i1) {
+        if (i >= win + 32) {
+            win = i;
+            bool live = false;
+            if (i + lane < i1) {
+                const int4 w = items[i + lane];
+                const attn_span sp =
+                    ws_span(cu_q, cu_k, w.w >> 16, nseq, lq, lk, total_q, total_k, shift);
+                live = !attn_group_idle<false, BM>(w.x, sp.qlo, sp.qhi);
+            }
+            bits = __ballot_sync(0xffffffffu, live);
+        }
+        const unsigned rest = bits >> (i - win);
+        if (rest)
+            return i + __ffs(rest) - 1;
+        i = win + 32;
+    }
+    return i1;
+}
+
 // Whether a tile's keys kf .. kf + BN - 1 meet the sequence's [klo, klim).
 __device__ __forceinline__ bool ws_tile_in(int kf, int klo, int klim)
 {
@@ -369,7 +401,8 @@ stof_attn(const __grid_constant__ stof_tmap tq, const __grid_constant__ stof_tma
                     mbar_wait(bar, parity);
                 __syncwarp();
             };
-            for (int i = i0, n = 0, it = 0; i < i1; i++, n++) {
+            int n = 0, it = 0;
+            for (int i = i0; i < i1; i++, n++) {
                 const int4 w = items[i];{{#unless VARLEN}}
                 const int b = w.w >> 16, h = w.w & 0xffff;{{/if}}{{#if VARLEN}}
                 const int seq = w.w >> 16, h = w.w & 0xffff, b = 0;  // one batch of packed rows
@@ -429,7 +462,17 @@ stof_attn(const __grid_constant__ stof_tmap tq, const __grid_constant__ stof_tma
                     if (lead)
                         mbar_arrive(v_full + 8 * s);
                 }
-            }
+            }{{#if VARLEN}}
+            {  // the end record (-2 tiles): the consumers walk until it
+                const int qb = n % QB;
+                if (n >= QB)
+                    wait_free(q_empty + 8 * qb, (n / QB - 1) & 1);
+                cp_arrive_noinc(q_full + 8 * qb);
+                if (lead) {
+                    ws_publish(Is + IREC * qb, make_int4(0, 0, 0, 0), -2, attn_span{});
+                    mbar_arrive(q_full + 8 * qb);
+                }
+            }{{/if}}
             stof_cp_wait<0>();  // nothing in flight when the warps leave
             return;
         }
@@ -442,7 +485,18 @@ stof_attn(const __grid_constant__ stof_tmap tq, const __grid_constant__ stof_tma
         }
         int it = 0;       // tiles issued by this CTA
         ring_pos at;      // where tile `it` goes
-        for (int i = i0, n = 0; i < i1; i++, n++) {
+        int n = 0;        // items published{{#if VARLEN}}
+        unsigned live_bits = 0;  // which of items win .. win + 31 hold rows (ws_next_live)
+        int win = i0 - 32;{{/if}}
+        for (int i = i0; i < i1; i++, n++) {
+{{#if VARLEN}}
+            // Idle items are skipped unpublished: the consumers see the live
+            // ones, then the end record.
+            i = ws_next_live(i, i1, live_bits, win, items, cu_q, cu_k, nseq, lq, lk, total_q,
+                             total_k, shift);
+            if (i >= i1)
+                break;
+{{/if}}
             const int4 w = items[i];{{#unless VARLEN}}
             const int b = w.w >> 16, h = w.w & 0xffff;
             const int len = attn_seq_len(seq_lens, b);{{/if}}{{#if VARLEN}}
@@ -524,7 +578,14 @@ stof_attn(const __grid_constant__ stof_tmap tq, const __grid_constant__ stof_tma
                     at.next();{{/if}}
                 }
             }
-        }
+        }{{#if VARLEN}}
+        if (lane == 0) {  // the end record (-2 tiles): the consumers walk until it
+            const int qb = n % QB;
+            if (n >= QB)
+                mbar_wait(q_empty + 8 * qb, (n / QB - 1) & 1);
+            ws_publish(Is + IREC * qb, make_int4(0, 0, 0, 0), -2, attn_span{});
+            mbar_expect(q_full + 8 * qb, 0);
+        }{{/if}}
         return;
     }
 
@@ -641,7 +702,12 @@ stof_attn(const __grid_constant__ stof_tmap tq, const __grid_constant__ stof_tma
     };
 
     ring_pos cur;  // where the next tile to consume lies, in the producer's order
+{{#if VARLEN}}
+    (void)i1;
+    for (int n = 0;; n++) {  // the published items, to the producer's end record
+{{/if}}{{#unless VARLEN}}
     for (int i = i0, n = 0; i < i1; i++, n++) {
+{{/if}}
         float o[NO][4];
         float m[2] = {-STOF_INF, -STOF_INF}, l[2] = {0.f, 0.f}, alpha[2];
 #pragma unroll
@@ -659,6 +725,8 @@ stof_attn(const __grid_constant__ stof_tmap tq, const __grid_constant__ stof_tma
                      : "r"(Is + IREC * qb)
                      : "memory");
         const int b = 0, h = bh & 0xffff;  // one batch of packed rows
+        if (ntiles == -2)
+            break;  // the end record
         if (ntiles < 0) {  // none of the sequence's rows: as an empty item, nothing stored
             release(q_empty + 8 * qb);
             if (LAG) {
