@@ -234,7 +234,9 @@ class Backend(unittest.TestCase):
         cfg = transformers.LlamaConfig(**SMALL_DECODER)
         torch.manual_seed(SEED)
         model = transformers.LlamaForCausalLM(cfg).eval().half().cuda()
-        ids = torch.randint(0, 1000, (2, 100), device="cuda")
+        # Token 0 is the pad_token_id: generate() with no attention_mask
+        # takes a 0 in the prompt for padding (left padding: sdpa's calls).
+        ids = torch.randint(1, 1000, (2, 100), device="cuda")
         n0 = len(stof.decode_plans())
         said = self.generate_pair(model, ids, 16, "Llama-shaped, DynamicCache")
         self.assertEqual(said, [])
@@ -254,7 +256,8 @@ class Backend(unittest.TestCase):
                                          num_hidden_layers=2, sliding_window=64, vocab_size=1000)
         torch.manual_seed(SEED)
         model = transformers.MistralForCausalLM(cfg).eval().half().cuda()
-        ids = torch.randint(0, 1000, (1, 57), device="cuda")    # the window fills mid-generation
+        ids = torch.randint(1, 1000, (1, 57), device="cuda")    # no pad token (0); the window
+                                                                # fills mid-generation
         said = self.generate_pair(model, ids, 16, "Mistral-shaped, sliding_window 64, MQA")
         self.assertEqual(said, [])
         self.assertTrue(any(k[9] == 64 for k, _ in stof.decode_plans()))    # the window
