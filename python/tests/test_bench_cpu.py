@@ -138,3 +138,28 @@ class CommandLine(unittest.TestCase):
 
 if __name__ == "__main__":
     unittest.main()
+
+
+class PlanLine(unittest.TestCase):
+    """peers_llm.py's plan line names the plan a case's call made (by the
+    plans' keys before and after it), decode plans included, not whichever
+    plan the process listed last."""
+
+    def test_the_new_plan(self):
+        import stof
+        sys.path.insert(0, BENCH)
+        import peers_llm as PL
+        saved = stof.plans, stof.decode_plans
+        attn, dec = [(("a", 1), "plan a")], []
+        stof.plans, stof.decode_plans = (lambda: list(attn)), (lambda: list(dec))
+        try:
+            had = {k for k, _ in PL.all_plans()}
+            self.assertEqual(PL.new_plan(had), "(a plan this process made before)")
+            dec.append(((1, 2), "decode plan"))
+            attn.append((("b", 2), "plan b"))      # listed last, but not the call's
+            self.assertIn(PL.new_plan(had), ("decode plan", "plan b"))
+            had = {k for k, _ in PL.all_plans()}
+            attn.insert(0, (("c", 3), "plan c"))   # listed first, and the call's
+            self.assertEqual(PL.new_plan(had), "plan c")
+        finally:
+            stof.plans, stof.decode_plans = saved
