@@ -240,7 +240,7 @@ extern "C" __global__ void __launch_bounds__(THREADS) stof_attn(ATTN_ITEM_PARAMS
 {{/if}}{{#if MODS}}
 #pragma unroll
         for (int mt = 0; mt < MT; mt++)
-            stof_score_mods(s[mt], mods, mpos[mt][0], mpos[mt][1], t, {{#if GATHER_K}}0{{/if}}{{#if BLOCK_K}}1{{/if}}, [&](int c) {
+            stof_score_mods(s[mt], mods, mpos[mt][0], mpos[mt][1], t, [&](int c) {
                 return {{#if GATHER_K}}kix[c]{{/if}}{{#if BLOCK_K}}kfirst + c{{/if}};
             });{{/if}}
         if (bm >= 0 || edge) {

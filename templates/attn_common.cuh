@@ -261,35 +261,18 @@ __device__ __forceinline__ int stof_bucket(int d)
 // The score modifiers on one m16 row tile's raw scores (after the softcap,
 // before the mask): p0, p1 the positions of the thread's rows g and g + 8,
 // key_at(c) the key of the tile's column c (garbage for a padding column:
-// the mask drops it, and a bucket is clamped into the table). step > 0 says
-// the keys are key_at(0) + step * c (consecutive tiles): ALiBi's distances
-// are then one conversion a row plus a constant a column, where converting
-// each score's distance (I2F) took longer than the tile's other work.
+// the mask drops it, and a bucket is clamped into the table).
 template <int NB, typename KeyAt>
 __device__ __forceinline__ void stof_score_mods(float (&s)[NB][4], const stof_mods &m, int p0,
-                                                int p1, int t, int step, KeyAt key_at)
+                                                int p1, int t, KeyAt key_at)
 {
-{{#if ALIBI}}
-    // With a bias too, every key is computed anyway (and the registers the
-    // hoisted distances take spilled): no hoisting then.
-    const bool affine = step > 0{{#if BIAS}} && false{{/if}};
-    const int k0 = affine ? key_at(2 * t) : 0;
-    const float d0 = (float)(k0 - p0), d1 = (float)(k0 - p1);{{/if}}
 #pragma unroll
     for (int j = 0; j < NB; j++)
 #pragma unroll
         for (int e = 0; e < 2; e++) {
-{{#if ALIBI}}
-            if (affine) {
-                const float off = (float)(step * (8 * j + e));  // exact: keys are below 2^24
-                s[j][e] = fmaf(m.slope, d0 + off, s[j][e]);
-                s[j][2 + e] = fmaf(m.slope, d1 + off, s[j][2 + e]);
-            } else {
-                const int k = key_at(j * 8 + 2 * t + e);
-                s[j][e] = fmaf(m.slope, (float)(k - p0), s[j][e]);
-                s[j][2 + e] = fmaf(m.slope, (float)(k - p1), s[j][2 + e]);
-            }{{/if}}{{#if BIAS}}
-            const int k = key_at(j * 8 + 2 * t + e);
+            const int k = key_at(j * 8 + 2 * t + e);{{#if ALIBI}}
+            s[j][e] = fmaf(m.slope, (float)(k - p0), s[j][e]);
+            s[j][2 + e] = fmaf(m.slope, (float)(k - p1), s[j][2 + e]);{{/if}}{{#if BIAS}}
             s[j][e] = fmaf(__ldg(m.row + stof_bucket(p0 - k)), m.to_raw, s[j][e]);
             s[j][2 + e] = fmaf(__ldg(m.row + stof_bucket(p1 - k)), m.to_raw, s[j][2 + e]);{{/if}}
         }

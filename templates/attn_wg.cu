@@ -241,7 +241,7 @@ extern "C" __global__ void __launch_bounds__(THREADS) stof_attn(ATTN_ITEM_PARAMS
         const bool edge = {{#if VARLEN}}kfirst < klo || {{/if}}kfirst + BN > klim;
         auto key_ok = [&](int c) { return {{#if VARLEN}}kfirst + c >= klo && {{/if}}kfirst + c < klim; };
 {{/if}}{{#if MODS}}
-        stof_score_mods(s, mods, mpos0, mpos1, t, {{#if GATHER_K}}0{{/if}}{{#if BLOCK_K}}1{{/if}}, [&](int c) {
+        stof_score_mods(s, mods, mpos0, mpos1, t, [&](int c) {
             return {{#if GATHER_K}}kix[c]{{/if}}{{#if BLOCK_K}}kfirst + c{{/if}};
         });{{/if}}
         if (bm >= 0 || edge) {

@@ -681,7 +681,7 @@ stof_attn(const __grid_constant__ stof_tmap tq, const __grid_constant__ stof_tma
     auto mask = [&](float (&s)[BN / 8][4], int st, int bm, int kfirst, int klim) {
         const bool edge = GATHER ? {{#if VARLEN}}klo > 0 || {{/if}}klim < lk : {{#if VARLEN}}(kfirst & 0xffff) > 0 || kfirst >> 16 < BN{{/if}}{{#unless VARLEN}}kfirst + PERIOD * (BN - 1) >= klim{{/if}};{{#if SOFTCAP}}
         stof_softcap(s, scale_log2);{{/if}}{{#if MODS}}
-        stof_score_mods(s, mods, mpos[0], mpos[1], t, GATHER ? 0 : PERIOD, [&](int col) {
+        stof_score_mods(s, mods, mpos[0], mpos[1], t, [&](int col) {
             return GATHER ? kidx[(long long)kfirst * BN + col] : kfirst + PERIOD * col;
         });{{/if}}
         if (bm >= 0 || edge) {
