@@ -15,7 +15,9 @@ The gate (issue 21) is stof.attention's median, which includes the launch.
 from a pool of 16 made ahead, one plan for all. --decode times a decoding
 step (issue 57): one new row for each of B sequences against a cache of L
 keys, on 4x fewer KV heads where H allows, a new length (seqused_k) every
-call. Their gates: 15 us, with no plan and no compile during the calls.
+call. Their gates: 15 us, with no plan and no compile during the calls;
+the launch alone (the C call through the form the first call kept) is
+timed after, so that what Python adds is the difference.
 
     PYTHONPATH=python STOF_LIB=build/libstof.so python3 python/bench_overhead.py
     ... python3 python/bench_overhead.py --varlen 8 --shape 1,32,16384,128 --dtype bf16
@@ -177,11 +179,33 @@ def per_call(args, torch, stof, b, h, l, d, dt):
         step()
     med, p90 = timed(step, args.calls, torch.cuda.synchronize)
     after = counts()
+    # The launch alone (the C call through the kept form: its checks, the
+    # split choice, cuLaunchKernel), so that the Python part is med - this.
+    from stof import _decode, _varlen
+    forms = _varlen._calls if args.varlen else _decode._calls
+    c = next(iter(forms.values()), None)
+    if c is not None:
+        out = torch.empty_like(q)
+        stream = torch.cuda.current_stream().cuda_stream
+        if args.varlen:
+            rest = (pool[0].data_ptr(), pool[0].data_ptr(), c.n, c.tq, c.tk)
+        else:
+            rest = (pool[0].data_ptr(), c.batch, c.cap)
+        ptrs = (q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr())
+
+        def launch():
+            c.call(c.fn, c.plan.plan, *ptrs, *rest, stream)
+        for _ in range(200):
+            launch()
+        lmed, lp90 = timed(launch, args.calls, torch.cuda.synchronize)
     print("device: %s; torch %s; stof %s" % (torch.cuda.get_device_name(), torch.__version__,
                                             stof.version()))
     print("shape B,H,L,D = %s, %s; %d calls" % (args.shape, args.dtype, args.calls))
     print("%-44s %12s %12s" % ("call", "median us", "p90 us"))
     print("%-44s %12.2f %12.2f" % (what, med, p90))
+    if c is not None:
+        print("%-44s %12.2f %12.2f" % ("the launch alone (%s)" % getattr(c.call, "__name__", "?"),
+                                       lmed, lp90))
     keys = ("plans", "nvrtc_compiles", "module_loads", "timing_runs")
     print("during the calls: " + ", ".join("%s +%d" % (x, after[x] - before[x]) for x in keys))
     print("gate: median %.2f us per call (limit 15 us): %s" % (med, "met" if med <= 15 else
