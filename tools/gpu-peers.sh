@@ -3,24 +3,30 @@
 # peers benchmark (bench/peers_llm.py over bench/workloads/llm.json). The
 # device has no package registry, so FA4's wheels travel with the working
 # tree in .peers/ (git-ignored). The CUTLASS DSL's CUDA 13 wheel (92 MB) is
-# more than one call may carry (64 MiB): it travels alone first, unpacked
-# and packed again as an xz tar (about 62 MB, its aarch64 stubs left out),
-# and the other wheels (about 10 MB) follow with build/ in a second call
-# while the machine is still warm (about 30 s). ../shared/peers/FA4.md has
-# the versions that worked together (python 3.12 on the device).
+# more than one call may carry (64 MiB, the working tree's tracked files
+# included): it is unpacked and packed again as an xz tar (about 62 MB, its
+# aarch64 stubs left out) and cut in two halves; the first half travels
+# alone, and the second follows with the other wheels (about 10 MB) and
+# the library (.peers/lib) in a second call while the machine is still warm
+# (about 30 s). ../shared/peers/FA4.md has the versions that worked
+# together (python 3.12 on the device).
 #
 # On the build machine (PyPI reachable; DIR defaults to /work/fa4):
 #   bash tools/gpu-peers.sh fetch [DIR]   pip download the wheels into DIR/wheels and
 #                                         pack DIR/cu13.tar.xz (xz -9e on one thread, 62.2 MB:
 #                                         8 minutes; XZ_THREADS=2, 63.5 MB, cuts blocks)
 #   bash tools/gpu-peers.sh stage [DIR]   copy DIR/wheels/*.whl into .peers/wheels/ and
-#                                         DIR/cu13.tar.xz into .peers/, build/ must be made
+#                                         DIR/cu13.tar.xz, in two halves, into .peers/p1/
+#                                         and .peers/p2/, and build/'s libstof.so,
+#                                         _native.abi3.so and stof-warm into .peers/lib/
+#                                         (build/ must be made; all of it is too big to carry)
 # On the device, through the run tool, one call after the other:
-#   1. carry [".peers/cu13.tar.xz"]:                bash tools/gpu-peers.sh unpack
-#   2. carry [".peers/wheels", "build"], at once:   bash tools/gpu-peers.sh run [ARG...]
+#   1. carry [".peers/p1"]:                              bash tools/gpu-peers.sh unpack
+#   2. carry [".peers/p2", ".peers/wheels", ".peers/lib"], at once:
+#                                  STOF_BUILD=.peers/lib bash tools/gpu-peers.sh run [ARG...]
 #      (installs into /tmp/site, then python3 bench/peers_llm.py ARG...). While
-#      the machine stays warm, more `run` calls need only build/ (the install
-#      is kept); a cold machine has lost /tmp: start again from call 1.
+#      the machine stays warm, more `run` calls need only .peers/lib (the
+#      install is kept); a cold machine has lost /tmp: start again from call 1.
 #   bash tools/gpu-peers.sh check        only import FA4 and say its versions
 #   bash tools/gpu-peers.sh warm [ARG]   stof-warm ARG... bench/workloads/llm.json (its suites:
 #                                        what stof plans today), into the bench cache
@@ -40,6 +46,7 @@ PKGS=(flash-attn-4==4.0.0b36 nvidia-cutlass-dsl==4.8.1 nvidia-cutlass-dsl-libs-b
 CU13=nvidia_cutlass_dsl_libs_cu13
 SITE=/tmp/site
 UNPACKED=/tmp/cu13x
+PART1=/tmp/cu13.part1
 
 mode=${1:-}
 shift $(($# > 0 ? 1 : 0))
@@ -83,30 +90,49 @@ stage() {
     mkdir -p .peers/wheels || die "cannot make .peers/wheels"
     rm -f .peers/wheels/*.whl
     cp "$dir"/wheels/*.whl .peers/wheels/ || die "copying the wheels into .peers/ failed"
-    cp "$dir/cu13.tar.xz" .peers/ || die "copying cu13.tar.xz into .peers/ failed"
-    [[ -f build/libstof.so ]] || say "build/libstof.so missing: run make before the second call"
-    local big
-    big=$(du -sm .peers/cu13.tar.xz | cut -f1)
-    ((big < 64)) || die ".peers/cu13.tar.xz is ${big} MiB: more than one call carries"
-    say "staged: $(du -sh .peers/wheels | cut -f1) of wheels, cu13.tar.xz ${big} MiB"
-    say "call 1: carry [\".peers/cu13.tar.xz\"], command: bash tools/gpu-peers.sh unpack"
-    say "call 2: carry [\".peers/wheels\", \"build\"], command: bash tools/gpu-peers.sh run ARG..."
+    rm -rf .peers/p1 .peers/p2 .peers/cu13.tar.xz
+    mkdir -p .peers/p1 .peers/p2 || die "cannot make .peers/p1 and .peers/p2"
+    local half
+    half=$((($(stat -c %s "$dir/cu13.tar.xz") + 1) / 2))
+    head -c "$half" "$dir/cu13.tar.xz" > .peers/p1/cu13.part1 &&
+        tail -c +$((half + 1)) "$dir/cu13.tar.xz" > .peers/p2/cu13.part2 ||
+        die "cutting cu13.tar.xz in two failed"
+    rm -rf .peers/lib
+    mkdir -p .peers/lib || die "cannot make .peers/lib"
+    local f
+    for f in libstof.so _native.abi3.so stof-warm; do
+        if [[ -f build/$f ]]; then
+            cp "build/$f" .peers/lib/ || die "copying build/$f into .peers/lib failed"
+        else
+            say "build/$f missing: run make, then stage again"
+        fi
+    done
+    say "staged: $(du -sh .peers/wheels | cut -f1) of wheels, cu13.tar.xz in halves of" \
+        "$(du -sh .peers/p1 | cut -f1) and $(du -sh .peers/p2 | cut -f1)"
+    say "call 1: carry [\".peers/p1\"], command: bash tools/gpu-peers.sh unpack"
+    say "call 2: carry [\".peers/p2\", \".peers/wheels\", \".peers/lib\"], command:" \
+        "STOF_BUILD=.peers/lib bash tools/gpu-peers.sh run ARG..."
 }
 
 unpack() {
-    [[ -f .peers/cu13.tar.xz ]] || die ".peers/cu13.tar.xz was not carried"
-    rm -rf "$UNPACKED"
-    mkdir -p "$UNPACKED" || die "cannot make $UNPACKED"
-    xz -dc .peers/cu13.tar.xz | tar xf - -C "$UNPACKED" || die "unpacking failed"
-    say "unpacked into $UNPACKED ($(du -sh "$UNPACKED" | cut -f1)); now call 2, within 30 s"
+    [[ -f .peers/p1/cu13.part1 ]] || die ".peers/p1 was not carried"
+    cp .peers/p1/cu13.part1 "$PART1" || die "cannot copy the first half to $PART1"
+    say "the first half is in $PART1; now call 2, within 30 s"
 }
 
 install() {
     if [[ -f $SITE/.complete ]]; then
         say "FA4 already installed in $SITE"
     else
-        [[ -d $UNPACKED/nvidia_cutlass_dsl ]] ||
-            die "$UNPACKED is empty (the machine went cold, or call 1 was not run): run unpack"
+        if [[ ! -d $UNPACKED/nvidia_cutlass_dsl ]]; then
+            [[ -f $PART1 ]] || die "$PART1 is missing (the machine went cold, or call 1 was" \
+                "not run): run unpack"
+            [[ -f .peers/p2/cu13.part2 ]] || die ".peers/p2 was not carried"
+            rm -rf "$UNPACKED"
+            mkdir -p "$UNPACKED" || die "cannot make $UNPACKED"
+            cat "$PART1" .peers/p2/cu13.part2 | xz -dc | tar xf - -C "$UNPACKED" ||
+                die "unpacking the two halves failed"
+        fi
         ls .peers/wheels/*.whl > /dev/null 2>&1 || die ".peers/wheels was not carried"
         pip install -q --no-deps --no-index --target "$SITE" .peers/wheels/*.whl ||
             die "pip install of .peers/wheels failed"
