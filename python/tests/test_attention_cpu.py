@@ -302,6 +302,27 @@ class TorchOnCpu(unittest.TestCase):
                            max_seqlen_q=200, max_seqlen_k=200)
         self.assertIn("q is not on a CUDA device", str(cm.exception))
 
+    def test_refusals_are_not_kept(self):
+        # decode and varlen keep what a form of call decided only once its
+        # checks pass: a refused form is refused again, every call.
+        torch = self.torch
+        from stof import _decode, _varlen
+        q = torch.zeros(300, 8, 64, dtype=torch.float16)
+        cu = torch.tensor([0, 100, 300], dtype=torch.int32)
+        qd = torch.zeros(2, 8, 1, 64, dtype=torch.float16)
+        kd = torch.zeros(2, 2, 100, 64, dtype=torch.float16)
+        lens = torch.tensor([100, 50], dtype=torch.int32)
+        for _ in range(2):
+            with self.assertRaises(stof.InvalidArgumentError):
+                stof.attention(q, q[:, :2], q[:, :2], cu_seqlens_q=cu, cu_seqlens_k=cu,
+                               max_seqlen_q=200, max_seqlen_k=200)
+            with self.assertRaises(stof.InvalidArgumentError) as cm:
+                stof.attention(qd, kd, kd, mask="causal", seqused_k=lens)
+            self.assertIn("not on a CUDA device", str(cm.exception))
+            with self.assertRaises(stof.InvalidArgumentError):
+                stof.decode(qd, kd, kd, lens, layout="bshd")
+        self.assertEqual((len(_varlen._calls), len(_decode._calls)), (0, 0))
+
     def test_varlen_fake_op_and_compile(self):
         torch = self.torch
         if not hasattr(torch.library, "custom_op"):
