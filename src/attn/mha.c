@@ -341,12 +341,12 @@ stof_status mha_plan_forced(stof_ctx *ctx, const stof_mha_desc *desc, const stof
                         "the warp-specialized engine's 192-row items do not take desc.softcap "
                         "(their registers spill with it); its 128-row items and the other "
                         "engines do");
-    if (desc && (desc->alibi || desc->bias_buckets > 0) &&
-        !mha_takes_score_mods(c, desc->head_dim))
+    if (desc && !mha_takes_score_mods(c, mha_mods_of(desc), desc->head_dim))
         return CTX_FAIL(ctx, STOF_ERR_UNSUPPORTED,
                         "the warp-specialized engine takes desc.alibi or desc.bias_buckets only "
-                        "on 128-row items at head_dim 64 (the others' registers spill with "
-                        "them); the other engines take them at every size");
+                        "on 128-row items: both up to head_dim 64, and past it desc.alibi "
+                        "alone on block tiles (the others' registers spill with them); the "
+                        "other engines take them at every size");
     const int smem_max = mha_kernel_device_smem(ctx);
     if (desc && mha_smem_bytes(c, desc->head_dim, desc->varlen) > smem_max)
         return CTX_FAIL(ctx, STOF_ERR_UNSUPPORTED,

@@ -90,9 +90,12 @@ int mha_takes_softcap(const mha_candidate *c)
     return !(c->wg == MHA_WS && c->bm == 192);
 }
 
-int mha_takes_score_mods(const mha_candidate *c, int head_dim)
+int mha_takes_score_mods(const mha_candidate *c, mha_mods mods, int head_dim)
 {
-    return !(c->wg == MHA_WS && (c->bm == 192 || head_dim > 64));
+    if (c->wg != MHA_WS || (!mods.alibi && mods.bias_buckets <= 0))
+        return 1;
+    return c->bm == 128 &&
+           (head_dim <= 64 || (c->kind == ATTN_BLOCK && mods.bias_buckets <= 0));
 }
 
 int mha_takes_varlen(const mha_candidate *c)
@@ -103,7 +106,7 @@ int mha_takes_varlen(const mha_candidate *c)
 int mha_takes_mods(const mha_candidate *c, const stof_mha_desc *d)
 {
     return (!(d->softcap > 0.f) || mha_takes_softcap(c)) &&
-           (!(d->alibi || d->bias_buckets > 0) || mha_takes_score_mods(c, d->head_dim)) &&
+           mha_takes_score_mods(c, mha_mods_of(d), d->head_dim) &&
            (!d->varlen || mha_takes_varlen(c));
 }
 

@@ -63,11 +63,15 @@ int mha_sit_out(const mha_candidate *c, int seq_q);
  * registers a thread) spill 32 to 116 bytes with it (NVRTC 12, sm_90a). */
 int mha_takes_softcap(const mha_candidate *c);
 
-/* Whether c's kernel takes ALiBi and the distance bias (desc.alibi,
- * desc.bias_buckets) at head_dim: all but the warp-specialized engine's
- * 192-row items (656 bytes of spill with both at head_dim 64) and its items
- * past head_dim 64 (164 bytes at 128 with the softcap too; NVRTC 13, sm_90a). */
-int mha_takes_score_mods(const mha_candidate *c, int head_dim);
+/* Whether c's kernel takes mods' ALiBi and distance bias at head_dim (1
+ * where mods has neither). The warp-specialized engine's items spill with
+ * them (NVRTC 13, sm_90a): its 192-row items (656 bytes with both at
+ * head_dim 64) never take them; its 128-row items take both at head_dim 64
+ * and, past it, ALiBi alone on block tiles: 32 bytes (40 with the softcap),
+ * all outside the tile loop, where the bias's table row costs 108 bytes and
+ * gathered rows 248, reloaded in the loop. The other engines take both at
+ * every size. */
+int mha_takes_score_mods(const mha_candidate *c, mha_mods mods, int head_dim);
 
 /* Whether c's kernel takes packed variable-length sequences (desc.varlen):
  * all but the warp-specialized engine's 192-row and gathered items, whose

@@ -879,6 +879,9 @@ static const struct {
     {{"causal_window:256", 2, 8, 257, 1000, 128, STOF_BF16, STOF_LAYOUT_BLHD, 0, 0, ATTN_BLOCK, 64, 64, 1, 0, 0, 0}, {2, 30, 8}, {1, 0, 32}},
     {{"causal_window:256", 2, 8, 257, 1000, 128, STOF_BF16, STOF_LAYOUT_BLHD, 0, 0, ATTN_BLOCK, 128, 128, 1, 0, 1, 3}, {2, 30, 8}, {1, 1, 32}},
     {{"causal", 2, 8, 257, 1000, 64, STOF_F16, STOF_LAYOUT_BHLD, 0, 0, ATTN_BLOCK, 128, 128, 1, 0, MHA_WS, 2}, {2, 30, 8}, {1, 0, 4096}},
+    /* warp-specialized 128-row block tiles past head_dim 64: ALiBi alone */
+    {{"causal", 1, 8, 1000, 1000, 128, STOF_BF16, STOF_LAYOUT_BHLD, 0, 0, ATTN_BLOCK, 128, 128, 1, 0, MHA_WS, 2}, {2, 0, 0}, {1, 0, 0}},
+    {{"causal_window:256", 2, 8, 257, 1000, 128, STOF_F16, STOF_LAYOUT_BLHD, 0, 0, ATTN_BLOCK, 128, 128, 1, 0, MHA_WS, 2}, {2, 30, 8}, {1, 1, 0}},
     /* the planner's choice */
     {{"causal", 1, 8, 1000, 1000, 128, STOF_BF16, STOF_LAYOUT_BHLD, 0, 0, -1, 0, 0, 0, 0, 0, 0}, {2, 0, 0}, {1, 0, 0}},
     {{"window:128", 2, 4, 377, 377, 64, STOF_F16, STOF_LAYOUT_BLHD, 0, 0, -1, 0, 0, 0, 0, 0, 0}, {0, 0, 0}, {0, 0, 32}},
@@ -897,9 +900,10 @@ START_TEST(alibi_and_bias)
 }
 END_TEST
 
-/* ALiBi and the bias on the warp-specialized engine's 192-row items and
- * past head_dim 64 are refused (spills); a run without the bias's table is refused
- * with the field named, and nothing runs. */
+/* ALiBi and the bias on the warp-specialized engine's 192-row items, and
+ * past head_dim 64 the bias, and ALiBi on gathered rows, are refused
+ * (spills); a run without the bias's table is refused with the field named,
+ * and nothing runs. */
 START_TEST(mods_refused)
 {
     if (!has_wgmma())
@@ -909,11 +913,12 @@ START_TEST(mods_refused)
     ck_assert_int_eq(stof_open(&ctx, &o), STOF_OK);
     stof_mask *m;
     ck_assert_int_eq(stof_mask_parse(ctx, "causal", 1000, 1000, &m), STOF_OK);
-    for (int i = 0; i < 3; i++) {
+    for (int i = 0; i < 4; i++) {
         stof_mha_desc d = {.batch = 1, .heads = 4, .seq_q = 1000, .seq_k = 1000,
-                           .head_dim = i == 2 ? 128 : 64, .dtype = STOF_F16, .alibi = i != 1,
-                           .bias_buckets = 8 * (i > 0)};
-        mha_candidate cand = {ATTN_BLOCK, i == 2 ? 128 : 192, 128, 1, 0, MHA_WS, 2};
+                           .head_dim = i >= 2 ? 128 : 64, .dtype = STOF_F16, .alibi = i != 1,
+                           .bias_buckets = 8 * (i == 1 || i == 2)};
+        mha_candidate cand = {i == 3 ? ATTN_GATHER : ATTN_BLOCK, i >= 2 ? 128 : 192, 128, 1, 0,
+                              MHA_WS, 2};
         stof_mha_plan *plan = (stof_mha_plan *)1;
         ck_assert_int_eq(mha_plan_forced(ctx, &d, m, &cand, &plan), STOF_ERR_UNSUPPORTED);
         ck_assert_ptr_null(plan);
