@@ -320,6 +320,31 @@ class Models(unittest.TestCase):
         self.assertIs(q2, v)
         self.assertTrue(v2.transpose(1, 2).is_contiguous() and torch.equal(v2, q))
 
+    def test_order_reads_strides_as_is_contiguous(self):
+        """_order reads the strides where a transposed view would say the
+        same: size-1 dimensions (any stride), views of one packed
+        projection, slices; GQA's k and v (fewer heads) each in their own."""
+        def want(t):
+            return ("bhld" if t.is_contiguous() else
+                    "blhd" if t.transpose(1, 2).is_contiguous() else None)
+        cases = []
+        for b, h, n, d in ((2, 4, 7, 16), (1, 4, 7, 16), (2, 1, 7, 16), (2, 4, 1, 16),
+                           (1, 1, 1, 16), (2, 4, 7, 1)):
+            cases += [torch.randn(b, h, n, d), torch.randn(b, n, h, d).transpose(1, 2),
+                      torch.randn(b, n, 3, h, d).unbind(2)[1].transpose(1, 2),
+                      torch.randn(b, h, n + 2, d)[:, :, 1:n + 1],
+                      torch.randn(b, n, h, 2 * d)[..., :d].transpose(1, 2),
+                      torch.randn(b, h, d, n).transpose(2, 3)]
+        for t in cases:
+            self.assertEqual(_backend._order(t), want(t), (tuple(t.shape), t.stride()))
+        q = torch.randn(2, 7, 4, 16).transpose(1, 2)
+        k, v = (torch.randn(2, 7, 2, 16).transpose(1, 2) for _ in range(2))
+        self.assertTrue(all(a is b for a, b in zip(_backend._same_order(q, k, v), (q, k, v))))
+        k = torch.randn(2, 2, 7, 16)
+        q2, k2, v2 = _backend._same_order(q, k, v)
+        self.assertTrue(q2 is q and v2 is v and torch.equal(k2, k))
+        self.assertEqual(_backend._order(k2), "blhd")
+
     def test_gqa_runs_and_decoding_goes_to_decode(self):
         cfg = transformers.LlamaConfig(hidden_size=128, intermediate_size=256,
                                        num_attention_heads=2, num_key_value_heads=1,

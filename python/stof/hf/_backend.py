@@ -248,20 +248,23 @@ def _dense4d(spec, lq, lk, device):
 
 
 def _why_not(module, q, k, v, dropout, kwargs):
-    """Why stof cannot run this call, or None."""
-    for name, what in UNSUPPORTED.items():
-        if kwargs.get(name) is not None:
-            return what
-    if k.shape[1] < 1 or q.shape[1] % k.shape[1] or v.shape[1] != k.shape[1]:
-        return "%d query heads on %d KV heads (not a divisor)" % (q.shape[1], k.shape[1])
+    """Why stof cannot run this call, or None. (Called on every layer's
+    call: each shape is read once, the cheap tests first.)"""
+    if kwargs and not UNSUPPORTED.keys().isdisjoint(kwargs):
+        for name, what in UNSUPPORTED.items():
+            if kwargs.get(name) is not None:
+                return what
+    qs, ks, vs = q.shape, k.shape, v.shape
+    if ks[1] < 1 or qs[1] % ks[1] or vs[1] != ks[1]:
+        return "%d query heads on %d KV heads (not a divisor)" % (qs[1], ks[1])
     cap = kwargs.get("softcap")
     if cap is not None and not (isinstance(cap, (int, float)) and cap >= 0):
         return "softcap %r (stof takes a number >= 0)" % (cap,)
-    if q.shape[-1] not in HEAD_DIMS or v.shape[-1] != q.shape[-1]:
-        return "head_dim %d: stof takes %s" % (q.shape[-1], ", ".join(map(str, HEAD_DIMS)))
+    if qs[-1] not in HEAD_DIMS or vs[-1] != qs[-1]:
+        return "head_dim %d: stof takes %s" % (qs[-1], ", ".join(map(str, HEAD_DIMS)))
     if dropout and getattr(module, "training", False):
         return "attention dropout in training mode"
-    if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
+    if (q.requires_grad or k.requires_grad or v.requires_grad) and torch.is_grad_enabled():
         return ("gradients wanted (stof has no backward; run under torch.no_grad() or "
                 "torch.inference_mode())")
     if not q.is_cuda:
@@ -307,9 +310,19 @@ def _fallback(why, module, q, k, v, attention_mask, dropout, scaling, kwargs):
 
 
 def _order(t):
+    """t's memory order: "bhld" (contiguous), "blhd" (dims 1 and 2 stored
+    the other way round, densely), else None. From the strides, as
+    is_contiguous reads them (a dimension of size 1 takes any stride): a
+    transposed view to test would cost more than the rest of the call."""
     if t.is_contiguous():
         return "bhld"
-    return "blhd" if t.transpose(1, 2).is_contiguous() else None
+    (b, h, n, d), (sb, sh, sn, sd) = t.shape, t.stride()
+    want = 1
+    for size, stride in ((d, sd), (h, sh), (n, sn), (b, sb)):
+        if size != 1 and stride != want:
+            return None
+        want *= size
+    return "blhd"
 
 
 def _same_order(q, k, v):
@@ -317,7 +330,10 @@ def _same_order(q, k, v):
     in q's memory order where they differ (RoPE'd q and k come contiguous
     while v stays a view). Three views of one packed QKV projection
     (GPT-2's) go as they are."""
-    orders = [_order(t) for t in (q, k, v)]
+    qs = q.stride()
+    if qs == k.stride() == v.stride() and q.shape == k.shape == v.shape:
+        return q, k, v  # one memory order (the usual case: one projection's views)
+    orders = (_order(q), _order(k), _order(v))
     if orders[0] == orders[1] == orders[2]:
         return q, k, v
     want = orders[0] or "bhld"
