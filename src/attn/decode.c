@@ -84,14 +84,27 @@ static stof_status check_desc(stof_ctx *ctx, const stof_decode_desc *d)
  * warp's bulk copies into an mbarrier ring (0.5-0.93x), the last split
  * merging the rest in place of the combine (0.6-0.94x), the combine
  * launched early through PDL (0.997x), and 128-key tiles on 8 warps copied
- * by the CTA (0.994x). */
+ * by the CTA (0.994x).
+ * Then on an H100 (bench/results/decode-H100-20261128-swizzle.md): ncu
+ * showed L2 taking 1.5x the sectors of K and V from the SMs, the rows
+ * padded by 16 bytes putting every odd row's copies across two sectors;
+ * swizzled rows (swz-kfirst) took L2's share back to 1.0x and DRAM from
+ * 87% to 91% of its peak: 1.03-1.05x a case over cp-l2-128-kfirst. With
+ * them the L2 hint no longer matters (128, 256 or none within 0.5%). Also
+ * tried there: 2 stages (three CTAs an SM, 0.90-1.00x), a ring of 6 for
+ * one CTA an SM (0.99-1.00x), and an L2 evict-first policy: 1.04-1.17x
+ * where a step reads under about 130 MB, 0.95-0.99x above, most likely by
+ * leaving the benchmark's L2 flush its dirty lines to write back later, so
+ * not taken. */
 const decode_variant decode_variants[] = {
-    /* the CTA copies each tile, 4 warps, two CTAs an SM, K rows then V */
-    {"cp-l2-128-kfirst", 64, 0, 2, 128, 1, 1},
-    {"cp-l2-128-unroll", 64, 0, 2, 128, 1, 0}, /* K and V row by row */
-    {"cp-l2-128", 64, 0, 2, 128, 0, 0},        /* a loop to the tile's end, every key tested */
-    {"cp", 64, 0, 2, 0, 0, 0},                 /* and no L2 prefetch hint */
-    {"stream-wide-l2-256", 128, 1, 1, 256, 0, 0}, /* 8 warps each copying its own rows */
+    /* the CTA copies each tile, 4 warps, two CTAs an SM, K rows then V,
+     * swizzled rows */
+    {"swz-kfirst", 64, 0, 2, 128, 1, 1, 1},
+    {"cp-l2-128-kfirst", 64, 0, 2, 128, 1, 1, 0}, /* padded rows */
+    {"cp-l2-128-unroll", 64, 0, 2, 128, 1, 0, 0}, /* and K and V row by row */
+    {"cp-l2-128", 64, 0, 2, 128, 0, 0, 0},        /* a loop to the tile's end, every key tested */
+    {"cp", 64, 0, 2, 0, 0, 0, 0},                 /* and no L2 prefetch hint */
+    {"stream-wide-l2-256", 128, 1, 1, 256, 0, 0, 0}, /* 8 warps each copying its own rows */
 };
 const int decode_nvariants = (int)(sizeof decode_variants / sizeof decode_variants[0]);
 
@@ -103,9 +116,15 @@ const decode_variant *decode_variant_named(const char *name)
     return NULL;
 }
 
+/* A shared row's elements: swizzled rows are unpadded (attn_decode.cu's LDS). */
+static int lds_of(const decode_variant *v, int head_dim)
+{
+    return v->swizzle && head_dim % 64 == 0 ? head_dim : head_dim + 8;
+}
+
 int decode_stages_of(const decode_variant *v, int head_dim)
 {
-    const int stage = 2 * v->block_n * (head_dim + 8) * 2;
+    const int stage = 2 * v->block_n * lds_of(v, head_dim) * 2;
     const int n = 106496 * (v->resident == 1 ? 2 : 1) / stage;
     return n < 2 ? 2 : n > 8 ? 8 : n;
 }
@@ -115,7 +134,7 @@ int decode_smem_bytes_of(const decode_variant *v, int head_dim)
     /* Q's rows, the K and V ring (whose space later takes the warps' O:
      * warps x 16 x head_dim floats, at most one stage), each warp's row
      * maxima and sums. */
-    const int lds = head_dim + 8;
+    const int lds = lds_of(v, head_dim);
     return DECODE_ROWS * lds * 2 + decode_stages_of(v, head_dim) * 2 * v->block_n * lds * 2 +
            (v->block_n / 16) * DECODE_ROWS * 2 * 4;
 }
@@ -143,6 +162,7 @@ void decode_make_request(const stof_decode_desc *d, const decode_variant *v, dec
     r->vars[n++] = (render_var){"WARP_RING", v->warp_ring ? "1" : "0"};
     r->vars[n++] = (render_var){"UNROLL", v->unroll ? "1" : "0"};
     r->vars[n++] = (render_var){"KFIRST", v->kfirst ? "1" : "0"};
+    r->vars[n++] = (render_var){"SWIZZLE", v->swizzle ? "1" : "0"};
     r->vars[n++] = (render_var){"PREFETCH", v->prefetch == 256   ? ".L2::256B"
                                             : v->prefetch == 128 ? ".L2::128B"
                                                                  : ""};

@@ -25,10 +25,11 @@ typedef struct decode_variant {
     int prefetch;    /* the L2 prefetch size of the K and V copies, bytes: 0 (none), 128, 256 */
     int unroll;      /* 1: a thread's copies of a tile unrolled (a known trip count) */
     int kfirst;      /* with unroll, 1: a tile's K rows all asked for before its V rows */
+    int swizzle;     /* 1: shared rows unpadded and swizzled at head_dim 64 and 128 */
 } decode_variant;
 extern const decode_variant decode_variants[];
 extern const int decode_nvariants;
-#define DECODE_DEFAULT_VARIANT "cp-l2-128-kfirst"
+#define DECODE_DEFAULT_VARIANT "swz-kfirst"
 /* The variant of that name, NULL for none. */
 const decode_variant *decode_variant_named(const char *name);
 
@@ -58,7 +59,7 @@ int decode_choose_splits(int sm_count, int resident, long long ctas, int span);
  * live in *r. */
 typedef struct decode_request {
     char text[4][24];
-    render_var vars[14], cvars[3];
+    render_var vars[15], cvars[3];
     jit_request main, combine;
 } decode_request;
 void decode_make_request(const stof_decode_desc *d, const decode_variant *v, decode_request *r);
