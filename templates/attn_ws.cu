@@ -668,9 +668,10 @@ stof_attn(const __grid_constant__ stof_tmap tq, const __grid_constant__ stof_tma
                      : "memory");
     };
 {{#if MODS}}    // The item's head's modifiers, the positions of the thread's rows among
-    // the keys (set as each item starts).
+    // the keys (set as each item starts; the zeros only keep NVRTC from
+    // warning that the tile function may read them first).
     stof_mods mods;
-    int mpos[2];
+    int mpos[2] = {0, 0};
 {{/if}}    // Masks the scores of the tile in stage st where needed: a partial
     // tile's bitmap (in the stage's shared memory), keys at or past klim.
     // GATHER: padding keys are in no bitmap and full tiles have none, so
