@@ -28,7 +28,8 @@ allowed entries (decode: GB/s over the K/V bytes read) and the share of the
 peak. Writes a markdown table under bench/results/ (and $OUT) named by device.
 
     PYTHONPATH=python STOF_LIB=build/libstof.so python3 bench/peers_llm.py \
-        [--workload FILE] [--case SUBSTR]... [--peers a,b,...] [--kind prefill|decode]
+        [--workload FILE] [--case SUBSTR]... [--peers a,b,...] [--kind prefill|decode] \
+        [--rounds R]
     python3 bench/peers_llm.py --dry-run      # the cases, on any machine (no torch)
 """
 import argparse
@@ -184,6 +185,7 @@ def gpu_main(args, cases):
     from torch.nn.attention.flex_attention import create_block_mask, flex_attention
     sys.path.insert(0, HERE)
     import peers_mha as pm  # its bench(), rel_l2() and save paths; puts python/ on the path
+    from rounds import interleave
     import stof
 
     torch.backends.cuda.matmul.allow_tf32 = False   # the reference is float32 throughout
@@ -265,6 +267,7 @@ def gpu_main(args, cases):
         k, v = (torch.randn(b, hk, lk, d, device=dev, dtype=dt, generator=gen) for _ in range(2))
         ref = reference(c, q, k, v)
         res = {"times": {}, "na": {}, "check": {}, "how": {}}
+        timed = []   # (who, fn) of every contender that passed its check: --rounds
         cap, name, w = c["softcap"], *_term(c["spec"])
         gqa = hk != h
 
@@ -292,6 +295,7 @@ def gpu_main(args, cases):
                 how = {}
                 res["times"][who] = pm.bench(fn, how)
                 res["how"][who] = how["how"] + (", " + note if note else "")
+                timed.append((who, fn))
             except Exception as e:  # one contender failing (OOM, unsupported) stops no other
                 res["na"][who] = "n/a (%s)" % short(e)
             finally:
@@ -409,7 +413,7 @@ def gpu_main(args, cases):
                 kr, vr = k, v
                 if gqa:  # as dispatched, with the group's K/V repeated (untimed)
                     kr, vr = (x.repeat_interleave(h // hk, dim=1) for x in (k, v))
-                contender("sdpa-mask", lambda: F.scaled_dot_product_attention(
+                contender("sdpa-mask", lambda kr=kr, vr=vr, am=am: F.scaled_dot_product_attention(
                     q, kr, vr, attn_mask=am), note="K/V repeated" if gqa else None)
                 kr = vr = None
         mask = bias = am = None
@@ -457,6 +461,9 @@ def gpu_main(args, cases):
                 na("fa4-varlen", "not importable: " + fa4_why)
             else:
                 fa4_cases(c, q, k, v, contender, na)
+        interleave(res["times"], timed, res["how"], args.rounds, pm.bench,
+                   torch.cuda.synchronize)
+        timed.clear()
         q = k = v = ref = out = None  # the closures above hold them no longer
         torch.cuda.empty_cache()
         return res
@@ -502,7 +509,8 @@ def gpu_main(args, cases):
                                                                    **kw), bl)
         else:
             na("fa4-varlen", "one sequence: the dense entry covers it")
-        qt = kt = vt = None
+        # (qt, kt and vt stay: the closures run again in the case's --rounds;
+        # they go with its timed list.)
 
     def fa4_alibi(h):
         import cutlass
@@ -641,7 +649,10 @@ def report(args, gpu, rows, peak_gbs):
              "prefill TF/s = 4 B H D allowed entries / time, %% of %.0f TF/s; decode GB/s = K/V "
              "bytes read / time, %% of %.0f GB/s. Rates are stof's, else the best peer's "
              "(in brackets). Times: peers_mha.bench(), the lower of do_bench and a CUDA graph "
-             "(the GPU alone). Every output checked against float32." % (PEAK_TF, peak_gbs), "",
+             "(the GPU alone). Every output checked against float32." % (PEAK_TF, peak_gbs)
+             + (" With --rounds %d: the contenders within 1.5x of the fastest timed %d times, "
+                "interleaved in rotated orders, each one's median kept (the figures listed "
+                "below)." % (args.rounds, args.rounds) if args.rounds > 1 else ""), "",
              "| case | stof ms | best peer | peer ms | stof/best | rate | % peak |",
              "|---|---|---|---|---|---|---|"]
     for c, r in rows:
@@ -681,6 +692,9 @@ def main():
     ap.add_argument("--tag", default="")
     ap.add_argument("--settle", type=float, default=0.0,
                     help="seconds the GPU rests before each contender is timed")
+    ap.add_argument("--rounds", type=int, default=1,
+                    help="time the contenders within 1.5x of the fastest this many times "
+                         "in all, interleaved, and keep each one's median (bench/rounds.py)")
     ap.add_argument("--stof-prefill", action="store_true",
                     help="decode cases: time stof's prefill path (a plan per cache length)")
     ap.add_argument("--dry-run", action="store_true", help="print the cases and stop")

@@ -18,7 +18,7 @@ ran and agreed. Prints a table, the gates of issue 19 as "summary:" lines,
 and writes both under bench/results/ (and $OUT) named by device and time.
 
     PYTHONPATH=python STOF_LIB=build/libstof.so python3 bench/peers_mha.py \
-        [--workload FILE] [--suite NAME]... [--seq N]... [--peers a,b,...]
+        [--workload FILE] [--suite NAME]... [--seq N]... [--peers a,b,...] [--rounds R]
 """
 import argparse
 import datetime
@@ -37,8 +37,10 @@ import triton.testing
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "python"))
 import stof  # noqa: E402
+from rounds import interleave  # noqa: E402
 
 SETTLE = 0.0  # seconds the GPU rests before each contender is timed (--settle)
+ROUNDS = 1  # times each contender near the fastest is timed, interleaved (--rounds)
 SPARSE = {"window", "longformer", "bigbird", "strided", "dilated"}
 PEAK = 790.0  # dense bf16/fp16 tensor-core TFLOP/s of an H100, for the fraction column
 ALL_PEERS = ("sdpa-flash", "sdpa-cudnn", "sdpa-eff", "sdpa-mask", "flex", "flex-fa4", "fa4")
@@ -237,8 +239,10 @@ def run_case(case, dev, want, fa4):
     res["plan_s"] = (datetime.datetime.now() - t0).total_seconds()
     res["kernel"] = stof.plans()[-1][1] if stof.plans() else ""
     how = {}
-    res["times"]["stof"] = bench(lambda: stof.attention(q, k, v, mask=spec, out=out), how)
+    run_stof = lambda: stof.attention(q, k, v, mask=spec, out=out)  # noqa: E731
+    res["times"]["stof"] = bench(run_stof, how)
     res["how"]["stof"] = how["how"]
+    timed = [("stof", run_stof)]  # every contender that agreed: --rounds
     ref_out = out.clone()
     f = spec_fn(spec, l, l, dev)
     idx = torch.arange(l, device=dev)
@@ -266,6 +270,7 @@ def run_case(case, dev, want, fa4):
             how = {}
             res["times"][name] = bench(fn, how)
             res["how"][name] = how["how"]
+            timed.append((name, fn))
         except Exception as e:  # a peer that cannot run this case is reported, not fatal
             res["errors"][name] = repr(e)[:160]
         torch.cuda.empty_cache()
@@ -309,7 +314,8 @@ def run_case(case, dev, want, fa4):
                 o = o[0] if isinstance(o, tuple) else o
                 return o.transpose(1, 2)
             peer("fa4", call_fa4)
-    del q, k, v, out, ref_out, allowed
+    interleave(res["times"], timed, res["how"], ROUNDS, bench, torch.cuda.synchronize)
+    del timed, q, k, v, out, ref_out, allowed
     torch.cuda.empty_cache()
     return res
 
@@ -360,9 +366,12 @@ def main():
     ap.add_argument("--tag", default="")
     ap.add_argument("--settle", type=float, default=0.0,
                     help="seconds the GPU rests before each contender (stof and every peer) is timed")
+    ap.add_argument("--rounds", type=int, default=1,
+                    help="time the contenders within 1.5x of the fastest this many times in all, "
+                         "interleaved, and keep each one's median (bench/rounds.py)")
     args = ap.parse_args()
-    global SETTLE
-    SETTLE = args.settle
+    global SETTLE, ROUNDS
+    SETTLE, ROUNDS = args.settle, args.rounds
     want = set(args.peers.split(","))
     for knob in ("cache_size_limit", "recompile_limit"):
         if hasattr(torch._dynamo.config, knob):
@@ -388,7 +397,9 @@ def main():
     out = ["# stof vs every peer, attention, one process, %s, %s" % (gpu, datetime.datetime.now().strftime("%Y-%m-%d %H:%M")),
            "# ratio = best peer ms / stof ms (>1: stof faster); TF/s = 4*B*H*D*allowed entries / time; "
            "%%peak of %.0f TF/s" % PEAK,
-           "# times: the lower of do_bench's and a CUDA graph's (the GPU alone; marked *), see bench()",
+           "# times: the lower of do_bench's and a CUDA graph's (the GPU alone; marked *), see bench()" +
+           ("; with --rounds %d the median of %d interleaved figures (bench/rounds.py; each in the .json's "
+            "how)" % (ROUNDS, ROUNDS) if ROUNDS > 1 else ""),
            "%-26s %8s %7s %5s %-12s %8s %6s  %s" % ("case", "stof ms", "TF/s", "%pk", "best peer", "peer ms", "ratio",
                                                   "kernel")]
     summary = []
@@ -404,7 +415,7 @@ def main():
         rt = peers_t[best] / t["stof"] if best else float("nan")
         ratio[c["name"]] = (c, rt, tf, best)
         kv = dict(f.split("=", 1) for f in r.get("kernel", "").split() if "=" in f)
-        star = lambda k: "*" if r.get("how", {}).get(k) == "graph" else ""  # noqa: E731
+        star = lambda k: "*" if r.get("how", {}).get(k, "").startswith("graph") else ""  # noqa: E731
         out.append("%-26s %7.4f%1s %7.1f %5.1f %-12s %7s%1s %6.2f  %s %s %sx%s s%s" % (
             c["name"], t["stof"], star("stof"), tf, 100 * tf / PEAK, best or "-",
             "%.4f" % peers_t[best] if best else "-", star(best) if best else "", rt,

@@ -140,6 +140,40 @@ if __name__ == "__main__":
     unittest.main()
 
 
+class Rounds(unittest.TestCase):
+    """bench/rounds.py (--rounds): the contenders near the fastest are timed
+    again in rotated, alternately reversed orders, each keeping its median;
+    the slow ones keep their one figure; a failing round is noted. No torch:
+    runs everywhere."""
+
+    def test_interleave(self):
+        sys.path.insert(0, BENCH)
+        from rounds import interleave
+        calls = []
+        figures = {"a": iter([1.0, 3.0]), "b": iter([2.2, 2.4]), "c": iter([9.0])}
+
+        def bench(fn):
+            who = fn()
+            calls.append(who)
+            if who == "c" and calls.count("c") == 2:
+                raise RuntimeError("gone")
+            return next(figures[who])
+        times = {"a": 2.0, "b": 2.0, "c": 2.9, "slow": 3.5}
+        how = {"a": "graph", "slow": "do_bench"}
+        timed = [(w, (lambda w=w: w)) for w in ("a", "b", "c", "slow")]
+        figs = interleave(times, timed, how, 3, bench)
+        # slow (3.5 > 1.5 x 2.0) is not timed again; round 1 runs the order
+        # rotated by one and reversed (a, c, b), round 2 rotated by two (c, a, b).
+        self.assertEqual(calls, ["a", "c", "b", "c", "a", "b"])
+        self.assertEqual(figs, {"a": [2.0, 1.0, 3.0], "b": [2.0, 2.2, 2.4], "c": [2.9, 9.0]})
+        self.assertEqual(times, {"a": 2.0, "b": 2.2, "c": 9.0, "slow": 3.5})
+        self.assertEqual(how["a"], "graph; median of 2.0000 / 1.0000 / 3.0000")
+        self.assertEqual(how["c"], "round 2 failed: RuntimeError('gone'); median of 2.9000 / 9.0000")
+        self.assertEqual(how["slow"], "do_bench")
+        self.assertEqual(interleave(times, timed, how, 1, bench), {})
+        self.assertEqual(interleave({}, [], {}, 3, bench), {})
+
+
 class PlanLine(unittest.TestCase):
     """peers_llm.py's plan line names the plan a case's call made (by the
     plans' keys before and after it), decode plans included, not whichever
