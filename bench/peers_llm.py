@@ -97,8 +97,9 @@ def _case(kind, s, m, spec, b, lq, lk):
 def load(path):
     """llm.json's cases, each a dict: kind (prefill, decode), name (as stof-warm
     names it), b, h, hk, d, dtype, lq, lk, mask (its name), spec, softcap,
-    alibi, docs (lengths, or None). Prefill: "suites" and "pending"."suites"
-    (stof-warm's attention suites, with alibi); decode: "pending"."decode"."""
+    alibi, docs (lengths, or None). Prefill: "suites" (stof-warm's attention
+    suites, with alibi); decode: "decode" (stof-warm's decode suites); and
+    the same under "pending", cases for the benchmark alone."""
     doc = json.load(open(path))
     pending = doc.get("pending", {})
     common = {"name", "heads", "kv_heads", "head_dim", "dtype", "masks", "about", "batch"}
@@ -110,8 +111,8 @@ def load(path):
         for l in ([s["seq"]] if isinstance(s["seq"], int) else s["seq"]):
             for m, spec in s["masks"].items():
                 cases.append(_case("prefill", s, m, spec, s["batch"], l, s.get("seq_k", l)))
-    for s in pending.get("decode", []):
-        extra = set(s) - common - {"cache", "new"}
+    for s in doc.get("decode", []) + pending.get("decode", []):
+        extra = set(s) - common - {"cache", "new", "softcap"}
         if extra:
             raise ValueError("%s: %s: unknown members %s" % (path, s["name"], sorted(extra)))
         for b in s["batch"]:

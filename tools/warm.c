@@ -1,7 +1,7 @@
 /*
  * stof-warm — fills the kernel cache ahead of production, so that it never
- * waits for NVRTC or for tuning. It reads workload files (and --mha, --ln
- * and --decoder one-liners), then plans every case on the GPU(s), or, with no GPU,
+ * waits for NVRTC or for tuning. It reads workload files (and --mha, --ln,
+ * --decoder and --decode one-liners), then plans every case on the GPU(s), or, with no GPU,
  * compiles the model's first choices for a named architecture.
  *
  * Processes: the parent never touches CUDA (a forked child could not use
@@ -52,6 +52,7 @@ static const char USAGE[] =
     "                 [--mha \"b=8,h=12,l=2048,d=64,fp16,window:256\"]...\n"
     "                 [--ln \"rows=16384,hidden=768,fp16\"]...\n"
     "                 [--decoder \"b=1,s=4096,hidden=4096,h=32,kv=8,ffn=14336,bf16,causal\"]...\n"
+    "                 [--decode \"b=8,h=32,kv=8,d=128,cache=32768,new=1,bf16,causal\"]...\n"
     "                 [--remote[=URL]] [WORKLOAD.json]...\n"
     "Plans every case on the GPU so that production finds it in the cache; with no GPU,\n"
     "--arch (with --compile-only) compiles the model's first choices for that GPU.\n"
@@ -176,7 +177,7 @@ static void parse_jobs(options *o, const char *s)
     o->jobs = (int)n;
 }
 
-/* One of stof-warm's own options; cases from --mha, --ln and --decoder go straight into
+/* One of stof-warm's own options; cases from --mha, --ln, --decoder and --decode go straight into
  * o->w, as workload files do, in the order given. */
 static void take_option(options *o, const char *opt, const char *v)
 {
@@ -203,6 +204,9 @@ static void take_option(options *o, const char *opt, const char *v)
     } else if (strcmp(opt, "--decoder") == 0) {
         if (workload_add_decoder(&o->w, v, err, sizeof err) != 0)
             cli_fail(PROG, "%s", err);
+    } else if (strcmp(opt, "--decode") == 0) {
+        if (workload_add_decode(&o->w, v, err, sizeof err) != 0)
+            cli_fail(PROG, "%s", err);
     } else if (workload_add_ln(&o->w, v, err, sizeof err) != 0) {
         cli_fail(PROG, "%s", err);
     }
@@ -215,7 +219,7 @@ static void parse_args(options *o, int argc, char **argv)
         {"--compile-only", CLI_FLAG}, {"--quiet", CLI_FLAG}, {"--remote", CLI_OPTIONAL},
         {"--tune", CLI_VALUE},        {"--devices", CLI_VALUE}, {"--jobs", CLI_VALUE},
         {"--mha", CLI_VALUE},         {"--ln", CLI_VALUE},      {"--decoder", CLI_VALUE},
-        {NULL, 0}};
+        {"--decode", CLI_VALUE},      {NULL, 0}};
     char err[2048];
     cli c;
     cli_begin(&c, PROG, usage, CLI_CACHE | CLI_ARCH | CLI_OPERANDS, argc, argv);
@@ -232,8 +236,8 @@ static void parse_args(options *o, int argc, char **argv)
     o->cache = c.o.cache;
     o->arch = c.o.arch_given ? c.o.arch : NULL;
     if (o->w.n == 0 && !o->push)
-        cli_fail(PROG, "nothing to warm: give a workload file, --mha, --ln or --decoder (or "
-                       "--remote to push the cache as it is)");
+        cli_fail(PROG, "nothing to warm: give a workload file, --mha, --ln, --decoder or "
+                       "--decode (or --remote to push the cache as it is)");
     if (o->push && !o->remote_url && !remote_config_resolve(NULL, 0, &(remote_config){0}))
         cli_fail(PROG, "--remote: no Redis tier named: set STOF_REMOTE_CACHE or pass "
                        "--remote=redis://HOST[:PORT][/DB]");
@@ -423,6 +427,19 @@ static stof_status run_decoder(stof_ctx *ctx, const workload_case *c, stof_tune 
     return compile_only ? stof_decoder_prepare(ctx, &d) : stof_decoder_tune(ctx, &d);
 }
 
+/* A decoding step's plan: its two kernels (no search, no timing), then freed. */
+static stof_status run_decode(stof_ctx *ctx, const workload_case *c, int compile_only)
+{
+    stof_decode_desc d;
+    workload_decode_desc(c, &d);
+    if (compile_only)
+        return stof_decode_prepare(ctx, &d);
+    stof_decode_plan *plan = NULL;
+    stof_status st = stof_decode_plan_create(ctx, &d, &plan);
+    stof_decode_plan_free(plan);
+    return st;
+}
+
 static stof_status run_case(stof_ctx *ctx, const workload_case *c, stof_tune tune,
                             int compile_only)
 {
@@ -432,6 +449,8 @@ static stof_status run_case(stof_ctx *ctx, const workload_case *c, stof_tune tun
         return run_layer(ctx, c, tune, compile_only);
     if (c->op == WORKLOAD_DECODER)
         return run_decoder(ctx, c, tune, compile_only);
+    if (c->op == WORKLOAD_DECODE)
+        return run_decode(ctx, c, compile_only);
     stof_ln_desc d;
     workload_ln_desc(c, &d);
     return stof_bias_residual_layernorm_prepare(ctx, &d);
@@ -840,7 +859,7 @@ static int summary(const run_state *r, const preflight *p)
 
 static void announce(const run_state *r, const preflight *p)
 {
-    int ops[WORKLOAD_DECODER + 1] = {0};
+    int ops[WORKLOAD_DECODE + 1] = {0};
     for (int i = 0; i < r->total; i++)
         ops[r->o->w.cases[i].op]++;
     if (r->o->quiet)
@@ -849,10 +868,13 @@ static void announce(const run_state *r, const preflight *p)
         fprintf(stderr, "stof-warm: %s\n", p->note);
     if (p->remote_note[0])
         fprintf(stderr, "stof-warm: %s\n", p->remote_note);
-    fprintf(stderr, "stof-warm: %d case%s (%d attention, %d layer, %d decoder, %d layernorm); "
+    char decode[48] = "";  /* named where there are some: the line stays as it was */
+    if (ops[WORKLOAD_DECODE])
+        snprintf(decode, sizeof decode, ", %d decode", ops[WORKLOAD_DECODE]);
+    fprintf(stderr, "stof-warm: %d case%s (%d attention, %d layer, %d decoder, %d layernorm%s); "
                     "%s %s; %d worker%s; cache %s\n",
             r->total, cli_s(r->total), ops[WORKLOAD_MHA], ops[WORKLOAD_LAYER],
-            ops[WORKLOAD_DECODER], ops[WORKLOAD_LN],
+            ops[WORKLOAD_DECODER], ops[WORKLOAD_LN], decode,
             p->compile_only ? "compiling only, for" : "planning on", p->compile_only ? p->arch : p->device,
             r->nworkers, cli_s(r->nworkers), r->o->cache_path);
 }

@@ -18,6 +18,7 @@ const char *workload_op_name(workload_op op)
     case WORKLOAD_LAYER: return "layer";
     case WORKLOAD_LN: return "layernorm";
     case WORKLOAD_DECODER: return "decoder";
+    case WORKLOAD_DECODE: return "decode";
     }
     return "?";
 }
@@ -268,32 +269,42 @@ static int mha_shape_supported(reader *r, const json_value *obj, const char *pat
     return 1;
 }
 
-static int get_seqs(reader *r, const json_value *obj, const char *path, int_list *out)
+/* obj[key]: an integer from 1 to hi or a non-empty array of up to 64 of
+ * them, each a `what` ("sequence length"); lengths (seq) are also held to
+ * what attention takes. */
+static int get_list(reader *r, const json_value *obj, const char *path, const char *key,
+                    long long hi, const char *what, int lengths, int_list *out)
 {
-    const json_value *v = json_get(obj, "seq");
+    const json_value *v = json_get(obj, key);
     char p[300], q[320];
     if (!v)
-        return bad(r, obj, path, "missing member \"seq\"");
-    child(p, sizeof p, path, "seq");
+        return bad(r, obj, path, "missing member \"%s\"", key);
+    child(p, sizeof p, path, key);
     out->n = 0;
     if (v->type == JSON_NUMBER) {
         out->at[0] = v;
         out->n = 1;
-        return int_value(r, v, p, 1, WORKLOAD_MAX_SEQ, &out->v[0]) && seq_supported(r, v, p, out->v[0]);
+        return int_value(r, v, p, 1, hi, &out->v[0]) &&
+               (!lengths || seq_supported(r, v, p, out->v[0]));
     }
     if (v->type != JSON_ARRAY || v->n == 0)
-        return bad(r, v, p, "expected a sequence length or a non-empty array of them");
+        return bad(r, v, p, "expected a %s or a non-empty array of them", what);
     if (v->n > 64)
-        return bad(r, v, p, "more than 64 sequence lengths");
+        return bad(r, v, p, "more than 64 %ss", what);
     for (size_t i = 0; i < v->n; i++) {
         item(q, sizeof q, p, i);
         out->at[i] = v->items[i];
-        if (!int_value(r, v->items[i], q, 1, WORKLOAD_MAX_SEQ, &out->v[i]) ||
-            !seq_supported(r, v->items[i], q, out->v[i]))
+        if (!int_value(r, v->items[i], q, 1, hi, &out->v[i]) ||
+            (lengths && !seq_supported(r, v->items[i], q, out->v[i])))
             return 0;
     }
     out->n = (int)v->n;
     return 1;
+}
+
+static int get_seqs(reader *r, const json_value *obj, const char *path, int_list *out)
+{
+    return get_list(r, obj, path, "seq", WORKLOAD_MAX_SEQ, "sequence length", 1, out);
 }
 
 /* "masks": {"name": "spec", ...} or ["spec", ...] (each spec names itself). */
@@ -380,11 +391,9 @@ static int expand(reader *r, workload_case c, const char *prefix, const int_list
     return 1;
 }
 
-/* A suite's decoder-model members, each optional: "kv_heads" (grouped KV
- * heads, a divisor of heads), "softcap" (the logit softcap, a number >= 0)
- * and "seq_k" (keys, at least every seq: a KV prefix). */
-static int get_decoder(reader *r, const json_value *s, const char *path, workload_case *c,
-                       const int_list *seqs, int *seq_k)
+/* "kv_heads" (grouped KV heads, a divisor of heads) and "softcap" (the
+ * logit softcap, a number >= 0), each optional. */
+static int get_gqa(reader *r, const json_value *s, const char *path, workload_case *c)
 {
     const json_value *v;
     char p[300];
@@ -402,6 +411,25 @@ static int get_decoder(reader *r, const json_value *s, const char *path, workloa
             return bad(r, v, p, "expected the logit softcap, a finite number >= 0 (0: off)");
         c->softcap = v->number;
     }
+    return 1;
+}
+
+/* A suite's decoder-model members, each optional: get_gqa's, "alibi" (true:
+ * ALiBi, the standard slopes) and "seq_k" (keys, at least every seq: a KV
+ * prefix). */
+static int get_decoder(reader *r, const json_value *s, const char *path, workload_case *c,
+                       const int_list *seqs, int *seq_k)
+{
+    const json_value *v;
+    char p[300];
+    if (!get_gqa(r, s, path, c))
+        return 0;
+    if ((v = json_get(s, "alibi"))) {
+        child(p, sizeof p, path, "alibi");
+        if (v->type != JSON_BOOL)
+            return bad(r, v, p, "expected true (ALiBi, the standard slopes) or false");
+        c->alibi = v->boolean;
+    }
     *seq_k = 0;
     if ((v = json_get(s, "seq_k"))) {
         child(p, sizeof p, path, "seq_k");
@@ -418,7 +446,8 @@ static int get_decoder(reader *r, const json_value *s, const char *path, workloa
 static int read_suite(reader *r, const json_value *s, const char *path)
 {
     static const char *const keys[] = {"name", "batch", "heads", "kv_heads", "head_dim",
-                                       "dtype", "softcap", "seq", "seq_k", "masks", NULL};
+                                       "dtype", "softcap", "alibi", "seq", "seq_k", "masks",
+                                       NULL};
     if (s->type != JSON_OBJECT)
         return bad(r, s, path, "expected an attention suite object, got %s",
                    json_type_name(s->type));
@@ -439,15 +468,16 @@ static int read_suite(reader *r, const json_value *s, const char *path)
     return expand(r, c, name->str, &seqs, seq_k, &masks, 1);
 }
 
-static int read_suites(reader *r, const json_value *v)
+/* v, at path: an array of `what` ("suites"), each read by one. */
+static int read_each(reader *r, const json_value *v, const char *path, const char *what,
+                     int (*one)(reader *, const json_value *, const char *))
 {
     char p[300];
     if (v->type != JSON_ARRAY)
-        return bad(r, v, "$.suites", "expected an array of suites, got %s",
-                   json_type_name(v->type));
+        return bad(r, v, path, "expected an array of %s, got %s", what, json_type_name(v->type));
     for (size_t i = 0; i < v->n; i++) {
-        item(p, sizeof p, "$.suites", i);
-        if (!read_suite(r, v->items[i], p))
+        item(p, sizeof p, path, i);
+        if (!one(r, v->items[i], p))
             return 0;
     }
     return 1;
@@ -659,12 +689,59 @@ static int read_layers(reader *r, const json_value *models, const json_value *ca
     return 1;
 }
 
-/* "pending": cases the library cannot plan yet (bench/workloads/llm.json's
- * ALiBi and decode cases), there for the benchmarks; passed over, as long as
- * it is an object. */
+/* A decode suite: one case per batch x cache x mask, named as
+ * bench/peers_llm.py names them ("llama3-8b-decode/causal/b=8,cache=16384"). */
+static int read_decode_suite(reader *r, const json_value *s, const char *path)
+{
+    static const char *const keys[] = {"name", "batch", "cache", "new", "heads", "kv_heads",
+                                       "head_dim", "dtype", "softcap", "masks", NULL};
+    if (s->type != JSON_OBJECT)
+        return bad(r, s, path, "expected a decode suite object, got %s",
+                   json_type_name(s->type));
+    workload_case c = {.op = WORKLOAD_DECODE, .seq_q = 1};
+    int_list batches, caches;
+    mask_list masks;
+    const json_value *name;
+    if (!only_keys(r, s, path, keys) || !(name = need(r, s, path, "name", JSON_STRING)) ||
+        !get_list(r, s, path, "batch", WORKLOAD_MAX_BATCH, "batch size", 0, &batches) ||
+        !get_list(r, s, path, "cache", WORKLOAD_MAX_SEQ, "cache length", 1, &caches) ||
+        !get_int(r, s, path, "heads", 1, WORKLOAD_MAX_HEADS, &c.heads) ||
+        !get_int(r, s, path, "head_dim", 1, WORKLOAD_MAX_HEAD_DIM, &c.head_dim) ||
+        !get_dtype(r, s, path, &c.dtype) || !get_gqa(r, s, path, &c) ||
+        (json_get(s, "new") && !get_int(r, s, path, "new", 1, 16, &c.seq_q)) ||
+        !get_masks(r, s, path, &masks))
+        return 0;
+    for (int i = 0; i < batches.n; i++) {
+        for (int k = 0; k < caches.n; k++) {
+            for (int j = 0; j < masks.n; j++) {
+                char cname[512], why[200];
+                c.batch = batches.v[i];
+                c.seq_k = caches.v[k];
+                c.mask = (char *)masks.spec[j];
+                if (workload_decode_refusal(&c, why, sizeof why))
+                    return bad(r, masks.at[j], masks.path[j], "batch %d, cache %d: %s", c.batch,
+                               c.seq_k, why);
+                snprintf(cname, sizeof cname, "%s/%s/b=%d,cache=%d", name->str, masks.name[j],
+                         c.batch, c.seq_k);
+                c.name = cname;
+                c.origin = origin_of(r, masks.at[j], masks.path[j]);
+                if (!c.origin)
+                    return bad(r, NULL, "$", "out of memory");
+                int ok = add(r, &c);
+                free(c.origin);
+                if (!ok)
+                    return 0;
+            }
+        }
+    }
+    return 1;
+}
+
+/* "pending": cases for the benchmarks alone; passed over, as long as it is
+ * an object. */
 static int read_doc(reader *r, const json_value *root)
 {
-    static const char *const keys[] = {"suites", "models", "cases", "pending", NULL};
+    static const char *const keys[] = {"suites", "models", "cases", "decode", "pending", NULL};
     if (root->type != JSON_OBJECT)
         return bad(r, root, "$", "expected a workload object, got %s", json_type_name(root->type));
     if (!only_keys(r, root, "$", keys))
@@ -674,14 +751,16 @@ static int read_doc(reader *r, const json_value *root)
         return bad(r, pending, "$.pending", "expected an object of cases for the benchmarks "
                    "alone, got %s", json_type_name(pending->type));
     const json_value *suites = json_get(root, "suites"), *models = json_get(root, "models"),
-                     *cases = json_get(root, "cases");
-    if (!suites && !models && !cases)
+                     *cases = json_get(root, "cases"), *decode = json_get(root, "decode");
+    if (!suites && !models && !cases && !decode)
         return bad(r, root, "$",
-                   "neither an attention workload (\"suites\") nor a layer workload "
-                   "(\"models\" and \"cases\")");
+                   "neither an attention workload (\"suites\", \"decode\") nor a layer "
+                   "workload (\"models\" and \"cases\")");
     if (!models != !cases)
         return bad(r, root, "$", "a layer workload needs both \"models\" and \"cases\"");
-    if (suites && !read_suites(r, suites))
+    if (suites && !read_each(r, suites, "$.suites", "suites", read_suite))
+        return 0;
+    if (decode && !read_each(r, decode, "$.decode", "decode suites", read_decode_suite))
         return 0;
     return !models || read_layers(r, models, cases);
 }
@@ -805,6 +884,49 @@ void workload_decoder_desc(const workload_case *c, stof_tune tune, stof_decoder_
     d->window = window > 0 ? window : 0;
     d->qkv_bias = c->qkv_bias;
     d->tune = tune;
+}
+
+void workload_decode_desc(const workload_case *c, stof_decode_desc *d)
+{
+    memset(d, 0, sizeof *d);
+    d->batch = c->batch;
+    d->heads = c->heads;
+    d->kv_heads = c->kv_heads;
+    d->head_dim = c->head_dim;
+    d->seq_q = c->seq_q;
+    d->max_seq_k = c->seq_k;
+    d->dtype = c->dtype;
+    d->layout = STOF_LAYOUT_BHLD;
+    d->softcap = (float)c->softcap;
+    const int window = c->mask ? workload_decoder_window(c->mask) : 0;
+    d->window = window > 0 ? window : 0;
+}
+
+const char *workload_decode_refusal(const workload_case *c, char *buf, size_t n)
+{
+    char dims[64];
+    const int kv = c->kv_heads ? c->kv_heads : c->heads;
+    if (c->seq_q < 1 || c->seq_q > 16)
+        snprintf(buf, n, "new=%d must be 1 .. 16 (the rows a step brings)", c->seq_q);
+    else if (c->seq_k < c->seq_q || c->seq_k > STOF_MAX_SEQ)
+        snprintf(buf, n, "cache=%d must be new (%d) .. %d: the cache holds the new rows",
+                 c->seq_k, c->seq_q, STOF_MAX_SEQ);
+    else if (c->batch < 1 || c->batch > 65535)
+        snprintf(buf, n, "batch %d must be 1 .. 65535", c->batch);
+    else if (c->heads < 1 || c->heads % kv)
+        snprintf(buf, n, "kv_heads %d does not divide heads %d: each KV head serves heads / "
+                 "kv_heads query heads", kv, c->heads);
+    else if (!stof_mha_head_dim_supported(c->head_dim))
+        snprintf(buf, n, "head_dim %d is not supported: decoding takes head_dim %s",
+                 c->head_dim, workload_mha_head_dims(dims, sizeof dims));
+    else if (c->dtype != STOF_F16 && c->dtype != STOF_BF16)
+        snprintf(buf, n, "dtype fp32 is not supported: decoding takes fp16 or bf16");
+    else if (!c->mask || workload_decoder_window(c->mask) < 0)
+        snprintf(buf, n, "mask \"%s\": a decoding step's mask is causal or causal_window:W",
+                 c->mask ? c->mask : "");
+    else
+        return NULL;
+    return buf;
 }
 
 void workload_layer_desc(const workload_case *c, stof_tune tune, stof_layer_desc *d)

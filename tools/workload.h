@@ -19,8 +19,16 @@
  *         bf16 unless a dtype is named). RoPE's settings and the RMSNorm
  *         epsilon change neither a decoder plan's kernels nor its record:
  *         no case names them.
- * A file's "pending" object holds cases the library cannot plan yet, for the
- * benchmarks alone (llm.json's ALiBi and decode cases): it is passed over.
+ *   --decode "b=8,h=32,kv=8,d=128,cache=32768,new=1,bf16,causal_window:4096"
+ *         (a decoding step's plan, stof_decode_desc: b sequences of up to
+ *         cache keys, new rows each (1 .. 16, default 1); softcap= as --mha's;
+ *         the mask causal, the default, or causal_window:W; bf16 unless a
+ *         dtype is named). A file's "decode" array holds them as suites
+ *         (llm.json's): name, batch and cache (each an integer or an array),
+ *         new, heads, kv_heads, head_dim, dtype, softcap, masks.
+ * An attention suite may also say "alibi": true (ALiBi, the standard
+ * slopes). A file's "pending" object holds cases for the benchmarks alone:
+ * it is passed over.
  * Reading is strict: unknown members, wrong types, out-of-range sizes and
  * sizes attention does not support are refused with the file, line, column
  * and JSON path. Mask specs are checked against the library (workload_check)
@@ -36,7 +44,8 @@ typedef enum workload_op {
     WORKLOAD_MHA = 1,    /* masked multi-head attention */
     WORKLOAD_LAYER,      /* a whole encoder layer */
     WORKLOAD_LN,         /* fused bias + residual + LayerNorm */
-    WORKLOAD_DECODER     /* a whole decoder layer (Llama, Mistral, Qwen2) */
+    WORKLOAD_DECODER,    /* a whole decoder layer (Llama, Mistral, Qwen2) */
+    WORKLOAD_DECODE      /* a decoding step's attention (stof_decode_desc) */
 } workload_op;
 
 typedef struct workload_case {
@@ -44,14 +53,15 @@ typedef struct workload_case {
     char *name;          /* "bert-heads/window/l=2048", "bert-base/l=512/window:256" */
     char *origin;        /* "attention.json:12:5 ($.suites[0])" or "--mha b=8,..." */
     stof_dtype dtype;
-    int batch;           /* mha, layer, decoder */
-    int seq_q, seq_k;    /* mha, layer, decoder (a layer has seq_q == seq_k) */
-    int heads, head_dim; /* mha, layer (head_dim = hidden / heads), decoder */
-    int kv_heads;        /* mha, decoder: KV heads (GQA, MQA), 0 meaning heads */
-    double softcap;      /* mha: the logit softcap, 0 off */
+    int batch;           /* mha, layer, decoder, decode */
+    int seq_q, seq_k;    /* mha, layer, decoder (a layer has seq_q == seq_k); decode:
+                            the new rows and the cache's keys (max_seq_k) */
+    int heads, head_dim; /* mha, layer (head_dim = hidden / heads), decoder, decode */
+    int kv_heads;        /* mha, decoder, decode: KV heads (GQA, MQA), 0 meaning heads */
+    double softcap;      /* mha, decode: the logit softcap, 0 off */
     int alibi;           /* mha: ALiBi (1) or not (0) */
     int bias_buckets;    /* mha: the distance bias's buckets, 0 off */
-    char *mask;          /* mha, layer, decoder: the spec; NULL for ln */
+    char *mask;          /* mha, layer, decoder, decode: the spec; NULL for ln */
     char *model;         /* layer, decoder: the model's name (a --decoder line's: NULL) */
     int hidden;          /* layer, ln, decoder */
     double ffn;          /* layer: FFN width as a multiple of hidden */
@@ -94,11 +104,13 @@ int workload_add_mha(workload *w, const char *line, char *err, size_t errlen);
 int workload_add_ln(workload *w, const char *line, char *err, size_t errlen);
 /* A --decoder line's sizes must be ones the decoder layer takes (stof.h). */
 int workload_add_decoder(workload *w, const char *line, char *err, size_t errlen);
+/* A --decode line's sizes must be ones a decode plan takes (stof.h). */
+int workload_add_decode(workload *w, const char *line, char *err, size_t errlen);
 void workload_free(workload *w);
 /* Appends a copy of c (its strings duplicated); 0 when out of memory. */
 int workload_add_case(workload *w, const workload_case *c);
 
-/* "mha", "layer", "layernorm", "decoder" */
+/* "mha", "layer", "layernorm", "decoder", "decode" */
 const char *workload_op_name(workload_op op);
 /* "fp16", "bf16", "fp32" -> the dtype; STOF_DTYPE_INVALID otherwise. */
 stof_dtype workload_dtype(const char *name);
@@ -116,8 +128,13 @@ void workload_layer_desc(const workload_case *c, stof_tune tune, stof_layer_desc
 /* A decoder case's desc: its window from its mask, RoPE's theta Llama-2's
  * 10000 and the default epsilon, which no plan's kernels depend on. */
 void workload_decoder_desc(const workload_case *c, stof_tune tune, stof_decoder_desc *d);
-/* A decoder layer's mask: "causal" 0, "causal_window:W" W (W > 0); -1 for
- * any other spec. */
+/* A decode case's desc (BHLD, the default scale, its window from its mask). */
+void workload_decode_desc(const workload_case *c, stof_decode_desc *d);
+/* A decoder layer's or a decode step's mask: "causal" 0, "causal_window:W"
+ * W (W > 0); -1 for any other spec. */
 int workload_decoder_window(const char *spec);
+/* What a decode case must be for stof_decode_desc (stof.h's limits): NULL,
+ * or the reason ("new=17 must be 1 .. 16"). */
+const char *workload_decode_refusal(const workload_case *c, char *buf, size_t n);
 
 #endif

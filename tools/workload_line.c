@@ -1,6 +1,6 @@
 /*
  * workload_line — the one-line forms of workload cases that stof-warm takes
- * on its command line (--mha, --ln, --decoder; tools/workload.h shows them),
+ * on its command line (--mha, --ln, --decoder, --decode; tools/workload.h shows them),
  * read into the same cases as a file's, with the same limits and refusals.
  */
 #include "tools/workload.h"
@@ -302,6 +302,43 @@ int workload_add_decoder(workload *w, const char *line, char *err, size_t errlen
     if (!err[0])
         c.rows = c.batch * c.seq_q;
     int rc = err[0] ? -1 : add_line_case(w, &c, "--decoder", line, err, errlen);
+    free(mask);
+    return rc;
+}
+
+int workload_add_decode(workload *w, const char *line, char *err, size_t errlen)
+{
+    field f[] = {{{"b", "batch", NULL}, 1, WORKLOAD_MAX_BATCH, -1},
+                 {{"h", "heads", NULL}, 1, WORKLOAD_MAX_HEADS, -1},
+                 {{"kv", "kv_heads", NULL}, 1, WORKLOAD_MAX_HEADS, -1},
+                 {{"d", "head_dim", NULL}, 1, WORKLOAD_MAX_HEAD_DIM, -1},
+                 {{"cache", "max_seq_k", NULL}, 1, WORKLOAD_MAX_SEQ, -1},
+                 {{"new", "seq_q", NULL}, 1, WORKLOAD_MAX_SEQ, -1}};
+    workload_case c = {.op = WORKLOAD_DECODE};
+    char *mask = NULL, why[200];
+    err[0] = 0;
+    if (!parse_line("--decode", line, f, 6, &c.dtype, &c.softcap, 1, &mask, err, errlen))
+        return -1;
+    static const char *const need_names[] = {"b=", "h=", NULL, "d=", "cache="};
+    for (int i = 0; i < 5; i++) {
+        if (need_names[i] && f[i].value < 0) {
+            snprintf(err, errlen, "--decode \"%s\": missing %s", line, need_names[i]);
+            free(mask);
+            return -1;
+        }
+    }
+    c.batch = (int)f[0].value;
+    c.heads = (int)f[1].value;
+    c.kv_heads = f[2].value >= 0 ? (int)f[2].value : 0;
+    c.head_dim = (int)f[3].value;
+    c.seq_k = (int)f[4].value;
+    c.seq_q = f[5].value >= 0 ? (int)f[5].value : 1;
+    if (c.dtype == STOF_DTYPE_INVALID)
+        c.dtype = STOF_BF16;
+    c.mask = mask ? mask : "causal";
+    if (workload_decode_refusal(&c, why, sizeof why))
+        snprintf(err, errlen, "--decode \"%s\": %s", line, why);
+    int rc = err[0] ? -1 : add_line_case(w, &c, "--decode", line, err, errlen);
     free(mask);
     return rc;
 }

@@ -67,12 +67,13 @@ class WarmReport:
         return "WarmReport(returncode=%d, counts=%r)" % (self.returncode, self.counts)
 
 
-def warm(*workloads, mha=(), ln=(), decoder=(), arch=None, compile_only=False, tune=None,
-         cache=None, devices=None, jobs=None, quiet=True, echo=False, check=True):
+def warm(*workloads, mha=(), ln=(), decoder=(), decode=(), arch=None, compile_only=False,
+         tune=None, cache=None, devices=None, jobs=None, quiet=True, echo=False, check=True):
     """Fills the kernel cache as `stof-warm` does (it runs it): workload files
     (the format of bench/workloads/*.json) and one-liners, mha=["b=8,h=12,
     l=2048,d=64,fp16,window:256", ...], ln=["rows=16384,hidden=768,fp16"],
-    decoder=["b=1,s=4096,hidden=4096,h=32,kv=8,ffn=14336,bf16,causal"].
+    decoder=["b=1,s=4096,hidden=4096,h=32,kv=8,ffn=14336,bf16,causal"],
+    decode=["b=8,h=32,kv=8,d=128,cache=32768,new=1,bf16,causal"].
     With no GPU: arch="sm_90a", compile_only=True. cache: the cache file
     (default $STOF_CACHE, else the default path). echo prints its progress.
     Returns a WarmReport; raises ToolError when it fails and check is set."""
@@ -97,6 +98,8 @@ def warm(*workloads, mha=(), ln=(), decoder=(), arch=None, compile_only=False, t
         argv += ["--ln", line]
     for line in [decoder] if isinstance(decoder, str) else decoder:
         argv += ["--decoder", line]
+    for line in [decode] if isinstance(decode, str) else decode:
+        argv += ["--decode", line]
     argv += [os.fspath(w) for w in workloads]
     code, out = _run(argv, echo)
     report = WarmReport(code, out)

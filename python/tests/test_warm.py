@@ -40,6 +40,20 @@ class Warm(unittest.TestCase):
         self.assertEqual((again.counts["hits"], again.counts["compiled"]), (1, 0), again.output)
         self.assertEqual(stof.cache_stats(cache=self.cache)["kernels"], s["kernels"])
 
+    def test_decode_steps(self):
+        """decode=: a decoding step's two kernels, once for every length and window."""
+        r = stof.warm(decode=["b=8,h=4,kv=2,d=64,cache=300,bf16,causal",
+                              "b=1,h=4,kv=2,d=64,cache=4096,bf16,causal_window:64"],
+                      arch="sm_90a", compile_only=True, cache=self.cache)
+        self.assertTrue(r.ok, r.output)
+        self.assertEqual((r.counts["cases"], r.counts["compiled"], r.counts["hits"]), (2, 1, 1),
+                         r.output)
+        self.assertEqual(len(stof.cache_list(op="decode", cache=self.cache)), 2)
+        with self.assertRaises(stof.ToolError) as cm:
+            stof.warm(decode="b=1,h=4,d=64,cache=3,new=4", arch="sm_90a", compile_only=True,
+                      cache=self.cache)
+        self.assertIn("cache=3 must be new (4)", str(cm.exception))
+
     def test_bad_input(self):
         with self.assertRaises(stof.ToolError) as cm:
             stof.warm(mha="b=1,h=2", arch="sm_90a", compile_only=True, cache=self.cache)

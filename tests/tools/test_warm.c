@@ -1,7 +1,8 @@
 /*
  * test_warm — stof-warm run as a program on a real cache in a temporary
  * folder, with no GPU (STOF_NO_GPU=1): compile-only for sm_90a from
- * workload files the test writes and --mha / --ln one-liners, the summary's
+ * workload files the test writes and --mha / --ln / --decoder / --decode
+ * one-liners (decode suites too), the summary's
  * counts, resuming (a second run is all cache hits), several jobs sharing
  * the cases with nothing done twice or lost, an interrupt (exit 130, work
  * kept, resumed), terminal progress, and every kind of bad input refused
@@ -248,6 +249,39 @@ START_TEST(test_decoder_compile_only)
 }
 END_TEST
 
+/* Decoding steps from --decode lines and from a file's "decode" suites,
+ * compiled for sm_90a with no GPU: the step kernel and its combine land in
+ * the cache under op decode; the window and the cache length are run-time
+ * values, so every case after the first finds them there. */
+START_TEST(test_decode_compile_only)
+{
+    fixture f;
+    setup(&f);
+    char why[2048];
+    stof_status mha = mha_prepare_status(f.dir, why, sizeof why);
+    ck_assert_msg(mha == STOF_OK, "attention does not compile here: %s", why);
+    char *dec = path_in(f.dir, "decode.json");
+    write_file(dec, "{\"decode\": [{\"name\": \"tiny\", \"batch\": [1, 4], \"cache\": [100, 333],"
+                    " \"heads\": 4, \"kv_heads\": 2, \"head_dim\": 64, \"dtype\": \"bf16\","
+                    " \"masks\": {\"causal\": \"causal\", \"window\": \"causal_window:32\"}}]}\n");
+    char *out;
+    int rc = test_sh(&out, "%s --cache '%s' --arch sm_90a --compile-only --decode "
+                     "'b=2,h=4,kv=2,d=64,cache=77,bf16,causal' '%s'",
+                     test_build_path("stof-warm"), f.cache, dec);
+    ck_assert_msg(rc == 0, "rc %d:\n%s", rc, out);
+    ck_assert_msg(strstr(out, "stof-warm: 9 cases (0 attention, 0 layer, 0 decoder, 0 layernorm, "
+                              "9 decode)"), "%s", out);
+    ck_assert_msg(strstr(out, "tiny/window/b=4,cache=333"), "%s", out);
+    ck_assert_int_eq(count_of(out, " failed"), 0);
+    ck_assert_int_eq(count_of(out, " compiled"), 1);
+    ck_assert_int_eq(count_of(out, " cache hit"), 8);
+    ck_assert_int_eq(kernels_in(f.cache, "decode"), 2);
+    free(out);
+    free(dec);
+    teardown(&f);
+}
+END_TEST
+
 /* n LayerNorm cases of distinct widths, so each needs its own kernel. */
 static char *ln_args(int n)
 {
@@ -403,6 +437,9 @@ static const bad_run BAD_RUNS[] = {
     {"--decoder 'b=1,s=64,hidden=512,h=8,kv=3,ffn=1376'", "kv=3 does not divide h=8"},
     {"--decoder 'b=1,s=64,hidden=512,h=8'", "missing ffn="},
     {"--ln rows=8,hidden=64 --decoder", "--decoder needs a value"},
+    {"--decode 'b=1,h=8,d=64,cache=64,window:16'", "a decoding step's mask is causal"},
+    {"--decode 'b=1,h=8,d=64,cache=3,new=4'", "cache=3 must be new (4)"},
+    {"--decode 'b=1,h=8,d=64'", "missing cache="},
     /* Issue 58: what attention does not support is refused as the line is
      * read, naming the field, not case by case after the workers start; an
      * empty --cache is bad input, not a missing GPU. */
@@ -621,6 +658,7 @@ Suite *suite_warm(void)
     TCase *tc = tcase_create("warm");
     tcase_add_test(tc, test_compile_only);
     tcase_add_test(tc, test_decoder_compile_only);
+    tcase_add_test(tc, test_decode_compile_only);
     tcase_add_test(tc, test_jobs_share_cases);
     tcase_add_test(tc, test_interrupt_and_resume);
     tcase_add_test(tc, test_terminal_progress);

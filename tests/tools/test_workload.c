@@ -3,7 +3,7 @@
  * embedded copies of them) expand to the right cases, every malformed or
  * out-of-range field is refused with its file, line, column and JSON path
  * and leaves the list unchanged, decoder-layer models and cases, the
- * --mha / --ln / --decoder one-liners, mask specs
+ * --mha / --ln / --decoder / --decode one-liners and decode suites, mask specs
  * checked by the library, and randomly damaged files never crashing.
  */
 #include <dirent.h>
@@ -160,11 +160,11 @@ static void check_layers(const workload *w)
     ck_assert_ptr_nonnull(strstr(c->origin, "$.cases[2].masks[0]"));
 }
 
-/* bench/workloads/llm.json's suites, what stof plans today (its ALiBi and
- * decode cases are "pending", for the benchmarks alone). */
+/* bench/workloads/llm.json: its suites (ALiBi among them) and its decode
+ * steps (9 + 3 + 3). */
 static void check_llm(const workload *w)
 {
-    ck_assert_int_eq(w->n, 3 + 2 + 1 + 2 + 2 + 1);
+    ck_assert_int_eq(w->n, 3 + 2 + 1 + 2 + 2 + 1 + 1 + 15);
     const workload_case *c = find(w, "llama3-8b/causal/l=32768");
     ck_assert_ptr_nonnull(c);
     ck_assert_int_eq(c->heads, 32);
@@ -182,7 +182,16 @@ static void check_llm(const workload *w)
     c = find(w, "chunked-prefill/causal/lq=2048,lk=30720");
     ck_assert_ptr_nonnull(c);
     ck_assert_int_eq(c->seq_k, 30720);
-    ck_assert_ptr_null(find(w, "alibi/causal/l=8192"));
+    c = find(w, "alibi/causal/l=8192");
+    ck_assert_ptr_nonnull(c);
+    ck_assert_int_eq(c->alibi, 1);
+    c = find(w, "llama3-8b-spec4/causal/b=8,cache=16384");
+    ck_assert_ptr_nonnull(c);
+    ck_assert(c->op == WORKLOAD_DECODE && c->seq_q == 4 && c->seq_k == 16384 && c->batch == 8 &&
+              c->kv_heads == 8);
+    c = find(w, "llama3-8b-decode/window/b=64,cache=32768");
+    ck_assert_ptr_nonnull(c);
+    ck_assert_str_eq(c->mask, "causal_window:4096");
 }
 
 START_TEST(test_embedded_copies)
@@ -337,6 +346,8 @@ typedef struct bad_doc {
 #define SUITE_OK "\"name\": \"s\", \"batch\": 1, \"heads\": 2, \"head_dim\": 64, \"dtype\": \"fp16\""
 #define MODEL_OK "\"hidden\": 256, \"heads\": 4, \"ffn\": 4, \"activation\": \"gelu\", \"norm\": \"post_ln\""
 
+#define DECODE_OK "{\"name\": \"d\", \"batch\": [1, 8], \"cache\": 64, \"heads\": 8, " \
+                  "\"head_dim\": 64, \"dtype\": \"bf16\", \"masks\": [\"causal\"]"
 #define DECODER_OK "\"kind\": \"decoder\", \"hidden\": 512, \"heads\": 8, \"kv_heads\": 2, " \
                    "\"ffn_hidden\": 1376"
 #define DECODER_CASE "\"cases\": [{\"model\": \"d\", \"batch\": 1, \"seq\": 64, " \
@@ -464,8 +475,29 @@ static const bad_doc BAD_DOCS[] = {
      "$.suites[0].seq_k", "seq_k 128 is shorter than seq 256"},
     {"{\"suites\": [{" SUITE_OK ", \"seq\": 64, \"seq_k\": 4194304, \"masks\": [\"causal\"]}]}",
      "$.suites[0].seq_k", "sequence length 4194304 is not supported"},
-    {"{\"suites\": [{" SUITE_OK ", \"seq\": 64, \"masks\": [\"causal\"], \"alibi\": true}]}",
-     "$.suites[0].alibi", "unknown member \"alibi\""},
+    {"{\"suites\": [{" SUITE_OK ", \"seq\": 64, \"masks\": [\"causal\"], \"alibi\": 1}]}",
+     "$.suites[0].alibi", "expected true (ALiBi"},
+    /* Decode suites (llm.json's "decode"). */
+    {"{\"decode\": {}}", "$.decode", "expected an array of decode suites"},
+    {"{\"decode\": [" DECODE_OK ", \"seq\": 4}]}", "$.decode[0].seq", "unknown member \"seq\""},
+    {"{\"decode\": [{\"name\": \"d\", \"batch\": [], \"cache\": 64, \"heads\": 8,"
+     " \"head_dim\": 64, \"dtype\": \"bf16\", \"masks\": [\"causal\"]}]}",
+     "$.decode[0].batch", "expected a batch size or a non-empty array"},
+    {"{\"decode\": [{\"name\": \"d\", \"batch\": 1, \"heads\": 8, \"head_dim\": 64,"
+     " \"dtype\": \"bf16\", \"masks\": [\"causal\"]}]}",
+     "$.decode[0]", "missing member \"cache\""},
+    {"{\"decode\": [" DECODE_OK ", \"new\": 17}]}", "$.decode[0].new", "from 1 to 16"},
+    {"{\"decode\": [{\"name\": \"d\", \"batch\": 1, \"cache\": [64, 2], \"new\": 4,"
+     " \"heads\": 8, \"head_dim\": 64, \"dtype\": \"bf16\", \"masks\": [\"causal\"]}]}",
+     "$.decode[0].masks[0]", "batch 1, cache 2: cache=2 must be new (4)"},
+    {"{\"decode\": [" DECODE_OK ", \"kv_heads\": 3}]}", "$.decode[0].kv_heads",
+     "kv_heads 3 does not divide heads 8"},
+    {"{\"decode\": [{\"name\": \"d\", \"batch\": 1, \"cache\": 64, \"heads\": 8,"
+     " \"head_dim\": 48, \"dtype\": \"bf16\", \"masks\": [\"causal\"]}]}",
+     "$.decode[0].masks[0]", "head_dim 48 is not supported: decoding takes"},
+    {"{\"decode\": [{\"name\": \"d\", \"batch\": 1, \"cache\": 64, \"heads\": 8,"
+     " \"head_dim\": 64, \"dtype\": \"bf16\", \"masks\": {\"w\": \"window:16\"}}]}",
+     "$.decode[0].masks.w", "a decoding step's mask is causal or causal_window:W"},
     {"{\"suites\": [], \"pending\": []}", "$.pending", "expected an object of cases"},
     {"{\"pending\": {}}", "t.json:1:1: $", "neither an attention workload"},
 };
@@ -808,6 +840,92 @@ START_TEST(test_bad_decoder_lines)
 }
 END_TEST
 
+/* --decode and a file's "decode" suites: the issue's one-liner and its
+ * spellings, defaults (kv heads = heads, one new row, causal, bf16), the
+ * desc each maps to (max_seq_k the cache, the window from the mask). */
+START_TEST(test_decode_lines)
+{
+    workload w = {0};
+    char err[1024];
+    ck_assert_msg(workload_add_decode(&w, "b=8,h=32,kv=8,d=128,cache=32768,new=1,bf16,"
+                                      "causal_window:4096", err, sizeof err) == 0, "%s", err);
+    ck_assert_msg(workload_add_decode(&w, "batch=3, heads=4, head_dim=64, max_seq_k=333, "
+                                      "seq_q=16, fp16, softcap=30, mask=causal", err,
+                                      sizeof err) == 0, "%s", err);
+    ck_assert_msg(workload_add_decode(&w, "b=1,h=8,d=96,cache=7", err, sizeof err) == 0, "%s",
+                  err);
+    ck_assert_int_eq(w.n, 3);
+    const workload_case *c = &w.cases[0];
+    ck_assert(c->op == WORKLOAD_DECODE && c->batch == 8 && c->heads == 32 && c->kv_heads == 8 &&
+              c->head_dim == 128 && c->seq_q == 1 && c->seq_k == 32768 && c->dtype == STOF_BF16);
+    ck_assert_str_eq(c->mask, "causal_window:4096");
+    ck_assert_str_eq(workload_op_name(c->op), "decode");
+    stof_decode_desc d;
+    workload_decode_desc(c, &d);
+    ck_assert(d.batch == 8 && d.heads == 32 && d.kv_heads == 8 && d.head_dim == 128 &&
+              d.seq_q == 1 && d.max_seq_k == 32768 && d.window == 4096 && d.softcap == 0.f &&
+              d.dtype == STOF_BF16 && d.layout == STOF_LAYOUT_BHLD && d.scale == 0.f);
+    c = &w.cases[1];
+    workload_decode_desc(c, &d);
+    ck_assert(d.batch == 3 && d.kv_heads == 0 && d.seq_q == 16 && d.max_seq_k == 333 &&
+              d.window == 0 && d.softcap == 30.f && d.dtype == STOF_F16);
+    c = &w.cases[2];
+    ck_assert(c->seq_q == 1 && c->kv_heads == 0 && c->dtype == STOF_BF16);
+    ck_assert_str_eq(c->mask, "causal");
+    workload_free(&w);
+
+    const char *doc = "{\"decode\": [{\"name\": \"q\", \"batch\": [1, 8], \"cache\": [64, 100],"
+                      " \"new\": 2, \"heads\": 8, \"kv_heads\": 2, \"head_dim\": 64, \"dtype\":"
+                      " \"fp16\", \"softcap\": 50, \"masks\": {\"c\": \"causal\","
+                      " \"w\": \"causal_window:32\"}}]}";
+    ck_assert_msg(read_text(&w, doc, err) == 0, "%s", err);
+    ck_assert_int_eq(w.n, 8);
+    c = find(&w, "q/w/b=8,cache=100");
+    ck_assert_ptr_nonnull(c);
+    ck_assert(c->op == WORKLOAD_DECODE && c->seq_q == 2 && c->seq_k == 100 && c->kv_heads == 2 &&
+              c->softcap == 50.0);
+    ck_assert_ptr_nonnull(strstr(c->origin, "$.decode[0].masks.w"));
+    workload_decode_desc(c, &d);
+    ck_assert(d.window == 32 && d.batch == 8 && d.max_seq_k == 100 && d.softcap == 50.f);
+    /* The masks parse for their lengths (the new rows last). */
+    stof_ctx *ctx = NULL;
+    ck_assert_int_eq(stof_open(&ctx, &(stof_options){.no_cache = 1}), STOF_OK);
+    ck_assert_msg(workload_check(ctx, &w, err, sizeof err) == STOF_OK, "%s", err);
+    stof_close(ctx);
+    workload_free(&w);
+}
+END_TEST
+
+static const char *const BAD_DECODE_LINES[][2] = {
+    {"h=8,d=64,cache=64", "missing b="},
+    {"b=1,d=64,cache=64", "missing h="},
+    {"b=1,h=8,cache=64", "missing d="},
+    {"b=1,h=8,d=64", "missing cache="},
+    {"b=1,h=8,d=64,cache=64,new=17", "new=17 must be 1 .. 16"},
+    {"b=1,h=8,d=64,cache=3,new=4", "cache=3 must be new (4)"},
+    {"b=1,h=8,d=64,cache=16777216", "cache=16777216 must be new"},
+    {"b=65536,h=8,d=64,cache=64", "batch 65536 must be 1 .. 65535"},
+    {"b=1,h=8,kv=3,d=64,cache=64", "kv_heads 3 does not divide heads 8"},
+    {"b=1,h=8,d=48,cache=64", "head_dim 48 is not supported"},
+    {"b=1,h=8,d=64,cache=64,fp32", "dtype fp32 is not supported"},
+    {"b=1,h=8,d=64,cache=64,window:16", "mask \"window:16\""},
+    {"b=1,h=8,d=64,cache=64,softcap=-1", "softcap=-1 is not a finite number"},
+    {"b=1,h=8,d=64,cache=64,l=5", "unknown field \"l\""},
+    {"b=1,h=8,d=64,cache=64,cache=32", "cache is given twice"},
+};
+
+START_TEST(test_bad_decode_lines)
+{
+    const char *line = BAD_DECODE_LINES[_i][0], *what = BAD_DECODE_LINES[_i][1];
+    workload w = {0};
+    char err[1024] = "";
+    ck_assert_msg(workload_add_decode(&w, line, err, sizeof err) != 0, "accepted: %s", line);
+    ck_assert_msg(strstr(err, what), "[%s] said: %s; wanted: %s", line, err, what);
+    ck_assert_ptr_nonnull(strstr(err, "--decode"));
+    ck_assert_int_eq(w.n, 0);
+}
+END_TEST
+
 START_TEST(test_ln_lines)
 {
     workload w = {0};
@@ -883,6 +1001,9 @@ Suite *suite_workload(void)
     tcase_add_test(tc, test_decoder_lines);
     tcase_add_loop_test(tc, test_bad_decoder_lines, 0,
                         (int)(sizeof BAD_DECODER_LINES / sizeof BAD_DECODER_LINES[0]));
+    tcase_add_test(tc, test_decode_lines);
+    tcase_add_loop_test(tc, test_bad_decode_lines, 0,
+                        (int)(sizeof BAD_DECODE_LINES / sizeof BAD_DECODE_LINES[0]));
     tcase_add_test(tc, test_damaged_files);
     suite_add_tcase(s, tc);
     return s;
