@@ -28,8 +28,8 @@
 #      the machine stays warm, more `run` calls need only .peers/lib (the
 #      install is kept); a cold machine has lost /tmp: start again from call 1.
 #   bash tools/gpu-peers.sh check        only import FA4 and say its versions
-#   bash tools/gpu-peers.sh warm [ARG]   stof-warm ARG... bench/workloads/llm.json (its suites:
-#                                        what stof plans today), into the bench cache
+#   bash tools/gpu-peers.sh warm [ARG]   stof-warm ARG... bench/workloads/llm.json (all of it,
+#                                        decode steps included), into the bench cache
 # All of llm.json runs past one 10-minute call (FlexAttention and FA4 compile per
 # shape, stof plans per shape): split it, e.g.
 #   run --case llama3-8b/        run --case llama3.2 --case gemma2 --case alibi
