@@ -693,9 +693,9 @@ def main():
     ap.add_argument("--tag", default="")
     ap.add_argument("--settle", type=float, default=0.0,
                     help="seconds the GPU rests before each contender is timed")
-    ap.add_argument("--rounds", type=int, default=1,
+    ap.add_argument("--rounds", type=int, default=3,
                     help="time the contenders within 1.5x of the fastest this many times "
-                         "in all, interleaved, and keep each one's median (bench/rounds.py)")
+                         "in all, interleaved, and keep each one's median (bench/rounds.py; 1: one pass, in turn)")
     ap.add_argument("--stof-prefill", action="store_true",
                     help="decode cases: time stof's prefill path (a plan per cache length)")
     ap.add_argument("--dry-run", action="store_true", help="print the cases and stop")

@@ -366,9 +366,9 @@ def main():
     ap.add_argument("--tag", default="")
     ap.add_argument("--settle", type=float, default=0.0,
                     help="seconds the GPU rests before each contender (stof and every peer) is timed")
-    ap.add_argument("--rounds", type=int, default=1,
+    ap.add_argument("--rounds", type=int, default=3,
                     help="time the contenders within 1.5x of the fastest this many times in all, "
-                         "interleaved, and keep each one's median (bench/rounds.py)")
+                         "interleaved, and keep each one's median (bench/rounds.py; 1: one pass, in turn)")
     args = ap.parse_args()
     global SETTLE, ROUNDS
     SETTLE, ROUNDS = args.settle, args.rounds
