@@ -1,7 +1,8 @@
 /*
  * fuzz_workload — the workload reader (src/workload.c) on hostile input:
  * workload files (those in bench/workloads and worse), and stof-warm's
- * one-liners when the input starts "--mha ", "--ln " or "--decoder ". A refusal must say
+ * one-liners when the input starts "--mha ", "--ln ", "--decoder " or
+ * "--decode ". A refusal must say
  * why and leave the list as it was; an accepted input's cases must be
  * whole (names, origins, sizes in range, a mask for attention and layers)
  * and map to descriptors, and the library must judge every mask without
@@ -53,6 +54,17 @@ static void check_case(const workload_case *c)
                    "descriptor of %s", c->name);
         break;
     }
+    case WORKLOAD_DECODE: {
+        char why[200];
+        FUZZ_CHECK(c->mask && !workload_decode_refusal(c, why, sizeof why),
+                   "decode case %s: %s", c->name, c->mask ? why : "no mask");
+        stof_decode_desc d;
+        workload_decode_desc(c, &d);
+        FUZZ_CHECK(d.batch == c->batch && d.seq_q == c->seq_q && d.max_seq_k == c->seq_k &&
+                       d.window == workload_decoder_window(c->mask),
+                   "descriptor of %s", c->name);
+        break;
+    }
     case WORKLOAD_LN: {
         FUZZ_CHECK(c->rows > 0 && c->hidden > 0, "layernorm case %s", c->name);
         stof_ln_desc d;
@@ -74,15 +86,17 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     int rc;
     int line = size >= 6 && memcmp(data, "--mha ", 6) == 0 ? 6
                : size >= 5 && memcmp(data, "--ln ", 5) == 0 ? 5
-               : size >= 10 && memcmp(data, "--decoder ", 10) == 0 ? 10 : 0;
+               : size >= 10 && memcmp(data, "--decoder ", 10) == 0 ? 10
+               : size >= 9 && memcmp(data, "--decode ", 9) == 0 ? 9 : 0;
     if (line) {
         /* A command-line argument: a C string. */
         char *arg = malloc(size - (size_t)line + 1);
         memcpy(arg, data + line, size - (size_t)line);
         arg[size - (size_t)line] = 0;
-        rc = line == 6   ? workload_add_mha(&w, arg, err, sizeof err)
-             : line == 5 ? workload_add_ln(&w, arg, err, sizeof err)
-                         : workload_add_decoder(&w, arg, err, sizeof err);
+        rc = line == 6    ? workload_add_mha(&w, arg, err, sizeof err)
+             : line == 5  ? workload_add_ln(&w, arg, err, sizeof err)
+             : line == 10 ? workload_add_decoder(&w, arg, err, sizeof err)
+                          : workload_add_decode(&w, arg, err, sizeof err);
         free(arg);
     } else {
         rc = workload_read_text(&w, (const char *)data, size, "fuzz.json", err, sizeof err);

@@ -196,6 +196,12 @@ def workload_seeds():
                    "masks": ["causal", "causal_window:64"]}]}))
     put("workload", "decoder-line",
         "--decoder b=1,s=4096,hidden=4096,h=32,kv=8,ffn=14336,bf16,causal_window:4096")
+    put("workload", "small-decode.json", json.dumps({
+        "decode": [{"name": "q", "batch": [1, 8], "cache": [64, 333], "new": 2, "heads": 8,
+                    "kv_heads": 2, "head_dim": 64, "dtype": "fp16", "softcap": 30,
+                    "masks": {"c": "causal", "w": "causal_window:32"}}]}))
+    put("workload", "decode-line", "--decode b=8,h=32,kv=8,d=128,cache=32768,new=4,bf16,"
+        "causal_window:4096")
 
 
 def main():
