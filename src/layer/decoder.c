@@ -530,9 +530,16 @@ stof_status stof_decoder_run(stof_decoder_plan *p, const void *x, void *out, con
     stof_ctx *ctx = p->ctx;
     if (!p->has_weights)
         return CTX_FAIL(ctx, STOF_ERR_INVALID_ARG, "this plan was made without weights");
-    TRY(graphs_check_buffers(ctx, x, out, workspace));
+    CTX_ARG(ctx, x, "x");
+    CTX_ARG(ctx, out, "out");
+    CTX_ARG(ctx, workspace, "workspace");
+    if (((uintptr_t)x | (uintptr_t)out) % 16 || (uintptr_t)workspace % 256)
+        return CTX_FAIL(ctx, STOF_ERR_INVALID_ARG,
+                        "x and out must be 16-byte aligned and workspace 256-byte aligned");
     if ((uintptr_t)positions % 4)
         return CTX_FAIL(ctx, STOF_ERR_INVALID_ARG, "positions must be 4-byte aligned");
+    if (x == out)
+        return CTX_FAIL(ctx, STOF_ERR_INVALID_ARG, "out must not alias x");
     if (offset < 0)
         return CTX_FAIL(ctx, STOF_ERR_INVALID_ARG, "offset must be >= 0 (got %d)", offset);
     if (positions)

@@ -345,7 +345,14 @@ stof_status stof_layer_run(stof_layer_plan *p, const void *x, void *out, const i
     stof_ctx *ctx = p->ctx;
     if (!p->w.qkv_w)
         return CTX_FAIL(ctx, STOF_ERR_INVALID_ARG, "this plan was made without weights");
-    TRY(graphs_check_buffers(ctx, x, out, workspace));
+    CTX_ARG(ctx, x, "x");
+    CTX_ARG(ctx, out, "out");
+    CTX_ARG(ctx, workspace, "workspace");
+    if (((uintptr_t)x | (uintptr_t)out) % 16 || (uintptr_t)workspace % 256)
+        return CTX_FAIL(ctx, STOF_ERR_INVALID_ARG,
+                        "x and out must be 16-byte aligned and workspace 256-byte aligned");
+    if (x == out)
+        return CTX_FAIL(ctx, STOF_ERR_INVALID_ARG, "out must not alias x");
     run_args a = {p, seq_lens, (CUdeviceptr)x, (CUdeviceptr)out, (CUdeviceptr)workspace};
     const graph_key key = {x, out, seq_lens, workspace, 0};
     return graphs_run(ctx, &p->graphs, &p->rec.graph, &key, run_body, &a, (CUstream)stream);

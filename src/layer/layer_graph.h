@@ -38,12 +38,6 @@ typedef struct layer_graphs {
     char note[300];            /* why the graph was given up, if it was */
 } layer_graphs;
 
-/* The buffers a layer runs (and is captured) on, checked as the public run
- * calls take them: x, out and the workspace given, x and out 16-byte
- * aligned, the workspace 256-byte aligned, out not x. */
-stof_status graphs_check_buffers(stof_ctx *ctx, const void *x, const void *out,
-                                 const void *workspace);
-
 /* Runs the layer on stream: where *use_graph, as the graph captured on key
  * (captured now if there is none; the first capture on a new stream runs
  * the body once first, uncaptured, behind stream's work, since libraries
