@@ -2,7 +2,8 @@
 --kind decoder lists from layers.json (and the packed documents it adds),
 the documents' lengths and allowed entries, the fp32 check of
 bench/peers_decoder.py on a tiny Hugging Face layer (a bf16 layer passes it,
-one under the wrong mask does not), and both scripts' --help and their
+one under the wrong mask does not), bench/e2e.py's bfloat16 cast and
+decoder tolerance, and both scripts' --help, bad arguments and their
 message where no CUDA device is. Skipped, saying so, where torch,
 transformers or triton is missing.
 """
@@ -111,6 +112,52 @@ class Check(unittest.TestCase):
 
 
 @needs
+class EndToEnd(unittest.TestCase):
+    """bench/e2e.py's pieces that need no GPU."""
+
+    @classmethod
+    def setUpClass(cls):
+        import e2e
+        cls.E = e2e
+
+    def test_to_dtype_keeps_rotary_in_float32(self):
+        # A model cast whole to bfloat16 turns its inv_freq to bfloat16 too, which moves far
+        # positions' angles; a loaded bf16 model keeps it in float32, and so must the bench.
+        cfg = transformers.MistralConfig(hidden_size=64, intermediate_size=128,
+                                         num_hidden_layers=1, num_attention_heads=4,
+                                         num_key_value_heads=2, head_dim=16, vocab_size=50)
+        m = transformers.MistralForCausalLM(cfg)
+        want = m.model.rotary_emb.inv_freq.clone()
+        self.E.to_dtype(m, torch.bfloat16)
+        self.assertEqual(m.model.layers[0].self_attn.q_proj.weight.dtype, torch.bfloat16)
+        self.assertEqual(m.model.rotary_emb.inv_freq.dtype, torch.float32)
+        self.assertTrue(torch.equal(m.model.rotary_emb.inv_freq, want))
+
+    def test_decoder_tolerance_follows_hf_own_error(self):
+        ms = {"sdpa": 245.0, "flex": 137.9, "c-sdpa": 219.8, "c-flex": 132.7,
+              "stof-attn": 131.6, "stof-opt": 110.0}
+        err = {"sdpa": 3.9e-2, "flex": 3.9e-2, "c-sdpa": 3.4e-2, "c-flex": 3.4e-2,
+               "stof-attn": 3.9e-2, "stof-opt": 3.4e-2}
+        row = {"model": "mistral-7b", "size": 16384, "L": 16384, "mask": "window", "layers": 8,
+               "ms": ms, "err": err, "first_ms": {}, "fail": {}}
+        text = self.E.decoder_report([row], [], list(ms), "cpu")
+        self.assertIn("lands at 3.4e-02 of fp32, over 2e-02", text)
+        self.assertIn("sliding window: 1.21x (need 1.20x each) PASS", text)
+        self.assertIn("outputs within 2e-02 of fp32: 0 of 6", text)
+        self.assertIn("outputs within 1.25x HF's own bfloat16 error of fp32: 6 of 6", text)
+        # Past 1.25x HF's own error, stof's output is a mismatch and fails the gate.
+        row = dict(row, err=dict(err, **{"stof-opt": 5e-2}))
+        text = self.E.decoder_report([row], [], list(ms), "cpu")
+        self.assertIn("sliding window: fail/mismatch (need 1.20x each) FAIL", text)
+        self.assertIn("error of fp32: 5 of 6", text)
+        # Within 2e-2, the tolerance stays 2e-2.
+        row = dict(row, err={c: 1e-2 for c in ms})
+        text = self.E.decoder_report([row], [], list(ms), "cpu")
+        self.assertNotIn("tolerance:", text)
+        self.assertIn("outputs within 2e-02 of fp32: 6 of 6", text)
+
+
+@needs
 class CommandLine(unittest.TestCase):
     def test_help(self):
         for script, flag in (("peers_layer.py", "--kind"), ("e2e.py", "--gen-batches")):
@@ -125,6 +172,12 @@ class CommandLine(unittest.TestCase):
         r = run("e2e.py", "--models", "gpt2")
         self.assertEqual(r.returncode, 2)
         self.assertIn("unknown model 'gpt2'", r.stderr)
+        r = run("e2e.py", "--masks", "longformer,diagonal")
+        self.assertEqual(r.returncode, 2)
+        self.assertIn("unknown mask 'diagonal'", r.stderr)
+        r = run("e2e.py", "--rounds", "0")
+        self.assertEqual(r.returncode, 2)
+        self.assertIn("--rounds", r.stderr)
 
     @unittest.skipIf(WHY is None and torch.cuda.is_available(), "a CUDA device is here")
     def test_no_device_is_a_message(self):
