@@ -1,14 +1,16 @@
 /*
- * bench_plan — what a plan costs to make. For each attention or layer case
- * of a workload file (default bench/workloads/attention.json; layers in
- * bench/workloads/layers.json), in a fresh process
+ * bench_plan — what a plan costs to make. For each attention, layer or
+ * decoding case of a workload file (default bench/workloads/attention.json;
+ * layers in bench/workloads/layers.json), in a fresh process
  * each time: the cold plan (an empty cache: every candidate compiled, then
  * timed) and the cached plan (the cache the cold one filled); then the median
  * and the slowest of each per suite. Where there is no GPU the plan is a
  * compile-only stof_mha_prepare for sm_90a, so the compiling is what is
  * measured. A layer case is planned by stof_layer_tune (stof_layer_plan_create
  * without weights: the same search, records and loads), or stof_layer_prepare
- * with no GPU. The threads that compile are $STOF_COMPILE_THREADS, else the
+ * with no GPU; a decoder layer by stof_decoder_tune (stof_decoder_prepare), and
+ * a decoding step by stof_decode_plan_create (stof_decode_prepare): its two
+ * kernels, no search (bench/workloads/llm.json's "decode" suites). The threads that compile are $STOF_COMPILE_THREADS, else the
  * online cores; the Redis tier is left out so that cold means cold. A plan's
  * time runs from an open context (stof_open: the driver, the context and the
  * cache file, printed apart as "open ms") to the plan made: the mask parsed,
@@ -58,13 +60,23 @@ static int child(const workload *w, int i, const char *cache)
     }
     double t1 = now_ms();
     stof_mask *m = NULL;
-    if (st == STOF_OK)
+    if (st == STOF_OK && (c->op == WORKLOAD_MHA || c->op == WORKLOAD_LAYER))
         st = stof_mask_parse(ctx, c->mask, c->seq_q, c->seq_k, &m);
     if (st == STOF_OK) {
         if (c->op == WORKLOAD_LAYER) {
             stof_layer_desc d;
             workload_layer_desc(c, STOF_TUNE_DEFAULT, &d);
             st = has ? stof_layer_tune(ctx, &d, m) : stof_layer_prepare(ctx, &d, m);
+        } else if (c->op == WORKLOAD_DECODER) {
+            stof_decoder_desc d;
+            workload_decoder_desc(c, STOF_TUNE_DEFAULT, &d);
+            st = has ? stof_decoder_tune(ctx, &d) : stof_decoder_prepare(ctx, &d);
+        } else if (c->op == WORKLOAD_DECODE) {
+            stof_decode_desc d;
+            workload_decode_desc(c, &d);
+            stof_decode_plan *p = NULL;
+            st = has ? stof_decode_plan_create(ctx, &d, &p) : stof_decode_prepare(ctx, &d);
+            stof_decode_plan_free(p);
         } else {
             stof_mha_desc d;
             workload_mha_desc(c, STOF_TUNE_DEFAULT, &d);
@@ -130,10 +142,10 @@ static int run_child(const char *self, const char *file, int i, const char *cach
     return ok && WIFEXITED(status) && WEXITSTATUS(status) == 0 ? 0 : -1;
 }
 
-/* The cases that have a plan to time: attention and layers. */
+/* The cases that have a plan to time: attention, layers, decoding steps. */
 static int planned(const workload_case *c)
 {
-    return c->op == WORKLOAD_MHA || c->op == WORKLOAD_LAYER;
+    return c->op != WORKLOAD_LN;
 }
 
 static int cmp_double(const void *a, const void *b)
