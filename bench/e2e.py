@@ -59,7 +59,11 @@ fewer repeats.
     PYTHONPATH=python STOF_LIB=build/libstof.so python3 bench/e2e.py [--quick]
         [--models bert-base,vit-base,llama3.2-1b,mistral-7b] [--contenders sdpa,stof-attn,...]
         [--lengths 8192,16384] [--layers N] [--new-tokens 256] [--gen-batches 1,8]
-        [--sizes 512,224] [--masks longformer,local,window] [--rounds 3]
+        [--sizes 512,224] [--masks longformer,local,window] [--rounds 3] [--list-rows]
+
+--list-rows prints the chosen rows, each with the arguments that run it alone
+(tools/gpu-hf.sh e2e-rows runs them a process each, under a lent machine's
+time budget).
 """
 import argparse
 import copy
@@ -554,6 +558,23 @@ def decoder_report(rows, gens, contenders, gpu):
     return "\n".join(lines) + "\n"
 
 
+def row_lines(models, sizes, masks, lengths, batches):
+    """"NAME|ARGS" for each row, ARGS running it alone: encoder rows (model, size, mask),
+    decoder prefill rows (model, length, mask) and generate rows (model, batch)."""
+    for name, own_sizes, own_masks in CASES:
+        for size in (n for n in own_sizes if name in models and (not sizes or n in sizes)):
+            for mask in (m for m in own_masks if not masks or m in masks):
+                yield "%s/%d/%s|--models %s --sizes %d --masks %s" % (name, size, mask, name,
+                                                                     size, mask)
+    for name in (m for m in DECODERS if m in models):
+        for n in lengths:
+            for mask in (m for m in DECODERS[name][3] if not masks or m in masks):
+                yield "%s/%d/%s|--models %s --lengths %d --masks %s --gen-batches=" % (
+                    name, n, mask, name, n, mask)
+        for b in batches:
+            yield "%s/generate/b%d|--models %s --lengths= --gen-batches %d" % (name, b, name, b)
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--quick", action="store_true",
@@ -569,6 +590,10 @@ def main():
                          "(default: all)")
     ap.add_argument("--masks", default="",
                     help="mask names to run, e.g. longformer,local,window (default: all)")
+    ap.add_argument("--list-rows", action="store_true",
+                    help="print each row of the chosen models (name, then the arguments that "
+                         "run it alone) and exit; tools/gpu-hf.sh e2e-rows runs them a process "
+                         "each")
     ap.add_argument("--rounds", type=int, default=3,
                     help="encoder rows: the contenders within 1.5x of the fastest are timed this "
                          "many times in interleaved rounds, each keeping its median (default "
@@ -604,6 +629,10 @@ def main():
     if a.new_tokens < 2 or a.gen_reps < 1 or a.rounds < 1 or (
             a.layers is not None and a.layers < 1):
         ap.error("--new-tokens takes 2 or more, --gen-reps, --rounds and --layers 1 or more")
+    if a.list_rows:
+        for line in row_lines(models, sizes, masks, lengths, batches):
+            print(line)
+        return 0
     if not torch.cuda.is_available():
         sys.exit("e2e: no CUDA device (torch %s sees none): the models run on a GPU"
                  % torch.__version__)

@@ -11,6 +11,13 @@
 #   bash tools/gpu-hf.sh tests        the suites only
 #   bash tools/gpu-hf.sh e2e [ARG]    bench/e2e.py only, with ARGs in place of --quick
 #                                     (--models bert-base,vit-base: the whole benchmark)
+#   bash tools/gpu-hf.sh e2e-rows [ARG]  bench/e2e.py a process a row (its --list-rows of
+#                                     ARGs, e.g. --models bert-base,mistral-7b --layers 8),
+#                                     under a time budget: $STOF_E2E_BUDGET seconds (540,
+#                                     a lent machine's call), no row started with fewer
+#                                     than $STOF_E2E_ROW (120) left; it prints the rows left
+#                                     over as the command that runs them ($STOF_E2E_ROWS:
+#                                     the row names to run, else all)
 #
 # The benchmark's kernel cache is $STOF_BENCH_CACHE (default
 # $STOF_BUILD/bench-cache.db), as tools/gpu-check.sh's: its first calls plan
@@ -22,13 +29,13 @@ cd "$(dirname "$0")/.." || exit 1
 
 mode=${1:-all}
 case $mode in
-all | tests | e2e) ;;
+all | tests | e2e | e2e-rows) ;;
 -h | --help)
     sed -n '2,/^set /s/^# \{0,1\}//p' "$0"
     exit 0
     ;;
 *)
-    echo "usage: bash tools/gpu-hf.sh [tests | e2e [ARG...]]" >&2
+    echo "usage: bash tools/gpu-hf.sh [tests | e2e [ARG...] | e2e-rows [ARG...]]" >&2
     exit 2
     ;;
 esac
@@ -79,6 +86,43 @@ if [[ $mode == all || $mode == e2e ]]; then
     [[ $rc == 0 ]] || while IFS= read -r line; do summary+=("    $line"); done < <(
         grep -E '^(e2e: .*failed|[A-Za-z]*Error)' "$logs/e2e.err" | tail -n 8)
     while IFS= read -r line; do summary+=("    $line"); done < "$logs/e2e.log"
+fi
+
+if [[ $mode == e2e-rows ]]; then
+    budget=${STOF_E2E_BUDGET:-540} need=${STOF_E2E_ROW:-120}
+    if ! listed=$(python3 bench/e2e.py --list-rows "$@"); then
+        echo "gpu-hf: bench/e2e.py --list-rows $* failed" >&2
+        exit 2
+    fi
+    left=()
+    while IFS='|' read -r name row; do
+        [[ -z $name ]] && continue
+        if [[ -n ${STOF_E2E_ROWS:-} && " $STOF_E2E_ROWS " != *" $name "* ]]; then
+            continue
+        fi
+        if ((budget - SECONDS < need)); then
+            left+=("$name")
+            continue
+        fi
+        log=$logs/e2e-${name//\//_}
+        echo "gpu-hf: bench/e2e.py $row, $((budget - SECONDS)) s of the budget left (log: $log.log)"
+        # The row's own arguments come last, so that they pick it.
+        # shellcheck disable=SC2086
+        STOF_CACHE=${STOF_BENCH_CACHE:-$build/bench-cache.db} timeout $((budget - SECONDS)) \
+            python3 bench/e2e.py "$@" $row > "$log.log" 2> "$log.err"
+        rc=$?
+        [[ $rc == 0 ]] || failed=1
+        summary+=("e2e $name $([[ $rc == 0 ]] && echo PASS || echo "FAIL($rc)")")
+        [[ $rc == 0 ]] || while IFS= read -r line; do summary+=("    $line"); done < <(
+            { grep -E '^(e2e: .*failed|[A-Za-z]*Error)' "$log.err" || tail -n 2 "$log.err"; } |
+                tail -n 8)
+        while IFS= read -r line; do summary+=("    $line"); done < <(
+            grep -E '^(model |planning|summary|tolerance|[a-z][a-z0-9.]*-[a-z0-9.]+ +[0-9])' \
+                "$log.log" | grep -v ': not measured$')
+    done <<< "$listed"
+    if ((${#left[@]})); then
+        summary+=("e2e: ${#left[@]} rows left over: STOF_E2E_ROWS='${left[*]}' bash tools/gpu-hf.sh e2e-rows $*")
+    fi
 fi
 
 echo

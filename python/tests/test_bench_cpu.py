@@ -179,6 +179,17 @@ class CommandLine(unittest.TestCase):
         self.assertEqual(r.returncode, 2)
         self.assertIn("--rounds", r.stderr)
 
+    def test_list_rows(self):
+        r = run("e2e.py", "--list-rows", "--models", "bert-base,mistral-7b", "--masks",
+                "bigbird,window", "--lengths", "16384", "--gen-batches", "8")
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertEqual(r.stdout.splitlines(), [
+            "bert-base/512/bigbird|--models bert-base --sizes 512 --masks bigbird",
+            "bert-base/2048/bigbird|--models bert-base --sizes 2048 --masks bigbird",
+            "mistral-7b/16384/window|--models mistral-7b --lengths 16384 --masks window "
+            "--gen-batches=",
+            "mistral-7b/generate/b8|--models mistral-7b --lengths= --gen-batches 8"])
+
     @unittest.skipIf(WHY is None and torch.cuda.is_available(), "a CUDA device is here")
     def test_no_device_is_a_message(self):
         for script, args in (("peers_layer.py", ["--kind", "decoder"]),
