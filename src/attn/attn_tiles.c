@@ -404,6 +404,16 @@ int attn_tiles_decode(const void *data, size_t n, attn_tiles *t)
     return ok;
 }
 
+stof_status attn_tiles_copy(stof_ctx *ctx, const attn_tiles *t, attn_tiles *out)
+{
+    size_t n = 0;
+    void *buf = attn_tiles_encode(t, &n);
+    int ok = buf && attn_tiles_decode(buf, n, out);
+    free(buf);
+    return ok ? STOF_OK
+              : CTX_FAIL(ctx, STOF_ERR_NO_MEMORY, "out of memory copying attention tiles");
+}
+
 static size_t up16(size_t n) { return (n + 15) & ~(size_t)15; }
 
 attn_tiles_layout attn_tiles_layout_of(const attn_tiles *t)

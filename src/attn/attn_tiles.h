@@ -45,6 +45,9 @@ void attn_tiles_free(attn_tiles *t);
 void *attn_tiles_encode(const attn_tiles *t, size_t *n);
 int attn_tiles_decode(const void *data, size_t n, attn_tiles *t);
 
+/* *out, a copy of t with arrays of its own (through encode and decode). */
+stof_status attn_tiles_copy(stof_ctx *ctx, const attn_tiles *t, attn_tiles *out);
+
 /* Bytes of the arrays the kernels read (work, qidx, tile_key, tile_bits,
  * kidx, bits), laid out one after another (each 16-byte aligned) as
  * attn_tiles_pack writes them. */

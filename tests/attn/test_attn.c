@@ -12,6 +12,7 @@
 #include "attn/mask.h"
 #include "attn/memo.h"
 #include "attn/mha.h"
+#include "attn/mha_search.h"
 #include "attn/model.h"
 #include "base/json.h"
 #include "cache/cache.h"
@@ -146,6 +147,58 @@ START_TEST(tiles_expand_to_the_mask)
             attn_tiles_free(&t);
         }
         free(want);
+        stof_mask_free(m);
+    }
+    stof_close(ctx);
+}
+END_TEST
+
+/* The ranking walks the mask once per tile shape and hands that shape's
+ * other candidates copies: every candidate's tiles are, byte for byte, the
+ * ones its shape builds, and each has arrays of its own. */
+START_TEST(rank_shares_tiles_by_shape)
+{
+    static const char *specs[] = {"causal", "window:64+global:8",
+                                  "window:32+global:16+random:3:64:1"};
+    stof_ctx *ctx = open_ctx("sm_90a");
+    for (int k = 0; k < 3; k++) {
+        stof_mask *m;
+        ck_assert_int_eq(stof_mask_parse(ctx, specs[k], 517, 517, &m), STOF_OK);
+        mask_summary ms;
+        ck_assert_int_eq(mask_summarize(ctx, m, &ms), STOF_OK);
+        stof_mha_desc d = {.batch = 1, .heads = 2, .seq_q = 517, .seq_k = 517, .head_dim = 64,
+                           .dtype = STOF_BF16};
+        mha_search_cand cs[MHA_MAX_CANDIDATES];
+        int n = 0, copies = 0;
+        ck_assert_msg(mha_search_rank(ctx, &d, &ms, 0, cs, &n) == STOF_OK, "%s",
+                      stof_last_error(ctx));
+        ck_assert_int_gt(n, 4);
+        for (int i = 0; i < n; i++) {
+            attn_tiles t;
+            ck_assert_int_eq(attn_tiles_build(ctx, &ms, cs[i].c.kind, cs[i].c.bm, cs[i].c.bn, &t),
+                             STOF_OK);
+            size_t na = 0, nb = 0;
+            unsigned char *a = attn_tiles_encode(&t, &na), *b = attn_tiles_encode(&cs[i].tiles, &nb);
+            ck_assert_ptr_nonnull(a);
+            ck_assert_ptr_nonnull(b);
+            ck_assert_int_eq(na, nb);
+            ck_assert_mem_eq(a, b, na);
+            free(a);
+            free(b);
+            attn_tiles_free(&t);
+            for (int j = 0; j < i; j++) {
+                if (cs[j].c.kind == cs[i].c.kind && cs[j].c.bm == cs[i].c.bm &&
+                    cs[j].c.bn == cs[i].c.bn) {
+                    ck_assert_ptr_ne(cs[j].tiles.tile_key, cs[i].tiles.tile_key);
+                    ck_assert_ptr_ne(cs[j].tiles.work, cs[i].tiles.work);
+                    copies++;
+                    break;
+                }
+            }
+        }
+        ck_assert_int_gt(copies, 0);
+        mha_search_free(cs, n);
+        mask_summary_free(&ms);
         stof_mask_free(m);
     }
     stof_close(ctx);
@@ -1113,6 +1166,7 @@ Suite *suite_attn(void)
     TCase *t = tcase_create("tiles");
     tcase_add_loop_test(t, tiles_expand_to_the_mask, 0, (int)(sizeof SPECS / sizeof SPECS[0]));
     tcase_add_test(t, memo_keeps_hash_and_tiles);
+    tcase_add_test(t, rank_shares_tiles_by_shape);
     tcase_add_test(t, gather_compacts_scattered_masks);
     tcase_add_test(t, gather_view_by_period);
     tcase_add_test(t, schedule_deals_every_item_once);
