@@ -10,9 +10,10 @@
  * without weights: the same search, records and loads), or stof_layer_prepare
  * with no GPU; a decoder layer by stof_decoder_tune (stof_decoder_prepare), and
  * a decoding step by stof_decode_plan_create (stof_decode_prepare): its two
- * kernels, no search (bench/workloads/llm.json's "decode" suites). The threads that compile are $STOF_COMPILE_THREADS, else the
- * online cores; the Redis tier is left out so that cold means cold. A plan's
- * time runs from an open context (stof_open: the driver, the context and the
+ * kernels, no search (bench/workloads/llm.json's "decode" suites). The
+ * threads that compile are $STOF_COMPILE_THREADS, else the online cores; the
+ * Redis tier is left out so that cold means cold. A plan's time runs from an
+ * open context (stof_open: the driver, the context and the
  * cache file, printed apart as "open ms") to the plan made: the mask parsed,
  * the plan created. The cached plan runs in CACHED_RUNS fresh processes, one
  * after another: a case's figure is their median, and their slowest is shown
@@ -145,7 +146,8 @@ static int run_child(const char *self, const char *file, int i, const char *cach
 /* The cases that have a plan to time: attention, layers, decoding steps. */
 static int planned(const workload_case *c)
 {
-    return c->op != WORKLOAD_LN;
+    return c->op == WORKLOAD_MHA || c->op == WORKLOAD_LAYER || c->op == WORKLOAD_DECODER ||
+           c->op == WORKLOAD_DECODE;
 }
 
 static int cmp_double(const void *a, const void *b)
