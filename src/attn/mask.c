@@ -389,16 +389,26 @@ stof_status mask_build_rows(stof_ctx *ctx, const stof_mask *m, mask_rows *out)
 /* Told each row's runs, in row order. */
 typedef void (*mask_row_fn)(void *arg, const mask_range *r, int n);
 
-/* One query block at a time: its rows' bits in a scratch bitmap as wide as
- * the key range, the key blocks they touch, and allowed entries per block.
- * It also gathers the per-row figures the statistics need, and hands each
+/* One query block at a time: the key blocks its rows touch and the allowed
+ * entries per block, and each block's bitmap where it is asked for (the
+ * partial blocks). A row of few runs (at most one per key block: causal,
+ * windows) is counted from its runs' ends and kept as runs, its bits drawn
+ * only into the bitmaps asked for, so that a long row costs no bits; a row
+ * of many short runs (strided, dilated) sets its bits in a scratch bitmap as
+ * wide as the key range, where counting and drawing cost a fixed sweep. It
+ * also gathers the per-row figures the statistics need, and hands each
  * row's runs to row_fn (the summary keeps and hashes them there). */
 typedef struct mask_bwalk {
     mask_iter it;
     int lq, lk, bq, bk, nqb, nkb, wpr;
     int64_t row_words;       /* scratch words per row, one spare for unaligned reads */
     int nr;                  /* in-range rows of the current query block */
-    uint32_t *tmp;           /* bq * row_words */
+    uint32_t *tmp;           /* bq * row_words: the bits of the rows of many runs */
+    unsigned char *in_tmp;   /* bq: whether row r's bits are in tmp, else its runs in rg */
+    int n_in_tmp;            /* rows of the current query block in tmp */
+    mask_range *rg;          /* the other rows' runs, row after row */
+    long long rg_cap;
+    int64_t *rg_ptr;         /* bq + 1: row r's runs are rg[rg_ptr[r] .. rg_ptr[r + 1]) */
     int32_t *count;          /* nkb */
     int32_t *touched;        /* nkb */
     unsigned char *mark;     /* nkb */
@@ -413,6 +423,9 @@ static void bwalk_free(mask_bwalk *w)
 {
     mask_iter_free(&w->it);
     free(w->tmp);
+    free(w->in_tmp);
+    free(w->rg);
+    free(w->rg_ptr);
     free(w->count);
     free(w->touched);
     free(w->mark);
@@ -434,10 +447,13 @@ static stof_status bwalk_init(stof_ctx *ctx, mask_bwalk *w, const stof_mask *m, 
     w->row_words = ((int64_t)w->nkb * bk + 31) / 32 + 1;
     w->row_min = INT_MAX;
     w->tmp = calloc((size_t)bq * (size_t)w->row_words, sizeof *w->tmp);
+    w->in_tmp = calloc((size_t)bq, 1);
+    w->rg_ptr = malloc(((size_t)bq + 1) * sizeof *w->rg_ptr);
     w->count = malloc((size_t)w->nkb * sizeof *w->count);
     w->touched = malloc((size_t)w->nkb * sizeof *w->touched);
     w->mark = calloc((size_t)w->nkb, 1);
-    if (!w->tmp || !w->count || !w->touched || !w->mark || mask_iter_init(&w->it, m)) {
+    if (!w->tmp || !w->in_tmp || !w->rg_ptr || !w->count || !w->touched || !w->mark ||
+        mask_iter_init(&w->it, m)) {
         bwalk_free(w);
         return CTX_FAIL(ctx, STOF_ERR_NO_MEMORY, "out of memory walking a %d x %d mask",
                         m->lq, m->lk);
@@ -493,18 +509,19 @@ static void bwalk_touch(mask_bwalk *w, int kb, int64_t n)
     w->count[kb] += (int32_t)n;
 }
 
-/* Sets the row's bits and counts its entries per key block. The ranges come
- * sorted, so the key block is followed along the row rather than found by
- * division for each of the thousands of runs a strided row has. */
+/* Counts the row's entries per key block, and sets its bits where row is
+ * given. The ranges come sorted, so the key block is followed along the row
+ * rather than found by division for each of the thousands of runs a strided
+ * row has. */
 static void bwalk_row(mask_bwalk *w, uint32_t *row, const mask_range *rg, int n)
 {
     int kb = 0;
     int64_t kb_lo = 0, kb_hi = w->bk;
     for (int i = 0; i < n; i++) {
         int64_t lo = rg[i].lo, hi = rg[i].hi;
-        if (hi - lo == 1)
+        if (row && hi - lo == 1)
             row[lo >> 5] |= 1u << (lo & 31);
-        else
+        else if (row)
             bits_set(row, lo, hi);
         if (lo >= kb_hi + 4 * (int64_t)w->bk) {
             kb = (int)(lo / w->bk);
@@ -544,24 +561,41 @@ static void bwalk_row_sweep(mask_bwalk *w, uint32_t *row, const mask_range *rg, 
     }
 }
 
-static void bwalk_qblock(mask_bwalk *w, int qb)
+/* 0, or -1 out of memory. */
+static int bwalk_qblock(mask_bwalk *w, int qb)
 {
     int64_t r0 = (int64_t)qb * w->bq;
     w->nr = (int)util_min64(w->bq, w->lq - r0);
     w->n_touched = 0;
+    w->n_in_tmp = 0;
+    w->rg_ptr[0] = 0;
     for (int r = 0; r < w->nr; r++) {
         const mask_range *rg;
         int n = mask_row_ranges(&w->it, (int)(r0 + r), &rg);
         if (w->row_fn)
             w->row_fn(w->row_arg, rg, n);
         bwalk_row_stats(w, rg, n);
-        uint32_t *row = w->tmp + (size_t)r * (size_t)w->row_words;
-        if (n > (int64_t)w->nkb * w->wpr)
-            bwalk_row_sweep(w, row, rg, n);
-        else
-            bwalk_row(w, row, rg, n);
+        int64_t at = w->rg_ptr[r];
+        w->in_tmp[r] = n > w->nkb;
+        if (w->in_tmp[r]) {
+            uint32_t *row = w->tmp + (size_t)r * (size_t)w->row_words;
+            w->n_in_tmp++;
+            if (n > (int64_t)w->nkb * w->wpr)
+                bwalk_row_sweep(w, row, rg, n);
+            else
+                bwalk_row(w, row, rg, n);
+        } else {
+            bwalk_row(w, NULL, rg, n);
+            if (util_grow((void **)&w->rg, &w->rg_cap, at + n, sizeof *w->rg))
+                return -1;
+            if (n)
+                memcpy(w->rg + at, rg, (size_t)n * sizeof *rg);
+            at += n;
+        }
+        w->rg_ptr[r + 1] = at;
     }
     qsort(w->touched, (size_t)w->n_touched, sizeof *w->touched, util_cmp_i32);
+    return 0;
 }
 
 /* In-range entries of key block kb in the current query block. */
@@ -570,24 +604,47 @@ static int bwalk_area(const mask_bwalk *w, int kb)
     return w->nr * (int)util_min64(w->bk, w->lk - (int64_t)kb * w->bk);
 }
 
+/* Key block kb's bitmap in the current query block: bq rows of wpr words,
+ * rows past the block and keys past lk clear. */
 static void bwalk_bitmap(const mask_bwalk *w, int kb, uint32_t *out)
 {
     memset(out, 0, (size_t)w->bq * (size_t)w->wpr * sizeof *out);
-    for (int r = 0; r < w->nr; r++)
-        bits_get(w->tmp + (size_t)r * (size_t)w->row_words, (int64_t)kb * w->bk, w->bk,
-                 out + (size_t)r * (size_t)w->wpr);
+    const int64_t k0 = (int64_t)kb * w->bk, k1 = k0 + w->bk;
+    for (int r = 0; r < w->nr; r++) {
+        uint32_t *row = out + (size_t)r * (size_t)w->wpr;
+        if (w->in_tmp[r]) {
+            bits_get(w->tmp + (size_t)r * (size_t)w->row_words, k0, w->bk, row);
+            continue;
+        }
+        const mask_range *rg = w->rg + w->rg_ptr[r];
+        const int64_t n = w->rg_ptr[r + 1] - w->rg_ptr[r];
+        int64_t lo = 0, hi = n;
+        while (lo < hi) {     /* the first run that ends past k0 */
+            int64_t mid = lo + (hi - lo) / 2;
+            if (rg[mid].hi <= k0)
+                lo = mid + 1;
+            else
+                hi = mid;
+        }
+        for (int64_t i = lo; i < n && rg[i].lo < k1; i++)
+            bits_set(row, util_max64(rg[i].lo, k0) - k0, util_min64(rg[i].hi, k1) - k0);
+    }
 }
 
-/* Clears only what the block set, so a sparse mask costs no full sweep. */
+/* Unmarks the key blocks the query block touched, and clears only the bits
+ * it set, so a sparse mask costs no full sweep. */
 static void bwalk_clear(mask_bwalk *w)
 {
     for (int i = 0; i < w->n_touched; i++) {
         int kb = w->touched[i];
+        w->mark[kb] = 0;
+        if (!w->n_in_tmp)
+            continue;
         int64_t w0 = ((int64_t)kb * w->bk) >> 5, w1 = ((int64_t)(kb + 1) * w->bk - 1) >> 5;
         for (int r = 0; r < w->nr; r++)
-            memset(w->tmp + (size_t)r * (size_t)w->row_words + w0, 0,
-                   (size_t)(w1 - w0 + 1) * sizeof *w->tmp);
-        w->mark[kb] = 0;
+            if (w->in_tmp[r])
+                memset(w->tmp + (size_t)r * (size_t)w->row_words + w0, 0,
+                       (size_t)(w1 - w0 + 1) * sizeof *w->tmp);
     }
 }
 
@@ -670,7 +727,10 @@ stof_status mask_build_blocks(stof_ctx *ctx, const stof_mask *m, int bq, int bk,
     long long cap_col = 0, cap_partial = 0;
     stof_status st = bm && out->row_ptr ? STOF_OK : STOF_ERR_NO_MEMORY;
     for (int qb = 0; qb < w.nqb && st == STOF_OK; qb++) {
-        bwalk_qblock(&w, qb);
+        if (bwalk_qblock(&w, qb)) {
+            st = STOF_ERR_NO_MEMORY;
+            break;
+        }
         out->row_ptr[qb] = (int32_t)out->n_blocks;
         long long need = out->n_blocks + w.n_touched;
         if (need > INT32_MAX) {
@@ -758,7 +818,8 @@ static stof_status stats_walk(stof_ctx *ctx, const stof_mask *m, int block_q, in
     double fill_sum = 0;
     int failed = !bm;
     for (int qb = 0; qb < w.nqb && !failed; qb++) {
-        bwalk_qblock(&w, qb);
+        if ((failed = bwalk_qblock(&w, qb) != 0))
+            break;
         o.blocks_touched += w.n_touched;
         o.kblocks_max = w.n_touched > o.kblocks_max ? w.n_touched : o.kblocks_max;
         for (int i = 0; i < w.n_touched; i++) {
@@ -927,7 +988,11 @@ stof_status stof_mask_block_map(stof_ctx *ctx, const stof_mask *m, int block_q, 
     TRY(bwalk_init(ctx, &w, m, block_q, block_k));
     memset(out, STOF_BLOCK_EMPTY, (size_t)w.nqb * (size_t)w.nkb);
     for (int qb = 0; qb < w.nqb; qb++) {
-        bwalk_qblock(&w, qb);
+        if (bwalk_qblock(&w, qb)) {
+            bwalk_free(&w);
+            return CTX_FAIL(ctx, STOF_ERR_NO_MEMORY, "out of memory walking a %d x %d mask",
+                            m->lq, m->lk);
+        }
         unsigned char *row = out + (size_t)qb * (size_t)w.nkb;
         for (int i = 0; i < w.n_touched; i++) {
             int kb = w.touched[i];

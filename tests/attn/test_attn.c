@@ -67,7 +67,8 @@ static unsigned char *expand(const attn_tiles *t, int lq, int lk)
 
 static const char *const SPECS[] = {"dense", "causal", "window:40", "dilated:48:3", "strided:7",
                                     "window:30+strided:5", "random:2:16:9+global:5",
-                                    "causal&docs:50,77,30", "causal_window:20+global:3"};
+                                    "causal&docs:50,77,30", "causal_window:20+global:3",
+                                    "strided:6+global:9"};
 
 START_TEST(tiles_expand_to_the_mask)
 {
