@@ -1,11 +1,11 @@
 #include "attn/mask.h"
 
-#include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "attn/mask_picture.h"
+#include "attn/mask_walk.h"
 #include "base/err.h"
 #include "base/hash.h"
 #include "base/util.h"
@@ -384,268 +384,30 @@ stof_status mask_build_rows(stof_ctx *ctx, const stof_mask *m, mask_rows *out)
     return STOF_OK;
 }
 
-/* ---- walking query blocks --------------------------------------------------------- */
+/* ---- walking query blocks (attn/mask_walk) ------------------------------------ */
 
-/* Told each row's runs, in row order. */
-typedef void (*mask_row_fn)(void *arg, const mask_range *r, int n);
-
-/* One query block at a time: the key blocks its rows touch and the allowed
- * entries per block, and each block's bitmap where it is asked for (the
- * partial blocks). A row of few runs (at most one per key block: causal,
- * windows) is counted from its runs' ends and kept as runs, its bits drawn
- * only into the bitmaps asked for, so that a long row costs no bits; a row
- * of many short runs (strided, dilated) sets its bits in a scratch bitmap as
- * wide as the key range, where counting and drawing cost a fixed sweep. It
- * also gathers the per-row figures the statistics need, and hands each
- * row's runs to row_fn (the summary keeps and hashes them there). */
-typedef struct mask_bwalk {
-    mask_iter it;
-    int lq, lk, bq, bk, nqb, nkb, wpr;
-    int64_t row_words;       /* scratch words per row, one spare for unaligned reads */
-    int nr;                  /* in-range rows of the current query block */
-    uint32_t *tmp;           /* bq * row_words: the bits of the rows of many runs */
-    unsigned char *in_tmp;   /* bq: whether row r's bits are in tmp, else its runs in rg */
-    int n_in_tmp;            /* rows of the current query block in tmp */
-    mask_range *rg;          /* the other rows' runs, row after row */
-    long long rg_cap;
-    int64_t *rg_ptr;         /* bq + 1: row r's runs are rg[rg_ptr[r] .. rg_ptr[r + 1]) */
-    int32_t *count;          /* nkb */
-    int32_t *touched;        /* nkb */
-    unsigned char *mark;     /* nkb */
-    int n_touched;
-    long long entries, runs;
-    int row_min, row_max, runs_max, empty_rows;
-    mask_row_fn row_fn;      /* NULL, or told every row, in order */
-    void *row_arg;
-} mask_bwalk;
-
-static void bwalk_free(mask_bwalk *w)
+static int iter_rows(void *it, int q, const mask_range **out)
 {
-    mask_iter_free(&w->it);
-    free(w->tmp);
-    free(w->in_tmp);
-    free(w->rg);
-    free(w->rg_ptr);
-    free(w->count);
-    free(w->touched);
-    free(w->mark);
+    return mask_row_ranges(it, q, out);
 }
 
-static stof_status bwalk_init(stof_ctx *ctx, mask_bwalk *w, const stof_mask *m, int bq, int bk)
+/* A walk of m in bq x bk blocks, its rows read through *it. */
+static stof_status walk_open(stof_ctx *ctx, mask_walk *w, mask_iter *it, const stof_mask *m,
+                             int bq, int bk)
 {
-    memset(w, 0, sizeof *w);
-    if (bq < 16 || bq > 256 || bk < 16 || bk > 256)
-        return CTX_FAIL(ctx, STOF_ERR_INVALID_ARG,
-                        "mask block sizes must be 16..256 rows by 16..256 keys, got %d x %d", bq, bk);
-    w->lq = m->lq;
-    w->lk = m->lk;
-    w->bq = bq;
-    w->bk = bk;
-    w->nqb = (int)(((int64_t)m->lq + bq - 1) / bq);
-    w->nkb = (int)(((int64_t)m->lk + bk - 1) / bk);
-    w->wpr = (bk + 31) / 32;
-    w->row_words = ((int64_t)w->nkb * bk + 31) / 32 + 1;
-    w->row_min = INT_MAX;
-    w->tmp = calloc((size_t)bq * (size_t)w->row_words, sizeof *w->tmp);
-    w->in_tmp = calloc((size_t)bq, 1);
-    w->rg_ptr = malloc(((size_t)bq + 1) * sizeof *w->rg_ptr);
-    w->count = malloc((size_t)w->nkb * sizeof *w->count);
-    w->touched = malloc((size_t)w->nkb * sizeof *w->touched);
-    w->mark = calloc((size_t)w->nkb, 1);
-    if (!w->tmp || !w->in_tmp || !w->rg_ptr || !w->count || !w->touched || !w->mark ||
-        mask_iter_init(&w->it, m)) {
-        bwalk_free(w);
+    TRY(mask_walk_init(ctx, w, m->lq, m->lk, bq, bk, iter_rows, it));
+    if (mask_iter_init(it, m) != STOF_OK) {
+        mask_walk_free(w);
         return CTX_FAIL(ctx, STOF_ERR_NO_MEMORY, "out of memory walking a %d x %d mask",
                         m->lq, m->lk);
     }
     return STOF_OK;
 }
 
-static void bits_set(uint32_t *w, int64_t lo, int64_t hi)
+static void walk_close(mask_walk *w, mask_iter *it)
 {
-    while (lo < hi) {
-        int b = (int)(lo & 31);
-        int64_t n = util_min64(32 - b, hi - lo);
-        w[lo >> 5] |= (n == 32 ? ~0u : ((1u << n) - 1)) << b;
-        lo += n;
-    }
-}
-
-/* nbits bits from bit off, into ceil(nbits/32) words, high bits cleared. */
-static void bits_get(const uint32_t *w, int64_t off, int nbits, uint32_t *out)
-{
-    for (int i = 0; i * 32 < nbits; i++) {
-        int64_t p = off + 32 * i;
-        int sh = (int)(p & 31);
-        uint32_t v = w[p >> 5] >> sh;
-        if (sh)
-            v |= w[(p >> 5) + 1] << (32 - sh);
-        if (nbits - 32 * i < 32)
-            v &= (1u << (nbits - 32 * i)) - 1;
-        out[i] = v;
-    }
-}
-
-static void bwalk_row_stats(mask_bwalk *w, const mask_range *r, int n)
-{
-    int e = 0;
-    for (int i = 0; i < n; i++)
-        e += r[i].hi - r[i].lo;
-    w->entries += e;
-    w->runs += n;
-    w->row_min = e < w->row_min ? e : w->row_min;
-    w->row_max = e > w->row_max ? e : w->row_max;
-    w->runs_max = n > w->runs_max ? n : w->runs_max;
-    w->empty_rows += e == 0;
-}
-
-static void bwalk_touch(mask_bwalk *w, int kb, int64_t n)
-{
-    if (!w->mark[kb]) {
-        w->mark[kb] = 1;
-        w->count[kb] = 0;
-        w->touched[w->n_touched++] = kb;
-    }
-    w->count[kb] += (int32_t)n;
-}
-
-/* Counts the row's entries per key block, and sets its bits where row is
- * given. The ranges come sorted, so the key block is followed along the row
- * rather than found by division for each of the thousands of runs a strided
- * row has. */
-static void bwalk_row(mask_bwalk *w, uint32_t *row, const mask_range *rg, int n)
-{
-    int kb = 0;
-    int64_t kb_lo = 0, kb_hi = w->bk;
-    for (int i = 0; i < n; i++) {
-        int64_t lo = rg[i].lo, hi = rg[i].hi;
-        if (row && hi - lo == 1)
-            row[lo >> 5] |= 1u << (lo & 31);
-        else if (row)
-            bits_set(row, lo, hi);
-        if (lo >= kb_hi + 4 * (int64_t)w->bk) {
-            kb = (int)(lo / w->bk);
-            kb_lo = (int64_t)kb * w->bk;
-            kb_hi = kb_lo + w->bk;
-        }
-        while (lo >= kb_hi) {
-            kb++;
-            kb_lo = kb_hi;
-            kb_hi += w->bk;
-        }
-        for (;;) {
-            bwalk_touch(w, kb, util_min64(hi, kb_hi) - util_max64(lo, kb_lo));
-            if (hi <= kb_hi)
-                break;
-            kb++;
-            kb_lo = kb_hi;
-            kb_hi += w->bk;
-        }
-    }
-}
-
-/* For rows of many short runs (strided): set the bits, then count each key
- * block's with popcounts, which costs a fixed sweep instead of work per run. */
-static void bwalk_row_sweep(mask_bwalk *w, uint32_t *row, const mask_range *rg, int n)
-{
-    for (int i = 0; i < n; i++)
-        bits_set(row, rg[i].lo, rg[i].hi);
-    uint32_t words[8];  /* a block's keys: at most 256 */
-    for (int kb = 0; kb < w->nkb; kb++) {
-        bits_get(row, (int64_t)kb * w->bk, w->bk, words);
-        int c = 0;
-        for (int i = 0; i < w->wpr; i++)
-            c += __builtin_popcount(words[i]);
-        if (c)
-            bwalk_touch(w, kb, c);
-    }
-}
-
-/* 0, or -1 out of memory. */
-static int bwalk_qblock(mask_bwalk *w, int qb)
-{
-    int64_t r0 = (int64_t)qb * w->bq;
-    w->nr = (int)util_min64(w->bq, w->lq - r0);
-    w->n_touched = 0;
-    w->n_in_tmp = 0;
-    w->rg_ptr[0] = 0;
-    for (int r = 0; r < w->nr; r++) {
-        const mask_range *rg;
-        int n = mask_row_ranges(&w->it, (int)(r0 + r), &rg);
-        if (w->row_fn)
-            w->row_fn(w->row_arg, rg, n);
-        bwalk_row_stats(w, rg, n);
-        int64_t at = w->rg_ptr[r];
-        w->in_tmp[r] = n > w->nkb;
-        if (w->in_tmp[r]) {
-            uint32_t *row = w->tmp + (size_t)r * (size_t)w->row_words;
-            w->n_in_tmp++;
-            if (n > (int64_t)w->nkb * w->wpr)
-                bwalk_row_sweep(w, row, rg, n);
-            else
-                bwalk_row(w, row, rg, n);
-        } else {
-            bwalk_row(w, NULL, rg, n);
-            if (util_grow((void **)&w->rg, &w->rg_cap, at + n, sizeof *w->rg))
-                return -1;
-            if (n)
-                memcpy(w->rg + at, rg, (size_t)n * sizeof *rg);
-            at += n;
-        }
-        w->rg_ptr[r + 1] = at;
-    }
-    qsort(w->touched, (size_t)w->n_touched, sizeof *w->touched, util_cmp_i32);
-    return 0;
-}
-
-/* In-range entries of key block kb in the current query block. */
-static int bwalk_area(const mask_bwalk *w, int kb)
-{
-    return w->nr * (int)util_min64(w->bk, w->lk - (int64_t)kb * w->bk);
-}
-
-/* Key block kb's bitmap in the current query block: bq rows of wpr words,
- * rows past the block and keys past lk clear. */
-static void bwalk_bitmap(const mask_bwalk *w, int kb, uint32_t *out)
-{
-    memset(out, 0, (size_t)w->bq * (size_t)w->wpr * sizeof *out);
-    const int64_t k0 = (int64_t)kb * w->bk, k1 = k0 + w->bk;
-    for (int r = 0; r < w->nr; r++) {
-        uint32_t *row = out + (size_t)r * (size_t)w->wpr;
-        if (w->in_tmp[r]) {
-            bits_get(w->tmp + (size_t)r * (size_t)w->row_words, k0, w->bk, row);
-            continue;
-        }
-        const mask_range *rg = w->rg + w->rg_ptr[r];
-        const int64_t n = w->rg_ptr[r + 1] - w->rg_ptr[r];
-        int64_t lo = 0, hi = n;
-        while (lo < hi) {     /* the first run that ends past k0 */
-            int64_t mid = lo + (hi - lo) / 2;
-            if (rg[mid].hi <= k0)
-                lo = mid + 1;
-            else
-                hi = mid;
-        }
-        for (int64_t i = lo; i < n && rg[i].lo < k1; i++)
-            bits_set(row, util_max64(rg[i].lo, k0) - k0, util_min64(rg[i].hi, k1) - k0);
-    }
-}
-
-/* Unmarks the key blocks the query block touched, and clears only the bits
- * it set, so a sparse mask costs no full sweep. */
-static void bwalk_clear(mask_bwalk *w)
-{
-    for (int i = 0; i < w->n_touched; i++) {
-        int kb = w->touched[i];
-        w->mark[kb] = 0;
-        if (!w->n_in_tmp)
-            continue;
-        int64_t w0 = ((int64_t)kb * w->bk) >> 5, w1 = ((int64_t)(kb + 1) * w->bk - 1) >> 5;
-        for (int r = 0; r < w->nr; r++)
-            if (w->in_tmp[r])
-                memset(w->tmp + (size_t)r * (size_t)w->row_words + w0, 0,
-                       (size_t)(w1 - w0 + 1) * sizeof *w->tmp);
-    }
+    mask_walk_free(w);
+    mask_iter_free(it);
 }
 
 /* ---- distinct bitmaps --------------------------------------------------------------- */
@@ -719,15 +481,16 @@ stof_status mask_build_blocks(stof_ctx *ctx, const stof_mask *m, int bq, int bk,
 {
     CTX_ARG(ctx, m && out, "mask");
     memset(out, 0, sizeof *out);
-    mask_bwalk w;
-    TRY(bwalk_init(ctx, &w, m, bq, bk));
+    mask_walk w;
+    mask_iter it;
+    TRY(walk_open(ctx, &w, &it, m, bq, bk));
     mask_bitset set = {.wpb = bq * w.wpr};
     uint32_t *bm = malloc((size_t)set.wpb * sizeof *bm);
     out->row_ptr = malloc(((size_t)w.nqb + 1) * sizeof *out->row_ptr);
     long long cap_col = 0, cap_partial = 0;
     stof_status st = bm && out->row_ptr ? STOF_OK : STOF_ERR_NO_MEMORY;
     for (int qb = 0; qb < w.nqb && st == STOF_OK; qb++) {
-        if (bwalk_qblock(&w, qb)) {
+        if (mask_walk_qblock(&w, qb)) {
             st = STOF_ERR_NO_MEMORY;
             break;
         }
@@ -745,8 +508,8 @@ stof_status mask_build_blocks(stof_ctx *ctx, const stof_mask *m, int bq, int bk,
         for (int i = 0; i < w.n_touched && st == STOF_OK; i++) {
             int kb = w.touched[i];
             long long idx = -1;
-            if (w.count[kb] < bwalk_area(&w, kb)) {
-                bwalk_bitmap(&w, kb, bm);
+            if (w.count[kb] < mask_walk_area(&w, kb)) {
+                mask_walk_bitmap(&w, kb, bm);
                 if ((idx = mask_bitset_add(&set, bm)) < 0)
                     st = STOF_ERR_NO_MEMORY;
                 out->n_partial++;
@@ -756,10 +519,10 @@ stof_status mask_build_blocks(stof_ctx *ctx, const stof_mask *m, int bq, int bk,
             out->col[out->n_blocks] = kb;
             out->partial[out->n_blocks++] = (int32_t)idx;
         }
-        bwalk_clear(&w);
+        mask_walk_clear(&w);
     }
     free(bm);
-    bwalk_free(&w);
+    walk_close(&w, &it);
     free(set.slot);
     out->bits = set.bits;
     out->n_bitmaps = set.n;
@@ -784,7 +547,7 @@ stof_status mask_build_blocks(stof_ctx *ctx, const stof_mask *m, int bq, int bk,
 
 /* ---- statistics ------------------------------------------------------------------- */
 
-static void stats_finish(stof_mask_info *o, const mask_bwalk *w, long long area,
+static void stats_finish(stof_mask_info *o, const mask_walk *w, long long area,
                          double fill_sum)
 {
     o->entries = w->entries;
@@ -806,8 +569,9 @@ static void stats_finish(stof_mask_info *o, const mask_bwalk *w, long long area,
 static stof_status stats_walk(stof_ctx *ctx, const stof_mask *m, int block_q, int block_k,
                               mask_row_fn row_fn, void *row_arg, stof_mask_info *out)
 {
-    mask_bwalk w;
-    TRY(bwalk_init(ctx, &w, m, block_q, block_k));
+    mask_walk w;
+    mask_iter it;
+    TRY(walk_open(ctx, &w, &it, m, block_q, block_k));
     w.row_fn = row_fn;
     w.row_arg = row_arg;
     mask_bitset set = {.wpb = block_q * w.wpr};
@@ -818,12 +582,12 @@ static stof_status stats_walk(stof_ctx *ctx, const stof_mask *m, int block_q, in
     double fill_sum = 0;
     int failed = !bm;
     for (int qb = 0; qb < w.nqb && !failed; qb++) {
-        if ((failed = bwalk_qblock(&w, qb) != 0))
+        if ((failed = mask_walk_qblock(&w, qb) != 0))
             break;
         o.blocks_touched += w.n_touched;
         o.kblocks_max = w.n_touched > o.kblocks_max ? w.n_touched : o.kblocks_max;
         for (int i = 0; i < w.n_touched; i++) {
-            int kb = w.touched[i], a = bwalk_area(&w, kb);
+            int kb = w.touched[i], a = mask_walk_area(&w, kb);
             area += a;
             if (w.count[kb] == a) {
                 o.blocks_full++;
@@ -832,15 +596,15 @@ static stof_status stats_walk(stof_ctx *ctx, const stof_mask *m, int block_q, in
             o.blocks_partial++;
             o.partial_entries += w.count[kb];
             fill_sum += (double)w.count[kb] / a;
-            bwalk_bitmap(&w, kb, bm);
+            mask_walk_bitmap(&w, kb, bm);
             failed |= mask_bitset_add(&set, bm) < 0;
         }
-        bwalk_clear(&w);
+        mask_walk_clear(&w);
     }
     o.distinct_bitmaps = set.n;
     stats_finish(&o, &w, area, fill_sum);
     free(bm);
-    bwalk_free(&w);
+    walk_close(&w, &it);
     mask_bitset_free(&set);
     if (failed)
         return CTX_FAIL(ctx, STOF_ERR_NO_MEMORY, "out of memory computing mask statistics");
@@ -984,23 +748,24 @@ stof_status stof_mask_block_map(stof_ctx *ctx, const stof_mask *m, int block_q, 
         return STOF_ERR_INVALID_ARG;
     CTX_ARG(ctx, m, "m");
     CTX_ARG(ctx, out, "out");
-    mask_bwalk w;
-    TRY(bwalk_init(ctx, &w, m, block_q, block_k));
+    mask_walk w;
+    mask_iter it;
+    TRY(walk_open(ctx, &w, &it, m, block_q, block_k));
     memset(out, STOF_BLOCK_EMPTY, (size_t)w.nqb * (size_t)w.nkb);
     for (int qb = 0; qb < w.nqb; qb++) {
-        if (bwalk_qblock(&w, qb)) {
-            bwalk_free(&w);
+        if (mask_walk_qblock(&w, qb)) {
+            walk_close(&w, &it);
             return CTX_FAIL(ctx, STOF_ERR_NO_MEMORY, "out of memory walking a %d x %d mask",
                             m->lq, m->lk);
         }
         unsigned char *row = out + (size_t)qb * (size_t)w.nkb;
         for (int i = 0; i < w.n_touched; i++) {
             int kb = w.touched[i];
-            row[kb] = w.count[kb] == bwalk_area(&w, kb) ? STOF_BLOCK_FULL : STOF_BLOCK_PARTIAL;
+            row[kb] = w.count[kb] == mask_walk_area(&w, kb) ? STOF_BLOCK_FULL : STOF_BLOCK_PARTIAL;
         }
-        bwalk_clear(&w);
+        mask_walk_clear(&w);
     }
-    bwalk_free(&w);
+    walk_close(&w, &it);
     return STOF_OK;
 }
 
